@@ -1,0 +1,53 @@
+// Validation and device dispatch of coded accumulation (see coded_accumulate.h).
+#include "coded_accumulate.h"
+
+#include <cmath>
+
+#include "common.h"
+
+namespace pgc {
+
+void coded_accumulate(at::Tensor out, const std::vector<at::Tensor>& slots,
+                      const std::vector<double>& coeffs, bool accumulate) {
+  check_flat(out, "out");
+  TORCH_CHECK_TYPE(out.scalar_type() == at::kFloat, "out must be float32 (the accumulator), got ",
+                   out.scalar_type());
+  TORCH_CHECK_VALUE(slots.size() == coeffs.size(), "got ", slots.size(), " slots but ",
+                    coeffs.size(), " coefficients; pass one coefficient per slot");
+  std::vector<float> c32;
+  c32.reserve(coeffs.size());
+  for (size_t l = 0; l < slots.size(); ++l) {
+    const auto& s = slots[l];
+    check_flat(s, "every slot");
+    check_same_device(s, out, "a slot", "out");
+    TORCH_CHECK_TYPE(is_float_like(s.scalar_type()),
+                     "slots must be float32, float16 or bfloat16, got ", s.scalar_type());
+    TORCH_CHECK_TYPE(s.scalar_type() == slots[0].scalar_type(),
+                     "all slots must share one dtype, got ", slots[0].scalar_type(), " and ",
+                     s.scalar_type());
+    TORCH_CHECK_VALUE(s.numel() == out.numel(), "slot ", l, " has ", s.numel(),
+                      " elements but out has ", out.numel());
+    TORCH_CHECK_VALUE(std::isfinite(coeffs[l]), "coefficient ", l, " is ", coeffs[l],
+                      "; coefficients must be finite");
+    TORCH_CHECK_VALUE(!s.is_same(out), "slot ", l,
+                      " aliases out; accumulate into a separate buffer");
+    c32.push_back(static_cast<float>(coeffs[l]));
+  }
+  if (slots.empty()) {
+    if (!accumulate) out.zero_();
+    return;
+  }
+  if (out.is_cuda()) {
+#ifdef PGC_HVD_WITH_CUDA
+    cuda::coded_accumulate(out, slots, c32, accumulate);
+#else
+    TORCH_CHECK(false, "pgc_hvd._C was built without CUDA; rebuild on a machine with the CUDA "
+                       "toolkit (bash launch/setup.sh) or pass CPU tensors");
+#endif
+  } else {
+    TORCH_CHECK_VALUE(out.device().is_cpu(), "unsupported device ", out.device());
+    cpu::coded_accumulate(out, slots, c32, accumulate);
+  }
+}
+
+}  // namespace pgc

@@ -1,0 +1,20 @@
+"""pgc_hvd: straggler-tolerant Horovod + PyTorch data-parallel training by gradient coding.
+
+Synchronous data-parallel SGD waits for the slowest of n workers every step. Gradient coding
+replicates the n data partitions so that a step can finish with the n - s fastest workers:
+
+* GC (Tandon et al.): every worker computes c = s + 1 partitions per step and sends one coded
+  message; the decoder combines the n - s fastest messages with coefficients a_I, a_I B_I = 1.
+* PGC (pipelined gradient coding): every worker computes one partition per step and forms its
+  coded message from a ring buffer of its last c evaluations (c - 1 of them stale).
+* BCGC (binary cyclic gradient coding): a binary code whose decoder sums one complete class of
+  workers, so the decode weights stay 1 and top-kappa compression of messages stays stable.
+
+Layers (arrows point down): ``runtime`` (Horovod engine) and ``sim`` (virtual-time engine) drive
+the same ``schemes``, which use ``codes`` (linear algebra) and ``ops`` (the compiled kernels in
+``pgc_hvd._C``). Importing this package is cheap: it loads neither torch nor horovod.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,74 @@
+"""Shared pytest configuration for pgc_hvd.
+
+Markers (declared in pyproject.toml):
+  * ``gpu``: needs a CUDA device; skipped cleanly when torch sees none.
+  * ``multirank``: runs a script under ``horovodrun --gloo -np N -H localhost:N`` through the
+    :func:`horovodrun` fixture; skipped when horovod is not installed.
+  * ``bench``: pytest-benchmark suites, kept in ``benchmarks/`` (not collected by default).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = _cuda_available()
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (none visible to torch)")
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(skip_gpu)
+
+
+def _horovodrun_path() -> str | None:
+    candidate = Path(sys.executable).with_name("horovodrun")
+    if candidate.exists():
+        return str(candidate)
+    return shutil.which("horovodrun")
+
+
+@pytest.fixture
+def horovodrun(tmp_path):
+    """Run ``python SCRIPT ARGS`` on N local gloo ranks; returns the CompletedProcess.
+
+    Usage: ``horovodrun(np, script, *args, timeout=120)``. The script's ranks should exit
+    non-zero on failure; the fixture fails the test with both streams when they do.
+    """
+    exe = _horovodrun_path()
+    if exe is None:
+        pytest.skip("horovod is not installed (run bash launch/setup.sh)")
+
+    def run(np: int, script: str | os.PathLike, *args: str, timeout: float = 180.0,
+            env: dict | None = None, check: bool = True):
+        cmd = [exe, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable,
+               str(script), *map(str, args)]
+        full_env = dict(os.environ)
+        full_env.setdefault("OMP_NUM_THREADS", "1")
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT)] + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        if env:
+            full_env.update(env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=full_env, cwd=str(tmp_path))
+        if check and proc.returncode != 0:
+            pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
+                        f"\n--- stderr\n{proc.stderr}")
+        return proc
+
+    return run
