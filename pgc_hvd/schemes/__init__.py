@@ -1,0 +1,27 @@
+"""Schemes: what every worker computes at step t, and when and how a step fires.
+
+Protocol (full text in :mod:`pgc_hvd.schemes.protocol`, which engines code against):
+
+* ``scheme = get_scheme(name, n, s, **options)`` for ``dgd, is-sgd, gc-fr, gc-cr,
+  is-gc, pgc-fr, pgc-cr, pgc-cr-naive, bcgc, gfrc, gmds, rs, pgc-bcgc,
+  bounded-staleness`` (and ``cyclic-mds``).
+* Worker side: ``plan = scheme.work_plan(worker, step)`` -> :class:`WorkPlan`:
+  ``plan.evaluate`` = ((partition, slot), ...) gradients to evaluate into ring
+  slots, ``plan.combine`` = ((slot, coefficient), ...) to form the coded message
+  from the ring (``plan.ring_size`` slots; step 0 is the pipeline warm-up).
+* Master side: ``rnd = scheme.open_round(step)``; offer arrivals in arrival order,
+  ``decision = rnd.offer(Arrival(worker, step, version, message))`` -> ``None``
+  (keep waiting) or a :class:`Decision` (fire now): ``decision.uses`` =
+  (worker, step, version, weight) per message used, ``decision.info`` = record
+  fields (ages, decode weight extremes alpha_min/max, ||a||_1, residual, ...),
+  ``decision.combine(messages)`` = sum weight * message, the estimate of the
+  average gradient (1/n) sum_k g_k. Decisions depend only on the order and
+  metadata of the arrivals, never on message contents, so every Horovod rank
+  computes the same decision from the same control-phase information.
+"""
+
+from .protocol import Arrival, Decision, Round, Scheme, Use, WorkPlan, weighted_sum
+from .registry import SCHEMES, get_scheme
+
+__all__ = ["get_scheme", "SCHEMES", "Scheme", "Round", "Arrival", "Decision", "Use", "WorkPlan",
+           "weighted_sum"]

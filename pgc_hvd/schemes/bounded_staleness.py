@@ -1,0 +1,111 @@
+"""Pipelined bounded-staleness gradient coding (design note 002).
+
+n shards D_0..D_{n-1}, r replicas of each: worker j holds shards
+{j, j+1, ..., j+r-1} mod n and, at its step t, evaluates one of them,
+shard (j + t mod r) mod n -- so each step every shard is evaluated by exactly
+one worker. The master keeps a table of the newest gradient of every shard i
+and the model version v_i it was computed at (an arrival replaces an entry only
+if its version is newer). Step t fires as soon as every shard has an entry
+with age 0 <= t - v_i < c; the update is the mean of the table,
+
+    g^(t) = sum_i w_i g_i^{(v_i)},   w_i = 1/n, or w_i = |D_i| / sum_k |D_k| (``shard_sizes``).
+
+Late arrivals (from earlier steps) still refresh the table. Without staleness
+(every shard fresh) the update is the exact average gradient.
+
+Options: ``r`` (replicas, default s+1, 1 <= r <= n), ``c`` (staleness bound,
+default s+1, c >= 1), ``shard_sizes`` (n positive numbers).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .protocol import Arrival, Decision, Round, Scheme, Use
+from .validation import check_positive_int, check_scheme_n_s
+
+
+class _TableRound(Round):
+    def _on_arrival(self, arrival: Arrival) -> Optional[Decision]:
+        self.scheme._update_table(arrival)
+        return self._check()
+
+    def _on_late(self, arrival: Arrival) -> Optional[Decision]:
+        self.scheme._update_table(arrival)
+        return self._check()
+
+    def _check(self) -> Optional[Decision]:
+        sch = self.scheme
+        t = self.step
+        table = sch.table
+        if any(e is None or not 0 <= t - e[2] < sch.c_bound for e in table):
+            return None
+        uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i]) for i, e in enumerate(table))
+        ages = [t - e[2] for e in table]
+        return self.decide({}, {"table_max_age": max(ages)}, uses=uses)
+
+    def _message_store(self):
+        return self.scheme.table_messages
+
+
+class BoundedStaleness(Scheme):
+    name = "bounded-staleness"
+    exact = True
+    pipelined = False
+    round_type = _TableRound
+
+    def __init__(self, n: int, s: int, r: Optional[int] = None, c: Optional[int] = None,
+                 shard_sizes=None):
+        n, s = check_scheme_n_s(self.name, n, s)
+        super().__init__(n, s)
+        self.r = check_positive_int(self.name, "r", s + 1 if r is None else r, 1, n,
+                                    hint=f"use r in [1, {n}] replicas per shard, e.g. r=2")
+        self.c_bound = check_positive_int(self.name, "c", s + 1 if c is None else c, 1,
+                                          hint="c is the staleness bound t - v_i < c, e.g. c=2")
+        if shard_sizes is None:
+            self.shard_weights = [1.0 / n] * n
+        else:
+            sizes = [float(x) for x in shard_sizes]
+            if len(sizes) != n or any(x <= 0 for x in sizes):
+                raise ValueError(
+                    f"{self.name}: shard_sizes needs {n} positive numbers (|D_i|), got {shard_sizes!r}; "
+                    f"e.g. shard_sizes=[1]*{n}"
+                )
+            total = sum(sizes)
+            self.shard_weights = [x / total for x in sizes]
+        self._supports = [[(j + l) % n for l in range(self.r)] for j in range(n)]
+        self.code = None
+        # table[i] = (worker, step, version) of the newest gradient of shard i
+        self.table: list = [None] * n
+        self.table_messages: dict = {}
+
+    def supports(self):
+        return self._supports
+
+    @property
+    def c(self) -> int:
+        return self.c_bound
+
+    def _row_key(self, step: int) -> int:
+        return step % self.r
+
+    def shard_of(self, worker: int, step: int) -> int:
+        return (worker + step % self.r) % self.n
+
+    def work_plan(self, worker, step):
+        from .protocol import WorkPlan
+
+        shard = self.shard_of(worker, step)
+        return WorkPlan(worker, int(step), ((shard, 0),), ((0, 1.0),), (shard,))
+
+    def _update_table(self, arrival: Arrival) -> None:
+        shard = self.shard_of(arrival.worker, arrival.step)
+        v = arrival.model_version
+        old = self.table[shard]
+        if old is not None and old[2] >= v:
+            return
+        if old is not None:
+            self.table_messages.pop((old[0], old[1]), None)
+        self.table[shard] = (arrival.worker, arrival.step, v)
+        if arrival.message is not None:
+            self.table_messages[(arrival.worker, arrival.step)] = arrival.message

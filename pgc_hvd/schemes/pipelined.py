@@ -1,0 +1,80 @@
+"""Pipelined gradient coding (PGC paper, Secs. IV-V) and pipelined BCGC.
+
+Every worker j holds the partitions of its support S_j (|S_j| = L_j, c = s+1 for
+FR and CR) and a ring of L_j slots, slot l holding the newest evaluation of
+S_j[l]. Warm-up step 0 evaluates all L_j partitions; at step t >= 1 worker j
+evaluates only S_j[(t-1) mod L_j] (for CR: D_{(j + (t-1) mod c) mod n}; for FR:
+D_{qc + (t-1) mod c}) and sends the ring sum with coefficients 1,
+
+    g^_j^(t) = sum_{l=0}^{c-1} g^{(t-l)}_{S_j[(t-1-l) mod c]},
+
+which equals the GC message when nothing is stale.
+
+* PGC-FR: decode exactly like GC-FR: one message per group, weights 1/n
+  (default: wait for n-s arrivals as in the paper; ``decoder="first-complete"``
+  fires as soon as every group has a message).
+* PGC-CR: sum the first n-s messages with weight 1/(n mu), mu = (n-s)c/n. Over a
+  uniformly random straggler set this is unbiased for
+  g-bar = (1/(nc)) sum_{i,j} g_i^{(s(t,i,j))} (eq. (2)), and partition k enters with
+  total weight |N_k|/mu in [0, 2).
+* naive PGC-CR: GC-CR's real coefficients c_{j,l} = B[j, (j+l) mod n] on the ring
+  and GC-CR's decoding a_I; exact without staleness but the effective
+  coefficients alpha_{m,k} = a_m c_{j_m,l} are unbounded (``alpha_min/max`` in
+  every decision) and amplify staleness errors -- kept to show why it diverges.
+* PGC-BCGC: BCGC's cyclic supports (loads L_i of eq. (16)) with the PGC rotation
+  (ring of L_i slots, staleness up to L_i - 1 <= s + r) and first-complete-class
+  decoding; every partition keeps weight exactly 1.
+"""
+
+from __future__ import annotations
+
+from pgc_hvd.codes.linear import cyclic_supports
+
+from .coded import BinaryGCScheme, LinearGCScheme
+from .protocol import Scheme
+from .rounds import FirstKRound
+from .validation import check_scheme_n_s
+
+
+class PGCFR(BinaryGCScheme):
+    name = "pgc-fr"
+    code_name = "fr"
+    pipelined = True
+    default_decoder = "n-s"
+
+
+class PGCBCGC(BinaryGCScheme):
+    name = "pgc-bcgc"
+    code_name = "bcgc"
+    pipelined = True
+
+    def __init__(self, n: int, s: int, decoder: str | None = None, recovery: str = "class"):
+        super().__init__(n, s, decoder=decoder, recovery=recovery)
+
+
+class NaivePGCCR(LinearGCScheme):
+    name = "pgc-cr-naive"
+    code_name = "cr"
+    pipelined = True
+
+
+class PGCCR(Scheme):
+    name = "pgc-cr"
+    exact = False
+    pipelined = True
+    round_type = FirstKRound
+
+    def __init__(self, n: int, s: int):
+        n, s = check_scheme_n_s(self.name, n, s)
+        super().__init__(n, s)
+        self._supports = cyclic_supports(n, s)
+        self.code = None
+        self.wait_for = n - s
+        self.mu = (n - s) * (s + 1) / n
+
+    def supports(self):
+        return self._supports
+
+    def weights_for(self, workers, rnd):
+        w = 1.0 / (self.n * self.mu)
+        return {i: w for i in workers}, {"mu": self.mu}

@@ -1,0 +1,429 @@
+"""The scheme protocol: the contract between a scheme and the engines that drive it.
+
+A *scheme* decides, for n workers, n data partitions D_0..D_{n-1} and a
+straggler budget s, (1) what every worker computes at step t and how it
+encodes it, and (2) when step t may fire and with which weights the received
+messages are combined. It knows nothing about time or transport. Two engines
+drive the same scheme objects: the single-process simulator (virtual time) and
+the Horovod runtime (one worker per rank).
+
+Worker side: :meth:`Scheme.work_plan` ``(worker, step) -> WorkPlan``
+----------------------------------------------------------------------
+Every worker keeps a *ring* of ``plan.ring_size`` gradient slots (one flat
+buffer each). At step t it
+
+1. evaluates the gradient of partition ``p`` at the current model into slot
+   ``slot`` for every ``(p, slot)`` in ``plan.evaluate`` (one pair for pipelined
+   schemes at t >= 1; every slot at warm-up step 0 and for plain GC);
+2. forms its coded message ``sum(coef * ring[slot] for slot, coef in plan.combine)``
+   (coefficients are python floats, or complex for ``rs``);
+3. sends ``Arrival(worker, step=t, version=<model version used>, message=...)``.
+
+``plan.message_partitions`` lists the (partition, coefficient) pairs the
+message stands for, ``plan.slot_partitions[slot]`` the partition a slot holds.
+Pipelined schemes (PGC): worker j rotates through its support; at step t >= 1
+it evaluates partition ``support[(t-1) mod L_j]`` into slot ``(t-1) mod L_j``,
+so slot l always holds the newest evaluation of ``support[l]`` (a straggler
+that skipped steps simply leaves older evaluations in its ring).
+
+Master side: :meth:`Scheme.open_round` ``(step) -> Round``
+-----------------------------------------------------------
+For every step the engine opens one :class:`Round` and offers arrivals to it
+in the order they arrived (order matters: first n-s, first complete class).
+``Round.offer(arrival)`` returns ``None`` ("keep waiting") or, exactly once, a
+:class:`Decision` ("fire now with these weights"). ``Round.poll()`` asks the
+same without a new arrival (bounded staleness may fire from its table alone).
+
+* The decision is a deterministic function of the *sequence* of arrivals'
+  ``(worker, step, version, error_norm, slot_versions)``; it never looks at
+  message contents. The Horovod runtime can therefore agree on the ready
+  ranks in its control phase (messages may be ``None`` there), let every rank
+  compute the same decision, then move only the chosen messages.
+* Arrivals for an older step (late stragglers) may be offered to a later
+  round: exact and pipelined schemes ignore them, bounded staleness updates
+  its table with them. Arrivals for a future step raise ``ValueError``.
+* Schemes are state machines: bounded staleness keeps its table across
+  rounds, so every rank must own one scheme object and feed it the same
+  sequence. Open rounds in increasing step order.
+
+:class:`Decision` (frozen, JSON-serialisable through ``to_dict``) holds
+``uses`` -- one :class:`Use` ``(worker, step, version, weight)`` per message
+used, weights already including the 1/n of the average -- and ``info``, a
+flat dict for the step record: ``n_used``, ``weight_min/max``, effective decode
+coefficients ``alpha_min/max`` (alpha_{m,k} = n * weight_m * coef_{m,k}, the
+weight with which partition k's gradient in message m enters the estimate
+of sum_k g_k), per-partition totals ``partition_weight_min/max``
+(sum_m alpha_{m,k}: 1 for exact schemes), ``decode_norm1`` (sum_m n|weight_m|),
+gradient ages (``max_age``, ``mean_age``), and scheme-specific entries
+(``group``, ``residual``).
+
+``Decision.combine(messages)`` returns sum_m weight_m * message_m, the estimate
+of the average gradient (1/n) sum_k g_k; ``messages`` maps ``(worker, step)``
+(or just ``worker``) to numpy arrays or torch tensors -- the scheme only
+multiplies them by python scalars and adds them, and keeps the real part for
+complex codes. ``Round.combine(decision)`` does the same from the messages the
+round (and, for bounded staleness, the table) has seen.
+
+One step, in an engine::
+
+    scheme = get_scheme("pgc-cr", n=12, s=2)
+    rnd = scheme.open_round(t)
+    for worker in arrival_order:                    # whatever the engine's clock says
+        plan = scheme.work_plan(worker, t)          # what that worker computed
+        decision = rnd.offer(Arrival(worker, t, version=t, message=msg[worker]))
+        if decision is not None:
+            update = decision.combine(rnd.messages)  # or after an allgather
+            break
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A message from ``worker`` produced by its work plan for ``step``.
+
+    version:       model version (number of updates applied) it was computed at;
+                   defaults to ``step``.
+    message:       the coded message (numpy array, torch tensor, or None when only
+                   deciding, e.g. in the runtime's control phase).
+    error_norm:    ||C(g^_i) - g^_i||, the compression error (minimum-error decoder).
+    slot_versions: model versions of the ring slots (pipelined schemes), for ages.
+    """
+
+    worker: int
+    step: int
+    version: Optional[int] = None
+    message: Any = None
+    error_norm: Optional[float] = None
+    slot_versions: Optional[tuple[int, ...]] = None
+
+    @property
+    def model_version(self) -> int:
+        return self.step if self.version is None else int(self.version)
+
+
+@dataclass(frozen=True)
+class WorkPlan:
+    """What ``worker`` computes at ``step`` and how it forms its message.
+
+    evaluate:        ((partition, slot), ...) gradients to evaluate now, into ring slots.
+    combine:         ((slot, coefficient), ...): message = sum coefficient * ring[slot].
+    slot_partitions: partition held by each slot (len = ring_size).
+    """
+
+    worker: int
+    step: int
+    evaluate: tuple[tuple[int, int], ...]
+    combine: tuple[tuple[int, Any], ...]
+    slot_partitions: tuple[int, ...]
+
+    @property
+    def ring_size(self) -> int:
+        return len(self.slot_partitions)
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """Partitions whose gradients are evaluated at this step."""
+        return tuple(p for p, _ in self.evaluate)
+
+    @property
+    def message_partitions(self) -> tuple[tuple[int, Any], ...]:
+        """(partition, coefficient) pairs the coded message stands for."""
+        return tuple((self.slot_partitions[slot], coef) for slot, coef in self.combine)
+
+
+@dataclass(frozen=True)
+class Use:
+    """One message used by a decision, with its weight in the averaged update."""
+
+    worker: int
+    step: int
+    version: int
+    weight: Any  # float, or complex for complex codes
+
+
+def weighted_sum(terms, real_part: bool = False):
+    """sum weight * message over (weight, message) pairs, for numpy arrays or torch tensors."""
+    acc = None
+    for w, m in terms:
+        term = m * w
+        acc = term if acc is None else acc + term
+    if acc is not None and real_part:
+        acc = acc.real
+    return acc
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The scheme's answer "fire now": which messages, with which weights."""
+
+    scheme: str
+    step: int
+    uses: tuple[Use, ...]
+    arrived: tuple[int, ...]
+    real_part: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        return tuple(u.worker for u in self.uses)
+
+    @property
+    def weights(self) -> dict[int, Any]:
+        """worker -> weight (uses of the current step only; bounded staleness may
+        use older messages, see ``uses``)."""
+        return {u.worker: u.weight for u in self.uses if u.step == self.step}
+
+    def combine(self, messages: Mapping):
+        """sum_m weight_m * message_m; ``messages`` keyed by (worker, step) or by worker."""
+        def get(u: Use):
+            key = (u.worker, u.step)
+            if key in messages:
+                return messages[key]
+            return messages[u.worker]
+        return weighted_sum(((u.weight, get(u)) for u in self.uses), self.real_part)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["uses"] = [
+            {**asdict(u), "weight": _json_scalar(u.weight)} for u in self.uses
+        ]
+        d["info"] = {k: _json_scalar(v) for k, v in self.info.items()}
+        d["arrived"] = list(self.arrived)
+        return d
+
+
+def _json_scalar(v):
+    if isinstance(v, complex):
+        return [v.real, v.imag]
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    if isinstance(v, tuple):
+        return list(v)
+    return v
+
+
+def _scalar(x):
+    """numpy scalar -> python float/complex (python scalars multiply torch tensors cleanly)."""
+    return complex(x) if np.iscomplexobj(x) or isinstance(x, complex) else float(x)
+
+
+class Round:
+    """Decides one step from the arrivals offered to it (see module docstring).
+
+    Subclasses implement :meth:`_on_arrival` (called once per new current-step
+    worker) and optionally :meth:`_on_late` / :meth:`_check`.
+    """
+
+    def __init__(self, scheme: "Scheme", step: int):
+        self.scheme = scheme
+        self.step = int(step)
+        self.arrived: list[int] = []
+        self.arrivals: dict[int, Arrival] = {}
+        self.messages: dict[tuple[int, int], Any] = {}
+        self.decision: Optional[Decision] = None
+
+    # -- engine API ---------------------------------------------------------
+    def offer(self, arrival: Arrival) -> Optional[Decision]:
+        if self.decision is not None:
+            if arrival.step < self.step or arrival.worker in self.arrivals:
+                return None
+            # a message that arrived after the step fired: record it, decide nothing
+            self._record(arrival)
+            return None
+        if arrival.step > self.step:
+            raise ValueError(
+                f"arrival for step {arrival.step} offered to the round of step {self.step}; "
+                f"open round {arrival.step} first"
+            )
+        if not 0 <= arrival.worker < self.scheme.n:
+            raise ValueError(f"worker {arrival.worker} not in [0, {self.scheme.n - 1}]")
+        if arrival.step < self.step:
+            return self._finish(self._on_late(arrival))
+        if arrival.worker in self.arrivals:
+            return None
+        self._record(arrival)
+        return self._finish(self._on_arrival(arrival))
+
+    def poll(self) -> Optional[Decision]:
+        if self.decision is not None:
+            return None
+        return self._finish(self._check())
+
+    def combine(self, decision: Optional[Decision] = None):
+        """Decoded update from the messages this round has seen."""
+        decision = decision or self.decision
+        if decision is None:
+            raise ValueError("the round has not fired yet")
+        return decision.combine(self._message_store())
+
+    # -- subclass hooks -----------------------------------------------------
+    def _on_arrival(self, arrival: Arrival) -> Optional[Decision]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _on_late(self, arrival: Arrival) -> Optional[Decision]:
+        return None
+
+    def _check(self) -> Optional[Decision]:
+        return None
+
+    def _message_store(self) -> Mapping:
+        return self.messages
+
+    # -- helpers ------------------------------------------------------------
+    def _record(self, arrival: Arrival) -> None:
+        self.arrived.append(arrival.worker)
+        self.arrivals[arrival.worker] = arrival
+        if arrival.message is not None:
+            self.messages[(arrival.worker, arrival.step)] = arrival.message
+
+    def _finish(self, decision: Optional[Decision]) -> Optional[Decision]:
+        if decision is not None:
+            self.decision = decision
+        return decision
+
+    def decide(self, weights: Mapping[int, Any], extra: Optional[dict] = None,
+               versions: Optional[Mapping[tuple[int, int], int]] = None,
+               uses: Optional[Sequence[Use]] = None) -> Decision:
+        """Build the Decision for current-step workers -> weights (or explicit ``uses``)."""
+        sch = self.scheme
+        if uses is None:
+            uses = tuple(
+                Use(w, self.step, self.arrivals[w].model_version, _scalar(x)) for w, x in weights.items()
+            )
+        info = dict(sch.effective_coefficients(uses))
+        info.update(_ages(self.step, uses, self.arrivals))
+        info["n_used"] = len(uses)
+        info["n_arrived"] = len(self.arrived)
+        if extra:
+            info.update(extra)
+        return Decision(
+            scheme=sch.name, step=self.step, uses=tuple(uses), arrived=tuple(self.arrived),
+            real_part=sch.complex_messages, info=info,
+        )
+
+
+def _ages(step: int, uses: Sequence[Use], arrivals: Mapping[int, Arrival]) -> dict:
+    ages = []
+    for u in uses:
+        arr = arrivals.get(u.worker)
+        if arr is not None and arr.step == u.step and arr.slot_versions:
+            ages.extend(step - v for v in arr.slot_versions)
+        else:
+            ages.append(step - u.version)
+    if not ages:
+        return {"max_age": 0, "mean_age": 0.0}
+    return {"max_age": int(max(ages)), "mean_age": float(sum(ages) / len(ages))}
+
+
+class Scheme:
+    """Base class of all schemes. Subclasses set the placement and the round type.
+
+    Attributes: ``name``, ``n``, ``s``, ``c`` (ring / pipeline depth), ``code``
+    (the :class:`~pgc_hvd.codes.GradientCode` behind the placement, if any),
+    ``exact`` (decodes sum_k g_k exactly when there is no staleness),
+    ``pipelined`` and ``complex_messages``.
+    """
+
+    name = "scheme"
+    exact = True
+    pipelined = False
+    complex_messages = False
+    round_type: type = Round
+
+    def __init__(self, n: int, s: int):
+        self.n = int(n)
+        self.s = int(s)
+        self._coef_cache: dict = {}
+
+    # -- worker side --------------------------------------------------------
+    def supports(self) -> list[list[int]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def slot_coefficients(self, worker: int) -> tuple:
+        """Coefficient of every ring slot in the coded message (default 1)."""
+        return (1.0,) * len(self.supports()[worker])
+
+    def work_plan(self, worker: int, step: int) -> WorkPlan:
+        S = self.supports()[worker]
+        L = len(S)
+        if self.pipelined and step > 0:
+            slot = (step - 1) % L
+            evaluate = ((S[slot], slot),)
+        else:
+            evaluate = tuple((p, l) for l, p in enumerate(S))
+        coefs = self.slot_coefficients(worker)
+        return WorkPlan(worker, int(step), evaluate, tuple(enumerate(coefs)), tuple(S))
+
+    @property
+    def c(self) -> int:
+        return max(len(S) for S in self.supports())
+
+    # -- master side --------------------------------------------------------
+    def open_round(self, step: int) -> Round:
+        return self.round_type(self, step)
+
+    def decide(self, step: int, arrivals: Sequence[Arrival]) -> Optional[Decision]:
+        """Feed ``arrivals`` in order to a fresh round; the decision, or None."""
+        rnd = self.open_round(step)
+        for arr in arrivals:
+            d = rnd.offer(arr)
+            if d is not None:
+                return d
+        return rnd.poll()
+
+    # -- diagnostics --------------------------------------------------------
+    def message_row(self, worker: int, step: int) -> np.ndarray:
+        """Row of coefficients (over partitions) of worker's message at step."""
+        key = (worker, self._row_key(step))
+        row = self._coef_cache.get(key)
+        if row is None:
+            plan = self.work_plan(worker, step)
+            row = np.zeros(self.n, dtype=complex if self.complex_messages else float)
+            for p, coef in plan.message_partitions:
+                row[p] += coef
+            self._coef_cache[key] = row
+        return row
+
+    def _row_key(self, step: int) -> int:
+        """Steps with the same key have the same message composition (cache key)."""
+        return 0
+
+    def effective_coefficients(self, uses: Sequence[Use]) -> dict:
+        """alpha_{m,k} = n * weight_m * coef_{m,k} and per-partition sums (see module doc)."""
+        if not uses:
+            return {}
+        rows = np.stack([self.message_row(u.worker, u.step) for u in uses])
+        w = np.array([u.weight for u in uses])
+        alpha = self.n * w[:, None] * rows
+        if np.iscomplexobj(alpha):
+            alpha_r = alpha.real
+        else:
+            alpha_r = alpha
+        nz = rows != 0
+        vals = alpha_r[nz]
+        per_partition = alpha_r.sum(axis=0)
+        wr = w.real if np.iscomplexobj(w) else w
+        return {
+            "weight_min": float(wr.min()), "weight_max": float(wr.max()),
+            "alpha_min": float(vals.min()) if vals.size else 0.0,
+            "alpha_max": float(vals.max()) if vals.size else 0.0,
+            "alpha_absmax": float(np.abs(alpha[nz]).max()) if vals.size else 0.0,
+            "partition_weight_min": float(per_partition.min()),
+            "partition_weight_max": float(per_partition.max()),
+            "decode_norm1": float(self.n * np.abs(w).sum()),
+        }
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} n={self.n} s={self.s} c={self.c}>"
+
+
+def isclose_one(x: float) -> bool:
+    return math.isclose(x, 1.0, rel_tol=1e-9, abs_tol=1e-9)

@@ -1,0 +1,55 @@
+"""Name -> scheme table behind :func:`pgc_hvd.schemes.get_scheme`."""
+
+from __future__ import annotations
+
+import inspect
+
+from .bounded_staleness import BoundedStaleness
+from .coded import BCGCScheme, CyclicMDSScheme, GCCR, GCFR, GFRCScheme, GMDSScheme, RSScheme
+from .ignore_straggler import ISGC
+from .pipelined import NaivePGCCR, PGCBCGC, PGCCR, PGCFR
+from .protocol import Scheme
+from .synchronous import DGD, ISSGD
+
+SCHEMES = {
+    "dgd": DGD,
+    "is-sgd": ISSGD,
+    "gc-fr": GCFR,
+    "gc-cr": GCCR,
+    "is-gc": ISGC,
+    "pgc-fr": PGCFR,
+    "pgc-cr": PGCCR,
+    "pgc-cr-naive": NaivePGCCR,
+    "bcgc": BCGCScheme,
+    "gfrc": GFRCScheme,
+    "gmds": GMDSScheme,
+    "rs": RSScheme,
+    "pgc-bcgc": PGCBCGC,
+    "bounded-staleness": BoundedStaleness,
+    "cyclic-mds": CyclicMDSScheme,
+}
+
+
+def scheme_options(name: str) -> list[str]:
+    cls = SCHEMES[name]
+    # LinearGCScheme forwards **code_options to the code (seed for cr/gmds, cache_size)
+    params = inspect.signature(cls.__init__).parameters
+    out = [p for p, v in params.items() if p not in ("self", "n", "s") and v.kind != v.VAR_KEYWORD]
+    if any(v.kind == v.VAR_KEYWORD for v in params.values()):
+        from pgc_hvd.codes.registry import CODES
+
+        code_cls = CODES[cls.code_name]
+        out += [p for p in inspect.signature(code_cls.__init__).parameters if p not in ("self", "n", "s")]
+    return out
+
+
+def get_scheme(name: str, n: int, s: int, **options) -> Scheme:
+    """Build scheme ``name`` for n workers and straggler budget s (see module docs)."""
+    key = str(name).lower().replace("_", "-")
+    if key not in SCHEMES:
+        raise ValueError(f"unknown scheme {name!r}; valid names: {', '.join(SCHEMES)}")
+    allowed = scheme_options(key)
+    bad = sorted(set(options) - set(allowed))
+    if bad:
+        raise ValueError(f"scheme {key!r} does not take option(s) {bad}; valid options: {allowed or 'none'}")
+    return SCHEMES[key](n, s, **options)
