@@ -202,3 +202,32 @@ def test_one_straggler_per_class(name):
         # FRC/GFRC "cover" decoding combines classes: one worker per block still decodes
         a = code.decode(responders)
         assert np.array_equal(a @ code.B, np.ones(n))
+
+
+def test_binary_decode_n100_under_a_millisecond():
+    import time
+
+    for name, s in (("bcgc", 20), ("gfrc", 20), ("bcgc", 24), ("fr", 24)):
+        code = get_code(name, 100, s)
+        rng = np.random.default_rng(0)
+        times = []
+        for _ in range(50):
+            order = [int(i) for i in rng.permutation(100)]
+            t0 = time.perf_counter()
+            dec = code.decoder("class")
+            for i in order:
+                if dec.offer(i) is not None:
+                    break
+            dec.vector()
+            times.append(time.perf_counter() - t0)
+        assert np.median(times) < 1e-3
+
+
+def test_report_main_prints_every_code(capsys):
+    from pgc_hvd.codes.report import main
+
+    assert main(["--n", "12", "--s", "2,3", "--patterns", "5"]) == 0
+    out = capsys.readouterr().out
+    for name in ("bcgc", "gfrc", "fr", "gmds", "cr", "rs", "cyclic-mds"):
+        assert name in out
+    assert "n/a" not in out.split("\n", 3)[2]  # n=12, s=2: fr exists
