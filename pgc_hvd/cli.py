@@ -1,0 +1,45 @@
+"""``pgc-hvd`` command line: one entry point, one subcommand per job.
+
+    pgc-hvd report codes --n 100 --s 20,24     decode norms, residuals, decode times per code
+
+Subcommands are registered lazily so that ``pgc-hvd --help`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand path -> (module, function taking argv list, one-line help)
+COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
+    ("report", "codes"): ("pgc_hvd.codes.report", "main",
+                          "decode norms ||a_I||_1, residuals and decode times of every code"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: pgc-hvd COMMAND [ARGS...]", "", "commands:"]
+    for path, (_, _, help_) in sorted(COMMANDS.items()):
+        lines.append(f"  {' '.join(path):<24} {help_}")
+    lines.append("")
+    lines.append("Run `pgc-hvd COMMAND --help` for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    for depth in (3, 2, 1):
+        key = tuple(argv[:depth])
+        if key in COMMANDS:
+            module, func, _ = COMMANDS[key]
+            return int(getattr(importlib.import_module(module), func)(argv[depth:]) or 0)
+    print(f"pgc-hvd: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The per-step record both engines write (DESIGN.md, "Engines share one record format").
+
+Every step, the simulator (virtual time) and the Horovod runtime (wall time) write one
+:class:`StepRecord` as one JSON line. Tables and plots are made from these records only, so a
+simulated run and a real run compare line by line.
+
+Fields (``None`` when an engine does not know a value):
+
+* ``step`` t, ``time`` (seconds since the run started: virtual or wall), ``step_time`` (this
+  step's duration);
+* ``scheme``, ``n``, ``s``;
+* ``workers_used`` (worker ids whose messages entered the update), ``versions`` (their model
+  versions), ``max_age``/``mean_age`` (t - version, over the gradients used);
+* ``weight_min``/``weight_max`` (decode weights a_I, including 1/n), ``alpha_min``/``alpha_max``
+  (effective per-partition decode coefficients, PGC paper Sec. V), ``decode_norm1`` ||a_I||_1;
+* ``loss``, ``accuracy`` (when evaluated), ``bytes`` (moved this step);
+* ``busy`` (per-worker busy seconds this step, list of n floats);
+* ``extra``: everything else (diagnostics, control-rule actions, scheme info).
+
+:class:`RecordWriter` appends and flushes every record, so a crash loses at most the step in
+flight, and it never truncates an existing file unless told to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@dataclasses.dataclass
+class StepRecord:
+    step: int
+    time: float
+    step_time: float | None = None
+    scheme: str | None = None
+    n: int | None = None
+    s: int | None = None
+    workers_used: list[int] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    max_age: float | None = None
+    mean_age: float | None = None
+    weight_min: float | None = None
+    weight_max: float | None = None
+    alpha_min: float | None = None
+    alpha_max: float | None = None
+    decode_norm1: float | None = None
+    loss: float | None = None
+    accuracy: float | None = None
+    bytes: int | None = None
+    busy: list[float] | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_decision_info(cls, step: int, time: float, info: dict, **fields: Any) -> "StepRecord":
+        """Build a record from a scheme ``Decision.info`` dict plus engine-side fields."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        mapped = {k: info[k] for k in ("max_age", "mean_age", "weight_min", "weight_max",
+                                        "alpha_min", "alpha_max", "decode_norm1") if k in info}
+        extra = {k: v for k, v in info.items() if k not in mapped}
+        extra.update(fields.pop("extra", {}) or {})
+        unknown = set(fields) - known
+        if unknown:
+            raise TypeError(f"unknown StepRecord fields {sorted(unknown)}; put them in extra=")
+        return cls(step=step, time=time, extra=extra, **mapped, **fields)
+
+    def to_json(self) -> str:
+        return json.dumps(_jsonable(dataclasses.asdict(self)), allow_nan=False)
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON types; non-finite floats become strings ("nan", "inf") rather than invalid JSON."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", 1) == 0:
+        x = x.item()
+    if isinstance(x, complex):
+        return {"re": _jsonable(x.real), "im": _jsonable(x.imag)}
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if hasattr(x, "tolist"):
+        return _jsonable(x.tolist())
+    return str(x)
+
+
+class RecordWriter:
+    """Appends StepRecords to a JSONL file, flushing each line.
+
+    ``overwrite=False`` (the default) refuses to clobber an existing non-empty file: pass
+    ``overwrite=True`` or ``append=True`` explicitly, or choose a new output folder.
+    """
+
+    def __init__(self, path: str | os.PathLike, append: bool = False, overwrite: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_size > 0 and not (append or overwrite):
+            raise FileExistsError(
+                f"{self.path} already holds records; pass append=True to continue it, "
+                "overwrite=True to replace it, or choose another output folder")
+        self._f = open(self.path, "a" if append else "w", encoding="utf-8")
+
+    def write(self, record: StepRecord) -> None:
+        self._f.write(record.to_json() + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+
+    def __enter__(self) -> "RecordWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_records(path: str | os.PathLike) -> Iterator[dict]:
+    """Yield the records of a JSONL file as dicts (a truncated last line is skipped)."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # the step in flight when a run died
+                return
+            raise
