@@ -204,23 +204,26 @@ def test_one_straggler_per_class(name):
         assert np.array_equal(a @ code.B, np.ones(n))
 
 
-def test_binary_decode_n100_under_a_millisecond():
-    import time
-
+def test_streaming_class_decoder_stops_at_first_complete_class():
+    """O(1) per arrival: the decoder answers as soon as a class completes, not after n arrivals
+    (the decode time itself is measured in benchmarks/test_bench_codes.py, never asserted)."""
     for name, s in (("bcgc", 20), ("gfrc", 20), ("bcgc", 24), ("fr", 24)):
         code = get_code(name, 100, s)
         rng = np.random.default_rng(0)
-        times = []
-        for _ in range(50):
+        for _ in range(20):
             order = [int(i) for i in rng.permutation(100)]
-            t0 = time.perf_counter()
             dec = code.decoder("class")
+            seen = []
             for i in order:
+                seen.append(i)
                 if dec.offer(i) is not None:
                     break
-            dec.vector()
-            times.append(time.perf_counter() - t0)
-        assert np.median(times) < 1e-3
+            a = dec.vector()
+            used = set(np.flatnonzero(a))
+            assert used <= set(seen)
+            # the last arrival completed the class: without it no class is complete
+            assert seen[-1] in used
+            assert np.array_equal(a @ code.B, np.ones(100))
 
 
 def test_report_main_prints_every_code(capsys):
