@@ -30,6 +30,8 @@ class                                      sample                               
 ``Pareto(shape, scale, seed)``              scale * (U^(-1/shape) - 1) (Lomax, >= 0,
                                             heavy tail, mean scale/(shape-1) if shape>1)    ``pareto:shape=1.5,scale=0.1``
 ``LongStraggler(p, low=10, high=30, seed)`` with prob. p: Uniform(low, high), else 0        ``straggler:p=0.01,low=10,high=30``
+``FixedStragglers(n, count, delay, seed)``  ``delay`` for a seeded random set of exactly
+                                            ``count`` of the n workers at each step, else 0  ``fixed:n=100,count=20,delay=5``
 ``Sum(m1, m2, ...)``                        m1 + m2 + ...                                   ``exp:mean=1+straggler:p=0.01``
 ``Heterogeneous(base, factors)``            factors[worker % len] * base(worker, step)      (dict spec only)
 ``Scaled(base, factor)``                    factor * base                                   (dict spec only)
@@ -202,6 +204,37 @@ class LongStraggler(DelayModel):
         return {"p": self.p, "low": self.low, "high": self.high, "seed": self.seed}
 
 
+class FixedStragglers(DelayModel):
+    """Exactly ``count`` workers out of ``n`` (a seeded random subset per step, the same for
+    every caller) get ``delay`` seconds at each step; the others get 0 (the BCGC paper's
+    "exactly s workers are delayed at each iteration according to a fixed schedule")."""
+
+    type_name = "fixed"
+
+    def __init__(self, n: int, count: int, delay: float = 1.0, seed: int = 0):
+        super().__init__(seed)
+        if not 0 <= count <= n or delay < 0:
+            raise ValueError("need 0 <= count <= n and delay >= 0")
+        self.n, self.count, self.delay = int(n), int(count), float(delay)
+        self._cache: dict[int, frozenset] = {}
+
+    def stragglers(self, step: int) -> frozenset:
+        hit = self._cache.get(step)
+        if hit is None:
+            rng = self._rng(0, step)
+            hit = frozenset(rng.permutation(self.n)[: self.count].tolist())
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[step] = hit
+        return hit
+
+    def sample(self, worker: int, step: int) -> float:
+        return self.delay if worker in self.stragglers(step) else 0.0
+
+    def params(self) -> dict:
+        return {"n": self.n, "count": self.count, "delay": self.delay, "seed": self.seed}
+
+
 class Sum(DelayModel):
     type_name = "sum"
 
@@ -252,7 +285,7 @@ class Heterogeneous(DelayModel):
 
 
 _SIMPLE = {"none": Zero, "const": Constant, "exp": Exponential, "lognormal": LogNormal,
-           "pareto": Pareto, "straggler": LongStraggler}
+           "pareto": Pareto, "straggler": LongStraggler, "fixed": FixedStragglers}
 _ALIASES = {"exponential": "exp", "zero": "none", "constant": "const", "log-normal": "lognormal",
             "long_straggler": "straggler", "long-straggler": "straggler"}
 
@@ -298,12 +331,13 @@ def parse_delay(text: str) -> DelayModel:
                 kwargs[k.strip()] = float(v)
             else:
                 first = {"const": "value", "exp": "mean", "lognormal": "mu", "pareto": "shape",
-                         "straggler": "p"}[name]
+                         "straggler": "p", "fixed": "n"}[name]
                 if i != 0:
                     raise ValueError(f"positional value only allowed first, in {comp!r}")
                 kwargs[first] = float(a)
-        if "seed" in kwargs:
-            kwargs["seed"] = int(kwargs["seed"])
+        for key in ("seed", "n", "count"):
+            if key in kwargs:
+                kwargs[key] = int(kwargs[key])
         parts.append(_SIMPLE[name](**kwargs))
     return parts[0] if len(parts) == 1 else Sum(*parts)
 
