@@ -17,4 +17,13 @@ the same ``schemes``, which use ``codes`` (linear algebra) and ``ops`` (the comp
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "DistributedOptimizer"]
+
+
+def __getattr__(name):
+    # lazy: `import pgc_hvd` stays free of torch and horovod
+    if name == "DistributedOptimizer":
+        from pgc_hvd.runtime.optimizer import DistributedOptimizer
+
+        return DistributedOptimizer
+    raise AttributeError(f"module 'pgc_hvd' has no attribute {name!r}")

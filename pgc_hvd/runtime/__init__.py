@@ -1,0 +1,18 @@
+"""Horovod runtime: each rank is one worker of a gradient-coding scheme.
+
+* :func:`DistributedOptimizer` -- wraps a torch optimizer like ``hvd.DistributedOptimizer``; a
+  communication agent thread per rank decides every step in a control phase (which ranks are
+  ready; the scheme's rule) and a data phase (one allgather of the chosen messages).
+* :class:`PartitionLoader` -- the n data partitions and, per step, the batches the scheme asks
+  a rank to evaluate.
+* :class:`TopK` -- top-kappa compression of the coded messages.
+* :func:`save_checkpoint` / :func:`load_checkpoint` -- model, optimizer, ring, step, RNG, trace.
+"""
+
+from pgc_hvd.runtime.agent import AgentError
+from pgc_hvd.runtime.checkpoint import load_checkpoint, save_checkpoint
+from pgc_hvd.runtime.loader import PartitionLoader
+from pgc_hvd.runtime.optimizer import DistributedOptimizer, TopK
+
+__all__ = ["DistributedOptimizer", "TopK", "PartitionLoader", "AgentError", "save_checkpoint",
+           "load_checkpoint"]

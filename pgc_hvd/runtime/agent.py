@@ -1,0 +1,343 @@
+"""The communication agent: one thread per rank that takes part in every collective on time.
+
+Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
+computing (or straggling) cannot be left out of an allgather. So every rank runs this agent,
+which is never blocked by its rank's compute, and the steps are decided in two phases:
+
+1. **control**: a tiny ``hvd.allgather`` of one control row per rank (``CTRL_*`` fields: the step
+   of the message the rank has ready, the model version it used, when it became ready, its loss,
+   busy seconds, non-finite flag, done and failed flags, slot versions). The rows reach every
+   rank identically; every rank offers the new arrivals, ordered by ``(ready time, rank)``, to
+   its own copy of the scheme's :class:`~pgc_hvd.schemes.Round` with ``message=None``, so every
+   rank computes the same :class:`~pgc_hvd.schemes.Decision`. Repeated (every ``poll_interval``
+   seconds) until the scheme's rule fires.
+2. **data**: one variable-size ``hvd.allgather`` in which each rank contributes the messages of
+   its own that the decision uses and that the others do not hold yet (zero rows otherwise):
+   dense rows of d floats, or sparse top-kappa rows ``[values | int32 indices bit-cast]``.
+   Every rank decodes the same update ``sum_I a_I m_I`` (uses sorted by (worker, step), so the
+   floating-point sum is the same on every rank and in every run) with
+   :func:`pgc_hvd.ops.decode_accumulate`.
+
+Decoded updates are appended, in step order, to :attr:`CommAgent.updates`; the training thread
+applies the ones it has missed before its next computation. Messages the decision did not use
+are dropped (exact and pipelined schemes; a pipelined worker's ring keeps its partition
+gradients) or stay available while they sit in the scheme's staleness table (bounded staleness).
+
+Faults: every collective runs asynchronously and is polled with a deadline (``timeout``): a rank
+that died or hung makes the others raise :class:`AgentError` instead of hanging; a rank whose
+training thread failed, or a round that cannot fire any more (every rank either arrived,
+sent a non-finite message, or finished), raises on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from pgc_hvd.schemes import Arrival, Decision
+
+log = logging.getLogger("pgc_hvd.runtime")
+
+# control row fields (float64)
+CTRL_READY_STEP = 0   # step of the oldest message not yet offered, -1 when none
+CTRL_VERSION = 1      # model version that message was computed at
+CTRL_READY_TIME = 2   # time.time() when it became ready (orders arrivals across ranks)
+CTRL_LOSS = 3         # training loss reported with it (nan when none)
+CTRL_BUSY = 4         # cumulative busy seconds of the rank's training thread
+CTRL_BAD_STEP = 5     # newest step whose message held NaN/Inf, -1 when none
+CTRL_DONE = 6         # 1 when the rank's training loop has finished
+CTRL_FAILED = 7       # 1 when the rank's training thread raised
+CTRL_FIXED = 8        # slot versions follow (ring_size entries, -1 padded)
+
+
+class AgentError(RuntimeError):
+    """A fault the runtime cannot step past (dead/hung rank, failed rank, undecodable step)."""
+
+
+@dataclass
+class Outgoing:
+    step: int
+    version: int
+    payload: torch.Tensor          # one row: dense d floats, sparse 2k floats, complex 2d floats
+    ready_time: float
+    loss: float = math.nan
+    slot_versions: tuple = ()
+
+
+@dataclass
+class Update:
+    step: int
+    flat: torch.Tensor
+    decision: Decision
+    time: float
+    info: dict = field(default_factory=dict)
+
+
+class CommAgent:
+    """Runs the control/data protocol for one rank in a background thread (see module doc)."""
+
+    def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, payload_width: int,
+                 decode: Callable[[torch.Tensor, list, list], torch.Tensor], device,
+                 start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
+                 on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc"):
+        self.hvd = hvd
+        self.scheme = scheme
+        self.rank = int(rank)
+        self.n = scheme.n
+        self.d = int(d)
+        self.ring_size = int(ring_size)
+        self.width = int(payload_width)
+        self._decode = decode
+        self.device = device
+        self.poll_interval = float(poll_interval)
+        self.timeout = float(timeout)
+        self.on_step = on_step
+        self.name = name
+        self.step = int(start_step)          # the round being decided
+        self.updates: list[Update] = []       # decided updates, self.updates[k].step == first + k
+        self.first_step = int(start_step)
+        self.cond = threading.Condition()
+        self.error: Optional[BaseException] = None
+        self._outbox: dict[int, Outgoing] = {}
+        self._offered: set = set()            # (worker, step) already offered (same on all ranks)
+        self._meta: dict = {}                 # (worker, step) -> (loss, ...) from control rows
+        self._cache: dict = {}                # (worker, step) -> received payload (table schemes)
+        self._bad_seen: set = set()
+        self.bad_log: list[tuple[int, int]] = []
+        self._bad_step = -1
+        self._busy_total = 0.0
+        self._done = False
+        self._failed = False
+        self._ops = 0
+        self.control_rounds = 0
+        self.bytes_moved = 0
+        self._busy_prev = [0.0] * self.n
+        self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
+
+    # -- training-thread side ------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, out: Outgoing, busy_total: float) -> None:
+        with self.cond:
+            self._outbox[out.step] = out
+            self._busy_total = busy_total
+        self._raise_if_failed()
+
+    def report_bad(self, step: int, busy_total: float) -> None:
+        with self.cond:
+            self._bad_step = max(self._bad_step, int(step))
+            self._busy_total = busy_total
+
+    def wait_for(self, step: int, timeout: Optional[float] = None) -> None:
+        """Block until the update of ``step`` is decided (or raise the agent's error)."""
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self.cond:
+            while self.error is None and self.decided() <= step:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AgentError(
+                        f"rank {self.rank}: step {step} was not decided within {limit:.0f}s "
+                        f"(timeout); a rank may have died or hung")
+                self.cond.wait(min(left, 1.0))
+        self._raise_if_failed()
+
+    def decided(self) -> int:
+        """Number of steps decided so far (the next round's step)."""
+        return self.first_step + len(self.updates)
+
+    def take(self, step: int) -> Update:
+        with self.cond:
+            return self.updates[step - self.first_step]
+
+    def release_before(self, step: int) -> None:
+        """Drop update tensors older than ``step`` (the training thread applied them)."""
+        with self.cond:
+            for k in range(0, max(0, step - self.first_step)):
+                u = self.updates[k]
+                if u is not None and u.flat is not None:
+                    self.updates[k] = Update(u.step, None, u.decision, u.time, u.info)
+
+    def finish(self, timeout: Optional[float] = None) -> None:
+        """This rank's loop is done: keep serving collectives until every rank is done."""
+        with self.cond:
+            self._done = True
+        self._thread.join(self.timeout if timeout is None else timeout)
+        if self._thread.is_alive():
+            raise AgentError(f"rank {self.rank}: the other ranks did not finish within "
+                             f"{self.timeout:.0f}s")
+        self._raise_if_failed()
+
+    def fail(self) -> None:
+        """The training thread raised: tell the other ranks (they stop with a clear error)."""
+        with self.cond:
+            self._failed = True
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise AgentError(str(self.error)) from self.error
+
+    # -- agent thread --------------------------------------------------------
+    def _collective(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
+        self._ops += 1
+        name = f"{self.name}.{kind}.{self._ops}"
+        handle = self.hvd.allgather_async(tensor, name=name)
+        deadline = time.monotonic() + self.timeout
+        sleep = 0.0002
+        while not self.hvd.poll(handle):
+            if time.monotonic() > deadline:
+                raise AgentError(
+                    f"rank {self.rank}: collective {name} (step {self.step}) got no answer within "
+                    f"{self.timeout:.0f}s: a rank has died or hung; stopping instead of hanging")
+            time.sleep(sleep)
+            sleep = min(sleep * 2, 0.005)
+        return self.hvd.synchronize(handle)
+
+    def _control_row(self) -> torch.Tensor:
+        row = torch.full((1, CTRL_FIXED + self.ring_size), -1.0, dtype=torch.float64)
+        with self.cond:
+            pending = sorted(k for k in self._outbox if (self.rank, k) not in self._offered)
+            if pending:
+                out = self._outbox[pending[0]]
+                row[0, CTRL_READY_STEP] = out.step
+                row[0, CTRL_VERSION] = out.version
+                row[0, CTRL_READY_TIME] = out.ready_time
+                row[0, CTRL_LOSS] = out.loss
+                for i, v in enumerate(out.slot_versions[: self.ring_size]):
+                    row[0, CTRL_FIXED + i] = v
+            else:
+                row[0, CTRL_LOSS] = math.nan
+            row[0, CTRL_BUSY] = self._busy_total
+            row[0, CTRL_BAD_STEP] = self._bad_step
+            row[0, CTRL_DONE] = 1.0 if self._done else 0.0
+            row[0, CTRL_FAILED] = 1.0 if self._failed else 0.0
+        return row
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as err:  # surfaced to the training thread
+            log.error("pgc_hvd agent on rank %d stopped: %s", self.rank, err)
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+
+    def _loop(self) -> None:
+        rnd = self.scheme.open_round(self.step)
+        step_start = time.time()
+        while True:
+            ctl = self._collective(self._control_row(), "ctl")
+            self.control_rounds += 1
+            failed = [w for w in range(self.n) if ctl[w, CTRL_FAILED] > 0]
+            if failed:
+                raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
+                                 f"stopping rank {self.rank}")
+            if all(ctl[w, CTRL_DONE] > 0 for w in range(self.n)):
+                return
+            for w in range(self.n):
+                b = int(ctl[w, CTRL_BAD_STEP])
+                if b >= 0 and (w, b) not in self._bad_seen:
+                    self._bad_seen.add((w, b))
+                    self.bad_log.append((w, b))
+                    if self.rank == 0:
+                        log.warning("rank %d's message for step %d holds NaN/Inf: treated as a "
+                                    "straggler, never applied", w, b)
+            arrivals = []
+            for w in range(self.n):
+                k = int(ctl[w, CTRL_READY_STEP])
+                if k >= 0 and (w, k) not in self._offered:
+                    arrivals.append((float(ctl[w, CTRL_READY_TIME]), w, k))
+            arrivals.sort()
+            decision = None
+            for _, w, k in arrivals:
+                row = ctl[w]
+                slots = tuple(int(v) for v in row[CTRL_FIXED:].tolist() if v >= 0)
+                self._offered.add((w, k))
+                self._meta[(w, k)] = float(row[CTRL_LOSS])
+                arr = Arrival(w, k, version=int(row[CTRL_VERSION]), message=None,
+                              slot_versions=slots or None)
+                decision = rnd.offer(arr)
+                if decision is not None:
+                    break  # later arrivals of this batch are offered to the next round
+            if decision is None:
+                decision = rnd.poll()
+            if decision is None:
+                self._check_stuck(ctl, rnd)
+                time.sleep(self.poll_interval)
+                continue
+            busy = [float(ctl[w, CTRL_BUSY]) for w in range(self.n)]
+            update = self._data_phase(decision, step_start)
+            busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
+            self._busy_prev = busy
+            if self.on_step is not None:
+                self.on_step(update, busy_step)
+            with self.cond:
+                self.updates.append(update)
+                self.cond.notify_all()
+            self.step += 1
+            step_start = update.time
+            if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
+                old = self.step - 32
+                self._offered = {k for k in self._offered if k[1] >= old}
+                self._meta = {k: v for k, v in self._meta.items() if k[1] >= old}
+            rnd = self.scheme.open_round(self.step)
+
+    def _check_stuck(self, ctl, rnd) -> None:
+        t = self.step
+        gone = set(rnd.arrived)
+        gone |= {w for w in range(self.n) if int(ctl[w, CTRL_BAD_STEP]) == t}
+        done = {w for w in range(self.n) if ctl[w, CTRL_DONE] > 0}
+        if len(gone | done) == self.n:
+            bad = sorted(w for w in range(self.n) if int(ctl[w, CTRL_BAD_STEP]) == t)
+            raise AgentError(
+                f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
+                f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
+                f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
+                f"(loop on `optimizer.version < steps`)")
+
+    def _data_phase(self, decision: Decision, step_start: float) -> Update:
+        uses = sorted(decision.uses, key=lambda u: (u.worker, u.step))
+        needed = [(u.worker, u.step) for u in uses if (u.worker, u.step) not in self._cache]
+        received: dict = {}
+        if needed:
+            mine = [k for k in needed if k[0] == self.rank]
+            with self.cond:
+                rows = [self._outbox[k[1]].payload for k in mine]
+            send = (torch.stack(rows) if rows else
+                    torch.zeros((0, self.width), dtype=torch.float32))
+            got = self._collective(send, "data")
+            self.bytes_moved += got.numel() * got.element_size()
+            order = [k for w in range(self.n) for k in needed if k[0] == w]
+            for i, key in enumerate(order):
+                received[key] = got[i]
+        msgs, weights = [], []
+        for u in uses:
+            key = (u.worker, u.step)
+            msgs.append(self._cache.get(key, received.get(key)))
+            weights.append(u.weight)
+        flat = self._decode(msgs, weights, decision)
+        now = time.time()
+        # keep only what the scheme may use again (bounded staleness table), prune own outbox
+        table = getattr(self.scheme, "table", None)
+        keep = {(e[0], e[1]) for e in table if e is not None} if table is not None else set()
+        for key, m in received.items():
+            if key in keep:
+                self._cache[key] = m
+        self._cache = {k: v for k, v in self._cache.items() if k in keep}
+        with self.cond:
+            for k in list(self._outbox):
+                if (self.rank, k) in self._offered and (self.rank, k) not in keep:
+                    del self._outbox[k]
+        losses = [self._meta.get((u.worker, u.step), math.nan) for u in uses]
+        losses = [x for x in losses if math.isfinite(x)]
+        info = {"loss": sum(losses) / len(losses) if losses else None,
+                "step_time": now - step_start, "control_rounds": self.control_rounds,
+                "bytes": int(sum(received[k].numel() * 4 for k in received))}
+        return Update(decision.step, flat, decision, now, info)

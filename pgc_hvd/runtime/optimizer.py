@@ -1,0 +1,482 @@
+"""``pgc_hvd.DistributedOptimizer``: a Horovod optimizer that steps with the n-s fastest ranks.
+
+Shaped like ``hvd.DistributedOptimizer``: it returns an instance of a dynamic subclass of the
+user's optimizer class, so ``isinstance(opt, torch.optim.SGD)`` still holds and the user's
+``step`` rule (momentum, weight decay, Adam moments, ...) applies the decoded update. Each rank
+is one worker of the scheme (n = ``hvd.size()``).
+
+Per step t (= the rank's model version, the number of updates it has applied):
+
+1. the scheme's work plan says which partitions to evaluate into which ring slots
+   (:meth:`batches` yields their batches; gradient hooks copy each backward pass into its flat
+   slot as it runs and clear ``p.grad``);
+2. :meth:`step` forms the coded message m_j = sum_l b_{j,l} g_l from the ring
+   (:func:`pgc_hvd.ops.coded_accumulate`; GC accumulates slot by slot with
+   :func:`pgc_hvd.ops.add_slot`), optionally compresses it (top-kappa, error feedback), checks
+   it is finite, and hands it to the rank's :class:`~pgc_hvd.runtime.agent.CommAgent`;
+3. it then waits until step t is decided (by the n-s fastest ranks, or the scheme's rule) and
+   applies, in order, every decoded update it has not applied yet -- a straggler catches up on
+   the steps that fired without it -- and returns. Training loops run
+   ``while opt.version < steps``.
+
+Example::
+
+    import horovod.torch as hvd, pgc_hvd
+    hvd.init()
+    opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                       named_parameters=model.named_parameters(),
+                                       scheme="pgc-cr", stragglers=1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    loader = pgc_hvd.runtime.PartitionLoader(x, y, n=hvd.size(), batch_size=32)
+    while opt.version < steps:
+        for xb, yb in opt.batches(loader):
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+        opt.step(loss=loss.item())
+    opt.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from pgc_hvd.runtime.agent import AgentError, CommAgent, Outgoing
+from pgc_hvd.runtime.flat import FlatLayout
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Top-kappa compression of the coded message: keep ``ratio * d`` entries (or ``k``)."""
+
+    ratio: float = 0.01
+    k: Optional[int] = None
+    error_feedback: bool = True
+    method: str = "exact"
+
+    def kappa(self, d: int) -> int:
+        k = self.k if self.k is not None else int(math.ceil(self.ratio * d))
+        return max(1, min(int(k), d))
+
+
+def _ops():
+    from pgc_hvd import ops
+    return ops
+
+
+class _PGCOptimizer(torch.optim.Optimizer):
+    """Methods copied into the dynamic subclass of the user's optimizer class."""
+
+    def __init__(self, optimizer, named_parameters, scheme, stragglers, compression, delays,
+                 records, scheme_options, timeout, poll_interval, hvd, name, on_record):
+        super(self.__class__, self).__init__(optimizer.param_groups)
+        self.load_state_dict(optimizer.state_dict())
+        self._pgc_hvd = hvd
+        self.rank, self.n = hvd.rank(), hvd.size()
+        params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            ids = {id(p) for _, p in named}
+            missing = [i for i, p in enumerate(params) if id(p) not in ids and p.requires_grad]
+            if missing:
+                raise ValueError(f"named_parameters does not name {len(missing)} of the "
+                                 f"optimizer's parameters (indices {missing[:5]})")
+            self._pgc_names = {id(p): nm for nm, p in named}
+        self._pgc_layout = FlatLayout(params)
+        self._pgc_compression = compression
+        self._pgc_timeout = float(timeout)
+        scheme_options = dict(scheme_options or {})
+        self._pgc_check_config(str(scheme), int(stragglers), scheme_options, compression)
+        from pgc_hvd.schemes import get_scheme
+        self.scheme = get_scheme(scheme, self.n, int(stragglers), **scheme_options)
+        self._pgc_delays = delays
+        self.version = 0
+        self._pgc_on_record = on_record
+        self._pgc_records = records
+        plan0 = self.scheme.work_plan(self.rank, 0)
+        coefs = [c for _, c in plan0.combine]
+        self._pgc_complex = any(isinstance(c, complex) for c in coefs)
+        # ring mode keeps every slot (pipelined schemes; complex codes); accumulate mode forms the
+        # GC message slot by slot with add_slot (two buffers instead of c)
+        self._pgc_ring_mode = bool(self.scheme.pipelined or self._pgc_complex)
+        L = plan0.ring_size
+        nslots = L if self._pgc_ring_mode else 1
+        lay = self._pgc_layout
+        self._pgc_ring = [lay.zeros() for _ in range(nslots)]
+        self._pgc_slot_versions = [-1] * L
+        self._pgc_msg = lay.zeros() if not self._pgc_complex else None
+        self._pgc_residual = (lay.zeros() if isinstance(compression, TopK) and
+                              compression.error_feedback else None)
+        self._pgc_plan = None
+        self._pgc_done_slots: set = set()
+        self._pgc_target = None
+        self._pgc_target_slot = None
+        self._pgc_implicit = False
+        self._pgc_busy = 0.0
+        self._pgc_compute_start = None
+        self._pgc_closed = False
+        self._pgc_t0 = time.time()
+        d = lay.numel
+        if isinstance(compression, TopK):
+            width = 2 * compression.kappa(d)
+        elif self._pgc_complex:
+            width = 2 * d
+        else:
+            width = d
+        self._pgc_width = width
+        self._pgc_agent = CommAgent(
+            hvd, self.scheme, self.rank, d, max(L, self.scheme.c), payload_width=width, decode=self._pgc_decode,
+            device=lay.device, timeout=timeout, poll_interval=poll_interval,
+            on_step=self._pgc_record_step if (self.rank == 0) else None, name=name)
+        self._pgc_started = False
+        self._pgc_hooks = [p.register_post_accumulate_grad_hook(self._pgc_grad_hook)
+                           for p in lay.params]
+
+    # -- construction checks ----------------------------------------------------
+    def _pgc_check_config(self, scheme, s, options, compression):
+        """Every rank compares (scheme, s, options, compression, parameter layout); a mismatch
+        raises the same clear error on every rank before any scheme is built."""
+        hvd = self._pgc_hvd
+        desc = repr((scheme.lower(), s, sorted(options.items()), repr(compression)))
+        mine = torch.tensor([[zlib.crc32(desc.encode()), s] + self._pgc_layout.signature()],
+                            dtype=torch.float64)
+        handle = hvd.allgather_async(mine, name="pgc.config")
+        deadline = time.monotonic() + self._pgc_timeout
+        while not hvd.poll(handle):
+            if time.monotonic() > deadline:
+                raise AgentError(f"rank {self.rank}: ranks did not all construct the "
+                                 f"DistributedOptimizer within {self._pgc_timeout:.0f}s")
+            time.sleep(0.001)
+        allrows = hvd.synchronize(handle)
+        bad = [r for r in range(self.n) if not torch.equal(allrows[r], allrows[0])]
+        if bad:
+            rows = {r: allrows[r].tolist() for r in range(self.n)}
+            raise ValueError(
+                f"pgc_hvd.DistributedOptimizer: ranks {bad} were built with a different scheme, "
+                f"stragglers, options, compression or model than rank 0 (per rank [config hash, "
+                f"s, #tensors, d]: {rows}); every rank must pass the same arguments. This rank "
+                f"has scheme={scheme!r}, stragglers={s}, options={options}, world size {self.n}")
+
+    # -- data side ---------------------------------------------------------------
+    @property
+    def work_plan(self):
+        """The scheme's WorkPlan for this rank at its current step (= ``version``)."""
+        if self._pgc_plan is None:
+            self._pgc_plan = self.scheme.work_plan(self.rank, self.version)
+            self._pgc_done_slots = set()
+            if not self._pgc_ring_mode:
+                self._pgc_msg.zero_()
+            if self._pgc_compute_start is None:
+                self._pgc_compute_start = time.monotonic()
+        return self._pgc_plan
+
+    def begin_partition(self, slot: int) -> None:
+        """Backward passes until :meth:`end_partition` are the gradient of ring slot ``slot``."""
+        plan = self.work_plan
+        if slot not in [sl for _, sl in plan.evaluate]:
+            raise ValueError(f"slot {slot} is not evaluated at step {self.version} "
+                             f"(plan {plan.evaluate})")
+        self._pgc_target_slot = slot
+        self._pgc_target = self._pgc_ring[slot if self._pgc_ring_mode else 0]
+        self._pgc_target.zero_()
+
+    def end_partition(self) -> None:
+        slot = self._pgc_target_slot
+        if slot is None:
+            return
+        if not self._pgc_ring_mode:
+            coef = dict(self.work_plan.combine)[slot]
+            _ops().add_slot(self._pgc_msg, self._pgc_ring[0], float(coef))
+        self._pgc_slot_versions[slot] = self.version
+        self._pgc_done_slots.add(slot)
+        self._pgc_target = None
+        self._pgc_target_slot = None
+        self._pgc_implicit = False
+
+    @contextlib.contextmanager
+    def partition(self, slot: int):
+        self.begin_partition(slot)
+        try:
+            yield
+        finally:
+            self.end_partition()
+
+    def batches(self, loader):
+        """Yield the batch of every partition the scheme wants this rank to evaluate now, with
+        the gradient target set to its ring slot (run forward + backward on each)."""
+        plan = self.work_plan
+        for partition, slot in plan.evaluate:
+            self.begin_partition(slot)
+            yield loader.batch(partition, self.version)
+            self.end_partition()
+
+    def _pgc_grad_hook(self, p: torch.Tensor) -> None:
+        if p.grad is None:
+            return
+        if self._pgc_target is None:
+            todo = [sl for _, sl in self.work_plan.evaluate if sl not in self._pgc_done_slots]
+            if not todo:
+                raise RuntimeError(
+                    f"pgc_hvd: a backward pass ran at step {self.version} after every partition "
+                    f"of the work plan was evaluated; call optimizer.step() first")
+            self.begin_partition(todo[0])
+            self._pgc_implicit = True
+        self._pgc_layout.view(self._pgc_target, p).add_(p.grad)
+        p.grad = None
+
+    # -- the step ------------------------------------------------------------------
+    def step(self, closure=None, loss=None):
+        ret = None
+        if closure is not None:
+            with torch.enable_grad():
+                ret = closure()
+            if loss is None and ret is not None:
+                loss = float(ret)
+        if self._pgc_closed:
+            raise RuntimeError("pgc_hvd optimizer is closed")
+        if not self._pgc_started:
+            self._pgc_agent.start()
+            self._pgc_started = True
+        try:
+            self._pgc_send(loss)
+            self._pgc_agent.wait_for(self.version)
+            self._pgc_apply_decided()
+        except AgentError:
+            raise
+        except BaseException:
+            self._pgc_agent.fail()
+            raise
+        return ret
+
+    def _pgc_send(self, loss) -> None:
+        plan = self.work_plan
+        if self._pgc_implicit:
+            self.end_partition()
+        missing = [sl for _, sl in plan.evaluate if sl not in self._pgc_done_slots]
+        if missing:
+            raise RuntimeError(
+                f"pgc_hvd: scheme {self.scheme.name} asks rank {self.rank} to evaluate partitions "
+                f"{[p for p, sl in plan.evaluate]} at step {self.version}, but slots {missing} got "
+                f"no gradient; iterate `for batch in optimizer.batches(loader)` (or use "
+                f"optimizer.partition(slot)) and run backward on each batch")
+        t = self.version
+        if self._pgc_complex:
+            msg = sum(self._pgc_ring[sl].to(torch.complex64) * c for sl, c in plan.combine)
+        elif self._pgc_ring_mode:
+            msg = self._pgc_msg
+            _ops().coded_accumulate(msg, [self._pgc_ring[sl] for sl, _ in plan.combine],
+                                    [float(c) for _, c in plan.combine])
+        else:
+            msg = self._pgc_msg
+        if self._pgc_delays is not None:  # straggler injection on the compute side
+            delay = float(self._pgc_delays.sample(self.rank, t))
+            if delay > 0:
+                time.sleep(delay)
+        self._pgc_busy += time.monotonic() - self._pgc_compute_start
+        finite = bool(torch.isfinite(msg).all())
+        if not finite:
+            self._pgc_agent.report_bad(t, self._pgc_busy)
+            return
+        payload = self._pgc_payload(msg)
+        slot_versions = tuple(self._pgc_slot_versions[sl] for sl, _ in plan.combine)
+        self._pgc_agent.submit(Outgoing(t, t, payload, time.time(),
+                                        math.nan if loss is None else float(loss),
+                                        slot_versions), self._pgc_busy)
+
+    def _pgc_payload(self, msg: torch.Tensor) -> torch.Tensor:
+        comp = self._pgc_compression
+        if isinstance(comp, TopK):
+            k = comp.kappa(msg.numel())
+            ops = _ops()
+            if self._pgc_residual is not None:
+                values, idx = ops.error_feedback_compress(msg, self._pgc_residual, k, comp.method,
+                                                          index_dtype=torch.int32)
+            else:
+                values, idx = ops.topk_compress(msg, k, comp.method, index_dtype=torch.int32)
+            return torch.cat([values.float(), idx.view(torch.float32)])
+        if self._pgc_complex:
+            return torch.view_as_real(msg).reshape(-1).clone()
+        return msg.clone()
+
+    def _pgc_decode(self, msgs, weights, decision) -> torch.Tensor:
+        d = self._pgc_layout.numel
+        out = self._pgc_layout.zeros()
+        if not msgs:
+            return out
+        if isinstance(self._pgc_compression, TopK):
+            k = self._pgc_width // 2
+            pairs = [(m[:k], m[k:].contiguous().view(torch.int32)) for m in msgs]
+            ops = _ops()
+            if hasattr(ops, "decode_accumulate"):
+                ops.decode_accumulate(out, pairs, [float(w) for w in weights], accumulate=False)
+            else:
+                for (v, i), w in zip(pairs, weights):
+                    out.index_add_(0, i.long(), v * float(w))
+            return out
+        if self._pgc_complex:
+            acc = torch.zeros(d, dtype=torch.complex64, device=out.device)
+            for m, w in zip(msgs, weights):
+                acc += torch.view_as_complex(m.view(d, 2)) * complex(w)
+            return acc.real.contiguous()
+        ops = _ops()
+        dense = [m.to(out.device) for m in msgs]
+        if hasattr(ops, "decode_accumulate"):
+            ops.decode_accumulate(out, dense, [float(w) for w in weights], accumulate=False)
+        else:
+            ops.coded_accumulate(out, dense, [float(w) for w in weights])
+        return out
+
+    def _pgc_apply_decided(self) -> None:
+        agent = self._pgc_agent
+        while self.version < agent.decided():
+            upd = agent.take(self.version)
+            self._pgc_apply(upd.flat)
+            self.version += 1
+        agent.release_before(self.version)
+        self._pgc_plan = None
+        self._pgc_compute_start = time.monotonic()
+
+    def _pgc_apply(self, flat: torch.Tensor) -> None:
+        lay = self._pgc_layout
+        for p, v in lay.views(flat):
+            p.grad = v
+        super(self.__class__, self).step()
+        for p in lay.params:
+            p.grad = None
+
+    def synchronize(self) -> None:
+        """Apply every update decided so far (no new message)."""
+        self._pgc_apply_decided()
+
+    def close(self) -> None:
+        """End of training on this rank: serve collectives until every rank is done."""
+        if self._pgc_closed:
+            return
+        self._pgc_closed = True
+        if not self._pgc_started:
+            self._pgc_agent.start()
+            self._pgc_started = True
+        self._pgc_agent.finish()
+        for h in self._pgc_hooks:
+            h.remove()
+        if self._pgc_records is not None and hasattr(self._pgc_records, "close"):
+            self._pgc_records.close()
+
+    @property
+    def nonfinite_log(self) -> list:
+        """(rank, step) of every message that held NaN/Inf (treated as a straggler)."""
+        return list(self._pgc_agent.bad_log)
+
+    @property
+    def busy_seconds(self) -> float:
+        return self._pgc_busy
+
+    @property
+    def agent(self) -> CommAgent:
+        return self._pgc_agent
+
+    # -- records -------------------------------------------------------------------
+    def _pgc_record_step(self, update, busy_step) -> None:
+        if self._pgc_records is None and self._pgc_on_record is None:
+            return
+        from pgc_hvd.metrics.records import StepRecord
+        from pgc_hvd.runtime.telemetry import gpu_stats
+
+        dec = update.decision
+        info = dict(dec.info)
+        extra = {"control_rounds": update.info.get("control_rounds"),
+                 "arrived": list(dec.arrived),
+                 "nonfinite_ranks": [w for w, k in self._pgc_agent.bad_log if k == dec.step],
+                 "gpu": gpu_stats()}
+        rec = StepRecord.from_decision_info(
+            dec.step, update.time - self._pgc_t0, info, step_time=update.info.get("step_time"),
+            scheme=self.scheme.name, n=self.n, s=self.scheme.s,
+            workers_used=[u.worker for u in dec.uses], versions=[u.version for u in dec.uses],
+            loss=update.info.get("loss"), bytes=update.info.get("bytes"), busy=busy_step,
+            extra=extra)
+        if self._pgc_records is not None:
+            self._pgc_records.write(rec)
+        if self._pgc_on_record is not None:
+            self._pgc_on_record(rec)
+
+    # -- checkpoint ----------------------------------------------------------------
+    def pgc_state_dict(self) -> dict:
+        """Optimizer state, ring buffers, step, RNG states and delay-trace position."""
+        return {
+            "optimizer": super(self.__class__, self).state_dict(),
+            "version": self.version,
+            "scheme": self.scheme.name, "n": self.n, "s": self.scheme.s, "rank": self.rank,
+            "ring": [b.clone() for b in self._pgc_ring],
+            "slot_versions": list(self._pgc_slot_versions),
+            "residual": None if self._pgc_residual is None else self._pgc_residual.clone(),
+            "busy": self._pgc_busy,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                    "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "trace_position": {"worker": self.rank, "step": self.version},
+        }
+
+    def load_pgc_state_dict(self, state: dict) -> None:
+        if self._pgc_started:
+            raise RuntimeError("load_pgc_state_dict must be called before the first step()")
+        for key, want in (("scheme", self.scheme.name), ("n", self.n), ("s", self.scheme.s),
+                          ("rank", self.rank)):
+            if state[key] != want:
+                raise ValueError(f"checkpoint has {key}={state[key]!r}, this run {want!r}")
+        super(self.__class__, self).load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        for b, saved in zip(self._pgc_ring, state["ring"]):
+            b.copy_(saved)
+        self._pgc_slot_versions = list(state["slot_versions"])
+        if state.get("residual") is not None and self._pgc_residual is not None:
+            self._pgc_residual.copy_(state["residual"])
+        self._pgc_busy = float(state.get("busy", 0.0))
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        agent = self._pgc_agent
+        agent.step = agent.first_step = self.version
+        self._pgc_plan = None
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
+                         scheme: str = "pgc-cr", stragglers: int = 1, compression: Any = None,
+                         *, delays=None, records=None, scheme_options: Optional[dict] = None,
+                         timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
+                         name: str = "pgc", hvd=None):
+    """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
+
+    Args:
+        optimizer: the user's torch optimizer (its class and hyper-parameters are kept).
+        named_parameters: ``model.named_parameters()`` (checked to cover the optimizer's).
+        scheme: any name of :func:`pgc_hvd.schemes.get_scheme` (``dgd``, ``pgc-cr``, ``bcgc``,
+            ``gc-cr``, ``bounded-staleness``, ...); n = ``hvd.size()``.
+        stragglers: the straggler budget s.
+        compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback).
+        delays: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
+            simulator's delay models and traces, :mod:`pgc_hvd.sim.delays`); slept on the
+            compute side of this rank.
+        records: a :class:`~pgc_hvd.metrics.records.RecordWriter` (rank 0 writes one StepRecord
+            per step) or None; ``on_record`` is called with each record on rank 0.
+        scheme_options: extra options for the scheme (e.g. ``{"decoder": "first-complete"}``).
+        timeout: seconds after which a collective or a step with no answer raises
+            :class:`~pgc_hvd.runtime.agent.AgentError` (a rank died or hung).
+        poll_interval: seconds between control rounds while waiting.
+    """
+    if hvd is None:
+        import horovod.torch as hvd
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_PGCOptimizer.__dict__))
+    return cls(optimizer, named_parameters, scheme, stragglers, compression, delays, records,
+               scheme_options, timeout, poll_interval, hvd, name, on_record)
