@@ -151,6 +151,7 @@ class Simulator:
         self._val_grad: dict[int, torch.Tensor] = {}
         self.store: dict[tuple[int, int], dict] = {}
         self.records: list[StepRecord] = []
+        self.arrival_log: list[tuple[float, int, int]] = []  # (time, worker, step) at the decoder
         self.delays_seen: list[float] = []
         self.total_evals = 0
         self.total_bytes = 0
@@ -383,6 +384,7 @@ class Simulator:
                 self._finish(w, t)
             elif kind == "arrive":
                 arrival, pl, dense, nbytes = payload
+                self.arrival_log.append((t, arrival.worker, arrival.step))
                 self.store[(arrival.worker, arrival.step)] = {
                     "payload": pl, "dense": dense, "arrival": arrival, "bytes": nbytes}
                 decision = rnd.offer(arrival)

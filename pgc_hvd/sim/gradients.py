@@ -115,12 +115,13 @@ class PartitionGradients:
         return self.gradient(flat, self.X[idx], self.y[idx])
 
     def gradient(self, flat: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Gradient of the mean loss on (X, y) at ``flat`` (plain autograd)."""
-        self.layout.load(self.model, flat)
-        self.model.zero_grad(set_to_none=True)
-        loss = self.task.loss(self.model(X), y)
-        gs = torch.autograd.grad(loss, list(self.model.parameters()))
-        return torch.cat([g.reshape(-1) for g in gs])
+        """Gradient of the mean loss on (X, y) at ``flat``; the model's own parameters are
+        left untouched (``functional_call`` on views of a detached copy)."""
+        leaf = flat.detach().clone().requires_grad_(True)
+        params = self.layout.unflatten(leaf)
+        out = functional_call(self.model, {**params, **self.layout.buffers}, (X,))
+        (g,) = torch.autograd.grad(self.task.loss(out, y), [leaf])
+        return g
 
     def measure_partition_time(self, flat: torch.Tensor, repeats: int = 3) -> float:
         """Seconds per partition gradient on this machine (median of ``repeats`` full passes / n)."""
