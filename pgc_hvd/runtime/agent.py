@@ -188,17 +188,25 @@ class CommAgent:
     def _collective(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
         self._ops += 1
         name = f"{self.name}.{kind}.{self._ops}"
-        handle = self.hvd.allgather_async(tensor, name=name)
-        deadline = time.monotonic() + self.timeout
-        sleep = 0.0002
-        while not self.hvd.poll(handle):
-            if time.monotonic() > deadline:
-                raise AgentError(
-                    f"rank {self.rank}: collective {name} (step {self.step}) got no answer within "
-                    f"{self.timeout:.0f}s: a rank has died or hung; stopping instead of hanging")
-            time.sleep(sleep)
-            sleep = min(sleep * 2, 0.005)
-        return self.hvd.synchronize(handle)
+        try:
+            handle = self.hvd.allgather_async(tensor, name=name)
+            deadline = time.monotonic() + self.timeout
+            sleep = 0.0002
+            while not self.hvd.poll(handle):
+                if time.monotonic() > deadline:
+                    raise AgentError(
+                        f"rank {self.rank}: collective {name} (step {self.step}) got no answer "
+                        f"within {self.timeout:.0f}s: a rank has died or hung; stopping instead "
+                        f"of hanging")
+                time.sleep(sleep)
+                sleep = min(sleep * 2, 0.005)
+            return self.hvd.synchronize(handle)
+        except AgentError:
+            raise
+        except Exception as err:
+            raise AgentError(
+                f"rank {self.rank}: collective {name} (step {self.step}) failed: a rank has died "
+                f"or shut down Horovod; stopping ({type(err).__name__}: {err})") from err
 
     def _control_row(self) -> torch.Tensor:
         row = torch.full((1, CTRL_FIXED + self.ring_size), -1.0, dtype=torch.float64)

@@ -1,0 +1,271 @@
+"""Runs on every rank under horovodrun: checks of the pgc_hvd runtime.
+
+    python runtime_checks.py core     # -np 4: dgd == hvd.DistributedOptimizer, exact decoding,
+                                      #   one straggler, NaN message, bit-identical parameters
+    python runtime_checks.py small    # -np 3: exact decoding at n=3, config errors, checkpoint
+    python runtime_checks.py dead     # -np 3: rank 2 dies, the others stop with a clear error
+
+Each check prints "CHECK <name> ok rank=<r>"; a failure raises (non-zero exit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import pgc_hvd
+from pgc_hvd.runtime import AgentError, PartitionLoader, load_checkpoint, save_checkpoint
+
+torch.set_num_threads(1)
+
+
+class Fixed:
+    """Delay model: ``delay`` seconds for ``worker`` at steps >= ``from_step`` (else 0)."""
+
+    def __init__(self, worker, delay, from_step=1):
+        self.worker, self.delay, self.from_step = worker, delay, from_step
+
+    def sample(self, worker, step):
+        return self.delay if worker == self.worker and step >= self.from_step else 0.0
+
+
+class Jitter:
+    """Seeded random delays per (worker, step), up to ``high`` seconds."""
+
+    def __init__(self, high, seed=0):
+        self.high, self.seed = high, seed
+
+    def sample(self, worker, step):
+        g = torch.Generator().manual_seed(self.seed * 100003 + worker * 1009 + step)
+        return float(torch.rand((), generator=g)) * self.high
+
+
+def data(n, size=240):
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(size, 6, generator=g)
+    y = ((X[:, 0] + 0.5 * X[:, 1]) > 0).long()
+    return PartitionLoader(X, y, n, batch_size=12, seed=3)
+
+
+def model():
+    torch.manual_seed(11)
+    return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 2))
+
+
+def flat_params(m):
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def param_hash(m) -> str:
+    return hashlib.sha256(flat_params(m).double().numpy().tobytes()).hexdigest()
+
+
+def same_on_all_ranks(m, what):
+    h = int(param_hash(m)[:12], 16)
+    allh = hvd.allgather(torch.tensor([h], dtype=torch.int64), name=f"hash.{what}")
+    assert len(set(allh.tolist())) == 1, f"{what}: parameter hashes differ across ranks {allh}"
+
+
+def ok(name):
+    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
+
+
+def train(scheme, steps, s=1, lr=0.1, momentum=0.0, delays=None, records=None, loss_hook=None,
+          name="pgc", m=None, loader=None, opt_kwargs=None, load_from=None, save_to=None):
+    m = m or model()
+    loader = loader or data(hvd.size())
+    base = torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum)
+    opt = pgc_hvd.DistributedOptimizer(base, m.named_parameters(), scheme=scheme, stragglers=s,
+                                       delays=delays, on_record=records, name=name,
+                                       timeout=60, **(opt_kwargs or {}))
+    assert isinstance(opt, torch.optim.SGD)
+    if load_from:
+        load_checkpoint(load_from, m, opt)
+    while opt.version < steps:
+        for xb, yb in opt.batches(loader):
+            loss = F.cross_entropy(m(xb), yb)
+            if loss_hook is not None:
+                loss = loss_hook(opt, loss)
+            loss.backward()
+        opt.step(loss=float(loss))
+    opt.close()
+    if save_to:
+        save_checkpoint(save_to, m, opt)
+    return m, opt
+
+
+def check_dgd_equals_horovod(steps=6):
+    n, r = hvd.size(), hvd.rank()
+    loader = data(n)
+    ref = model()
+    hopt = hvd.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=ref.named_parameters())
+    for t in range(steps):
+        hopt.zero_grad()
+        xb, yb = loader.batch(r, t)
+        F.cross_entropy(ref(xb), yb).backward()
+        hopt.step()
+    mine, _ = train("dgd", steps, s=0, momentum=0.9, name="dgd-eq")
+    a, b = flat_params(ref), flat_params(mine)
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"dgd differs from hvd: {(a - b).abs().max()}"
+    same_on_all_ranks(mine, "dgd-eq")
+    ok("dgd_equals_hvd")
+
+
+def full_gradient_average(loader, n):
+    m = model()
+    grads = []
+    for k in range(n):
+        m.zero_grad()
+        xb, yb = loader.batch(k, 0)
+        F.cross_entropy(m(xb), yb).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]).double())
+    return torch.stack(grads).mean(0)
+
+
+def check_exact(schemes):
+    n = hvd.size()
+    loader = data(n)
+    want = full_gradient_average(loader, n)
+    before = flat_params(model()).double()
+    for sch in schemes:
+        m, opt = train(sch, 1, lr=1.0, name=f"exact-{sch}", loader=loader)
+        got = before - flat_params(m).double()  # plain SGD, lr 1: the decoded update
+        err = float((got - want).norm() / want.norm())
+        assert err < 1e-4, f"{sch}: decoded update differs from the full-gradient average by {err}"
+        same_on_all_ranks(m, f"exact-{sch}")
+    ok("exact_" + "_".join(schemes))
+
+
+def check_straggler(scheme, delay=1.5, steps=6):
+    n = hvd.size()
+    recs = []
+    t0 = time.time()
+    m, opt = train(scheme, steps, delays=Fixed(n - 1, delay), records=recs.append,
+                   name=f"strag-{scheme}")
+    same_on_all_ranks(m, f"strag-{scheme}")
+    if hvd.rank() == 0:
+        assert len(recs) == steps, recs
+        later = [r for r in recs if r.step >= 1]
+        for r in later:
+            assert n - 1 not in r.workers_used, f"step {r.step} used the straggler: {r}"
+        times = sorted(r.step_time for r in later)
+        med = times[len(times) // 2]
+        assert med < delay / 3, f"median step time {med:.3f}s not << straggler delay {delay}s"
+        print(f"INFO {scheme} straggler: step times {[round(x, 3) for x in times]} "
+              f"total {time.time() - t0:.2f}s", flush=True)
+    ok(f"straggler_{scheme}")
+
+
+def check_nan(scheme="pgc-cr", steps=5):
+    recs = []
+
+    def poison(opt, loss):
+        if opt.rank == 1 and opt.version == 2:
+            return loss * float("nan")
+        return loss
+
+    m, opt = train(scheme, steps, loss_hook=poison, records=recs.append, name="nan")
+    assert (1, 2) in opt.nonfinite_log, opt.nonfinite_log
+    assert torch.isfinite(flat_params(m)).all()
+    same_on_all_ranks(m, "nan")
+    if hvd.rank() == 0:
+        rec = [r for r in recs if r.step == 2][0]
+        assert 1 not in rec.workers_used and rec.extra["nonfinite_ranks"] == [1], rec
+    ok("nan_message_is_a_straggler")
+
+
+def check_identical_under_jitter(scheme, steps=10):
+    m, opt = train(scheme, steps, delays=Jitter(0.03, seed=5), name=f"jit-{scheme}")
+    same_on_all_ranks(m, f"jit-{scheme}")
+    ok(f"bit_identical_{scheme}")
+
+
+def check_config_errors():
+    r = hvd.rank()
+    m = model()
+    for kwargs, needle in (({"scheme": "pgc-cr", "stragglers": 1 + (r == 1)}, "ranks [1]"),
+                           ({"scheme": "pgc-cr", "stragglers": 7}, "s")):
+        try:
+            pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                         m.named_parameters(), **kwargs)
+        except ValueError as err:
+            assert needle in str(err), str(err)
+            print(f"INFO config error rank={r}: {err}", flush=True)
+        else:
+            raise AssertionError(f"no error for {kwargs}")
+    ok("config_errors")
+
+
+def check_checkpoint(scheme="pgc-cr", steps=8, half=4):
+    n = hvd.size()
+    ref, _ = train(scheme, steps, momentum=0.9, name="ck-ref", s=1 if n > 1 else 0)
+    tmp = os.path.join(tempfile.gettempdir(), f"pgc-ck-{os.environ.get('HOROVOD_HOSTNAME', '')}"
+                       f"-{os.getppid()}")
+    train(scheme, half, momentum=0.9, name="ck-a", save_to=tmp)
+    m2 = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 2))  # different init
+    m2, opt2 = train(scheme, steps, momentum=0.9, name="ck-b", m=m2, load_from=tmp)
+    same_on_all_ranks(m2, "ck")
+    if scheme == "dgd":
+        assert torch.equal(flat_params(ref), flat_params(m2)), "restored run differs"
+    os.remove(f"{tmp}.rank{hvd.rank()}")
+    ok(f"checkpoint_{scheme}")
+
+
+def check_dead_rank():
+    r = hvd.rank()
+    m = model()
+    loader = data(hvd.size())
+    opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                       m.named_parameters(), scheme="pgc-cr", stragglers=1,
+                                       timeout=8, name="dead")
+    t0 = time.time()
+    try:
+        while opt.version < 50:
+            if r == 2 and opt.version == 3:
+                print(f"INFO rank {r} dies now", flush=True)
+                os._exit(0)
+            for xb, yb in opt.batches(loader):
+                F.cross_entropy(m(xb), yb).backward()
+            opt.step()
+            time.sleep(0.01)
+    except AgentError as err:
+        print(f"CLEAR-ERROR rank={r} after {time.time() - t0:.1f}s: {err}", flush=True)
+        os._exit(0)
+    print(f"NO-ERROR rank={r}", flush=True)
+    os._exit(1)
+
+
+def main():
+    hvd.init()
+    mode = sys.argv[1]
+    if mode == "core":
+        check_dgd_equals_horovod()
+        check_exact(["dgd", "gc-cr", "bcgc", "bounded-staleness"])
+        check_straggler("pgc-cr")
+        check_straggler("bcgc")
+        check_nan()
+        check_identical_under_jitter("pgc-cr")
+    elif mode == "small":
+        check_config_errors()
+        check_exact(["gc-fr", "gc-cr", "bcgc", "rs"] if hvd.size() % 2 == 0 else
+                    ["gc-cr", "bcgc", "rs", "gmds"])
+        check_checkpoint("dgd")
+        check_checkpoint("pgc-cr")
+    elif mode == "dead":
+        check_dead_rank()
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print(f"ALL OK rank={hvd.rank()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
