@@ -15,6 +15,14 @@ import sys
 COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("report", "codes"): ("pgc_hvd.codes.report", "main",
                           "decode norms ||a_I||_1, residuals and decode times of every code"),
+    ("report",): ("pgc_hvd.runtime.report", "main",
+                  "report RUN_DIR: table + plot of one run's (or a folder of runs') records"),
+    ("train",): ("pgc_hvd.runtime.train", "main",
+                 "one training run on every rank (under horovodrun): scheme, s, delays, records"),
+    ("simulate",): ("pgc_hvd.sim.run", "main",
+                    "one simulated run: n virtual workers, real gradients, virtual time"),
+    ("experiment",): ("pgc_hvd.sim.experiments", "main",
+                      "the papers' experiments: pgc, bcgc, staleness [--quick] --out DIR"),
 }
 
 

@@ -68,7 +68,7 @@ class SimConfig:
     partition_time: Optional[float] = None  # seconds per partition gradient; None = measured
     comm: CommModel = dataclasses.field(default_factory=CommModel)
     broadcast: bool = True              # charge the model broadcast
-    decode_time: float = 0.0
+    decode_time: Any = 0.0              # seconds, or "measured" (wall time of decide + decode)
     straggler_policy: str = "continue"  # or "cancel"
     compress: Optional[float] = None
     error_feedback: bool = False
@@ -289,11 +289,16 @@ class Simulator:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def _fire(self, rnd, decision, t: float) -> StepRecord:
+    def _fire(self, rnd, decision, t: float, decide_seconds: float = 0.0) -> StepRecord:
         from pgc_hvd.metrics.diagnostics import step_diagnostics
 
         step = rnd.step
+        w0 = _time.perf_counter()
         g_hat = self._decode(decision)
+        if self.cfg.decode_time == "measured":
+            decode_time = decide_seconds + (_time.perf_counter() - w0)
+        else:
+            decode_time = float(self.cfg.decode_time)
         extra: dict = {}
         if self.cfg.diagnostics:
             extra.update(step_diagnostics(self, decision, g_hat))
@@ -308,6 +313,7 @@ class Simulator:
                 grp["lr"] *= 0.5
             extra["lr_halved"] = True
         extra["lr"] = float(self.opt.param_groups[0]["lr"])
+        extra["decode_time"] = decode_time
         # busy seconds of each worker in (last_fire, t]
         busy = []
         for w in self.workers:
@@ -340,7 +346,7 @@ class Simulator:
         self._bytes_at_last_fire = self.total_bytes
         self.last_fire = t
         # broadcast the new model
-        arrive = t + self.cfg.decode_time + (self.comm.cost(self.model_bytes) if self.cfg.broadcast else 0.0)
+        arrive = t + decode_time + (self.comm.cost(self.model_bytes) if self.cfg.broadcast else 0.0)
         for w in self.workers:
             self._push(arrive, "model", w.id, self.version)
         keep = self.version - max(self.scheme.c, 1) - 1
@@ -363,6 +369,7 @@ class Simulator:
             t, _, kind, payload = heapq.heappop(self.events)
             self.now = t
             decision = None
+            decide_seconds = 0.0
             if kind == "model":
                 wid, v = payload
                 w = self.workers[wid]
@@ -387,9 +394,12 @@ class Simulator:
                 self.arrival_log.append((t, arrival.worker, arrival.step))
                 self.store[(arrival.worker, arrival.step)] = {
                     "payload": pl, "dense": dense, "arrival": arrival, "bytes": nbytes}
+                w0 = _time.perf_counter()
                 decision = rnd.offer(arrival)
+                decide_seconds = _time.perf_counter() - w0
             while decision is not None:
-                rec = self._fire(rnd, decision, t)
+                rec = self._fire(rnd, decision, t, decide_seconds)
+                decide_seconds = 0.0
                 self.records.append(rec)
                 if self.writer is not None:
                     self.writer.write(rec)

@@ -1,0 +1,353 @@
+"""The papers' experiments on the simulator: ``pgc-hvd experiment {pgc,bcgc,staleness} [--quick]
+--out DIR``. Each writes into DIR one ``records/<run>.jsonl`` per run, ``summary.json`` (one
+entry per scheme and setting with the table's figures), ``table.md`` and ``plot.png``.
+
+* ``pgc``  (PGC paper, Figs. 6-10): n = 12, s in {1, 2, 3}, exponential delays of mean 1 and 2
+  partition times; DGD, IS-SGD, GC-FR, GC-CR, IS-GC (c = 2), PGC-FR, PGC-CR, pipelined BCGC;
+  softmax regression on digits with SGD; time per step normalised by DGD, steps and time to the
+  loss threshold (the training loss DGD reaches at 60% of its steps in the same setting), and
+  naive PGC-CR at n = 12, c = 6 (s = 5) against PGC-CR: decode coefficients and loss.
+* ``bcgc`` (BCGC paper, Tables I-III): n = 100, s in {20, 24}, top-5% compression of every coded
+  message, 100 Nesterov iterations from beta_0 = 0, exactly s stragglers per iteration (fixed
+  seeded schedule shared by every scheme); softmax on digits, logistic regression on breast
+  cancer; uncompressed, naive (uncoded, waits for all), BCGC, GFRC, G-MDS, RS: final accuracy
+  (AUC for binary), mean ||a_I||_1, virtual wall time (decode time included, measured); then
+  s = 24 with the minimum-error decoder, i.i.d. vs sorted-by-label partitions, BCGC vs GFRC.
+* ``staleness`` (design note 002): 8 heterogeneous workers, log-normal delays plus occasional
+  10-30 s stragglers; synchronous DP (DGD), GC (GC-CR, s = 1) and bounded staleness r = 2,
+  c in {2, 4, 8}, all for the same virtual time budget: time to the target validation loss,
+  accuracy at equal time, gradient evaluations, utilisation, max gradient age and the error
+  decomposition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
+from .run import first_reaching, prepare_data, simulate
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _fmt(v, nd=3):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if not np.isfinite(v):
+            return str(v)
+        return f"{v:.{nd}g}" if abs(v) < 1e4 else f"{v:.3e}"
+    return str(v)
+
+
+def _table(rows, cols) -> str:
+    out = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(_fmt(r.get(k)) for _, k in cols) + " |")
+    return "\n".join(out)
+
+
+def _strip(summary: dict) -> dict:
+    return {k: v for k, v in summary.items()}
+
+
+# ------------------------------------------------------------------------------------- PGC
+PGC_SCHEMES = [("dgd", {}), ("is-sgd", {}), ("gc-fr", {}), ("gc-cr", {}), ("is-gc", {"c": 2}),
+               ("pgc-fr", {}), ("pgc-cr", {}), ("pgc-bcgc", {})]
+
+
+def exp_pgc(out: Path, quick: bool) -> tuple[list, str]:
+    n = 12
+    s_values = [1, 2] if quick else [1, 2, 3]
+    means = [1.0] if quick else [1.0, 2.0]
+    steps = 25 if quick else 150
+    schemes = PGC_SCHEMES if not quick else [x for x in PGC_SCHEMES if x[0] in ("dgd", "gc-cr", "pgc-cr", "pgc-fr", "is-sgd")]
+    data = prepare_data("digits")
+    rows, curves = [], {}
+    for mean in means:
+        for s in s_values:
+            if n % (s + 1) and any(x[0] in ("gc-fr", "pgc-fr") for x in schemes):
+                pass  # FR needs (s+1) | n: 12 is divisible by 2, 3, 4
+            setting = []
+            for name, opts in schemes:
+                label = f"{name}_s{s}_mean{mean:g}"
+                _log(f"[pgc] {label}")
+                recs, summ = simulate(name, n, s, data=data, optimizer="sgd:lr=0.5",
+                                      delay=Exponential(mean, seed=int(mean * 10) + s), steps=steps,
+                                      scheme_options=opts, partition_time=1.0,
+                                      records_path=out / "records" / f"{label}.jsonl",
+                                      diagnostics=False, label=label, progress=True)
+                summ.update({"setting": f"s={s}, mean={mean:g}", "delay_mean": mean, "label": label})
+                setting.append((summ, recs))
+                curves[label] = ([r.time for r in recs], [r.loss for r in recs])
+            dgd_summ, dgd_recs = setting[0]
+            threshold = dgd_recs[int(0.6 * len(dgd_recs)) - 1].loss
+            for summ, recs in setting:
+                st, tt = first_reaching(recs, threshold)
+                summ["loss_threshold"] = threshold
+                summ["steps_to_threshold"] = st
+                summ["time_to_threshold"] = tt
+                summ["time_per_step_vs_dgd"] = summ["time_per_step"] / dgd_summ["time_per_step"]
+                summ["steps_vs_dgd"] = None if st is None else st / (int(0.6 * len(dgd_recs)))
+                summ["time_vs_dgd"] = None if tt is None else tt / first_reaching(dgd_recs, threshold)[1]
+                rows.append(summ)
+    # naive PGC-CR at n = 12, c = 6 (s = 5) against the unbiased PGC-CR decoder
+    naive = {}
+    for name in ("pgc-cr-naive", "pgc-cr"):
+        label = f"{name}_n12_c6"
+        _log(f"[pgc] {label}")
+        recs, summ = simulate(name, 12, 5, data=data, optimizer="sgd:lr=0.5",
+                              delay=Exponential(1.0, seed=99), steps=steps, partition_time=1.0,
+                              records_path=out / "records" / f"{label}.jsonl", diagnostics=False,
+                              label=label, progress=True)
+        summ.update({"setting": "n=12, c=6 (s=5), mean=1", "label": label})
+        rows.append(summ)
+        naive[name] = recs
+    _plot_pgc(out / "plot.png", rows, curves, naive, s_values, means)
+    cols = [("setting", "setting"), ("scheme", "scheme"), ("time/step vs DGD", "time_per_step_vs_dgd"),
+            ("steps to thr.", "steps_to_threshold"), ("time to thr. (s)", "time_to_threshold"),
+            ("time vs DGD", "time_vs_dgd"), ("final loss", "final_loss"),
+            ("test acc.", "test_accuracy"), ("alpha min", "alpha_min"), ("alpha max", "alpha_max")]
+    return rows, _table(rows, cols)
+
+
+def _plot_pgc(path, rows, curves, naive, s_values, means):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    k = len(s_values) * len(means)
+    fig, axes = plt.subplots(2, k + 1 if k + 1 <= 4 else 4, figsize=(4.2 * min(k + 1, 4), 7.5), squeeze=False)
+    flat = axes.ravel()
+    i = 0
+    for mean in means:
+        for s in s_values:
+            ax = flat[i]
+            i += 1
+            for label, (t, l) in curves.items():
+                if label.endswith(f"_s{s}_mean{mean:g}"):
+                    ax.plot(t, l, label=label.split("_")[0], lw=1.2)
+            ax.set_title(f"loss vs time, s={s}, mean={mean:g}")
+            ax.set_xlabel("virtual time (partition times)")
+            ax.set_ylabel("training loss")
+            ax.set_yscale("log")
+            ax.legend(fontsize=6)
+    ax = flat[i]
+    i += 1
+    labels = sorted({r["scheme"] for r in rows if "time_per_step_vs_dgd" in r})
+    settings = sorted({r["setting"] for r in rows if "time_per_step_vs_dgd" in r})
+    width = 0.8 / max(1, len(settings))
+    for j, st in enumerate(settings):
+        vals = [next((r["time_per_step_vs_dgd"] for r in rows if r.get("setting") == st and r["scheme"] == lab), 0)
+                for lab in labels]
+        ax.bar(np.arange(len(labels)) + j * width, vals, width, label=st)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2)
+    ax.set_xticklabels(labels, rotation=45, fontsize=7)
+    ax.set_title("time per step / DGD")
+    ax.legend(fontsize=6)
+    ax = flat[i]
+    for name, recs in naive.items():
+        st = [r.step for r in recs]
+        ax.plot(st, [r.loss for r in recs], label=f"{name} loss")
+    ax.set_yscale("log")
+    ax2 = ax.twinx()
+    recs = naive["pgc-cr-naive"]
+    ax2.plot([r.step for r in recs], [max(abs(r.alpha_max), abs(r.alpha_min)) for r in recs], "r:",
+             label="naive max |alpha|")
+    ax2.set_yscale("log")
+    ax.set_title("naive PGC-CR, n=12, c=6 (Fig. 6)")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=6, loc="upper left")
+    ax2.legend(fontsize=6, loc="upper right")
+    for j in range(i + 1, len(flat)):
+        flat[j].axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------ BCGC
+BCGC_SCHEMES = [("uncompressed", "bcgc", None), ("naive", "dgd", 0.05), ("bcgc", "bcgc", 0.05),
+                ("gfrc", "gfrc", 0.05), ("gmds", "gmds", 0.05), ("rs", "rs", 0.05)]
+
+
+def exp_bcgc(out: Path, quick: bool) -> tuple[list, str]:
+    n = 100
+    steps = 20 if quick else 100
+    s_values = [20] if quick else [20, 24]
+    datasets = [("digits", "softmax", "nesterov:lr=0.1,momentum=0.9"),
+                ("breast_cancer", "logistic", "nesterov:lr=0.1,momentum=0.9")]
+    if quick:
+        datasets = datasets[:1]
+    rows = []
+    for dname, model, opt in datasets:
+        data = prepare_data(dname)
+        ptime = None  # measured once per dataset (first run), then shared by every scheme
+        for s in s_values:
+            for label0, scheme, comp in BCGC_SCHEMES:
+                label = f"{dname}_s{s}_{label0}"
+                _log(f"[bcgc] {label}")
+                recs, summ = simulate(scheme, n, s, data=data, model=model, optimizer=opt,
+                                      delay=FixedStragglers(n, s, 0.1, seed=s), steps=steps,
+                                      zero_init=True, compress=comp, partition_time=ptime,
+                                      decode_time="measured",
+                                      records_path=out / "records" / f"{label}.jsonl",
+                                      label=label, progress=True)
+                ptime = summ["partition_time"]
+                summ.update({"dataset": dname, "setting": f"{dname}, s={s}", "variant": label0,
+                             "label": label,
+                             "metric": summ["test_auc"] if summ.get("test_auc") is not None else summ["test_accuracy"]})
+                rows.append(summ)
+        # partition diversity: min-error decoder, s = 24 (20 in quick), i.i.d. vs sorted by label
+        s = s_values[-1]
+        for iid in (True, False):
+            for scheme in ("bcgc", "gfrc"):
+                label = f"{dname}_s{s}_{'iid' if iid else 'sorted'}_{scheme}_minerr"
+                _log(f"[bcgc] {label}")
+                recs, summ = simulate(scheme, n, s, data=data, model=model, optimizer=opt,
+                                      delay=FixedStragglers(n, s, 0.1, seed=s), steps=steps,
+                                      zero_init=True, compress=0.05, iid=iid,
+                                      scheme_options={"decoder": "min-error"}, partition_time=ptime,
+                                      decode_time="measured",
+                                      records_path=out / "records" / f"{label}.jsonl",
+                                      label=label, progress=True)
+                summ.update({"dataset": dname, "setting": f"{dname}, s={s}, {'iid' if iid else 'sorted'}, min-error",
+                             "variant": scheme, "label": label,
+                             "metric": summ["test_auc"] if summ.get("test_auc") is not None else summ["test_accuracy"]})
+                rows.append(summ)
+    _plot_bcgc(out / "plot.png", rows)
+    cols = [("setting", "setting"), ("variant", "variant"), ("acc. / AUC", "metric"),
+            ("mean ||a_I||_1", "decode_norm1_mean"), ("virtual time (s)", "time"),
+            ("final loss", "final_loss"), ("total compr. err.", "err_compress_total")]
+    return rows, _table(rows, cols)
+
+
+def _plot_bcgc(path, rows):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    settings = [st for st in dict.fromkeys(r["setting"] for r in rows) if "min-error" not in st]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(1, len(settings))
+    variants = [v for v, _, _ in BCGC_SCHEMES]
+    for j, st in enumerate(settings):
+        vals = [next((r["metric"] for r in rows if r["setting"] == st and r["variant"] == v), np.nan)
+                for v in variants]
+        axes[0].bar(np.arange(len(variants)) + j * width, vals, width, label=st)
+        nrm = [next((r["decode_norm1_mean"] for r in rows if r["setting"] == st and r["variant"] == v), np.nan)
+               for v in variants]
+        axes[1].bar(np.arange(len(variants)) + j * width, nrm, width, label=st)
+    for ax, title in zip(axes, ("final test accuracy / AUC (top-5%)", "mean ||a_I||_1")):
+        ax.set_xticks(np.arange(len(variants)) + 0.4 - width / 2)
+        ax.set_xticklabels(variants)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    axes[1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------- staleness
+def exp_staleness(out: Path, quick: bool) -> tuple[list, str]:
+    n = 8
+    budget = 120.0 if quick else 600.0
+    factors = [1.0, 1.0, 1.0, 1.0, 1.25, 1.5, 2.0, 3.0]  # heterogeneous workers
+    delay = (Heterogeneous(LogNormal(-1.0, 0.5, seed=5), factors)
+             + LongStraggler(0.02, 10.0, 30.0, seed=6))
+    variants = [("sync-dp", "dgd", 0, {}), ("gc", "gc-cr", 1, {})]
+    variants += [(f"bounded c={c}", "bounded-staleness", 1, {"r": 2, "c": c}) for c in (2, 4, 8)]
+    data = prepare_data("digits")
+    rows, curves = [], {}
+    for label0, scheme, s, opts in variants:
+        label = label0.replace(" ", "_").replace("=", "")
+        _log(f"[staleness] {label}")
+        recs, summ = simulate(scheme, n, s, data=data, model="softmax", optimizer="sgd:lr=0.5",
+                              delay=delay, steps=100000, max_time=budget, scheme_options=opts,
+                              partition_time=1.0, records_path=out / "records" / f"{label}.jsonl",
+                              label=label, progress=True)
+        summ.update({"variant": label0, "label": label})
+        curves[label0] = ([r.time for r in recs], [r.extra.get("test_loss") for r in recs])
+        rows.append((summ, recs))
+    # target: the validation loss synchronous DP reaches at the end of the budget
+    target = rows[0][0]["test_loss"]
+    out_rows = []
+    t_equal = min(summ["time"] for summ, _ in rows)
+    for summ, recs in rows:
+        st, tt = first_reaching(recs, target, key="test_loss")
+        summ["target_test_loss"] = target
+        summ["steps_to_target"], summ["time_to_target"] = st, tt
+        at = [r for r in recs if r.time <= t_equal]
+        summ["accuracy_at_equal_time"] = at[-1].extra.get("test_accuracy") if at else None
+        out_rows.append(summ)
+    _plot_staleness(out / "plot.png", curves, out_rows)
+    cols = [("variant", "variant"), ("time to target (s)", "time_to_target"),
+            ("acc. at equal time", "accuracy_at_equal_time"), ("final acc.", "test_accuracy"),
+            ("steps", "steps"), ("grad evals", "grad_evals"), ("utilisation", "utilisation"),
+            ("max age", "max_age"), ("err_total", "err_total_mean"), ("err_stale", "err_stale_mean"),
+            ("err_coding", "err_coding_mean"), ("||g_hat||^2", "g_hat_sq_mean"),
+            ("L_hat", "L_hat_max_mean"), ("corr", "corr_min_mean")]
+    return out_rows, _table(out_rows, cols)
+
+
+def _plot_staleness(path, curves, rows):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, (t, l) in curves.items():
+        pts = [(a, b) for a, b in zip(t, l) if b is not None]
+        axes[0].plot([a for a, _ in pts], [b for _, b in pts], label=label)
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("virtual time (s)")
+    axes[0].set_ylabel("validation loss")
+    axes[0].legend()
+    hist = rows[-1]["delay_histogram"]
+    if hist["counts"]:
+        e = np.array(hist["edges"])
+        axes[1].bar(e[:-1], hist["counts"], width=np.diff(e), align="edge")
+        axes[1].set_yscale("log")
+    axes[1].set_title("delay histogram (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+EXPERIMENTS = {"pgc": exp_pgc, "bcgc": exp_bcgc, "staleness": exp_staleness}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="pgc-hvd experiment", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=sorted(EXPERIMENTS))
+    p.add_argument("--quick", action="store_true", help="small sizes (seconds), for tests")
+    p.add_argument("--out", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    out = Path(a.out)
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rows, table = EXPERIMENTS[a.name](out, a.quick)
+    wall = time.perf_counter() - t0
+    (out / "summary.json").write_text(json.dumps({"experiment": a.name, "quick": a.quick,
+                                                  "wall_seconds": wall, "runs": rows},
+                                                 indent=1, default=str))
+    (out / "table.md").write_text(f"# experiment {a.name}{' (quick)' if a.quick else ''}\n\n"
+                                  f"{table}\n\nwall time {wall:.1f} s\n")
+    print(table)
+    _log(f"[{a.name}] done in {wall:.1f} s -> {out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

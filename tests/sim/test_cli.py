@@ -1,0 +1,33 @@
+"""The command line: ``pgc-hvd simulate`` and ``pgc-hvd experiment staleness --quick``."""
+
+import json
+
+import torch
+
+from pgc_hvd.cli import main
+from pgc_hvd.metrics.records import read_records
+
+
+def test_simulate_cli_writes_records_trace_and_replays(tmp_path, capsys):
+    args = ["simulate", "--scheme", "bcgc", "--n", "6", "--s", "2", "--steps", "4",
+            "--partition-time", "0.5", "--delay", "exp:mean=1,seed=2", "--compress", "0.1"]
+    assert main(args + ["--out", str(tmp_path / "a"), "--save-trace", str(tmp_path / "t.json")]) == 0
+    first = list(read_records(tmp_path / "a" / "records.jsonl"))
+    assert len(first) == 4 and first[0]["scheme"] == "bcgc"
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["n"] == 6
+    args[args.index("--delay") + 1] = f"replay:{tmp_path / 't.json'}"
+    assert main(args + ["--out", str(tmp_path / "b")]) == 0
+    again = list(read_records(tmp_path / "b" / "records.jsonl"))
+    assert again == first
+    torch.set_num_threads(1)
+
+
+def test_experiment_quick_outputs(tmp_path):
+    assert main(["experiment", "staleness", "--quick", "--out", str(tmp_path)]) == 0
+    for f in ("summary.json", "table.md", "plot.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    runs = json.loads((tmp_path / "summary.json").read_text())["runs"]
+    assert {r["variant"] for r in runs} == {"sync-dp", "gc", "bounded c=2", "bounded c=4", "bounded c=8"}
+    assert all(r["max_age"] < 8 for r in runs)
+    torch.set_num_threads(1)
