@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The main job: a small CNN on sklearn's digits, 4 Horovod ranks on this machine, injected
+# exponential straggler delays, trained under DGD, PGC-CR and BCGC in turn (s = 1).
+#
+#   bash launch/demo.sh [--out DIR] [--force] [--steps N] [--delay SPEC] [--np N]
+#
+# Prints, per scheme, time per step, time to the target loss and final test accuracy, and writes
+# into DIR (default runs/demo; a non-empty DIR is refused without --force):
+#   DIR/<scheme>/records.jsonl   one step record per step (the simulator's format)
+#   DIR/<scheme>/summary.json    time per step, time to target loss, final loss and accuracy
+#   DIR/summary.json             the three summaries;  DIR/report.md, DIR/report.png
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$ROOT/runs/demo"
+FORCE=0
+STEPS=80
+NP=4
+DELAY="exp:mean=0.1,seed=1"
+SCHEMES="dgd pgc-cr bcgc"
+TARGET=0.5
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    --delay) DELAY="$2"; shift 2 ;;
+    --np) NP="$2"; shift 2 ;;
+    --schemes) SCHEMES="$2"; shift 2 ;;
+    --target-loss) TARGET="$2"; shift 2 ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    *) echo "demo.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [[ -d "$OUT" && -n "$(ls -A "$OUT" 2>/dev/null)" && $FORCE -eq 0 ]]; then
+  echo "demo.sh: $OUT is not empty; pass --force to overwrite it or --out NEW_DIR" >&2
+  exit 1
+fi
+
+echo "== set-up (launch/setup.sh)"
+bash "$ROOT/launch/setup.sh"
+PY="${PGC_HVD_VENV:-$ROOT/.venv}/bin/python"
+HVDRUN="$(dirname "$PY")/horovodrun"
+[[ $FORCE -eq 1 ]] && rm -rf "$OUT"
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+START=$(date +%s)
+for scheme in $SCHEMES; do
+  echo "== $scheme: $NP ranks, s=1, $STEPS steps, delays $DELAY"
+  timeout 300 "$HVDRUN" --gloo -np "$NP" -H "localhost:$NP" "$PY" -m pgc_hvd train \
+      --scheme "$scheme" --s 1 --dataset digits --model cnn --steps "$STEPS" \
+      --batch-size 32 --lr 0.1 --momentum 0.9 --delay "$DELAY" --target-loss "$TARGET" \
+      --out "$OUT/$scheme" --force 2>"$OUT/$scheme.stderr.log" \
+    | sed -u -n 's/^\[0\]<stdout>://p'
+done
+"$PY" - "$OUT" $SCHEMES <<'PYEOF'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+allsum = {s: json.loads((out / s / "summary.json").read_text()) for s in sys.argv[2:]}
+(out / "summary.json").write_text(json.dumps(allsum, indent=2) + "\n")
+print(f"\n{'scheme':<8} {'ms/step':>8} {'time to loss':>13} {'test acc':>9}")
+for s, d in allsum.items():
+    ttt = d["time_to_target_s"]
+    print(f"{s:<8} {d['time_per_step_s'] * 1e3:8.1f} "
+          f"{('%.2fs' % ttt) if ttt is not None else 'not reached':>13} "
+          f"{d['final_test_accuracy']:9.3f}   (target loss {d['target_loss']})")
+PYEOF
+"$PY" -m pgc_hvd report "$OUT"
+echo "== done in $(( $(date +%s) - START ))s (plus set-up); outputs in $OUT"

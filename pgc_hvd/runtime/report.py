@@ -1,0 +1,126 @@
+"""``pgc-hvd report RUN_DIR``: a table and a plot from step records.
+
+RUN_DIR is one run (it holds ``records.jsonl``) or a folder of runs (sub-folders that do).
+Prints one row per run (steps, mean/median step time, time to the target loss, final loss and
+accuracy from ``summary.json`` when present, mean messages used, mean busy fraction) and writes
+``RUN_DIR/report.md`` and ``RUN_DIR/report.png`` (training loss against wall time, and step-time
+distributions). Made from the records only, so simulated and real runs compare the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from pgc_hvd.metrics.records import read_records
+
+
+def find_runs(root: Path) -> list[Path]:
+    if (root / "records.jsonl").exists():
+        return [root]
+    return sorted(p.parent for p in root.glob("*/records.jsonl"))
+
+
+def _ttt(recs, target, window=5):
+    from pgc_hvd.runtime.train import time_to_target
+    return time_to_target(recs, target, window)
+
+
+def summarize(run: Path, target: float | None) -> dict:
+    recs = list(read_records(run / "records.jsonl"))
+    summary = {}
+    if (run / "summary.json").exists():
+        summary = json.loads((run / "summary.json").read_text())
+    if target is None:
+        target = summary.get("target_loss", 0.5)
+    st = [r["step_time"] for r in recs if r.get("step_time") is not None]
+    busy = []
+    for r in recs:
+        if r.get("busy") and r.get("step_time"):
+            busy.extend(min(1.0, b / r["step_time"]) for b in r["busy"] if b is not None)
+    return {
+        "run": run.name, "scheme": recs[0].get("scheme") if recs else summary.get("scheme"),
+        "n": recs[0].get("n") if recs else None, "s": recs[0].get("s") if recs else None,
+        "steps": len(recs),
+        "mean_step_ms": 1e3 * statistics.fmean(st) if st else None,
+        "median_step_ms": 1e3 * statistics.median(st) if st else None,
+        "target_loss": target, "time_to_target_s": _ttt(recs, target),
+        "final_test_accuracy": summary.get("final_test_accuracy"),
+        "final_train_loss": summary.get("final_train_loss"),
+        "mean_used": statistics.fmean(len(r["workers_used"]) for r in recs) if recs else None,
+        "busy_fraction": statistics.fmean(busy) if busy else None,
+        "wall_s": recs[-1]["time"] if recs else None,
+        "_records": recs,
+    }
+
+
+def _fmt(v, nd=2):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+COLUMNS = [("run", "run"), ("scheme", "scheme"), ("n", "n"), ("s", "s"), ("steps", "steps"),
+           ("mean_step_ms", "ms/step"), ("median_step_ms", "median ms"),
+           ("time_to_target_s", "time to target (s)"), ("final_train_loss", "final loss"),
+           ("final_test_accuracy", "test acc"), ("mean_used", "msgs used"),
+           ("busy_fraction", "busy frac"), ("wall_s", "wall (s)")]
+
+
+def table(rows: list[dict]) -> str:
+    head = "| " + " | ".join(h for _, h in COLUMNS) + " |"
+    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
+    body = ["| " + " | ".join(_fmt(r[k], 1 if k.endswith("_ms") else 3) for k, _ in COLUMNS) + " |"
+            for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        recs = [x for x in r["_records"] if x.get("loss") is not None]
+        a.plot([x["time"] for x in recs], [x["loss"] for x in recs], label=r["run"], lw=1.2)
+        b.hist([1e3 * x["step_time"] for x in r["_records"] if x.get("step_time")], bins=30,
+               alpha=0.5, label=r["run"])
+    if rows and rows[0]["target_loss"] is not None:
+        a.axhline(rows[0]["target_loss"], color="gray", ls="--", lw=0.8, label="target")
+    a.set_xlabel("wall time (s)")
+    a.set_ylabel("training loss (messages used)")
+    a.set_title("loss vs time")
+    a.legend()
+    b.set_xlabel("step time (ms)")
+    b.set_ylabel("steps")
+    b.set_title("step time distribution")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="pgc-hvd report", description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir")
+    p.add_argument("--target-loss", type=float, default=None)
+    p.add_argument("--no-plot", action="store_true")
+    args = p.parse_args(argv)
+    root = Path(args.run_dir)
+    runs = find_runs(root)
+    if not runs:
+        print(f"pgc-hvd report: no records.jsonl in {root} or its sub-folders")
+        return 2
+    rows = [summarize(r, args.target_loss) for r in runs]
+    text = table(rows)
+    print(text)
+    (root / "report.md").write_text(text + "\n")
+    if not args.no_plot:
+        plot(rows, root / "report.png")
+        print(f"plot: {root / 'report.png'}")
+    return 0
