@@ -227,7 +227,8 @@ def exp_bcgc(out: Path, quick: bool) -> tuple[list, str]:
     _plot_bcgc(out / "plot.png", rows)
     cols = [("setting", "setting"), ("variant", "variant"), ("acc. / AUC", "metric"),
             ("mean ||a_I||_1", "decode_norm1_mean"), ("virtual time (s)", "time"),
-            ("final loss", "final_loss"), ("total compr. err.", "err_compress_total")]
+            ("final loss", "final_loss"), ("sum ||g_hat - g_dense||^2", "err_compress_total"),
+            ("sum_t sum_K ||eps_i||", "class_error_total")]
     return rows, _table(rows, cols)
 
 

@@ -121,6 +121,8 @@ def summarize(sim: Simulator, recs) -> dict:
         vals = [r.extra[k] for r in recs if r.extra.get(k) is not None]
         out[k + "_mean"] = float(np.mean(vals)) if vals else None
     out["err_compress_total"] = float(sum(r.extra.get("err_compress", 0.0) for r in recs))
+    ce = [r.extra["class_error"] for r in recs if r.extra.get("class_error") is not None]
+    out["class_error_total"] = float(sum(ce)) if ce else None  # sum_t sum_{i in K} ||eps_i||
     return out
 
 
