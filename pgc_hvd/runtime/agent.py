@@ -319,7 +319,7 @@ class CommAgent:
             with self.cond:
                 rows = [self._outbox[k[1]].payload for k in mine]
             send = (torch.stack(rows) if rows else
-                    torch.zeros((0, self.width), dtype=torch.float32))
+                    torch.zeros((0, self.width), dtype=torch.float32, device=self.device))
             got = self._collective(send, "data")
             self.bytes_moved += got.numel() * got.element_size()
             order = [k for w in range(self.n) for k in needed if k[0] == w]

@@ -1,0 +1,28 @@
+"""The source papers' workload as a ready script: torchvision ResNet-18 on CIFAR-10.
+
+Reads the CIFAR-10 python-pickle batches from a local folder (``--data-dir``; nothing is
+downloaded), batch 256 per partition and step, SGD with lr 0.01, any scheme and s. Runs on every
+rank under horovodrun (see launch/README.md)::
+
+    bash launch/run_local.sh ... or
+    horovodrun --gloo -np 4 -H localhost:4 .venv/bin/python launch/resnet18_cifar10.py \\
+        --data-dir ~/data/cifar-10-batches-py --scheme pgc-cr --s 1 --steps 2000 --out runs/r18
+
+Any ``pgc-hvd train`` option may be given (``--delay``, ``--compression topk:0.01``, ...);
+the defaults below only set the workload. Batch-norm running statistics are per rank (they are
+buffers, not gradients); the reported test accuracy uses rank 0's.
+"""
+
+import sys
+
+from pgc_hvd.runtime.train import main
+
+DEFAULTS = ["--dataset", "cifar10", "--model", "resnet18", "--batch-size", "256", "--lr", "0.01",
+            "--momentum", "0.0", "--target-loss", "1.5", "--progress-every", "20"]
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    if "--data-dir" not in argv:
+        raise SystemExit("resnet18_cifar10.py needs --data-dir DIR (CIFAR-10 python batches)")
+    sys.exit(main(DEFAULTS + argv))  # later options override the defaults
