@@ -1,0 +1,259 @@
+// CUDA kernels of top-kappa selection and error feedback (launchers declared in kernels.h).
+//
+// Radix select: key_histogram builds a 2048-bin histogram of one digit of the keys in shared
+// memory (warp-aggregated atomics: the lanes of a warp that hit one bin add once), merged into
+// global memory per block. Order-preserving selection: select_count reduces per-tile counts,
+// tile_scan turns them into exclusive prefix sums (one block, in order), and select_write
+// re-reads each tile, ranks its elements with two block-wide exclusive scans (ties, then
+// selected) and writes them at their final positions: the output is in index order and
+// deterministic (no atomics decide any position).
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "device_utils.cuh"
+#include "kernels.h"
+
+namespace pgc::cuda::kernels {
+namespace {
+
+using detail::key_of;
+using detail::to_f32;
+using ull = unsigned long long;
+
+constexpr int kHistThreads = 256;
+constexpr int kScanThreads = 1024;
+
+template <typename T>
+__global__ void key_hist_kernel(const T* __restrict__ v, int64_t n, uint32_t prefix,
+                                int prefix_shift, int shift, uint32_t mask,
+                                unsigned int* __restrict__ hist) {
+  __shared__ unsigned int sh[kRadixBins];
+  for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) sh[b] = 0;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  // base is the same for all lanes of a warp, so every lane takes part in __match_any_sync.
+  for (int64_t base = warp * 32; base < n; base += nwarps * 32) {
+    const int64_t i = base + lane;
+    unsigned int bin = 0xffffffffu;  // "no bin"
+    if (i < n) {
+      const unsigned int key = key_of(v[i]);
+      if ((key >> prefix_shift) == prefix) bin = (key >> shift) & mask;
+    }
+    const unsigned int peers = __match_any_sync(0xffffffffu, bin);
+    if (bin != 0xffffffffu && lane == __ffs(peers) - 1) atomicAdd(&sh[bin], __popc(peers));
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x)
+    if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
+}
+
+template <typename T>
+__global__ void select_count_kernel(const T* __restrict__ v, int64_t n, long long thr,
+                                    ull* __restrict__ ws, int64_t ntiles) {
+  using Reduce = cub::BlockReduce<ull, kSelectThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const int64_t tile = blockIdx.x;
+  const int64_t base = tile * kSelectTile + static_cast<int64_t>(threadIdx.x) * kSelectItems;
+  ull packed = 0;  // (#greater << 32) | #equal; both <= kSelectTile
+#pragma unroll
+  for (int j = 0; j < kSelectItems; ++j) {
+    const int64_t i = base + j;
+    if (i < n) {
+      const long long key = static_cast<long long>(key_of(v[i]));
+      packed += (static_cast<ull>(key > thr) << 32) | static_cast<ull>(key == thr);
+    }
+  }
+  const ull sum = Reduce(tmp).Sum(packed);
+  if (threadIdx.x == 0) {
+    ws[tile] = sum >> 32;
+    ws[ntiles + tile] = sum & 0xffffffffull;
+  }
+}
+
+// Exclusive prefix sums of ws[0, ntiles) and ws[ntiles, 2 ntiles) in place; totals at
+// ws[2 ntiles] and ws[2 ntiles + 1]. One block walks the tiles in chunks of kScanThreads.
+__global__ void tile_scan_kernel(ull* __restrict__ ws, int64_t ntiles) {
+  using Scan = cub::BlockScan<ull, kScanThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  for (int arr = 0; arr < 2; ++arr) {
+    ull* a = ws + arr * ntiles;
+    ull carry = 0;
+    for (int64_t lo = 0; lo < ntiles; lo += kScanThreads) {
+      const int64_t i = lo + threadIdx.x;
+      const ull x = i < ntiles ? a[i] : 0ull;
+      ull ex = 0, agg = 0;
+      Scan(tmp).ExclusiveSum(x, ex, agg);
+      if (i < ntiles) a[i] = carry + ex;
+      carry += agg;
+      __syncthreads();  // tmp is reused by the next chunk
+    }
+    if (threadIdx.x == 0) ws[2 * ntiles + arr] = carry;
+    __syncthreads();
+  }
+}
+
+template <typename T, typename I>
+__global__ void select_write_kernel(const T* __restrict__ v, const int64_t* __restrict__ idx_in,
+                                    int64_t n, long long thr, long long need_eq,
+                                    const ull* __restrict__ ws, int64_t ntiles,
+                                    T* __restrict__ out_v, I* __restrict__ out_i) {
+  using Scan = cub::BlockScan<unsigned int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int64_t tile = blockIdx.x;
+  const int64_t base = tile * kSelectTile + static_cast<int64_t>(threadIdx.x) * kSelectItems;
+  T val[kSelectItems];
+  unsigned int gt[kSelectItems], eq[kSelectItems];
+#pragma unroll
+  for (int j = 0; j < kSelectItems; ++j) {
+    const int64_t i = base + j;
+    gt[j] = eq[j] = 0;
+    if (i < n) {
+      val[j] = v[i];
+      const long long key = static_cast<long long>(key_of(val[j]));
+      gt[j] = key > thr;
+      eq[j] = key == thr;
+    }
+  }
+  // Rank of each tie among the ties of this tile (blocked arrangement = index order).
+  unsigned int eq_ex[kSelectItems];
+  Scan(tmp).ExclusiveSum(eq, eq_ex);
+  __syncthreads();
+  const ull gt_before = ws[tile];
+  const ull eq_before = ws[ntiles + tile];
+  unsigned int sel[kSelectItems], pos_ex[kSelectItems];
+#pragma unroll
+  for (int j = 0; j < kSelectItems; ++j)
+    sel[j] = gt[j] | (eq[j] && static_cast<long long>(eq_before + eq_ex[j]) < need_eq);
+  Scan(tmp).ExclusiveSum(sel, pos_ex);
+  const ull eq_taken = eq_before < static_cast<ull>(need_eq) ? eq_before : static_cast<ull>(need_eq);
+  const ull start = gt_before + eq_taken;
+#pragma unroll
+  for (int j = 0; j < kSelectItems; ++j) {
+    if (sel[j]) {
+      const int64_t i = base + j;
+      const ull p = start + pos_ex[j];
+      out_v[p] = val[j];
+      out_i[p] = static_cast<I>(idx_in != nullptr ? idx_in[i] : i);
+    }
+  }
+}
+
+template <typename T>
+__global__ void gather_sample_kernel(const T* __restrict__ x, const float* __restrict__ add,
+                                     int64_t s, int64_t stride, float* __restrict__ out) {
+  const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < s; j += gs) {
+    const int64_t p = j * stride + static_cast<int64_t>(detail::mix(static_cast<ull>(j)) %
+                                                        static_cast<ull>(stride));
+    out[j] = to_f32(x[p]) + (add != nullptr ? add[p] : 0.f);
+  }
+}
+
+template <typename T>
+__global__ void add_into_kernel(float* __restrict__ r, const T* __restrict__ x, int64_t n) {
+  const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += gs)
+    r[i] += to_f32(x[i]);
+}
+
+template <typename I>
+__global__ void take_and_zero_kernel(float* __restrict__ r, const I* __restrict__ idx, int64_t k,
+                                     float* __restrict__ out_v) {
+  const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < k; j += gs) {
+    const int64_t i = static_cast<int64_t>(idx[j]);
+    out_v[j] = r[i];
+    r[i] = 0.f;
+  }
+}
+
+int64_t tiles_of(int64_t n) { return (n + kSelectTile - 1) / kSelectTile; }
+
+}  // namespace
+
+void key_histogram(const void* v, DType dt, int64_t n, uint32_t prefix, int prefix_shift,
+                   int shift, uint32_t mask, unsigned int* hist, cudaStream_t stream) {
+  cudaMemsetAsync(hist, 0, sizeof(unsigned int) * kRadixBins, stream);
+  if (n == 0) return;
+  const int grid = detail::grid_stride_blocks(n, kHistThreads);
+  detail::by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    key_hist_kernel<T><<<grid, kHistThreads, 0, stream>>>(static_cast<const T*>(v), n, prefix,
+                                                          prefix_shift, shift, mask, hist);
+  });
+}
+
+int64_t select_workspace_elems(int64_t n) { return 2 * tiles_of(n) + 2; }
+
+unsigned long long* select_totals(unsigned long long* workspace, int64_t n) {
+  return workspace + 2 * tiles_of(n);
+}
+
+void select_count(const void* v, DType dt, int64_t n, long long thr,
+                  unsigned long long* workspace, cudaStream_t stream) {
+  const int64_t ntiles = tiles_of(n);
+  if (ntiles > 0) {
+    detail::by_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      select_count_kernel<T><<<static_cast<unsigned int>(ntiles), kSelectThreads, 0, stream>>>(
+          static_cast<const T*>(v), n, thr, workspace, ntiles);
+    });
+  }
+  tile_scan_kernel<<<1, kScanThreads, 0, stream>>>(workspace, ntiles);
+}
+
+void select_write(const void* v, DType dt, const int64_t* idx_in, int64_t n, long long thr,
+                  long long need_eq, const unsigned long long* workspace, void* out_v,
+                  void* out_i, bool index64, cudaStream_t stream) {
+  const int64_t ntiles = tiles_of(n);
+  if (ntiles == 0) return;
+  detail::by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const auto grid = static_cast<unsigned int>(ntiles);
+    if (index64) {
+      select_write_kernel<T, int64_t><<<grid, kSelectThreads, 0, stream>>>(
+          static_cast<const T*>(v), idx_in, n, thr, need_eq, workspace, ntiles,
+          static_cast<T*>(out_v), static_cast<int64_t*>(out_i));
+    } else {
+      select_write_kernel<T, int32_t><<<grid, kSelectThreads, 0, stream>>>(
+          static_cast<const T*>(v), idx_in, n, thr, need_eq, workspace, ntiles,
+          static_cast<T*>(out_v), static_cast<int32_t*>(out_i));
+    }
+  });
+}
+
+void gather_sample(const void* x, DType dt, const float* add, int64_t s, int64_t stride,
+                   float* out, cudaStream_t stream) {
+  if (s == 0) return;
+  const int grid = detail::grid_stride_blocks(s, 256);
+  detail::by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    gather_sample_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(x), add, s, stride,
+                                                      out);
+  });
+}
+
+void add_into(float* r, const void* x, DType dt, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const int grid = detail::grid_stride_blocks(n, 256);
+  detail::by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    add_into_kernel<T><<<grid, 256, 0, stream>>>(r, static_cast<const T*>(x), n);
+  });
+}
+
+void take_and_zero(float* r, const void* idx, bool index64, int64_t k, float* out_v,
+                   cudaStream_t stream) {
+  if (k == 0) return;
+  const int grid = detail::grid_stride_blocks(k, 256);
+  if (index64)
+    take_and_zero_kernel<int64_t><<<grid, 256, 0, stream>>>(
+        r, static_cast<const int64_t*>(idx), k, out_v);
+  else
+    take_and_zero_kernel<int32_t><<<grid, 256, 0, stream>>>(
+        r, static_cast<const int32_t*>(idx), k, out_v);
+}
+
+}  // namespace pgc::cuda::kernels

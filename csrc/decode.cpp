@@ -1,0 +1,125 @@
+// Validation and device dispatch of decode-accumulate (see decode.h).
+#include "decode.h"
+
+#include <cmath>
+
+#include "coded_accumulate.h"
+#include "common.h"
+
+namespace pgc {
+namespace {
+
+bool all_finite(const at::Tensor& t) {
+#ifdef PGC_HVD_WITH_CUDA
+  if (t.is_cuda()) return cuda::all_finite(t);
+#endif
+  return cpu::all_finite(t);
+}
+
+IndexReport inspect_indices(const at::Tensor& idx, int64_t d) {
+#ifdef PGC_HVD_WITH_CUDA
+  if (idx.is_cuda()) return cuda::inspect_indices(idx, d);
+#endif
+  return cpu::inspect_indices(idx, d);
+}
+
+void check_weight(double w, const char* kind, size_t i) {
+  TORCH_CHECK_VALUE(std::isfinite(w), "the weight of ", kind, " message ", i, " is ", w,
+                    "; decode weights must be finite");
+}
+
+}  // namespace
+
+void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
+                       const std::vector<double>& dense_weights,
+                       const std::vector<at::Tensor>& sparse_values,
+                       const std::vector<at::Tensor>& sparse_indices,
+                       const std::vector<double>& sparse_weights, bool accumulate,
+                       bool check_finite) {
+  check_flat(out, "out");
+  TORCH_CHECK_TYPE(out.scalar_type() == at::kFloat, "out must be float32 (the accumulator), got ",
+                   out.scalar_type());
+  TORCH_CHECK_VALUE(dense.size() == dense_weights.size() &&
+                        sparse_values.size() == sparse_indices.size() &&
+                        sparse_values.size() == sparse_weights.size(),
+                    "pass one weight per message");
+  const int64_t d = out.numel();
+  if (!out.is_cuda()) TORCH_CHECK_VALUE(out.device().is_cpu(), "unsupported device ", out.device());
+#ifndef PGC_HVD_WITH_CUDA
+  TORCH_CHECK(!out.is_cuda(), "pgc_hvd._C was built without CUDA; rebuild on a machine with the "
+                              "CUDA toolkit (bash launch/setup.sh) or pass CPU tensors");
+#endif
+  for (size_t i = 0; i < dense.size(); ++i) {
+    const auto& m = dense[i];
+    check_flat(m, "every dense message");
+    check_same_device(m, out, "a dense message", "out");
+    TORCH_CHECK_TYPE(is_float_like(m.scalar_type()),
+                     "dense messages must be float32, float16 or bfloat16, got ", m.scalar_type());
+    TORCH_CHECK_VALUE(m.numel() == d, "dense message ", i, " has ", m.numel(),
+                      " elements but out has ", d);
+    TORCH_CHECK_VALUE(m.data_ptr() != out.data_ptr(), "dense message ", i, " aliases out");
+    check_weight(dense_weights[i], "dense", i);
+  }
+  std::vector<IndexReport> reports(sparse_values.size());
+  for (size_t i = 0; i < sparse_values.size(); ++i) {
+    const auto& v = sparse_values[i];
+    const auto& ix = sparse_indices[i];
+    check_flat(v, "sparse message values");
+    check_flat(ix, "sparse message indices");
+    check_same_device(v, out, "sparse message values", "out");
+    check_same_device(ix, out, "sparse message indices", "out");
+    TORCH_CHECK_TYPE(is_float_like(v.scalar_type()),
+                     "sparse message values must be float32, float16 or bfloat16, got ",
+                     v.scalar_type());
+    TORCH_CHECK_TYPE(ix.scalar_type() == at::kLong || ix.scalar_type() == at::kInt,
+                     "sparse message indices must be int64 or int32, got ", ix.scalar_type());
+    TORCH_CHECK_VALUE(v.numel() == ix.numel(), "sparse message ", i, " has ", v.numel(),
+                      " values but ", ix.numel(), " indices");
+    check_weight(sparse_weights[i], "sparse", i);
+  }
+  // Content checks: all of them before out is touched.
+  for (size_t i = 0; i < sparse_values.size(); ++i) {
+    if (sparse_indices[i].numel() == 0) continue;
+    reports[i] = inspect_indices(sparse_indices[i], d);
+    TORCH_CHECK_VALUE(reports[i].in_range, "sparse message ", i,
+                      " has indices outside [0, d) = [0, ", d, ")");
+    if (check_finite)
+      TORCH_CHECK_VALUE(all_finite(sparse_values[i]), "sparse message ", i,
+                        " has Inf or NaN values; drop it (treat the sender as a straggler) or "
+                        "pass check_finite=False to let them propagate");
+  }
+  if (check_finite)
+    for (size_t i = 0; i < dense.size(); ++i)
+      TORCH_CHECK_VALUE(all_finite(dense[i]), "dense message ", i,
+                        " has Inf or NaN values; drop it (treat the sender as a straggler) or "
+                        "pass check_finite=False to let them propagate");
+
+  // Dense messages: one coded-accumulation pass per dtype present (usually one).
+  bool acc = accumulate;
+  for (at::ScalarType dt : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    std::vector<at::Tensor> group;
+    std::vector<double> w;
+    for (size_t i = 0; i < dense.size(); ++i)
+      if (dense[i].scalar_type() == dt) {
+        group.push_back(dense[i]);
+        w.push_back(dense_weights[i]);
+      }
+    if (group.empty()) continue;
+    coded_accumulate(out, group, w, acc);
+    acc = true;
+  }
+  if (!acc) out.zero_();
+  for (size_t i = 0; i < sparse_values.size(); ++i) {
+    if (sparse_values[i].numel() == 0) continue;
+    const float w = static_cast<float>(sparse_weights[i]);
+#ifdef PGC_HVD_WITH_CUDA
+    if (out.is_cuda()) {
+      cuda::scatter_add(out, sparse_values[i], sparse_indices[i], w, reports[i].increasing);
+      continue;
+    }
+#endif
+    cpu::scatter_add(out, sparse_values[i], sparse_indices[i], w, reports[i].increasing);
+  }
+}
+
+}  // namespace pgc

@@ -1,0 +1,46 @@
+// Decode-accumulate: add the weighted coded messages of one step into one buffer, in place,
+//   out (+)= sum_I a_I m_I,
+// where a dense message m_I is a flat buffer of d elements and a sparse one is (values, indices)
+// standing for the d-vector with m[indices[j]] += values[j] (scatter-add: repeated indices, in one
+// message or across messages, all accumulate). fp32 accumulation; message values may be fp32,
+// fp16 or bf16, indices int32 or int64. Dense messages are summed first in one pass (coded
+// accumulation), then the sparse ones message by message in the order given.
+// Every check (shapes, dtypes, devices, indices in [0, d), finite weights and, unless
+// check_finite is false, finite message values) happens before out is written.
+#pragma once
+#include <torch/extension.h>
+
+#include <vector>
+
+namespace pgc {
+
+void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
+                       const std::vector<double>& dense_weights,
+                       const std::vector<at::Tensor>& sparse_values,
+                       const std::vector<at::Tensor>& sparse_indices,
+                       const std::vector<double>& sparse_weights, bool accumulate,
+                       bool check_finite);
+
+// Per-device content checks and scatter-add.
+struct IndexReport {
+  bool in_range = true;     // every index in [0, d)
+  bool increasing = true;   // strictly increasing (then a scatter may run in parallel)
+};
+
+namespace cpu {
+bool all_finite(const at::Tensor& t);
+IndexReport inspect_indices(const at::Tensor& indices, int64_t d);
+void scatter_add(at::Tensor& out, const at::Tensor& values, const at::Tensor& indices, float w,
+                 bool increasing);
+}  // namespace cpu
+
+#ifdef PGC_HVD_WITH_CUDA
+namespace cuda {
+bool all_finite(const at::Tensor& t);
+IndexReport inspect_indices(const at::Tensor& indices, int64_t d);
+void scatter_add(at::Tensor& out, const at::Tensor& values, const at::Tensor& indices, float w,
+                 bool increasing);
+}  // namespace cuda
+#endif
+
+}  // namespace pgc

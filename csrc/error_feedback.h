@@ -1,0 +1,38 @@
+// Error-feedback compression (memory of what top-kappa dropped), fused with top-kappa:
+//   a        = x + residual                      (fp32; x may be fp32, fp16 or bf16)
+//   (v, I)   = topk(a, kappa, method)             (as in topk.h; v = a[I])
+//   residual = a - decompress(v, I)               (a with the entries I set to zero)
+// so v and residual together hold exactly x + old residual ("nothing lost"). x is read once:
+// the first pass forms a, stores it in residual and feeds it to the selection's first pass.
+// Inf or NaN in x + residual raise ValueError after residual already holds x + residual (nothing
+// is sent; zero or sanitise the residual before the next step).
+#pragma once
+#include <torch/extension.h>
+
+#include <string>
+#include <tuple>
+
+#include "topk.h"
+
+namespace pgc {
+
+std::tuple<at::Tensor, at::Tensor> error_feedback_compress(const at::Tensor& x,
+                                                           at::Tensor residual, int64_t kappa,
+                                                           const std::string& method,
+                                                           bool index64);
+
+namespace cpu {
+std::tuple<at::Tensor, at::Tensor> error_feedback_compress(const at::Tensor& x,
+                                                           at::Tensor& residual, int64_t kappa,
+                                                           TopkMethod method, bool index64);
+}
+
+#ifdef PGC_HVD_WITH_CUDA
+namespace cuda {
+std::tuple<at::Tensor, at::Tensor> error_feedback_compress(const at::Tensor& x,
+                                                           at::Tensor& residual, int64_t kappa,
+                                                           TopkMethod method, bool index64);
+}
+#endif
+
+}  // namespace pgc
