@@ -47,7 +47,7 @@ START=$(date +%s)
 for scheme in $SCHEMES; do
   echo "== $scheme: $NP ranks, s=1, $STEPS steps, delays $DELAY"
   timeout 300 "$HVDRUN" --gloo -np "$NP" -H "localhost:$NP" "$PY" -m pgc_hvd train \
-      --scheme "$scheme" --s 1 --dataset digits --model cnn --steps "$STEPS" \
+      --scheme "$scheme" --stragglers 1 --dataset digits --model cnn --steps "$STEPS" \
       --batch-size 32 --lr 0.1 --momentum 0.9 --delay "$DELAY" --target-loss "$TARGET" \
       --out "$OUT/$scheme" --force 2>"$OUT/$scheme.stderr.log" \
     | sed -u -n 's/^\[0\]<stdout>://p'

@@ -1,6 +1,6 @@
 """``pgc-hvd train``: one training run; runs on every rank under ``horovodrun``.
 
-    horovodrun --gloo -np 4 -H localhost:4 python -m pgc_hvd train --scheme pgc-cr --s 1 \\
+    horovodrun --gloo -np 4 -H localhost:4 python -m pgc_hvd train --scheme pgc-cr --stragglers 1 \\
         --dataset digits --model cnn --steps 80 --delay exp:mean=0.1,seed=1 --out runs/x
 
 Each rank is one worker; rank 0 writes ``OUT/records.jsonl`` (one StepRecord per step, the
@@ -24,7 +24,8 @@ from pathlib import Path
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pgc-hvd train", description=__doc__.split("\n\n")[0])
     p.add_argument("--scheme", default="pgc-cr")
-    p.add_argument("--s", type=int, default=1, help="straggler budget s")
+    p.add_argument("--stragglers", "--straggler-budget", dest="s", type=int, default=1,
+                   help="straggler budget s (not `--s`: horovodrun would take it for its own)")
     p.add_argument("--dataset", default="digits")
     p.add_argument("--data-dir", default=None, help="local folder for cifar10 / imagefolder")
     p.add_argument("--model", default="cnn")

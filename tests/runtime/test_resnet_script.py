@@ -26,7 +26,7 @@ def test_resnet18_cifar10_script_runs_on_tiny_files(horovodrun, tmp_path):
     write_tiny_cifar(data)
     out = tmp_path / "run"
     horovodrun(2, ROOT / "launch" / "resnet18_cifar10.py", "--data-dir", str(tmp_path),
-               "--scheme", "pgc-cr", "--s", "1", "--steps", "3", "--batch-size", "4",
+               "--scheme", "pgc-cr", "--stragglers", "1", "--steps", "3", "--batch-size", "4",
                "--out", str(out), timeout=240)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "resnet18" and summary["steps"] == 3
