@@ -6,7 +6,7 @@ rank under horovodrun (see launch/README.md)::
 
     bash launch/run_local.sh ... or
     horovodrun --gloo -np 4 -H localhost:4 .venv/bin/python launch/resnet18_cifar10.py \\
-        --data-dir ~/data/cifar-10-batches-py --scheme pgc-cr --s 1 --steps 2000 --out runs/r18
+        --data-dir ~/data/cifar-10-batches-py --scheme pgc-cr --stragglers 1 --steps 2000 --out runs/r18
 
 Any ``pgc-hvd train`` option may be given (``--delay``, ``--compression topk:0.01``, ...);
 the defaults below only set the workload. Batch-norm running statistics are per rank (they are

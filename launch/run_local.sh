@@ -2,7 +2,7 @@
 # Local launcher: N gloo ranks on this machine running a pgc_hvd training command.
 #
 #   bash launch/run_local.sh N [pgc-hvd train args...]
-#   bash launch/run_local.sh 4 --scheme pgc-cr --s 1 --steps 80 --delay exp:mean=0.1 --out runs/x
+#   bash launch/run_local.sh 4 --scheme pgc-cr --stragglers 1 --steps 80 --delay exp:mean=0.1 --out runs/x
 #   SCRIPT=launch/resnet18_cifar10.py bash launch/run_local.sh 2 --data-dir /data/cifar --out runs/r
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

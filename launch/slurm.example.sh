@@ -16,5 +16,5 @@ HOSTFILE="$(mktemp)"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\$/ slots=$SLURM_NTASKS_PER_NODE/" > "$HOSTFILE"
 export OMP_NUM_THREADS="$SLURM_CPUS_PER_TASK" PYTHONPATH="$ROOT"
 "$ROOT/.venv/bin/horovodrun" -np "$SLURM_NTASKS" --hostfile "$HOSTFILE" \
-  "$PY" "$ROOT/launch/resnet18_cifar10.py" --data-dir "$DATA" --scheme pgc-cr --s 2 \
+  "$PY" "$ROOT/launch/resnet18_cifar10.py" --data-dir "$DATA" --scheme pgc-cr --stragglers 2 \
   --steps 5000 --out "$ROOT/runs/slurm-$SLURM_JOB_ID"
