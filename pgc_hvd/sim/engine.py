@@ -68,9 +68,10 @@ class SimConfig:
     partition_time: Optional[float] = None  # seconds per partition gradient; None = measured
     comm: CommModel = dataclasses.field(default_factory=CommModel)
     broadcast: bool = True              # charge the model broadcast
-    decode_time: Any = 0.0              # seconds, or "measured" (wall time of decide + decode)
+    decode_time: Any = 0.0              # seconds, or "measured" (CPU time of decide + decode)
     straggler_policy: str = "continue"  # or "cancel"
     compress: Optional[float] = None
+    batch_size: Optional[int] = None    # minibatch of each partition gradient (None: full partition)
     error_feedback: bool = False
     eval_every: int = 1
     diagnostics: bool = True
@@ -123,7 +124,8 @@ class Simulator:
         self.y = torch.as_tensor(train.y)
         self.test = None if test is None else (torch.as_tensor(test.X, dtype=dtype),
                                                torch.as_tensor(test.y))
-        self.grads = PartitionGradients(task, self.X, self.y, parts)
+        self.grads = PartitionGradients(task, self.X, self.y, parts, batch_size=config.batch_size,
+                                        seed=config.seed)
         self.layout = self.grads.layout
         self.d = self.layout.dim
         self.opt = optimizer(task.model.parameters())
@@ -142,6 +144,10 @@ class Simulator:
         self.val_batch = (src[0][torch.as_tensor(vb)], src[1][torch.as_tensor(vb)])
         # state
         self.workers = [_Worker(w) for w in range(self.n)]
+        from pgc_hvd.schemes.protocol import Scheme as _BaseScheme
+        self._plan_cacheable = type(scheme).work_plan is _BaseScheme.work_plan
+        self._ring_len = [len(S) for S in scheme.supports()] if self._plan_cacheable else None
+        self._plan_cache: dict = {}
         self.events: list = []
         self._seq = 0
         self._job_id = 0
@@ -172,7 +178,7 @@ class Simulator:
     def grads_at(self, v: int) -> torch.Tensor:
         G = self._grad_cache.get(v)
         if G is None:
-            G = self.grads.all(self.snapshots[v])
+            G = self.grads.all(self.snapshots[v], step=v)
             self._grad_cache[v] = G
             for old in [k for k in self._grad_cache if k < self.version - 1]:
                 del self._grad_cache[old]
@@ -185,37 +191,63 @@ class Simulator:
         return res
 
     # ------------------------------------------------------------------ workers
+    def _plan(self, wid: int, v: int):
+        """``scheme.work_plan(wid, v)``, cached when the scheme uses the base class's plan (which
+        depends on the step only through ``step == 0`` and ``(step - 1) % L`` when pipelined)."""
+        if not self._plan_cacheable:
+            return self.scheme.work_plan(wid, v), None
+        key = (wid, 0 if v == 0 or not self.scheme.pipelined else 1 + (v - 1) % self._ring_len[wid])
+        hit = self._plan_cache.get(key)
+        if hit is None:
+            plan = self.scheme.work_plan(wid, v)
+            hit = (plan, self._plan_meta(plan))
+            self._plan_cache[key] = hit
+        return hit
+
+    @staticmethod
+    def _plan_meta(plan) -> dict:
+        coefs = [c for _, c in plan.combine]
+        return {"slots": [slot for slot, _ in plan.combine], "coefs": coefs,
+                "complex": any(isinstance(c, complex) for c in coefs),
+                "float_coefs": None if any(isinstance(c, complex) for c in coefs)
+                else [float(c) for c in coefs]}
+
     def _start(self, w: _Worker, t: float) -> None:
         v = w.latest
-        plan = self.scheme.work_plan(w.id, v)
+        plan, meta = self._plan(w.id, v)
         if not w.ring:
             w.ring = [None] * plan.ring_size
             w.ring_versions = [-1] * plan.ring_size
-        evaluate = list(plan.evaluate)
-        done = {slot for _, slot in evaluate}
-        for slot, _ in plan.combine:  # a ring slot never filled (e.g. warm-up cancelled)
-            if w.ring[slot] is None and slot not in done:
-                evaluate.append((plan.slot_partitions[slot], slot))
-                done.add(slot)
+        evaluate = plan.evaluate
+        if any(w.ring[slot] is None for slot, _ in plan.combine):
+            evaluate = list(evaluate)
+            done = {slot for _, slot in evaluate}
+            for slot, _ in plan.combine:  # a ring slot never filled (e.g. warm-up cancelled)
+                if w.ring[slot] is None and slot not in done:
+                    evaluate.append((plan.slot_partitions[slot], slot))
+                    done.add(slot)
         G = self.grads_at(v)
-        evals = [(p, slot, G[p]) for p, slot in evaluate]
         delay = float(self.delay.sample(w.id, v))
         self.delays_seen.append(delay)
-        dur = len(evals) * self.partition_time + delay
+        dur = len(evaluate) * self.partition_time + delay
         self._job_id += 1
-        w.job = _Job(self._job_id, v, t, t + dur, evals, plan, delay)
+        # ring entries are (G, partition) pairs: the row G[partition] is read when a message is
+        # formed (no per-slot tensor views on the hot path)
+        w.job = _Job(self._job_id, v, t, t + dur, (G, evaluate), (plan, meta), delay)
         w.done_version = v
-        self.total_evals += len(evals)
+        self.total_evals += len(evaluate)
         self._push(t + dur, "done", w.id, self._job_id)
 
     def _finish(self, w: _Worker, t: float) -> None:
         job = w.job
         w.job = None
         w.intervals.append((job.start, job.end))
-        for p, slot, g in job.evaluate:
-            w.ring[slot] = g
+        G, evaluate = job.evaluate
+        for p, slot in evaluate:
+            w.ring[slot] = (G, p)
             w.ring_versions[slot] = job.step
-        payload, dense, err = self._message(w, job.plan)
+        plan, meta = job.plan
+        payload, dense, err = self._message(w, plan, meta)
         nbytes = message_bytes(payload) + (8 if err is not None else 0)
         self.total_bytes += nbytes
         send = t
@@ -223,19 +255,30 @@ class Simulator:
             send = max(t, self.ingress_free)
             self.ingress_free = send + self.comm.cost(nbytes)
         arrival = Arrival(w.id, job.step, job.step, None, err,
-                          tuple(w.ring_versions[slot] for slot, _ in job.plan.combine))
+                          tuple(w.ring_versions[slot] for slot, _ in plan.combine))
         self._push(send + self.comm.cost(nbytes), "arrive", arrival, payload, dense, nbytes)
         if w.latest > w.done_version:
             self._start(w, t)
 
-    def _message(self, w: _Worker, plan):
-        slots = [w.ring[slot] for slot, _ in plan.combine]
-        coefs = [c for _, c in plan.combine]
-        if any(isinstance(c, complex) for c in coefs):
+    def _slot_rows(self, w: _Worker, slots) -> list:
+        """The ring slots' gradient rows; rows from one version are gathered in one pass."""
+        entries = [w.ring[slot] for slot in slots]
+        G0 = entries[0][0]
+        if len(entries) > 2 and all(e[0] is G0 for e in entries):
+            idx = torch.tensor([e[1] for e in entries], dtype=torch.long)
+            return list(G0.index_select(0, idx).unbind(0))
+        return [G[p] for G, p in entries]
+
+    def _message(self, w: _Worker, plan, meta=None):
+        if meta is None:
+            meta = self._plan_meta(plan)
+        slots = self._slot_rows(w, meta["slots"])
+        coefs = meta["coefs"]
+        if meta["complex"]:
             dense = sum(complex(c) * s.to(torch.complex128 if s.dtype == torch.float64 else torch.complex64)
                         for c, s in zip(coefs, slots))
         elif slots[0].dtype == torch.float32:
-            dense = ops.coded_accumulate(torch.empty(self.d), slots, coefs)
+            dense = ops.coded_accumulate(torch.empty(self.d), slots, meta["float_coefs"])
         else:
             dense = sum(float(c) * s for c, s in zip(coefs, slots))
         if self.kappa is None:
@@ -293,10 +336,10 @@ class Simulator:
         from pgc_hvd.metrics.diagnostics import step_diagnostics
 
         step = rnd.step
-        w0 = _time.perf_counter()
+        w0 = _time.thread_time()
         g_hat = self._decode(decision)
         if self.cfg.decode_time == "measured":
-            decode_time = decide_seconds + (_time.perf_counter() - w0)
+            decode_time = decide_seconds + (_time.thread_time() - w0)
         else:
             decode_time = float(self.cfg.decode_time)
         extra: dict = {}
@@ -394,9 +437,9 @@ class Simulator:
                 self.arrival_log.append((t, arrival.worker, arrival.step))
                 self.store[(arrival.worker, arrival.step)] = {
                     "payload": pl, "dense": dense, "arrival": arrival, "bytes": nbytes}
-                w0 = _time.perf_counter()
+                w0 = _time.thread_time()
                 decision = rnd.offer(arrival)
-                decide_seconds = _time.perf_counter() - w0
+                decide_seconds = _time.thread_time() - w0
             while decision is not None:
                 rec = self._fire(rnd, decision, t, decide_seconds)
                 decide_seconds = 0.0

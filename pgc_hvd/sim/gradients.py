@@ -6,6 +6,14 @@ vector. Models without batch norm go through one batched pass: ``torch.func.vmap
 partitions of ``grad`` of the masked mean loss (partitions padded to the largest size); others
 (ResNet-18) loop over partitions. ``gradient(flat, X, y)`` is the plain gradient on one batch
 (the validation minibatch of the staleness diagnostics).
+
+Minibatch mode (``batch_size=B``): ``all(flat, step=v)`` returns row k = gradient of the mean
+loss over a minibatch of min(B, |D_k|) samples of D_k drawn without replacement, a seeded
+function of (seed, v) alone (:meth:`PartitionGradients.minibatch_weights`): every scheme and
+every worker evaluating partition k at model version v gets the same minibatch, so GC stays
+exact (two workers' copies of g_k agree) and the schemes see identical gradients, as the PGC
+paper's runs (stochastic minibatch SGD with controlled seeds). Without ``step`` (or with
+``batch_size=None``) rows are full-partition gradients (gradient descent).
 """
 
 from __future__ import annotations
@@ -47,7 +55,11 @@ class ParamLayout:
 
 class PartitionGradients:
     def __init__(self, task, X: torch.Tensor, y: torch.Tensor, parts: Sequence[np.ndarray],
-                 chunk: int | None = None):
+                 chunk: int | None = None, batch_size: int | None = None, seed: int = 0):
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.seed = int(seed)
         self.task = task
         self.model = task.model
         self.layout = ParamLayout(self.model)
@@ -59,6 +71,7 @@ class PartitionGradients:
         self.vmap = task.supports_vmap
         if self.vmap:
             m = max(len(p) for p in self.parts)
+            self.m = m
             idx = torch.zeros(self.n, m, dtype=torch.long)
             w = torch.zeros(self.n, m, dtype=X.dtype)
             for k, p in enumerate(self.parts):
@@ -80,24 +93,49 @@ class PartitionGradients:
                 self.Xflat = self.Xp.reshape(self.n, m, -1)
         self.evaluations = 0
 
-    def all(self, flat: torch.Tensor) -> torch.Tensor:
-        """(n, d): row k = g_k at the parameters ``flat``."""
+    def minibatch_weights(self, step: int) -> torch.Tensor:
+        """(n, m) per-sample weights of step ``step``'s minibatches over the padded partitions:
+        1/B_k on the B_k = min(B, |D_k|) samples drawn (without replacement, seeded by
+        (seed, step)) from partition k, 0 elsewhere. Rows sum to 1."""
+        sizes = torch.tensor([len(p) for p in self.parts])
+        m = int(sizes.max())
+        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, 104729, int(step)])
+                                                .generate_state(1)[0]))
+        scores = torch.rand(self.n, m, generator=gen, dtype=torch.float64)
+        scores[torch.arange(m).unsqueeze(0) >= sizes.unsqueeze(1)] = 2.0  # padding: never drawn
+        B = min(self.batch_size, m)
+        pick = scores.topk(B, dim=1, largest=False).indices              # (n, B)
+        bk = torch.clamp(sizes, max=self.batch_size).to(self.X.dtype)   # (n,)
+        w = torch.zeros(self.n, m, dtype=self.X.dtype)
+        w.scatter_(1, pick, (1.0 / bk).unsqueeze(1).expand(-1, B).contiguous())
+        w[scores >= 2.0] = 0.0  # partitions smaller than B: only their own samples
+        return w
+
+    def all(self, flat: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        """(n, d): row k = g_k at the parameters ``flat`` (minibatch of ``step`` in minibatch
+        mode, see the module docstring)."""
         self.evaluations += self.n
-        if self.vmap and self.linear:
-            return self._linear(flat.detach())
+        mb = self.batch_size is not None and step is not None
         if self.vmap:
+            wp = self.minibatch_weights(step) if mb else self.wp
+            if self.linear:
+                return self._linear(flat.detach(), wp)
             params = self.layout.unflatten(flat.detach())
             rows = []
             for a in range(0, self.n, self.chunk):
                 g = self._g(params, self.Xp[a:a + self.chunk], self.yp[a:a + self.chunk],
-                            self.wp[a:a + self.chunk])
+                            wp[a:a + self.chunk])
                 rows.append(torch.cat([g[name].reshape(g[name].shape[0], -1)
                                        for name in self.layout.names], dim=1))
             return torch.cat(rows).contiguous()
+        if mb:
+            w = self.minibatch_weights(step)
+            return torch.stack([self._one(flat, p[w[k, :len(p)] > 0]) for k, p in enumerate(self.parts)])
         return torch.stack([self._one(flat, p) for p in self.parts])
 
-    def _linear(self, flat: torch.Tensor) -> torch.Tensor:
+    def _linear(self, flat: torch.Tensor, wp: torch.Tensor | None = None) -> torch.Tensor:
         """g_k = sum_i w_ki r_ki [x_ki, 1], r = dloss/dlogits (softmax - onehot, sigmoid - y)."""
+        wp = self.wp if wp is None else wp
         p = self.layout.unflatten(flat)
         W, b = p["linear.weight"], p["linear.bias"]
         logits = torch.matmul(self.Xflat, W.t()) + b                  # (n, m, K)
@@ -106,7 +144,7 @@ class PartitionGradients:
         else:
             r = torch.softmax(logits, dim=-1)
             r = r - torch.nn.functional.one_hot(self.yp, r.shape[-1]).to(r.dtype)
-        r = r * self.wp.unsqueeze(-1)
+        r = r * wp.unsqueeze(-1)
         gW = torch.bmm(r.transpose(1, 2), self.Xflat)                 # (n, K, d)
         gb = r.sum(1)                                                 # (n, K)
         return torch.cat([gW.reshape(self.n, -1), gb], dim=1).contiguous()
@@ -127,8 +165,8 @@ class PartitionGradients:
         """Seconds per partition gradient on this machine (median of ``repeats`` full passes / n)."""
         times = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             self.all(flat)
-            times.append(time.perf_counter() - t0)
+            times.append(time.thread_time() - t0)
         self.evaluations -= repeats * self.n
         return float(np.median(times)) / self.n

@@ -111,11 +111,13 @@ def summarize(sim: Simulator, recs) -> dict:
         "alpha_max": float(max((r.alpha_max for r in recs if r.alpha_max is not None), default=np.nan)),
         "alpha_min": float(min((r.alpha_min for r in recs if r.alpha_min is not None), default=np.nan)),
         "grad_evals": sim.total_evals, "partition_time": sim.partition_time,
+        "decode_time_total": float(sum(r.extra.get("decode_time", 0.0) for r in recs)),
         "bytes": int(sum(r.bytes or 0 for r in recs)),
         "utilisation": float(sim.busy_total.sum() / (sim.n * T)) if T > 0 else None,
         "max_age": int(max(ages)) if ages else 0,
         "delay_histogram": delay_histogram(sim.delays_seen),
     }
+    out["time_excl_decode"] = T - out["decode_time_total"]
     for k in ("err_total", "err_coding", "err_stale", "err_compress", "g_hat_sq", "disp_max",
               "L_hat_max", "corr_min"):
         vals = [r.extra[k] for r in recs if r.extra.get(k) is not None]
@@ -144,6 +146,8 @@ def main(argv=None) -> int:
     p.add_argument("--alpha", type=float, default=5e-4)
     p.add_argument("--bandwidth", type=float, default=30e6, help="bytes per second")
     p.add_argument("--compress", type=float, default=None, help="top-kappa fraction, e.g. 0.05")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="minibatch per partition gradient (seeded by step); default: full partition")
     p.add_argument("--error-feedback", action="store_true")
     p.add_argument("--non-iid", action="store_true", help="partitions sorted by label")
     p.add_argument("--policy", default="continue", choices=["continue", "cancel"])
@@ -168,6 +172,7 @@ def main(argv=None) -> int:
                              records_path=out / "records.jsonl", partition_time=a.partition_time,
                              comm=CommModel(a.alpha, a.bandwidth), compress=a.compress,
                              error_feedback=a.error_feedback, straggler_policy=a.policy,
+                             batch_size=a.batch_size,
                              progress=True)
     if a.save_trace:
         delay.trace.save(a.save_trace)
