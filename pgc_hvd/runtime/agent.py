@@ -27,6 +27,11 @@ Faults: every collective runs asynchronously and is polled with a deadline (``ti
 that died or hung makes the others raise :class:`AgentError` instead of hanging; a rank whose
 training thread failed, or a round that cannot fire any more (every rank either arrived,
 sent a non-finite message, or finished), raises on every rank.
+
+Replay (``replay=[(worker, step), ...]``, e.g. a simulator's arrival log): arrivals are offered
+in exactly that order while it lasts, whatever the ranks' real timing; with the optimizer's
+matching rule for which model version a rank computes next, a real run then takes the same
+decisions as the simulated run it replays (the twin test).
 """
 
 from __future__ import annotations
@@ -85,7 +90,8 @@ class CommAgent:
     def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, payload_width: int,
                  decode: Callable[[torch.Tensor, list, list], torch.Tensor], device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
-                 on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc"):
+                 on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc",
+                 replay: Optional[list] = None):
         self.hvd = hvd
         self.scheme = scheme
         self.rank = int(rank)
@@ -118,6 +124,10 @@ class CommAgent:
         self.control_rounds = 0
         self.bytes_moved = 0
         self._busy_prev = [0.0] * self.n
+        # replayed arrival order: (worker, step) pairs offered strictly in this order while it
+        # lasts (a message that is ready early waits), then ready-time order
+        self._replay = [(int(w), int(k)) for w, k in replay] if replay else []
+        self._replay_pos = 0
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
@@ -263,8 +273,13 @@ class CommAgent:
                 if k >= 0 and (w, k) not in self._offered:
                     arrivals.append((float(ctl[w, CTRL_READY_TIME]), w, k))
             arrivals.sort()
+            replaying = self._replay_pos < len(self._replay)
+            if replaying:
+                arrivals = self._replay_order(arrivals)
             decision = None
             for _, w, k in arrivals:
+                if replaying:
+                    self._replay_pos += 1
                 row = ctl[w]
                 slots = tuple(int(v) for v in row[CTRL_FIXED:].tolist() if v >= 0)
                 self._offered.add((w, k))
@@ -296,6 +311,17 @@ class CommAgent:
                 self._offered = {k for k in self._offered if k[1] >= old}
                 self._meta = {k: v for k, v in self._meta.items() if k[1] >= old}
             rnd = self.scheme.open_round(self.step)
+
+    def _replay_order(self, arrivals: list) -> list:
+        """The ready arrivals that come next in the replayed order, in that order (each rank's
+        control row shows one message, so the run continues over the next control rounds)."""
+        ready = {(w, k): (tm, w, k) for tm, w, k in arrivals}
+        out = []
+        pos = self._replay_pos
+        while pos < len(self._replay) and self._replay[pos] in ready:
+            out.append(ready.pop(self._replay[pos]))
+            pos += 1
+        return out
 
     def _check_stuck(self, ctl, rnd) -> None:
         t = self.step

@@ -76,7 +76,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
     """Methods copied into the dynamic subclass of the user's optimizer class."""
 
     def __init__(self, optimizer, named_parameters, scheme, stragglers, compression, delays,
-                 records, scheme_options, timeout, poll_interval, hvd, name, on_record):
+                 records, scheme_options, timeout, poll_interval, hvd, name, on_record,
+                 on_update=None, replay_arrivals=None):
         super(self.__class__, self).__init__(optimizer.param_groups)
         self.load_state_dict(optimizer.state_dict())
         self._pgc_hvd = hvd
@@ -100,6 +101,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_delays = delays
         self.version = 0
         self._pgc_on_record = on_record
+        self._pgc_on_update = on_update
+        replay = [(int(w), int(k)) for w, k in replay_arrivals] if replay_arrivals else None
+        # replay: the steps this rank computes, in order (it skips the others, as in the run
+        # the order came from)
+        self._pgc_replay_steps = sorted({k for w, k in replay or () if w == self.rank})
         self._pgc_records = records
         plan0 = self.scheme.work_plan(self.rank, 0)
         coefs = [c for _, c in plan0.combine]
@@ -135,7 +141,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_agent = CommAgent(
             hvd, self.scheme, self.rank, d, max(L, self.scheme.c), payload_width=width, decode=self._pgc_decode,
             device=lay.device, timeout=timeout, poll_interval=poll_interval,
-            on_step=self._pgc_record_step if (self.rank == 0) else None, name=name)
+            on_step=self._pgc_record_step if (self.rank == 0) else None, name=name, replay=replay)
         self._pgc_started = False
         self._pgc_hooks = [p.register_post_accumulate_grad_hook(self._pgc_grad_hook)
                            for p in lay.params]
@@ -247,8 +253,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
             self._pgc_started = True
         try:
             self._pgc_send(loss)
-            self._pgc_agent.wait_for(self.version)
-            self._pgc_apply_decided()
+            upto = self._pgc_replay_next()
+            self._pgc_agent.wait_for(self.version if upto is None else upto - 1)
+            self._pgc_apply_decided(upto)
         except AgentError:
             raise
         except BaseException:
@@ -334,10 +341,17 @@ class _PGCOptimizer(torch.optim.Optimizer):
             ops.coded_accumulate(out, dense, [float(w) for w in weights])
         return out
 
-    def _pgc_apply_decided(self) -> None:
+    def _pgc_replay_next(self) -> Optional[int]:
+        """Replay: the next step this rank computes after the current one (None: not replaying)."""
+        later = [k for k in self._pgc_replay_steps if k > self.version]
+        return later[0] if later else None
+
+    def _pgc_apply_decided(self, upto: Optional[int] = None) -> None:
         agent = self._pgc_agent
-        while self.version < agent.decided():
+        while self.version < agent.decided() and (upto is None or self.version < upto):
             upd = agent.take(self.version)
+            if self._pgc_on_update is not None:
+                self._pgc_on_update(self.version, upd.flat)
             self._pgc_apply(upd.flat)
             self.version += 1
         agent.release_before(self.version)
@@ -454,7 +468,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          scheme: str = "pgc-cr", stragglers: int = 1, compression: Any = None,
                          *, delays=None, records=None, scheme_options: Optional[dict] = None,
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
-                         name: str = "pgc", hvd=None):
+                         on_update=None, replay_arrivals=None, name: str = "pgc", hvd=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     Args:
@@ -473,10 +487,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         timeout: seconds after which a collective or a step with no answer raises
             :class:`~pgc_hvd.runtime.agent.AgentError` (a rank died or hung).
         poll_interval: seconds between control rounds while waiting.
+        on_update: ``on_update(step, flat_update)`` is called on the training thread with every
+            decoded update (the flat vector handed to the user's optimizer) before it is applied.
+        replay_arrivals: ``[(worker, step), ...]`` in arrival order, e.g. a simulator's
+            ``arrival_log``: the ranks' messages are offered to the scheme in exactly that order
+            (while it lasts), and each rank computes exactly the steps it computes there, so the
+            run takes the simulated run's decisions whatever the real timing (twin tests,
+            reproducing a schedule). Every rank must pass the same list.
     """
     if hvd is None:
         import horovod.torch as hvd
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_PGCOptimizer.__dict__))
     return cls(optimizer, named_parameters, scheme, stragglers, compression, delays, records,
-               scheme_options, timeout, poll_interval, hvd, name, on_record)
+               scheme_options, timeout, poll_interval, hvd, name, on_record, on_update,
+               replay_arrivals)

@@ -4,6 +4,8 @@
                                       #   one straggler, NaN message, bit-identical parameters
     python runtime_checks.py small    # -np 3: exact decoding at n=3, config errors, checkpoint
     python runtime_checks.py dead     # -np 3: rank 2 dies, the others stop with a clear error
+    python runtime_checks.py hung-process  # -np 3: rank 2 freezes (SIGSTOP), likewise
+    python runtime_checks.py hung-thread   # -np 3: rank 2's training thread hangs under dgd
 
 Each check prints "CHECK <name> ok rank=<r>"; a failure raises (non-zero exit).
 """
@@ -244,6 +246,51 @@ def check_dead_rank():
     os._exit(1)
 
 
+def check_hung_rank(kind):
+    """Rank 2 hangs at step 3 without dying. ``process``: the whole process is frozen (SIGSTOP:
+    its agent thread no longer answers collectives either) under pgc-cr; ``thread``: only its
+    training thread hangs (its agent keeps serving) under dgd, which must wait for every rank.
+    The others must stop with a clear error about the configured timeout instead of hanging;
+    each prints how long after its last completed step it stopped. Rank 0 then kills rank 2."""
+    import signal
+    import subprocess
+
+    r = hvd.rank()
+    pids = hvd.allgather(torch.tensor([os.getpid()], dtype=torch.int64), name="pids").tolist()
+    m = model()
+    loader = data(hvd.size())
+    timeout = 5.0
+    scheme, s = ("pgc-cr", 1) if kind == "process" else ("dgd", 0)
+    opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                       m.named_parameters(), scheme=scheme, stragglers=s,
+                                       timeout=timeout, name=f"hung-{kind}")
+    last = time.monotonic()
+    try:
+        while opt.version < 200:
+            if r == 2 and opt.version == 3:
+                # backstop in case nobody kills this rank (stdio detached: pytest would wait)
+                subprocess.Popen(["sh", "-c", f"sleep 90; kill -KILL {os.getpid()}"],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+                print(f"INFO rank {r} hangs now ({kind})", flush=True)
+                if kind == "process":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                else:
+                    time.sleep(3600)
+            for xb, yb in opt.batches(loader):
+                F.cross_entropy(m(xb), yb).backward()
+            opt.step()
+            last = time.monotonic()
+    except AgentError as err:
+        print(f"CLEAR-ERROR rank={r} after {time.monotonic() - last:.1f}s timeout={timeout:.0f}s: "
+              f"{err}", flush=True)
+        if r == 0:
+            os.kill(pids[2], signal.SIGKILL)
+        os._exit(0)
+    print(f"NO-ERROR rank={r}", flush=True)
+    os._exit(1)
+
+
 def main():
     hvd.init()
     mode = sys.argv[1]
@@ -262,6 +309,8 @@ def main():
         check_checkpoint("pgc-cr")
     elif mode == "dead":
         check_dead_rank()
+    elif mode in ("hung-process", "hung-thread"):
+        check_hung_rank(mode.split("-")[1])
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(f"ALL OK rank={hvd.rank()}", flush=True)

@@ -44,3 +44,44 @@ def test_dead_rank_stops_others_with_clear_error(horovodrun):
     assert len(clear) == 2, proc.stdout + proc.stderr
     assert all("died" in l for l in clear), clear
     assert "NO-ERROR" not in proc.stdout
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("kind", ["process", "thread"])
+def test_hung_rank_stops_others_with_clear_error(horovodrun, kind):
+    """A rank that hangs without dying (whole process frozen under pgc-cr; only its training
+    thread under dgd) makes the others stop with a clear error after the configured timeout
+    (5 s) instead of hanging."""
+    proc = horovodrun(3, SCRIPT, f"hung-{kind}", timeout=120, check=False)
+    clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
+    assert len(clear) == 2, proc.stdout + proc.stderr
+    assert {l.split("rank=")[1].split()[0] for l in clear} == {"0", "1"}
+    assert all("hung" in l and "timeout" in l for l in clear), clear
+    # stopped within the configured timeout of its last completed step (wide margin: 2 cores)
+    after = [float(l.split(" after ")[1].split("s ")[0]) for l in clear]
+    assert all(4.0 <= a < 15.0 for a in after), clear
+    assert "NO-ERROR" not in proc.stdout
+
+
+TWIN = HERE / "twin_checks.py"
+
+
+@pytest.mark.multirank
+def test_runtime_replaying_simulated_arrivals_matches_simulator(horovodrun):
+    """Given the same arrival pattern (the simulator's arrival log under seeded exponential +
+    long-straggler delays, replayed by the agent), the runtime takes the same decisions and its
+    decoded updates and parameters match the simulator's within fp32 tolerance (pgc-cr, bcgc)."""
+    proc = horovodrun(4, TWIN, "twin", timeout=180)
+    checks, all_ok = _checks(proc, 4)
+    assert all_ok == 4, proc.stdout + proc.stderr
+    assert {"twin_pgc-cr", "twin_bcgc"} <= checks
+
+
+@pytest.mark.multirank
+def test_topk_compression_across_ranks(horovodrun):
+    """TopK(k=d) equals the dense run; small k with error feedback conserves mass on every rank
+    and step, the decoded update is the weighted sum of the sparse messages, ranks identical."""
+    proc = horovodrun(4, TWIN, "compress", timeout=180)
+    checks, all_ok = _checks(proc, 4)
+    assert all_ok == 4, proc.stdout + proc.stderr
+    assert {"topk_k_equals_d_is_dense", "topk_error_feedback_conserves_mass_bit_identical"} <= checks

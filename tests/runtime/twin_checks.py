@@ -1,0 +1,226 @@
+"""Runs on every rank under horovodrun: the runtime against the simulator, and compression.
+
+    python twin_checks.py twin      # -np 4: the runtime replays a simulated run's arrival order
+                                    #   (pgc-cr, bcgc): same decisions, same decoded updates, same
+                                    #   parameters as the simulator (pgc_hvd.sim) within fp32
+                                    #   tolerance; bit-identical across ranks
+    python twin_checks.py compress  # -np 4: TopK(k=d) == dense; small k with error feedback:
+                                    #   sent + residual == message + old residual on every rank and
+                                    #   step, decoded update == sum a_I * (sparse message I),
+                                    #   bit-identical ranks
+
+The simulator run is computed on every rank (it is deterministic: seeded delays, full-partition
+gradients) and every rank compares its own runtime run with it. Each check prints
+"CHECK <name> ok rank=<r>"; a failure raises (non-zero exit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+import pgc_hvd
+from pgc_hvd.data import load_dataset, partition, train_test_split
+from pgc_hvd.models import build_task
+from pgc_hvd.runtime import PartitionLoader, TopK
+from pgc_hvd.schemes import get_scheme
+from pgc_hvd.sim.delays import Exponential, LongStraggler
+from pgc_hvd.sim.engine import SimConfig, Simulator
+
+torch.set_num_threads(1)
+
+STEPS = 10
+LR, MOMENTUM = 0.5, 0.5
+
+
+def ok(name):
+    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
+
+
+def digits_subset():
+    tr, _ = train_test_split(load_dataset("digits"), 0.3, seed=0)
+    return tr.subset(np.arange(400))
+
+
+def flat_params(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def same_on_all_ranks(t: torch.Tensor, what: str):
+    h = int(hashlib.sha256(t.detach().double().numpy().tobytes()).hexdigest()[:12], 16)
+    allh = hvd.allgather(torch.tensor([h], dtype=torch.int64), name=f"hash.{what}")
+    assert len(set(allh.tolist())) == 1, f"{what}: differs across ranks {allh.tolist()}"
+
+
+class RecordingSimulator(Simulator):
+    """The simulator, keeping each decoded update g_hat_t it applies."""
+
+    def _apply(self, g_hat):
+        self.decoded.append(g_hat.detach().clone())
+        super()._apply(g_hat)
+
+
+def simulate(scheme_name, train, parts, delay_seed=2):
+    n = hvd.size()
+    task = build_task("softmax", train, seed=0)
+    cfg = SimConfig(steps=STEPS, partition_time=0.3, diagnostics=False, eval_every=0,
+                    delay=Exponential(1.0, seed=delay_seed)
+                    + LongStraggler(0.15, 2.0, 4.0, seed=delay_seed))
+    sim = RecordingSimulator(get_scheme(scheme_name, n, 1), task, train, parts,
+                             lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM), cfg)
+    sim.decoded = []
+    recs = sim.run()
+    return sim, recs, flat_params(task.model)
+
+
+def run_runtime(scheme_name, train, parts, replay, compression=None, name="rt", spy=None):
+    """The real run: every rank evaluates full partitions (as the simulator does)."""
+    n = hvd.size()
+    task = build_task("softmax", train, seed=0)
+    model = task.model
+    loader = PartitionLoader(train.X, train.y, n, batch_size=None, partitions=parts)
+    updates, records = {}, []
+    opt = pgc_hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), model.named_parameters(),
+        scheme=scheme_name, stragglers=1, compression=compression, replay_arrivals=replay,
+        on_update=lambda t, flat: updates.__setitem__(t, flat.clone()), on_record=records.append,
+        timeout=60, name=name)
+    if spy is not None:
+        spy(opt)
+    while opt.version < STEPS:
+        for xb, yb in opt.batches(loader):
+            task.loss(model(xb), yb).backward()
+        opt.step()
+    decisions = [u.decision for u in opt.agent.updates]
+    opt.close()
+    return model, [updates[t] for t in range(STEPS)], records, decisions
+
+
+def check_twin(scheme_name):
+    train = digits_subset()
+    parts = partition(train.y, hvd.size(), seed=0)
+    sim, srecs, sim_params = simulate(scheme_name, train, parts)
+    log = [(w, k) for _, w, k in sim.arrival_log]
+    # the premise: the simulated schedule has stragglers that are left out and ranks that skip
+    # steps (they restart at the newest model), so the replay exercises the catch-up path
+    per_worker = {w: [k for ww, k in log if ww == w] for w in range(hvd.size())}
+    skips = sum(b > a + 1 for ks in per_worker.values() for a, b in zip(ks, ks[1:]))
+    assert skips >= 1 and all(len(r.workers_used) < hvd.size() for r in srecs[1:]), (log, skips)
+
+    model, updates, rrecs, decisions = run_runtime(scheme_name, train, parts, log,
+                                                   name=f"twin-{scheme_name}")
+    assert [d.step for d in decisions] == list(range(STEPS))
+    for t in range(STEPS):
+        sr = srecs[t]
+        got = sorted((u.worker, u.version) for u in decisions[t].uses)
+        want = sorted(zip(sr.workers_used, sr.versions))
+        assert got == want, f"{scheme_name} step {t}: runtime used {got}, simulator {want}"
+        a, b = updates[t], sim.decoded[t]
+        err = float((a - b).norm() / b.norm())
+        assert err < 1e-5, f"{scheme_name} step {t}: decoded updates differ by {err:.2e} (rel)"
+    p = flat_params(model)
+    err = float((p - sim_params).norm() / sim_params.norm())
+    assert err < 1e-5, f"{scheme_name}: parameters after {STEPS} steps differ by {err:.2e} (rel)"
+    same_on_all_ranks(p, f"twin-{scheme_name}")
+    if hvd.rank() == 0:
+        print(f"INFO twin {scheme_name}: steps used {[r.workers_used for r in srecs]}, "
+              f"max ages {[r.max_age for r in srecs]}, skips {skips}, param rel err {err:.1e}",
+              flush=True)
+    ok(f"twin_{scheme_name}")
+
+
+def synthetic_order(n, steps, seed=4):
+    """Every rank computes every step; step t's messages arrive in a seeded order (the last
+    ones after the round fired: late, left out)."""
+    rng = np.random.default_rng(seed)
+    return [(int(w), t) for t in range(steps) for w in rng.permutation(n)]
+
+
+def dense_of(payload, k, d):
+    out = torch.zeros(d)
+    out.index_add_(0, payload[k:].contiguous().view(torch.int32).long(), payload[:k])
+    return out
+
+
+def check_compression(scheme_name="pgc-cr"):
+    n = hvd.size()
+    train = digits_subset()
+    parts = partition(train.y, n, seed=0)
+    order = synthetic_order(n, STEPS)
+    m_dense, up_dense, _, dec_dense = run_runtime(scheme_name, train, parts, order,
+                                                  name="c-dense")
+    d = flat_params(m_dense).numel()
+    # k = d: the sparse path (top-k, error feedback, decode_accumulate) equals the dense one
+    m_full, up_full, _, dec_full = run_runtime(scheme_name, train, parts, order,
+                                               compression=TopK(k=d), name="c-full")
+    for t in range(STEPS):
+        assert [u.worker for u in dec_full[t].uses] == [u.worker for u in dec_dense[t].uses]
+        err = float((up_full[t] - up_dense[t]).norm() / up_dense[t].norm())
+        assert err < 1e-6, f"step {t}: TopK(k=d) differs from dense by {err:.2e}"
+    assert torch.allclose(flat_params(m_full), flat_params(m_dense), rtol=1e-5, atol=1e-6)
+    ok("topk_k_equals_d_is_dense")
+
+    # small k with error feedback: watch the real compression on this rank (a spy calls it)
+    k = max(1, d // 50)
+    seen = []
+
+    def spy(opt):
+        real = opt._pgc_payload
+
+        def payload(msg):
+            old = opt._pgc_residual.clone()
+            m = msg.clone()
+            out = real(msg)
+            seen.append((opt.version, m, old, out.clone(), opt._pgc_residual.clone()))
+            return out
+        opt._pgc_payload = payload
+
+    model, updates, _, decisions = run_runtime(scheme_name, train, parts, order,
+                                               compression=TopK(k=k), name="c-small", spy=spy)
+    assert len(seen) == STEPS
+    for t, msg, old, out, new in seen:
+        assert out.numel() == 2 * k
+        idx = out[k:].contiguous().view(torch.int32).long()
+        assert len(set(idx.tolist())) == k, f"step {t}: repeated indices"
+        sent = dense_of(out, k, d)
+        # error feedback conserves mass: what is sent plus what is kept == input + old residual
+        assert torch.allclose(sent + new, msg + old, rtol=0, atol=1e-6), \
+            f"step {t}: sent + residual != message + old residual " \
+            f"({float((sent + new - msg - old).abs().max()):.2e})"
+        # the sent entries are the k largest of message + old residual
+        acc = (msg + old).abs()
+        assert float(acc[idx].min()) >= float(torch.topk(acc, k).values.min()) - 1e-7
+        assert float(new[idx].abs().max()) == 0.0
+    # the decoded update is sum_I a_I * (sparse message I): gather every rank's payloads
+    mine = torch.stack([out for _, _, _, out, _ in sorted(seen, key=lambda s: s[0])])
+    allp = hvd.allgather(mine.unsqueeze(0), name="c-payloads")  # (n, STEPS, 2k)
+    for t in range(STEPS):
+        want = torch.zeros(d, dtype=torch.float64)
+        for u in decisions[t].uses:
+            want += float(u.weight) * dense_of(allp[u.worker, u.step], k, d).double()
+        err = float((updates[t].double() - want).norm() / want.norm())
+        assert err < 1e-6, f"step {t}: decoded sparse update off by {err:.2e}"
+        same_on_all_ranks(updates[t], f"c-update-{t}")
+    same_on_all_ranks(flat_params(model), "c-small")
+    ok("topk_error_feedback_conserves_mass_bit_identical")
+
+
+def main():
+    hvd.init()
+    mode = sys.argv[1]
+    if mode == "twin":
+        check_twin("pgc-cr")
+        check_twin("bcgc")
+    elif mode == "compress":
+        check_compression()
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print(f"ALL OK rank={hvd.rank()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
