@@ -2,7 +2,15 @@
 # The main job: a small CNN on sklearn's digits, 4 Horovod ranks on this machine, injected
 # exponential straggler delays, trained under DGD, PGC-CR and BCGC in turn (s = 1).
 #
-#   bash launch/demo.sh [--out DIR] [--force] [--steps N] [--delay SPEC] [--np N]
+#   bash launch/demo.sh [--out DIR] [--force] [--steps N] [--delay SPEC] [--compute-time S]
+#                       [--lr LR] [--momentum M] [--np N] [--schemes "dgd pgc-cr bcgc"]
+#                       [--target-loss L] [--skip-setup]
+#
+# Defaults: 300 steps of plain SGD (lr 0.5, no momentum, the PGC paper's optimizer; heavy momentum
+# on top of PGC's one-step-stale partition gradients costs accuracy), batch 32 per partition,
+# 50 ms of emulated compute per partition evaluated (a GPU's forward/backward; the CNN itself
+# takes a few ms), and exponential straggler delays of mean 100 ms per rank and step, seeded, so
+# every scheme faces the same schedule. About 4-5 minutes on 2 cores.
 #
 # Prints, per scheme, time per step, time to the target loss and final test accuracy, and writes
 # into DIR (default runs/demo; a non-empty DIR is refused without --force):
@@ -13,11 +21,15 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$ROOT/runs/demo"
 FORCE=0
-STEPS=80
+STEPS=300
 NP=4
 DELAY="exp:mean=0.1,seed=1"
+COMPUTE=0.05
+LR=0.5
+MOMENTUM=0
 SCHEMES="dgd pgc-cr bcgc"
-TARGET=0.5
+TARGET=0.3
+SETUP=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -25,9 +37,13 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS="$2"; shift 2 ;;
     --delay) DELAY="$2"; shift 2 ;;
     --np) NP="$2"; shift 2 ;;
+    --compute-time) COMPUTE="$2"; shift 2 ;;
+    --lr) LR="$2"; shift 2 ;;
+    --momentum) MOMENTUM="$2"; shift 2 ;;
+    --skip-setup) SETUP=0; shift ;;
     --schemes) SCHEMES="$2"; shift 2 ;;
     --target-loss) TARGET="$2"; shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
     *) echo "demo.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -36,8 +52,20 @@ if [[ -d "$OUT" && -n "$(ls -A "$OUT" 2>/dev/null)" && $FORCE -eq 0 ]]; then
   exit 1
 fi
 
-echo "== set-up (launch/setup.sh)"
-bash "$ROOT/launch/setup.sh"
+if [[ $SETUP -eq 1 ]]; then
+  echo "== set-up (launch/setup.sh): verifies the environment in seconds; the first run, or one"
+  echo "   after csrc/ changed, compiles horovod and/or pgc_hvd._C (minutes; progress below)"
+  bash "$ROOT/launch/setup.sh" &
+  SETUP_PID=$!
+  SETUP_T0=$(date +%s)
+  # a heartbeat while set-up works quietly (compiler output goes to its log files)
+  while kill -0 "$SETUP_PID" 2>/dev/null; do
+    for _ in $(seq 20); do kill -0 "$SETUP_PID" 2>/dev/null || break; sleep 1; done
+    kill -0 "$SETUP_PID" 2>/dev/null && echo "[setup]   ... still working ($(( $(date +%s) - SETUP_T0 ))s;" \
+      "logs in ${PGC_HVD_VENV:-$ROOT/.venv}/pgc-hvd-setup-logs)"
+  done
+  wait "$SETUP_PID" || { echo "demo.sh: set-up failed (see above)" >&2; exit 1; }
+fi
 PY="${PGC_HVD_VENV:-$ROOT/.venv}/bin/python"
 HVDRUN="$(dirname "$PY")/horovodrun"
 [[ $FORCE -eq 1 ]] && rm -rf "$OUT"
@@ -45,10 +73,12 @@ mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 START=$(date +%s)
 for scheme in $SCHEMES; do
-  echo "== $scheme: $NP ranks, s=1, $STEPS steps, delays $DELAY"
+  echo "== $scheme: $NP ranks, s=1, $STEPS steps, SGD lr $LR momentum $MOMENTUM, compute" \
+       "${COMPUTE}s/partition, delays $DELAY"
   timeout 300 "$HVDRUN" --gloo -np "$NP" -H "localhost:$NP" "$PY" -m pgc_hvd train \
       --scheme "$scheme" --stragglers 1 --dataset digits --model cnn --steps "$STEPS" \
-      --batch-size 32 --lr 0.1 --momentum 0.9 --delay "$DELAY" --target-loss "$TARGET" \
+      --batch-size 32 --lr "$LR" --momentum "$MOMENTUM" --compute-time "$COMPUTE" \
+      --delay "$DELAY" --target-loss "$TARGET" --progress-every 50 \
       --out "$OUT/$scheme" --force 2>"$OUT/$scheme.stderr.log" \
     | sed -u -n 's/^\[0\]<stdout>://p'
 done
