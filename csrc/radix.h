@@ -53,7 +53,8 @@ inline int walk(const Count* hist, int nbins, int64_t k_rem, int64_t* above) {
 }
 
 // Deterministic strided sample used by the threshold method: sample j (0 <= j < s) is element
-//   j * stride + (mix(j) mod stride),   stride = floor(n / s),
+//   j * stride + offset(j),   offset(j) = ((mix(j) >> 32) * stride) >> 32 in [0, stride),
+//   stride = floor(n / s) (< 2^32),
 // one pseudo-random element of every stride-long window, so a periodic structure in the
 // gradient (layers, channels) cannot alias with the stride.
 inline uint64_t mix(uint64_t j) {
@@ -61,6 +62,11 @@ inline uint64_t mix(uint64_t j) {
   j = (j ^ (j >> 30)) * 0xbf58476d1ce4e5b9ull;
   j = (j ^ (j >> 27)) * 0x94d049bb133111ebull;
   return j ^ (j >> 31);
+}
+
+inline int64_t sample_position(int64_t j, int64_t stride) {
+  const uint64_t off = ((mix(static_cast<uint64_t>(j)) >> 32) * static_cast<uint64_t>(stride)) >> 32;
+  return j * stride + static_cast<int64_t>(off);
 }
 
 // Sample size and rank for the threshold method. With p = kappa / n and mu = s * p the expected

@@ -145,8 +145,8 @@ __global__ void gather_sample_kernel(const T* __restrict__ x, const float* __res
                                      int64_t s, int64_t stride, float* __restrict__ out) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < s; j += gs) {
-    const int64_t p = j * stride + static_cast<int64_t>(detail::mix(static_cast<ull>(j)) %
-                                                        static_cast<ull>(stride));
+    const ull off = ((detail::mix(static_cast<ull>(j)) >> 32) * static_cast<ull>(stride)) >> 32;
+    const int64_t p = j * stride + static_cast<int64_t>(off);  // = radix::sample_position
     out[j] = to_f32(x[p]) + (add != nullptr ? add[p] : 0.f);
   }
 }

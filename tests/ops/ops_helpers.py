@@ -26,7 +26,8 @@ def sample_positions(d: int) -> torch.Tensor:
     """Positions the threshold method samples (csrc/radix.h): one per stride-long window."""
     s = min(d, 65536)
     stride = d // s
-    return torch.tensor([j * stride + _mix(j) % stride for j in range(s)], dtype=torch.int64)
+    return torch.tensor([j * stride + (((_mix(j) >> 32) * stride) >> 32) for j in range(s)],
+                        dtype=torch.int64)
 
 
 def densify(values: torch.Tensor, indices: torch.Tensor, d: int) -> torch.Tensor:

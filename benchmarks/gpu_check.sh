@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GPU check of pgc_hvd.ops, for a machine where the repository is already built with CUDA
+# (bash launch/setup.sh; venv at .venv). Runs the CUDA tests, then the CUDA benchmark table.
+#
+#   bash benchmarks/gpu_check.sh          # from the repository root; writes $OUT/gpu_report.md
+#                                         # when OUT is set, and prints everything to stdout
+# About 1-2 minutes on an H200 (most of it pytest start-up and the test matrix).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PGC_HVD_VENV:-.venv}/bin/python"
+rc=0
+
+echo "== GPU: $(nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv,noheader 2>/dev/null || echo unknown)"
+"$PY" -c 'import torch, pgc_hvd._C as C; print("== torch", torch.__version__, "| cuda", torch.cuda.is_available(), "| pgc_hvd._C CUDA kernels:", C.cuda_compiled())' || exit 2
+
+echo "== pytest tests/ops -m gpu"
+timeout 150 "$PY" -m pytest tests/ops -m gpu -q -x -p no:cacheprovider -o addopts="" \
+  --hypothesis-seed=0 2>&1 | tail -25
+rc=${PIPESTATUS[0]}
+
+echo "== benchmarks/ops_report.py --device cuda"
+report_out=()
+if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT"; report_out=(--out "$OUT/gpu_report.md"); fi
+timeout 120 "$PY" benchmarks/ops_report.py --device cuda "${report_out[@]}" 2>/dev/null || rc=$?
+exit "$rc"
