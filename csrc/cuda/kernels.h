@@ -16,4 +16,53 @@ constexpr int kMaxSlotsPerLaunch = 16;
 void coded_accumulate(float* out, const void* const* slots, const float* coeffs, int c,
                       int64_t d, DType dtype, bool accumulate, cudaStream_t stream);
 
+// ---- top-kappa selection (topk.cu); keys as in radix.h: key = bits(|float(x)|) & 0x7fffffff.
+
+// hist[b] += #{i < n : (key_i >> prefix_shift) == prefix and (key_i >> shift) & mask == b};
+// hist (kRadixBins counters) is zeroed here first.
+constexpr int kRadixBins = 2048;
+void key_histogram(const void* v, DType dt, int64_t n, uint32_t prefix, int prefix_shift,
+                   int shift, uint32_t mask, unsigned int* hist, cudaStream_t stream);
+
+// Order-preserving selection in tiles of kSelectTile elements, in three launches:
+//   select_count: per tile, #(key > thr) and #(key == thr);  then an exclusive scan over tiles
+//   (both written to the workspace, plus the totals);
+//   select_write: element i is selected when key_i > thr, or key_i == thr and fewer than
+//   need_eq elements with key == thr precede it; selected elements are written in index order
+//   (out_v[p] = v[i], out_i[p] = idx_in ? idx_in[i] : i). thr = -1 selects everything.
+// The workspace holds select_workspace_elems(n) uint64 values; totals[0] = #(key > thr),
+// totals[1] = #(key == thr) after select_count (totals points into the workspace).
+constexpr int kSelectThreads = 256;
+constexpr int kSelectItems = 4;
+constexpr int kSelectTile = kSelectThreads * kSelectItems;
+int64_t select_workspace_elems(int64_t n);
+unsigned long long* select_totals(unsigned long long* workspace, int64_t n);
+void select_count(const void* v, DType dt, int64_t n, long long thr,
+                  unsigned long long* workspace, cudaStream_t stream);
+void select_write(const void* v, DType dt, const int64_t* idx_in, int64_t n, long long thr,
+                  long long need_eq, const unsigned long long* workspace, void* out_v,
+                  void* out_i, bool index64, cudaStream_t stream);
+
+// Strided sample of the threshold method (radix.h): out[j] = float(x[p_j]) (+ add[p_j] when add
+// is not null), p_j = radix::sample_position(j, stride), j < s.
+void gather_sample(const void* x, DType dt, const float* add, int64_t s, int64_t stride,
+                   float* out, cudaStream_t stream);
+
+// ---- error feedback (topk.cu)
+// r[i] += float(x[i]) for i < n.
+void add_into(float* r, const void* x, DType dt, int64_t n, cudaStream_t stream);
+// out_v[j] = r[idx[j]], r[idx[j]] = 0 for j < k (idx distinct).
+void take_and_zero(float* r, const void* idx, bool index64, int64_t k, float* out_v,
+                   cudaStream_t stream);
+
+// ---- decode-accumulate (decode.cu)
+// flags[0] |= 1 when some value is Inf or NaN (flags zeroed by the caller).
+void check_finite(const void* v, DType dt, int64_t n, int* flags, cudaStream_t stream);
+// flags[0] |= 1 when some index is outside [0, d); flags[1] |= 1 when idx[j-1] >= idx[j].
+void check_indices(const void* idx, bool index64, int64_t n, int64_t d, int* flags,
+                   cudaStream_t stream);
+// out[idx[j]] += w * float(v[j]) with atomicAdd (repeated indices accumulate).
+void scatter_add(float* out, const void* v, DType dt, const void* idx, bool index64, int64_t n,
+                 float w, cudaStream_t stream);
+
 }  // namespace pgc::cuda::kernels

@@ -3,8 +3,20 @@
 Each op dispatches on the device of its tensors (CPU kernels with OpenMP; CUDA kernels when the
 extension was built with a CUDA toolkit) and has a pure-PyTorch reference in
 :mod:`pgc_hvd.ops.reference` that the tests compare against.
+
+* :func:`coded_accumulate`, :func:`add_slot`: coded messages from the ring buffer's slots.
+* :func:`topk_compress`, :func:`error_feedback_compress`: top-kappa compression of messages.
+* :func:`decode_accumulate`: weighted sum of dense and sparse messages into one buffer.
 """
 
 from pgc_hvd.ops.coded import coded_accumulate, add_slot
+from pgc_hvd.ops.compress import error_feedback_compress, topk_compress
+from pgc_hvd.ops.decode import decode_accumulate
 
-__all__ = ["coded_accumulate", "add_slot"]
+__all__ = [
+    "coded_accumulate",
+    "add_slot",
+    "topk_compress",
+    "error_feedback_compress",
+    "decode_accumulate",
+]
