@@ -2,21 +2,35 @@
 
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
 computing (or straggling) cannot be left out of an allgather. So every rank runs this agent,
-which is never blocked by its rank's compute, and the steps are decided in two phases:
+which is never blocked by its rank's compute, and the steps are decided by allgathers of
+control rows:
 
-1. **control**: a tiny ``hvd.allgather`` of one control row per rank (``CTRL_*`` fields: the step
-   of the message the rank has ready, the model version it used, when it became ready, its loss,
-   busy seconds, non-finite flag, done and failed flags, slot versions). The rows reach every
-   rank identically; every rank offers the new arrivals, ordered by ``(ready time, rank)``, to
-   its own copy of the scheme's :class:`~pgc_hvd.schemes.Round` with ``message=None``, so every
-   rank computes the same :class:`~pgc_hvd.schemes.Decision`. Repeated (every ``poll_interval``
-   seconds) until the scheme's rule fires.
-2. **data**: one variable-size ``hvd.allgather`` in which each rank contributes the messages of
-   its own that the decision uses and that the others do not hold yet (zero rows otherwise):
-   dense rows of d floats, or sparse top-kappa rows ``[values | int32 indices bit-cast]``.
-   Every rank decodes the same update ``sum_I a_I m_I`` (uses sorted by (worker, step), so the
-   floating-point sum is the same on every rank and in every run) with
-   :func:`pgc_hvd.ops.decode_accumulate`.
+1. **control**: an ``hvd.allgather`` of one control row per rank (``CTRL_*`` fields, float64: the
+   step of the message the rank has ready, the model version it used, when it became ready, its
+   loss, busy seconds, non-finite flag, done and failed flags, slot versions). The rows reach
+   every rank identically; every rank offers the new arrivals, ordered by ``(ready time, rank)``,
+   to its own copy of the scheme's :class:`~pgc_hvd.schemes.Round` with ``message=None``, so
+   every rank computes the same :class:`~pgc_hvd.schemes.Decision`. Repeated until the scheme's
+   rule fires: ``poll_interval`` seconds apart while no message of the open round is known,
+   ``poll_interval / 4`` once one is (the same on every rank), and at once after a local event
+   (message submitted, rank finished or failed: condition-variable handoff).
+2. **payloads, optimistic (default for CPU tensors; one collective per step)**: a rank sends its
+   message's payload in the *same* allgather as the control row that first shows it ready (one
+   1-D float32 tensor per rank: the control row's float64 words bit-cast, then the payload when
+   ``CTRL_PAYLOAD`` is set; ranks contribute different lengths). Every rank caches the payloads
+   it received, identically; a step that fires on that control round needs no other collective.
+   A message that is already too late to be used (its step has fired, and the scheme ignores
+   past steps) is announced without its payload. Cost: the payloads of ready ranks the decision
+   leaves out move too (at most s per step, when they are ready in the same round).
+3. **data (two-phase mode, and payloads not cached)**: one variable-size ``hvd.allgather`` in
+   which each rank contributes the messages of its own that the decision uses and that the
+   others do not hold yet (zero rows otherwise): dense rows of d floats, or sparse top-kappa rows
+   ``[values | int32 indices bit-cast]``.
+
+Either way the decision depends only on the control rows (arrival order), never on payloads, and
+every rank decodes the same update ``sum_I a_I m_I`` (uses sorted by (worker, step), so the
+floating-point sum is the same on every rank and in every run) with
+:func:`pgc_hvd.ops.decode_accumulate`.
 
 Decoded updates are appended, in step order, to :attr:`CommAgent.updates`; the training thread
 applies the ones it has missed before its next computation. Messages the decision did not use
@@ -58,7 +72,8 @@ CTRL_BUSY = 4         # cumulative busy seconds of the rank's training thread
 CTRL_BAD_STEP = 5     # newest step whose message held NaN/Inf, -1 when none
 CTRL_DONE = 6         # 1 when the rank's training loop has finished
 CTRL_FAILED = 7       # 1 when the rank's training thread raised
-CTRL_FIXED = 8        # slot versions follow (ring_size entries, -1 padded)
+CTRL_PAYLOAD = 8      # 1 when the message's payload follows this row in the same allgather
+CTRL_FIXED = 9        # slot versions follow (ring_size entries, -1 padded)
 
 
 class AgentError(RuntimeError):
@@ -73,6 +88,8 @@ class Outgoing:
     ready_time: float
     loss: float = math.nan
     slot_versions: tuple = ()
+    packed: Optional[torch.Tensor] = None  # [control words | payload] (payload is a view of it)
+    sent: bool = False             # its payload already went out with a control row
 
 
 @dataclass
@@ -91,7 +108,7 @@ class CommAgent:
                  decode: Callable[[torch.Tensor, list, list], torch.Tensor], device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
                  on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc",
-                 replay: Optional[list] = None):
+                 replay: Optional[list] = None, optimistic: Optional[bool] = None):
         self.hvd = hvd
         self.scheme = scheme
         self.rank = int(rank)
@@ -128,22 +145,47 @@ class CommAgent:
         # lasts (a message that is ready early waits), then ready-time order
         self._replay = [(int(w), int(k)) for w, k in replay] if replay else []
         self._replay_pos = 0
+        # optimistic one-collective steps (module doc): payloads ride with control rows; CPU
+        # tensors only (control rows live on the CPU; device payloads use the data phase)
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        self.optimistic = (dev.type == "cpu") if optimistic is None else bool(optimistic)
+        if self.optimistic and dev.type != "cpu":
+            raise ValueError("optimistic one-collective steps need CPU payloads")
+        self.ctrl_len = CTRL_FIXED + self.ring_size          # float64 fields per control row
+        self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
+        # can a message for a past step still be used (bounded staleness table)?
+        self._late_usable = getattr(scheme, "table", None) is not None
+        self._wake = False
+        self.data_rounds = 0
+        self._bytes_since = 0
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
+    def payload_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A fresh ``(packed, payload)`` pair for one message: the training thread writes the
+        payload (``width`` floats, a view of ``packed``) and submits ``Outgoing(...,
+        packed=packed)``; the agent fills the control words in front when it sends."""
+        head = 2 * self.ctrl_len if self.optimistic else 0
+        packed = torch.empty(head + self.width, dtype=torch.float32, device=self.device)
+        return packed, packed[head:]
+
     def submit(self, out: Outgoing, busy_total: float) -> None:
         with self.cond:
             self._outbox[out.step] = out
             self._busy_total = busy_total
+            self._wake = True
+            self.cond.notify_all()
         self._raise_if_failed()
 
     def report_bad(self, step: int, busy_total: float) -> None:
         with self.cond:
             self._bad_step = max(self._bad_step, int(step))
             self._busy_total = busy_total
+            self._wake = True
+            self.cond.notify_all()
 
     def wait_for(self, step: int, timeout: Optional[float] = None) -> None:
         """Block until the update of ``step`` is decided (or raise the agent's error)."""
@@ -158,6 +200,17 @@ class CommAgent:
                         f"(timeout); a rank may have died or hung")
                 self.cond.wait(min(left, 1.0))
         self._raise_if_failed()
+
+    def wait_decided_beyond(self, step: int, seconds: float) -> bool:
+        """Sleep up to ``seconds``, returning early (True) once ``step`` is decided."""
+        deadline = time.monotonic() + seconds
+        with self.cond:
+            while self.error is None and self.decided() <= step:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
 
     def decided(self) -> int:
         """Number of steps decided so far (the next round's step)."""
@@ -179,6 +232,8 @@ class CommAgent:
         """This rank's loop is done: keep serving collectives until every rank is done."""
         with self.cond:
             self._done = True
+            self._wake = True
+            self.cond.notify_all()
         self._thread.join(self.timeout if timeout is None else timeout)
         if self._thread.is_alive():
             raise AgentError(f"rank {self.rank}: the other ranks did not finish within "
@@ -189,6 +244,8 @@ class CommAgent:
         """The training thread raised: tell the other ranks (they stop with a clear error)."""
         with self.cond:
             self._failed = True
+            self._wake = True
+            self.cond.notify_all()
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -201,7 +258,9 @@ class CommAgent:
         try:
             handle = self.hvd.allgather_async(tensor, name=name)
             deadline = time.monotonic() + self.timeout
-            sleep = 0.0002
+            # poll the handle (a blocking synchronize could not time out on a hung rank): short
+            # sleeps first (a small allgather takes 1-3 ms here), then at most 1 ms between polls
+            sleep = 0.0001
             while not self.hvd.poll(handle):
                 if time.monotonic() > deadline:
                     raise AgentError(
@@ -209,7 +268,7 @@ class CommAgent:
                         f"within {self.timeout:.0f}s: a rank has died or hung; stopping instead "
                         f"of hanging")
                 time.sleep(sleep)
-                sleep = min(sleep * 2, 0.005)
+                sleep = min(sleep * 1.5, 0.001)
             return self.hvd.synchronize(handle)
         except AgentError:
             raise
@@ -218,25 +277,65 @@ class CommAgent:
                 f"rank {self.rank}: collective {name} (step {self.step}) failed: a rank has died "
                 f"or shut down Horovod; stopping ({type(err).__name__}: {err})") from err
 
-    def _control_row(self) -> torch.Tensor:
-        row = torch.full((1, CTRL_FIXED + self.ring_size), -1.0, dtype=torch.float64)
+    def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
+        """This rank's control row and, when its payload rides along, the message."""
+        row = self._row
+        row.fill_(-1.0)
+        out_with_payload = None
         with self.cond:
             pending = sorted(k for k in self._outbox if (self.rank, k) not in self._offered)
             if pending:
                 out = self._outbox[pending[0]]
-                row[0, CTRL_READY_STEP] = out.step
-                row[0, CTRL_VERSION] = out.version
-                row[0, CTRL_READY_TIME] = out.ready_time
-                row[0, CTRL_LOSS] = out.loss
+                row[CTRL_READY_STEP] = out.step
+                row[CTRL_VERSION] = out.version
+                row[CTRL_READY_TIME] = out.ready_time
+                row[CTRL_LOSS] = out.loss
                 for i, v in enumerate(out.slot_versions[: self.ring_size]):
-                    row[0, CTRL_FIXED + i] = v
+                    row[CTRL_FIXED + i] = v
+                # optimistic: the payload goes with the first control row that shows the message,
+                # unless no decision can use it any more (a late message of an exact/pipelined
+                # scheme, which ignores arrivals for past steps)
+                if (self.optimistic and not out.sent and out.packed is not None
+                        and (out.step >= self.step or self._late_usable)):
+                    out.sent = True
+                    out_with_payload = out
             else:
-                row[0, CTRL_LOSS] = math.nan
-            row[0, CTRL_BUSY] = self._busy_total
-            row[0, CTRL_BAD_STEP] = self._bad_step
-            row[0, CTRL_DONE] = 1.0 if self._done else 0.0
-            row[0, CTRL_FAILED] = 1.0 if self._failed else 0.0
-        return row
+                row[CTRL_LOSS] = math.nan
+            row[CTRL_BUSY] = self._busy_total
+            row[CTRL_BAD_STEP] = self._bad_step
+            row[CTRL_DONE] = 1.0 if self._done else 0.0
+            row[CTRL_FAILED] = 1.0 if self._failed else 0.0
+            row[CTRL_PAYLOAD] = 0.0 if out_with_payload is None else 1.0
+        return row, out_with_payload
+
+    def _control_round(self) -> tuple[list, dict]:
+        """One control allgather: every rank's control row (as lists of floats) and the payloads
+        that rode along, ``{(worker, step): payload row}`` (identical on every rank)."""
+        row, out = self._control_row()
+        C = self.ctrl_len
+        if not self.optimistic:
+            ctl = self._collective(row.view(1, C), "ctl")
+            return ctl.tolist(), {}
+        words = row.view(torch.float32)                      # 2C float32 words, bit-exact
+        if out is not None:
+            send = out.packed
+            send[: 2 * C].copy_(words)
+        else:
+            send = words
+        got = self._collective(send, "ctl")
+        rows, payloads, off = [], {}, 0
+        for _ in range(self.n):
+            r = got[off: off + 2 * C].clone().view(torch.float64).tolist()
+            off += 2 * C
+            rows.append(r)
+            if r[CTRL_PAYLOAD] > 0:
+                w = len(rows) - 1
+                payloads[(w, int(r[CTRL_READY_STEP]))] = got[off: off + self.width]
+                off += self.width
+        if off != got.numel():
+            raise AgentError(f"rank {self.rank}: control allgather of {got.numel()} words does "
+                             f"not parse ({off} expected): ranks disagree on the message layout")
+        return rows, payloads
 
     def _run(self) -> None:
         try:
@@ -247,20 +346,35 @@ class CommAgent:
                 self.error = err
                 self.cond.notify_all()
 
+    def _idle(self, hurry: bool) -> None:
+        """Wait before the next control round. ``hurry`` (the same on every rank: some message
+        of the open round is already known) shortens the wait to ``poll_interval / 4``, so the
+        arrival that completes the round is seen soon; a local event (message submitted,
+        finished, failed) ends the wait at once."""
+        wait = self.poll_interval / 4 if hurry else self.poll_interval
+        with self.cond:
+            if not self._wake:
+                self.cond.wait(wait)
+            self._wake = False
+
     def _loop(self) -> None:
         rnd = self.scheme.open_round(self.step)
         step_start = time.time()
+        n = self.n
         while True:
-            ctl = self._collective(self._control_row(), "ctl")
+            ctl, payloads = self._control_round()
             self.control_rounds += 1
-            failed = [w for w in range(self.n) if ctl[w, CTRL_FAILED] > 0]
+            for key, p in payloads.items():
+                self._cache[key] = p
+                self._bytes_since += p.numel() * p.element_size()
+            failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
             if failed:
                 raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
                                  f"stopping rank {self.rank}")
-            if all(ctl[w, CTRL_DONE] > 0 for w in range(self.n)):
+            if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
                 return
-            for w in range(self.n):
-                b = int(ctl[w, CTRL_BAD_STEP])
+            for w in range(n):
+                b = int(ctl[w][CTRL_BAD_STEP])
                 if b >= 0 and (w, b) not in self._bad_seen:
                     self._bad_seen.add((w, b))
                     self.bad_log.append((w, b))
@@ -268,10 +382,10 @@ class CommAgent:
                         log.warning("rank %d's message for step %d holds NaN/Inf: treated as a "
                                     "straggler, never applied", w, b)
             arrivals = []
-            for w in range(self.n):
-                k = int(ctl[w, CTRL_READY_STEP])
+            for w in range(n):
+                k = int(ctl[w][CTRL_READY_STEP])
                 if k >= 0 and (w, k) not in self._offered:
-                    arrivals.append((float(ctl[w, CTRL_READY_TIME]), w, k))
+                    arrivals.append((ctl[w][CTRL_READY_TIME], w, k))
             arrivals.sort()
             replaying = self._replay_pos < len(self._replay)
             if replaying:
@@ -281,9 +395,9 @@ class CommAgent:
                 if replaying:
                     self._replay_pos += 1
                 row = ctl[w]
-                slots = tuple(int(v) for v in row[CTRL_FIXED:].tolist() if v >= 0)
+                slots = tuple(int(v) for v in row[CTRL_FIXED:] if v >= 0)
                 self._offered.add((w, k))
-                self._meta[(w, k)] = float(row[CTRL_LOSS])
+                self._meta[(w, k)] = row[CTRL_LOSS]
                 arr = Arrival(w, k, version=int(row[CTRL_VERSION]), message=None,
                               slot_versions=slots or None)
                 decision = rnd.offer(arr)
@@ -293,9 +407,9 @@ class CommAgent:
                 decision = rnd.poll()
             if decision is None:
                 self._check_stuck(ctl, rnd)
-                time.sleep(self.poll_interval)
+                self._idle(hurry=bool(rnd.arrived))
                 continue
-            busy = [float(ctl[w, CTRL_BUSY]) for w in range(self.n)]
+            busy = [ctl[w][CTRL_BUSY] for w in range(n)]
             update = self._data_phase(decision, step_start)
             busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
             self._busy_prev = busy
@@ -326,10 +440,10 @@ class CommAgent:
     def _check_stuck(self, ctl, rnd) -> None:
         t = self.step
         gone = set(rnd.arrived)
-        gone |= {w for w in range(self.n) if int(ctl[w, CTRL_BAD_STEP]) == t}
-        done = {w for w in range(self.n) if ctl[w, CTRL_DONE] > 0}
+        gone |= {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
+        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
         if len(gone | done) == self.n:
-            bad = sorted(w for w in range(self.n) if int(ctl[w, CTRL_BAD_STEP]) == t)
+            bad = sorted(w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t)
             raise AgentError(
                 f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
                 f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
@@ -337,6 +451,9 @@ class CommAgent:
                 f"(loop on `optimizer.version < steps`)")
 
     def _data_phase(self, decision: Decision, step_start: float) -> Update:
+        """Decode the decision's update. Payloads that rode along with control rows are cached
+        (identically on every rank); only the uses missing from the cache (two-phase mode, or a
+        late message of bounded staleness sent without its payload) need the data allgather."""
         uses = sorted(decision.uses, key=lambda u: (u.worker, u.step))
         needed = [(u.worker, u.step) for u in uses if (u.worker, u.step) not in self._cache]
         received: dict = {}
@@ -347,7 +464,8 @@ class CommAgent:
             send = (torch.stack(rows) if rows else
                     torch.zeros((0, self.width), dtype=torch.float32, device=self.device))
             got = self._collective(send, "data")
-            self.bytes_moved += got.numel() * got.element_size()
+            self.data_rounds += 1
+            self._bytes_since += got.numel() * got.element_size()
             order = [k for w in range(self.n) for k in needed if k[0] == w]
             for i, key in enumerate(order):
                 received[key] = got[i]
@@ -358,13 +476,16 @@ class CommAgent:
             weights.append(u.weight)
         flat = self._decode(msgs, weights, decision)
         now = time.time()
-        # keep only what the scheme may use again (bounded staleness table), prune own outbox
+        # keep only what the scheme may use again (bounded staleness table) and payloads of
+        # messages not offered yet (shown in a control row after the decision fired); prune
+        # own outbox
         table = getattr(self.scheme, "table", None)
         keep = {(e[0], e[1]) for e in table if e is not None} if table is not None else set()
         for key, m in received.items():
             if key in keep:
                 self._cache[key] = m
-        self._cache = {k: v for k, v in self._cache.items() if k in keep}
+        self._cache = {k: v for k, v in self._cache.items()
+                       if k in keep or (k not in self._offered and k[1] >= decision.step)}
         with self.cond:
             for k in list(self._outbox):
                 if (self.rank, k) in self._offered and (self.rank, k) not in keep:
@@ -373,5 +494,6 @@ class CommAgent:
         losses = [x for x in losses if math.isfinite(x)]
         info = {"loss": sum(losses) / len(losses) if losses else None,
                 "step_time": now - step_start, "control_rounds": self.control_rounds,
-                "bytes": int(sum(received[k].numel() * 4 for k in received))}
+                "data_rounds": self.data_rounds, "bytes": int(self._bytes_since)}
+        self._bytes_since = 0
         return Update(decision.step, flat, decision, now, info)

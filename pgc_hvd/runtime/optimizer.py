@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -77,7 +78,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer, named_parameters, scheme, stragglers, compression, delays,
                  records, scheme_options, timeout, poll_interval, hvd, name, on_record,
-                 on_update=None, replay_arrivals=None):
+                 on_update=None, replay_arrivals=None, straggler_policy="continue",
+                 optimistic=None):
         super(self.__class__, self).__init__(optimizer.param_groups)
         self.load_state_dict(optimizer.state_dict())
         self._pgc_hvd = hvd
@@ -106,6 +108,18 @@ class _PGCOptimizer(torch.optim.Optimizer):
         # replay: the steps this rank computes, in order (it skips the others, as in the run
         # the order came from)
         self._pgc_replay_steps = sorted({k for w, k in replay or () if w == self.rank})
+        if straggler_policy not in ("continue", "cancel"):
+            raise ValueError(f"straggler_policy must be 'continue' or 'cancel', "
+                             f"got {straggler_policy!r}")
+        if straggler_policy == "cancel":
+            if getattr(self.scheme, "table", None) is not None:
+                raise ValueError(f"straggler_policy='cancel' drops late messages, but "
+                                 f"{self.scheme.name} uses them (staleness table)")
+            if replay:
+                raise ValueError("replay_arrivals replays a schedule in which every rank "
+                                 "computes given steps; use straggler_policy='continue'")
+        self._pgc_cancel = straggler_policy == "cancel"
+        self._pgc_cancelled = False
         self._pgc_records = records
         plan0 = self.scheme.work_plan(self.rank, 0)
         coefs = [c for _, c in plan0.combine]
@@ -141,7 +155,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_agent = CommAgent(
             hvd, self.scheme, self.rank, d, max(L, self.scheme.c), payload_width=width, decode=self._pgc_decode,
             device=lay.device, timeout=timeout, poll_interval=poll_interval,
-            on_step=self._pgc_record_step if (self.rank == 0) else None, name=name, replay=replay)
+            on_step=self._pgc_record_step if (self.rank == 0) else None, name=name, replay=replay,
+            optimistic=optimistic)
         self._pgc_started = False
         self._pgc_hooks = [p.register_post_accumulate_grad_hook(self._pgc_grad_hook)
                            for p in lay.params]
@@ -176,7 +191,15 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def work_plan(self):
         """The scheme's WorkPlan for this rank at its current step (= ``version``)."""
         if self._pgc_plan is None:
-            self._pgc_plan = self.scheme.work_plan(self.rank, self.version)
+            plan = self.scheme.work_plan(self.rank, self.version)
+            evaluated = {sl for _, sl in plan.evaluate}
+            unfilled = [sl for sl, _ in plan.combine
+                        if self._pgc_slot_versions[sl] < 0 and sl not in evaluated]
+            if unfilled:  # a ring slot never filled (warm-up cancelled): evaluate it now, as the
+                # simulator does
+                plan = dataclasses.replace(plan, evaluate=plan.evaluate + tuple(
+                    (plan.slot_partitions[sl], sl) for sl in unfilled))
+            self._pgc_plan = plan
             self._pgc_done_slots = set()
             if not self._pgc_ring_mode:
                 self._pgc_msg.zero_()
@@ -220,9 +243,19 @@ class _PGCOptimizer(torch.optim.Optimizer):
         the gradient target set to its ring slot (run forward + backward on each)."""
         plan = self.work_plan
         for partition, slot in plan.evaluate:
+            if self._pgc_overtaken():
+                return  # straggler_policy="cancel": this step fired without us
             self.begin_partition(slot)
             yield loader.batch(partition, self.version)
             self.end_partition()
+
+    def _pgc_overtaken(self) -> bool:
+        """straggler_policy="cancel": has the step this rank is computing been decided without
+        its message? (Then the rest of the step is abandoned: no message is sent, evaluated
+        ring slots are kept, and the rank moves on to the newest model.)"""
+        if self._pgc_cancel and self._pgc_started and self._pgc_agent.decided() > self.version:
+            self._pgc_cancelled = True
+        return self._pgc_cancelled
 
     def _pgc_grad_hook(self, p: torch.Tensor) -> None:
         if p.grad is None:
@@ -267,6 +300,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
         plan = self.work_plan
         if self._pgc_implicit:
             self.end_partition()
+        if self._pgc_overtaken():
+            self._pgc_busy += time.monotonic() - self._pgc_compute_start
+            return
         missing = [sl for _, sl in plan.evaluate if sl not in self._pgc_done_slots]
         if missing:
             raise RuntimeError(
@@ -286,19 +322,27 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if self._pgc_delays is not None:  # straggler injection on the compute side
             delay = float(self._pgc_delays.sample(self.rank, t))
             if delay > 0:
-                time.sleep(delay)
+                if self._pgc_cancel:  # cut short when the step fires without this rank
+                    self._pgc_agent.wait_decided_beyond(t, delay)
+                else:
+                    time.sleep(delay)
+        if self._pgc_overtaken():
+            self._pgc_busy += time.monotonic() - self._pgc_compute_start
+            return
         self._pgc_busy += time.monotonic() - self._pgc_compute_start
         finite = bool(torch.isfinite(msg).all())
         if not finite:
             self._pgc_agent.report_bad(t, self._pgc_busy)
             return
-        payload = self._pgc_payload(msg)
+        packed, payload = self._pgc_agent.payload_buffer()
+        self._pgc_payload(msg, payload)
         slot_versions = tuple(self._pgc_slot_versions[sl] for sl, _ in plan.combine)
         self._pgc_agent.submit(Outgoing(t, t, payload, time.time(),
                                         math.nan if loss is None else float(loss),
-                                        slot_versions), self._pgc_busy)
+                                        slot_versions, packed=packed), self._pgc_busy)
 
-    def _pgc_payload(self, msg: torch.Tensor) -> torch.Tensor:
+    def _pgc_payload(self, msg: torch.Tensor, out: torch.Tensor) -> None:
+        """Write the message's payload row into ``out`` (one copy, no temporaries for dense)."""
         comp = self._pgc_compression
         if isinstance(comp, TopK):
             k = comp.kappa(msg.numel())
@@ -308,10 +352,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
                                                           index_dtype=torch.int32)
             else:
                 values, idx = ops.topk_compress(msg, k, comp.method, index_dtype=torch.int32)
-            return torch.cat([values.float(), idx.view(torch.float32)])
-        if self._pgc_complex:
-            return torch.view_as_real(msg).reshape(-1).clone()
-        return msg.clone()
+            out[:k].copy_(values)
+            out[k:].copy_(idx.view(torch.float32))
+        elif self._pgc_complex:
+            out.copy_(torch.view_as_real(msg).reshape(-1))
+        else:
+            out.copy_(msg)
 
     def _pgc_decode(self, msgs, weights, decision) -> torch.Tensor:
         d = self._pgc_layout.numel
@@ -356,6 +402,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             self.version += 1
         agent.release_before(self.version)
         self._pgc_plan = None
+        self._pgc_cancelled = False
         self._pgc_compute_start = time.monotonic()
 
     def _pgc_apply(self, flat: torch.Tensor) -> None:
@@ -468,7 +515,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          scheme: str = "pgc-cr", stragglers: int = 1, compression: Any = None,
                          *, delays=None, records=None, scheme_options: Optional[dict] = None,
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
-                         on_update=None, replay_arrivals=None, name: str = "pgc", hvd=None):
+                         on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
+                         optimistic: Optional[bool] = None, name: str = "pgc", hvd=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     Args:
@@ -494,6 +542,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             (while it lasts), and each rank computes exactly the steps it computes there, so the
             run takes the simulated run's decisions whatever the real timing (twin tests,
             reproducing a schedule). Every rank must pass the same list.
+        straggler_policy: what a rank does when the step it is computing fires without it
+            (the simulator's option of the same name). ``"continue"`` (default): it finishes
+            the step and sends its late message (dropped by exact and pipelined schemes, used by
+            bounded staleness). ``"cancel"`` (exact and pipelined schemes): it abandons the rest
+            of the step at the next point the runtime controls -- before its next partition, or
+            during the injected ``delays`` -- keeps the ring slots it has evaluated (PGC paper:
+            every worker stores its own gradients whether it straggles or not), sends nothing
+            and starts the newest model; the model of the paper's analysis, where every worker
+            starts every step and s(t, i) >= t - c + 1. It cannot interrupt a forward/backward
+            pass in progress.
+        optimistic: one-collective steps (default: on for CPU parameters): a rank's payload
+            travels in the same allgather as the control row that first shows it ready, so a
+            step that fires on that control round needs no data allgather (every rank then
+            receives every current-step payload, also the ones the decision leaves out).
     """
     if hvd is None:
         import horovod.torch as hvd
@@ -501,4 +563,4 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                dict(_PGCOptimizer.__dict__))
     return cls(optimizer, named_parameters, scheme, stragglers, compression, delays, records,
                scheme_options, timeout, poll_interval, hvd, name, on_record, on_update,
-               replay_arrivals)
+               replay_arrivals, straggler_policy, optimistic)

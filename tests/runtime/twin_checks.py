@@ -171,12 +171,11 @@ def check_compression(scheme_name="pgc-cr"):
     def spy(opt):
         real = opt._pgc_payload
 
-        def payload(msg):
+        def payload(msg, out):
             old = opt._pgc_residual.clone()
             m = msg.clone()
-            out = real(msg)
+            real(msg, out)
             seen.append((opt.version, m, old, out.clone(), opt._pgc_residual.clone()))
-            return out
         opt._pgc_payload = payload
 
     model, updates, _, decisions = run_runtime(scheme_name, train, parts, order,
