@@ -42,8 +42,10 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_it(fn: Callable[[], object], device: str, reps: int, warmup: int = 1) -> float:
-    """Median wall time of fn in seconds (device work included)."""
+def time_it(fn: Callable[[], object], device: str, reps: int, warmup: int = 1,
+            stat: str = "min") -> float:
+    """Wall time of fn in seconds (device work included): the best ("min", default: the
+    machines are shared, so the fastest run is the one least disturbed) or the median of reps."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -53,14 +55,33 @@ def time_it(fn: Callable[[], object], device: str, reps: int, warmup: int = 1) -
         fn()
         sync(device)
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return min(ts) if stat == "min" else statistics.median(ts)
 
 
-def copy_bandwidth(device: str, d: int = D_LARGE, reps: int = 7) -> float:
+def time_interleaved(fns, reps, device: str, stat: str = "min"):
+    """Times several callables round-robin (fns: name -> (fn, reps_for_it)), so that a shared
+    machine's load affects them alike; returns name -> seconds (min or median)."""
+    for fn, _ in fns.values():
+        fn()
+    sync(device)
+    ts = {name: [] for name in fns}
+    for r in range(reps):
+        for name, (fn, n) in fns.items():
+            if r >= n:
+                continue
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            ts[name].append(time.perf_counter() - t0)
+    pick = min if stat == "min" else statistics.median
+    return {name: pick(v) for name, v in ts.items()}
+
+
+def copy_bandwidth(device: str, d: int = D_LARGE, reps: int = 7, stat: str = "min") -> float:
     """Bytes per second moved by ``y.copy_(x)`` for fp32 x of d elements (read + write)."""
     x = torch.randn(d, device=device)
     y = torch.empty_like(x)
-    t = time_it(lambda: y.copy_(x), device, reps)
+    t = time_it(lambda: y.copy_(x), device, reps, stat=stat)
     return 2 * 4 * d / t
 
 

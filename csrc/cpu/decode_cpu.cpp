@@ -10,7 +10,7 @@
 namespace pgc::cpu {
 namespace {
 
-constexpr int64_t kParallelMin = 1 << 15;
+constexpr int64_t kParallelMin = 1 << 20;  // smaller scatters: one thread (cheaper than waking a team)
 
 template <typename T>
 bool finite_of(const T* p, int64_t n) {
