@@ -21,6 +21,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
                  "one training run on every rank (under horovodrun): scheme, s, delays, records"),
     ("simulate",): ("pgc_hvd.sim.run", "main",
                     "one simulated run: n virtual workers, real gradients, virtual time"),
+    ("experiment", "control"): ("pgc_hvd.control.experiment", "main",
+                                "staleness control rule on design note 002's set-up --out DIR"),
+    ("advise",): ("pgc_hvd.control.advise", "main",
+                  "advise RUN_DIR: fit delays per rank, simulate schemes and s, rank them"),
     ("experiment",): ("pgc_hvd.sim.experiments", "main",
                       "the papers' experiments: pgc, bcgc, staleness [--quick] --out DIR"),
 }

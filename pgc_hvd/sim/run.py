@@ -68,7 +68,17 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
              optimizer: Any = "sgd:lr=0.5", delay: Any = None, steps: int = 100,
              iid: bool = True, sizes=None, seed: int = 0, scheme_options: Optional[dict] = None,
              data=None, records_path: Optional[Path] = None, zero_init: bool = False,
-             dtype: torch.dtype = torch.float32, **config) -> tuple[list, dict]:
+             dtype: torch.dtype = torch.float32, adaptive: bool = False,
+             control: Optional[dict] = None, **config) -> tuple[list, dict]:
+    """``adaptive=True``: the staleness control rule (:mod:`pgc_hvd.control`, options in
+    ``control``, e.g. ``{"knob": "c", "high": 1.0, "every": 2}``) for schemes that use stale
+    gradients (bounded staleness, PGC); exact schemes run without it."""
+    from pgc_hvd.control.rule import ControlConfig, adaptive_default
+    if adaptive_default(scheme, adaptive):
+        from pgc_hvd.control.sim import SimController
+        ctl = SimController(ControlConfig.from_options(control))
+        config["step_hook"] = ctl
+        config.setdefault("diag_every", ctl.cfg.every)
     tr, te = data if data is not None else prepare_data(dataset, seed=seed)
     task = build_task(model or default_model(tr), tr, seed=seed, zero_init=zero_init, dtype=dtype)
     sch = get_scheme(scheme, n, s, **(scheme_options or {}))
@@ -122,6 +132,9 @@ def summarize(sim: Simulator, recs) -> dict:
               "L_hat_max", "corr_min"):
         vals = [r.extra[k] for r in recs if r.extra.get(k) is not None]
         out[k + "_mean"] = float(np.mean(vals)) if vals else None
+    acts = [a for r in recs for a in r.extra.get("control", [])]
+    out["control_actions"] = len(acts)
+    out["diag_seconds_total"] = float(sum(r.extra.get("diag_seconds", 0.0) for r in recs))
     out["err_compress_total"] = float(sum(r.extra.get("err_compress", 0.0) for r in recs))
     ce = [r.extra["class_error"] for r in recs if r.extra.get("class_error") is not None]
     out["class_error_total"] = float(sum(ce)) if ce else None  # sum_t sum_{i in K} ||eps_i||
@@ -151,6 +164,11 @@ def main(argv=None) -> int:
     p.add_argument("--error-feedback", action="store_true")
     p.add_argument("--non-iid", action="store_true", help="partitions sorted by label")
     p.add_argument("--policy", default="continue", choices=["continue", "cancel"])
+    p.add_argument("--adaptive", action="store_true",
+                   help="staleness control rule (bounded staleness, PGC): lower lr or c when "
+                        "L_hat^2*disp/||g_hat||^2 is large (pgc_hvd.control)")
+    p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
+                   help="control rule option: high, low, window, patience, factor, knob (lr|c|auto), every")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", required=True, help="output folder (records.jsonl, summary.json)")
@@ -172,7 +190,8 @@ def main(argv=None) -> int:
                              records_path=out / "records.jsonl", partition_time=a.partition_time,
                              comm=CommModel(a.alpha, a.bandwidth), compress=a.compress,
                              error_feedback=a.error_feedback, straggler_policy=a.policy,
-                             batch_size=a.batch_size,
+                             batch_size=a.batch_size, adaptive=a.adaptive,
+                             control=dict(kv.split("=", 1) for kv in a.control),
                              progress=True)
     if a.save_trace:
         delay.trace.save(a.save_trace)

@@ -1,0 +1,89 @@
+"""The control rule's state machine: quiet, trigger, hysteresis, actuators."""
+
+import math
+
+import pytest
+import torch
+
+from pgc_hvd.control.rule import (ControlConfig, ControlRule, LrActuator, SchemeCActuator,
+                                  adaptive_default)
+from pgc_hvd.schemes import get_scheme
+
+
+def feed(rule, values, start=0):
+    acts = []
+    for i, v in enumerate(values):
+        a = rule.observe(start + i, v)
+        if a is not None:
+            acts.append(a)
+    return acts
+
+
+def test_quiet_on_small_ratios():
+    rule = ControlRule(ControlConfig(high=1.0, low=0.25, window=5))
+    assert feed(rule, [0.01, 0.5, 0.9, 0.2] * 25) == []
+    assert rule.level == 0
+
+
+def test_single_spike_does_not_trigger_but_sustained_does():
+    rule = ControlRule(ControlConfig(high=1.0, low=0.25, window=5))
+    assert feed(rule, [0.01, 0.01, 50.0, 0.01, 0.01, 0.01]) == []
+    acts = feed(rule, [3.0] * 5, start=10)
+    assert len(acts) == 1 and acts[0].direction == "lower" and rule.level == 1
+    assert "> high" in acts[0].reason and acts[0].signal > 1.0
+
+
+def test_hysteresis_band_holds_level_then_raises_after_patience():
+    cfg = ControlConfig(high=1.0, low=0.25, window=3, patience=6)
+    rule = ControlRule(cfg)
+    feed(rule, [5.0] * 3)
+    assert rule.level == 1
+    # inside the band (low <= rho <= high): neither lower nor raise, however long
+    assert feed(rule, [0.6] * 40, start=10) == []
+    assert rule.level == 1
+    # below low: raise only after `patience` consecutive observations
+    acts = feed(rule, [0.1] * (cfg.patience - 1), start=100)
+    assert acts == [] and rule.level == 1
+    acts = feed(rule, [0.1], start=200)
+    assert [a.direction for a in acts] == ["raise"] and rule.level == 0
+    # at level 0 it never raises further
+    assert feed(rule, [0.0] * 50, start=300) == []
+
+
+def test_nonfinite_loss_lowers_at_once_and_max_level():
+    rule = ControlRule(ControlConfig(max_level=2))
+    a = rule.observe(0, None, loss=float("nan"))
+    assert a.direction == "lower" and "non-finite" in a.reason
+    rule.observe(1, math.inf)
+    assert rule.level == 2
+    assert rule.observe(2, math.inf) is None and rule.level == 2
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        ControlConfig.from_options({"low": 2, "high": 1})
+    with pytest.raises(ValueError):
+        ControlConfig.from_options({"bogus": 1})
+    cfg = ControlConfig.from_options({"high": "2", "window": "4", "knob": "lr"})
+    assert cfg.high == 2.0 and cfg.window == 4 and cfg.knob == "lr"
+
+
+def test_actuators():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.8)
+    lr = LrActuator(opt, 0.5)
+    assert lr.set_level(2) == (0.8, pytest.approx(0.2))
+    assert lr.set_level(0)[1] == pytest.approx(0.8)
+    sch = get_scheme("bounded-staleness", 8, 1, r=2, c=8)
+    c = SchemeCActuator(sch, 0.5)
+    assert c.set_level(1) == (8, 4) and sch.c_bound == 4
+    assert c.set_level(5)[1] == 1
+    assert c.set_level(0)[1] == 8
+
+
+def test_adaptive_default_only_for_stale_schemes():
+    assert adaptive_default("bounded-staleness", True)
+    assert adaptive_default("pgc-cr", True)
+    assert not adaptive_default("pgc-cr", False)
+    for exact in ("dgd", "gc-cr", "bcgc", "gc-fr"):
+        assert not adaptive_default(exact, True)
