@@ -1,0 +1,63 @@
+"""Lemma 1/3 error split (simulator probe) and ``pgc-hvd advise`` on a delay trace."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pgc_hvd.control.advise import advise, fit_delays, format_report
+from pgc_hvd.control.decomposition import DecompositionProbe
+from pgc_hvd.sim.delays import DelayTrace, Exponential, LogNormal
+from pgc_hvd.sim.run import prepare_data, simulate
+
+
+@pytest.fixture(scope="module")
+def data():
+    torch.set_num_threads(1)
+    return prepare_data("digits")
+
+
+def probe_run(data, scheme, opts, batch_size):
+    probe = DecompositionProbe(every=4)
+    simulate(scheme, 8, 0 if scheme == "dgd" else 1, data=data, model="softmax",
+             optimizer="sgd:lr=0.5", delay="exp:mean=1,seed=3", steps=24, scheme_options=opts,
+             partition_time=1.0, step_hook=probe, batch_size=batch_size, diagnostics=False)
+    return probe.summary()
+
+
+def test_split_is_exact_and_attributes_sources(data):
+    full_dgd = probe_run(data, "dgd", {}, None)
+    assert full_dgd["lemma_total_mean"] < 1e-10          # exact, full-batch: no error at all
+    mb_dgd = probe_run(data, "dgd", {}, 8)
+    assert mb_dgd["lemma_bias_mean"] < 1e-10 and mb_dgd["lemma_stochastic_mean"] > 0
+    stale = probe_run(data, "bounded-staleness", {"r": 2, "c": 4}, None)
+    assert stale["lemma_stochastic_mean"] < 1e-10 and stale["lemma_stale_mean"] > 0
+    pgc = probe_run(data, "pgc-cr", {}, 8)
+    for s in (full_dgd, mb_dgd, stale, pgc):   # total = bias + stochastic + cross, exactly
+        assert math.isclose(s["lemma_total_mean"], s["lemma_bias_mean"] + s["lemma_stochastic_mean"]
+                            + s["lemma_cross_mean"], rel_tol=1e-6, abs_tol=1e-9)
+
+
+def test_fit_picks_the_generating_family():
+    rng = np.random.default_rng(0)
+    assert fit_delays(rng.exponential(0.1, 400))["kind"] == "exp"
+    f = fit_delays(rng.lognormal(-2.0, 0.3, 400))
+    assert f["kind"] == "lognormal" and abs(f["ln_mu"] + 2.0) < 0.1
+
+
+def test_advise_on_a_trace(tmp_path):
+    # rank 3 is a slow straggler: waiting for everybody (DGD) must not be recommended
+    models = [Exponential(0.05, seed=1)] * 3 + [LogNormal(math.log(1.0), 0.2, seed=2)]
+    trace = DelayTrace({(w, t): models[w].sample(w, t) for w in range(4) for t in range(40)})
+    path = trace.save(tmp_path / "delay_trace.json")
+    res = advise(path, model="softmax", target=None, s_values=(1,), steps=15, partition_time=0.05,
+                 bootstrap=2, lr=0.5)
+    assert res["fits"][3]["kind"] == "lognormal"
+    ranked = res["ranked"]
+    tps = {(r["scheme"], r["s"]): r["time_per_step"] for r in ranked}
+    assert tps[("dgd", 0)] > 0.8                       # waits for the ~1 s rank every step
+    assert res["recommendation"]["scheme"] != "dgd"
+    assert res["recommendation"]["predicted_time_per_step"] < 0.5 * tps[("dgd", 0)]
+    assert 0.0 <= res["recommendation"]["bootstrap_best_share"] <= 1.0
+    assert "recommendation:" in format_report(res)
