@@ -1,9 +1,6 @@
 // CUDA coded accumulation: one grid-stride pass; every thread reads its elements of each of the
 // c slots once and writes out once (128-bit loads/stores on the fp32 path when aligned).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include "kernels.h"
+#include "device_utils.cuh"
 
 namespace pgc::cuda::kernels {
 namespace {
@@ -13,9 +10,8 @@ struct SlotTable {
   float coef[kMaxSlotsPerLaunch];
 };
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+using detail::grid_stride_blocks;
+using detail::to_f32;
 
 template <typename T>
 __global__ void coded_accumulate_scalar(float* __restrict__ out, SlotTable t, int c, int64_t d,
@@ -49,15 +45,6 @@ __global__ void coded_accumulate_f32x4(float4* __restrict__ out, SlotTable t, in
   }
 }
 
-int grid_for(int64_t work, int block) {
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const int64_t want = (work + block - 1) / block;
-  const int64_t cap = static_cast<int64_t>(sms > 0 ? sms : 80) * 8;
-  return static_cast<int>(want < 1 ? 1 : (want < cap ? want : cap));
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
@@ -74,11 +61,11 @@ void coded_accumulate(float* out, const void* const* slots, const float* coeffs,
   constexpr int kThreads = 256;
   if (dtype == DType::kFloat32 && all_aligned && d % 4 == 0) {
     const int64_t d4 = d / 4;
-    coded_accumulate_f32x4<<<grid_for(d4, kThreads), kThreads, 0, stream>>>(
+    coded_accumulate_f32x4<<<grid_stride_blocks(d4, kThreads), kThreads, 0, stream>>>(
         reinterpret_cast<float4*>(out), t, c, d4, accumulate);
     return;
   }
-  const int grid = grid_for(d, kThreads);
+  const int grid = grid_stride_blocks(d, kThreads);
   switch (dtype) {
     case DType::kFloat32:
       coded_accumulate_scalar<float><<<grid, kThreads, 0, stream>>>(out, t, c, d, accumulate);
