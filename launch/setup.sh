@@ -37,6 +37,22 @@ on_error() {
 trap on_error ERR
 
 step() { CURRENT_STEP="$1"; echo "[setup] $1"; }
+
+# logged LOG CMD...: runs CMD with its output in LOG, printing a heartbeat every 30 s so that a
+# long compile is visibly alive; returns CMD's exit status.
+logged() {
+  local log="$1"; shift
+  "$@" >"$log" 2>&1 &
+  local pid=$! t0=$SECONDS next=30
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if (( SECONDS - t0 >= next )); then
+      echo "[setup]   ... still working ($(( SECONDS - t0 )) s; log: $log)"
+      next=$(( next + 30 ))
+    fi
+  done
+  wait "$pid"
+}
 t0=$(date +%s)
 
 # ---------------------------------------------------------------- 1. venv
@@ -58,8 +74,8 @@ PYEOF
 # ---------------------------------------------------------------- 2. torch
 step "2/7 torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
 if ! have_version torch "$TORCH_VERSION" || ! have_version torchvision "$TORCHVISION_VERSION"; then
-  "${PIP[@]}" install "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" \
-    >"$LOG_DIR/torch.log" 2>&1 || { tail -20 "$LOG_DIR/torch.log" >&2; false; }
+  logged "$LOG_DIR/torch.log" "${PIP[@]}" install "torch==$TORCH_VERSION" \
+    "torchvision==$TORCHVISION_VERSION" || { tail -20 "$LOG_DIR/torch.log" >&2; false; }
 fi
 
 # ---------------------------------------------------------------- 3. build tools
@@ -111,9 +127,9 @@ WRAPEOF
     fi
   fi
   export MAKEFLAGS="-j$(nproc)"
-  echo "[setup]   compiling horovod (about 5 minutes on 2 cores the first time; pip caches the wheel)"
-  "${PIP[@]}" install --no-build-isolation "horovod==$HOROVOD_VERSION" \
-    >"$LOG_DIR/horovod.log" 2>&1 || { grep -iE "error" "$LOG_DIR/horovod.log" | tail -20 >&2; false; }
+  echo "[setup]   compiling horovod (5 to 17 minutes on 2 cores, see docs/install.md; pip caches the wheel, so later installs reuse it)"
+  logged "$LOG_DIR/horovod.log" "${PIP[@]}" install --no-build-isolation \
+    "horovod==$HOROVOD_VERSION" || { grep -iE "error" "$LOG_DIR/horovod.log" | tail -20 >&2; false; }
 fi
 
 # ---------------------------------------------------------------- 5. dependencies
@@ -135,9 +151,8 @@ HASH="$(src_hash)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$HASH" ]] \
    || ! "$PY" -c 'import pgc_hvd._C' 2>/dev/null; then
   echo "[setup]   building pgc_hvd._C (log: $LOG_DIR/pgc_hvd.log)"
-  (cd "$ROOT" && "$PY" -m pip --disable-pip-version-check install -v --no-build-isolation \
-      --no-deps -e . ) \
-    >"$LOG_DIR/pgc_hvd.log" 2>&1 || { grep -iE "error|fail" "$LOG_DIR/pgc_hvd.log" | tail -30 >&2; false; }
+  (cd "$ROOT" && logged "$LOG_DIR/pgc_hvd.log" "$PY" -m pip --disable-pip-version-check \
+    install -v --no-build-isolation --no-deps -e .) || { grep -iE "error|fail" "$LOG_DIR/pgc_hvd.log" | tail -30 >&2; false; }
   # Show what CMake decided and which CUDA objects nvcc built (CI logs must show them).
   grep -E "pgc_hvd: |Building CUDA object" "$LOG_DIR/pgc_hvd.log" | sed 's/^ */[setup]   /' || true
   echo "$HASH" >"$STAMP"
