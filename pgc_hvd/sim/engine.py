@@ -76,7 +76,9 @@ class SimConfig:
     eval_every: int = 1
     diagnostics: bool = True
     diag_batch: int = 128
-    diag_every: int = 1                 # diagnostics every K steps (their CPU cost: extra["diag_seconds"])
+    diag_every: int = 1                 # diagnostics every K steps
+    diag_cost: bool = False             # record their CPU seconds (extra["diag_seconds"]; not
+                                        # reproducible, so off by default: replays compare records)
     step_hook: Optional[Callable] = None  # hook(sim, step, decision, g_hat, extra) before the update
                                           # is applied (pgc_hvd.control: control rule, error split)
     target_loss: Optional[float] = None
@@ -349,7 +351,8 @@ class Simulator:
         if self.cfg.diagnostics and step % max(1, int(self.cfg.diag_every)) == 0:
             d0 = _time.thread_time()
             extra.update(step_diagnostics(self, decision, g_hat))
-            extra["diag_seconds"] = _time.thread_time() - d0
+            if self.cfg.diag_cost:
+                extra["diag_seconds"] = _time.thread_time() - d0
         if self.cfg.step_hook is not None:
             self.cfg.step_hook(self, step, decision, g_hat, extra)
         self._apply(g_hat)

@@ -79,6 +79,7 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
         ctl = SimController(ControlConfig.from_options(control))
         config["step_hook"] = ctl
         config.setdefault("diag_every", ctl.cfg.every)
+        config.setdefault("diag_cost", True)
     tr, te = data if data is not None else prepare_data(dataset, seed=seed)
     task = build_task(model or default_model(tr), tr, seed=seed, zero_init=zero_init, dtype=dtype)
     sch = get_scheme(scheme, n, s, **(scheme_options or {}))
