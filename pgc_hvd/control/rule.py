@@ -6,18 +6,63 @@ Signal (every K steps, from :mod:`pgc_hvd.metrics.diagnostics`):
 
 L_hat^2 * displacement bounds ||grad F(beta_t) - grad F(beta_v)||^2, the staleness error of the
 oldest entry used (PGC paper Lemmas 1 and 3: the gamma term), so rho_t compares that error with
-the update itself. One spike is common early in a run (a straggler's entry, a small ||g_hat||),
-so the rule reads the median of the last ``window`` observations:
+the update itself.
 
-* median > ``high`` (and at least ``window`` observations since the last change), or a
-  non-finite signal / loss: **lower** one level -- eta <- eta * factor, or c <- max(c_min,
-  floor(c * factor)) (the knob is chosen by the engine's actuator);
+Why rho alone is not enough, and the loss-trend gate
+----------------------------------------------------
+Descent lemma for an L-smooth F and the update beta_{t+1} = beta_t - eta * g_hat, with
+g_hat = grad F(beta_t) + e_t:
+
+    F(beta_{t+1}) <= F(beta_t) - eta <grad F(beta_t), g_hat> + (L eta^2 / 2) ||g_hat||^2,
+    <grad F(beta_t), g_hat> >= ||g_hat||^2 - ||e_t|| ||g_hat||,   ||e_t||^2 <= rho_t ||g_hat||^2.
+
+So rho_t < 1 (with eta L < 2 (1 - sqrt(rho_t))) is a *sufficient* condition for descent, built from
+the worst case: the oldest entry's error, at full weight, pointing against the update. In bounded
+staleness only some of the n entries have the oldest version and their errors partly cancel, so
+rho_t > 1 does not mean ascent. On design note 002's set-up (``pgc-hvd experiment control``) the
+healthy run (c = 8, eta = 0.5, fastest to target) has median rho ~0.75 and above 1 for its first
+~90 steps, while the diverging one (c = 8, eta = 8) has median ~1.4: a threshold on rho cannot
+separate them. The other candidates did not either (measured on the fixed runs' records):
+cos(stale, current) < 0 happens in both runs early (-0.4 to -0.5); eta * L_hat is ~0.25 in the
+healthy run and ~0.3 in the diverging one, because L_hat is a secant estimate over the
+displacement and the softmax saturates when the iterates travel far (L_hat drops from ~0.5 to
+~0.03); ||g_hat||^2 grows 5x early in the healthy run too.
+
+What does separate them is the consequence the descent lemma predicts when its bound is binding:
+the objective grows. Near a minimum with Hessian H, an entry of age a gives the linear recurrence
+beta_{t+1} - beta* = (beta_t - beta*) - eta H (beta_{t-a} - beta*); its modes solve
+z^{a+1} - z^a + eta lambda = 0. Stable complex roots (|z| < 1) make the loss *oscillate* with a
+period of order the staleness while its average decreases (the healthy c = 8 run oscillates by up
+to 2x inside each ~8-step period); an unstable root (|z| > 1) makes the *envelope* grow
+geometrically, by |z|^(2W) between consecutive windows of W steps. Hence the gate: the mean loss
+over the last ``trend_window`` observations exceeds (1 + ``growth``) times the mean over the
+``trend_window`` before (shorter windows, half the history each, at the start of a run). With a
+window at least as long as the oscillation period (>= c) the bounded oscillation averages out:
+the healthy runs' largest window-to-window ratio is 1.15, the diverging run's 2.6-3.4 (the
+eta = 8 runs from their first steps). The rule lowers only when both hold -- rho says staleness
+error is large enough to explain an ascent, the trend says the ascent is happening -- so a
+healthy-but-stale run is left alone and a loss increase with small rho (noise, a too-large eta
+with fresh gradients, which lowering c would not fix) is not blamed on staleness. ``growth < 0``
+switches the gate off (rho alone, the note's literal rule); an observation without a loss (the
+engine did not pass one) is also judged on rho alone. The engines pass a low-noise loss: the
+simulator its full training loss, the runtime the loss on its fixed validation batch (identical
+on every rank).
+
+The rule
+--------
+One spike of rho is common early in a run (a straggler's entry, a small ||g_hat||), so the rule
+reads the median of the last ``window`` observations:
+
+* median > ``high`` (and at least ``window`` observations since the last change) and the loss
+  trend gate holds, or a non-finite signal / loss: **lower** one level -- eta <- eta * factor, or
+  c <- max(c_min, floor(c * factor)) (the knob is chosen by the engine's actuator);
 * median < ``low`` for ``patience`` consecutive observations at a lowered level: **raise** one
   level back (never above the user's value).
 
-``low < high`` is the hysteresis band; each change clears the window, so a new change needs
-fresh evidence. Every change is an :class:`Action` (step, knob, old, new, reason) that the
-engines put into the step record's ``extra["control"]``.
+``low < high`` is the hysteresis band; each change clears the rho window, so a new change needs
+fresh evidence (the loss history is kept: a loss still climbing after a change lowers again).
+Every change is an :class:`Action` (step, knob, old, new, reason) that the engines put into the
+step record's ``extra["control"]``.
 """
 
 from __future__ import annotations
@@ -47,6 +92,10 @@ class ControlConfig:
     knob: str = "auto"       # "lr", "c", or "auto" (c where the scheme lets it change, else lr)
     every: int = 1           # diagnostics (and the rule) every K steps
     c_min: int = 1
+    growth: float = 0.5      # loss-trend gate: lower only if mean loss of the last trend_window
+                             # observations > (1 + growth) x the mean of the trend_window before
+                             # (growth < 0: gate off, rho alone)
+    trend_window: int = 8    # observations per trend window; >= c averages the stale oscillation
 
     @classmethod
     def from_options(cls, opts: Optional[dict]) -> "ControlConfig":
@@ -62,6 +111,8 @@ class ControlConfig:
         cfg = cls(**out)
         if not 0 <= cfg.low < cfg.high:
             raise ValueError(f"control needs 0 <= low < high (hysteresis), got {cfg.low}, {cfg.high}")
+        if cfg.trend_window < 1:
+            raise ValueError(f"control trend_window must be >= 1, got {cfg.trend_window}")
         if not 0 < cfg.factor < 1:
             raise ValueError(f"control factor must be in (0, 1), got {cfg.factor}")
         return cfg
@@ -92,6 +143,7 @@ class ControlRule:
         self.recent: list[float] = []
         self.quiet = 0           # consecutive observations below `low`
         self.n_obs = 0
+        self.losses: list[float] = []
         self.actions: list[Action] = []
 
     def median(self) -> Optional[float]:
@@ -100,6 +152,17 @@ class ControlRule:
         v = sorted(self.recent)
         m = len(v) // 2
         return v[m] if len(v) % 2 else 0.5 * (v[m - 1] + v[m])
+
+    def trend(self) -> Optional[float]:
+        """Mean loss over the last ``trend_window`` observations / mean over the ones before
+        (``min(trend_window, len // 2)`` each); None with fewer than 2 losses."""
+        n = len(self.losses)
+        w = min(self.cfg.trend_window, n // 2)
+        if w < 1:
+            return None
+        last = sum(self.losses[n - w:]) / w
+        prev = sum(self.losses[n - 2 * w:n - w]) / w
+        return last / prev if prev > 0 else float("inf")
 
     def observe(self, step: int, ratio: Optional[float], loss: Optional[float] = None) -> Optional[Action]:
         cfg = self.cfg
@@ -112,6 +175,9 @@ class ControlRule:
                 why = f"non-finite {'loss' if bad_loss else 'signal'}"
                 return self._change(step, +1, why, float("inf"))
             return None
+        if loss is not None:
+            self.losses.append(float(loss))
+            self.losses = self.losses[-2 * cfg.trend_window:]
         self.recent.append(float(ratio))
         self.recent = self.recent[-cfg.window:]
         med = self.median()
@@ -120,8 +186,15 @@ class ControlRule:
         else:
             self.quiet = 0
         if len(self.recent) >= cfg.window and med > cfg.high and self.level < cfg.max_level:
-            return self._change(step, +1, f"median L_hat^2*disp/||g_hat||^2 = {med:.3g} > high {cfg.high:g} "
-                                           f"over {len(self.recent)} observations", med)
+            why = (f"median L_hat^2*disp/||g_hat||^2 = {med:.3g} > high {cfg.high:g} "
+                   f"over {len(self.recent)} observations")
+            gated = cfg.growth >= 0 and loss is not None
+            tr = self.trend() if gated else None
+            # gate on: lower only if the loss grows (no decision until 2 losses are known)
+            if not gated or (tr is not None and tr > 1 + cfg.growth):
+                if gated:
+                    why += f" and loss trend x{tr:.3g} > 1 + growth {cfg.growth:g}"
+                return self._change(step, +1, why, med)
         if self.level > 0 and self.quiet >= cfg.patience:
             return self._change(step, -1, f"L_hat^2*disp/||g_hat||^2 < low {cfg.low:g} for "
                                            f"{self.quiet} observations", med)

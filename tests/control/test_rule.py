@@ -87,3 +87,26 @@ def test_adaptive_default_only_for_stale_schemes():
     assert not adaptive_default("pgc-cr", False)
     for exact in ("dgd", "gc-cr", "bcgc", "gc-fr"):
         assert not adaptive_default(exact, True)
+
+
+def test_loss_trend_gate_separates_stale_oscillation_from_divergence():
+    cfg = ControlConfig(high=1.0, low=0.25, window=5, growth=0.5, trend_window=8)
+    # healthy but stale: rho stays high, the loss oscillates with period ~c (up to 2x inside a
+    # period) while its window mean decreases -> no change
+    rule = ControlRule(cfg)
+    osc = [2.0 * 0.98 ** t * (1.5 + 0.5 * math.sin(2 * math.pi * t / 8)) for t in range(120)]
+    assert [rule.observe(t, 3.0, loss=l) for t, l in enumerate(osc)] == [None] * 120
+    assert rule.level == 0
+    # the same rho with a growing envelope -> lower, and the reason names both conditions
+    rule = ControlRule(cfg)
+    grow = [2.0 * 1.2 ** t for t in range(20)]
+    acts = [a for a in (rule.observe(t, 3.0, loss=l) for t, l in enumerate(grow)) if a]
+    assert acts and acts[0].direction == "lower" and "loss trend" in acts[0].reason
+    # gate off (growth < 0): rho alone lowers the healthy run too (the note's literal rule)
+    rule = ControlRule(dataclasses_replace(cfg, growth=-1.0))
+    assert any(rule.observe(t, 3.0, loss=l) for t, l in enumerate(osc))
+
+
+def dataclasses_replace(cfg, **kw):
+    import dataclasses
+    return dataclasses.replace(cfg, **kw)
