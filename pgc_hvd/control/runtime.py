@@ -7,14 +7,16 @@
                                        on_update=ctl.on_update, on_record=ctl.on_record)
     ctl.attach(opt)
 
-* ``on_update(step, g_hat)`` runs on every rank's training thread before the update is applied
-  (model = beta_t): the controller keeps the last ``max_age + 1`` parameter vectors, and every K
-  steps computes ||g_hat||^2, the displacement ||beta_t - beta_{t-a}||^2 to the oldest version a
-  step may use (a = ``max_age``: c - 1 for PGC and bounded staleness; the runtime's on_update
-  does not pass the decision's versions, so the bound is used), the stale/current correlation
-  and L_hat on a fixed validation batch (gradients through ``torch.func.functional_call`` on
-  copies, so the optimizer's gradient hooks never see them), and feeds rho to the rule; a change
-  sets ``param_groups[*]["lr"]``. Every rank computes the same numbers from the same parameters
+* ``on_update(step, g_hat, decision)`` runs on every rank's training thread before the update is
+  applied (model = beta_t): the controller keeps the last ``max_age + 1`` parameter vectors, and
+  every K steps computes ||g_hat||^2, the displacement ||beta_t - beta_{t-a}||^2 to the oldest
+  version the step actually used (a = ``decision.info["max_age"]``, ring slots included, capped
+  at ``max_age`` = c - 1 for PGC and bounded staleness; a = ``max_age``, the bound, when called
+  with two arguments), the stale/current correlation and L_hat on a fixed validation batch
+  (gradients through ``torch.func.functional_call`` on copies, so the optimizer's gradient hooks
+  never see them), and feeds rho and the validation-batch loss at beta_t (the rule's loss-trend
+  gate, see :mod:`pgc_hvd.control.rule`) to the rule; a change sets ``param_groups[*]["lr"]``.
+  A step that used no stale entry (a = 0) is observed with rho = 0. Every rank computes the same numbers from the same parameters
   (the runtime keeps them identical), so every rank takes the same decision without a collective.
 * ``on_record(rec)`` (rank 0) adds the diagnostics and actions computed since the last record to
   ``rec.extra`` (``diag``, ``control``, ``control_level``, ``lr``) and writes it with ``writer``:
@@ -40,29 +42,39 @@ EPS = 1e-12
 
 class AdaptiveController:
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, val_batch, config: Optional[ControlConfig] = None,
-                 max_age: int = 1, writer=None, on_record: Optional[Callable] = None):
+                 max_age: Optional[int] = 1, writer=None, on_record: Optional[Callable] = None):
         self.model, self.loss_fn = model, loss_fn
         self.val_batch = val_batch
         self.cfg = config or ControlConfig()
         self.rule = ControlRule(self.cfg)
-        self.max_age = max(1, int(max_age))
         self.writer, self.chain = writer, on_record
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
-        self.snaps: deque = deque(maxlen=self.max_age + 1)
+        self._set_max_age(1 if max_age is None else max_age)
+        self._age_from_scheme = max_age is None
         self.pending: list[dict] = []
         self.lock = threading.Lock()
         self.actuator: Optional[LrActuator] = None
         self.diag_seconds = 0.0
 
+    def _set_max_age(self, max_age: int) -> None:
+        self.max_age = max(1, int(max_age))
+        self.snaps: deque = deque(maxlen=self.max_age + 1)
+
     def attach(self, optimizer) -> "AdaptiveController":
+        """Bind the lr knob to ``optimizer``; with ``max_age=None`` the age bound is taken from its
+        scheme (c - 1, or the bounded-staleness bound ``c_bound`` - 1)."""
         self.actuator = LrActuator(optimizer, self.cfg.factor)
+        if self._age_from_scheme:
+            sch = getattr(optimizer, "scheme", None)
+            c = getattr(sch, "c_bound", None) or getattr(sch, "c", None) or 2
+            self._set_max_age(int(c) - 1)
         return self
 
     def _flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for n, p in self.model.named_parameters()
                           if p.requires_grad]).clone()
 
-    def _val_grad(self, flat: torch.Tensor) -> torch.Tensor:
+    def _val_grad(self, flat: torch.Tensor, with_loss: bool = False):
         params, off = {}, 0
         for n, p in self.model.named_parameters():
             if not p.requires_grad:
@@ -72,27 +84,46 @@ class AdaptiveController:
             off += k
         x, y = self.val_batch
         out = torch.func.functional_call(self.model, params, (x,))
-        grads = torch.autograd.grad(self.loss_fn(out, y), list(params.values()))
-        return torch.cat([g.reshape(-1) for g in grads])
+        loss = self.loss_fn(out, y)
+        grads = torch.autograd.grad(loss, list(params.values()))
+        g = torch.cat([g.reshape(-1) for g in grads])
+        return (g, float(loss.detach())) if with_loss else g
 
-    def on_update(self, step: int, g_hat: torch.Tensor) -> None:
+    def on_update(self, step: int, g_hat: torch.Tensor, decision=None) -> None:
         beta = self._flat()
         self.snaps.append((step, beta))
-        if step % max(1, self.cfg.every) or len(self.snaps) <= self.max_age:
+        if step % max(1, self.cfg.every):
+            return
+        if decision is not None:
+            info = getattr(decision, "info", None) or {}
+            age = info.get("max_age")
+            if age is None:
+                age = max((step - u.version for u in decision.uses), default=0)
+            age = min(int(age), self.max_age)
+        else:
+            age = self.max_age
+        if len(self.snaps) <= age:
             return
         t0 = time.thread_time()
-        _, old = self.snaps[0]
         gsq = float(g_hat.double().pow(2).sum())
-        db = beta - old
-        dn = float(db.double().norm())
-        gv_t, gv_o = self._val_grad(beta), self._val_grad(old)
-        den = float(gv_t.double().norm() * gv_o.double().norm())
-        lhat = float((gv_t - gv_o).double().norm()) / (dn + EPS)
-        ratio = lhat ** 2 * dn ** 2 / max(gsq, EPS)
-        diag = {"step": step, "g_hat_sq": gsq, "disp_max": dn ** 2, "L_hat_max": lhat,
-                "corr_min": float(gv_t.double() @ gv_o.double()) / den if den > 0 else 1.0,
-                "lhat_ratio": ratio, "age_bound": self.max_age}
-        act = self.rule.observe(step, ratio)
+        gv_t, vloss = self._val_grad(beta, with_loss=True)
+        diag = {"step": step, "g_hat_sq": gsq, "age": age, "age_bound": self.max_age,
+                "val_loss": vloss}
+        if age > 0:
+            _, old = self.snaps[-1 - age]
+            db = beta - old
+            dn = float(db.double().norm())
+            gv_o = self._val_grad(old)
+            den = float(gv_t.double().norm() * gv_o.double().norm())
+            lhat = float((gv_t - gv_o).double().norm()) / (dn + EPS)
+            ratio = lhat ** 2 * dn ** 2 / max(gsq, EPS)
+            diag.update({"disp_max": dn ** 2, "L_hat_max": lhat,
+                         "corr_min": float(gv_t.double() @ gv_o.double()) / den if den > 0 else 1.0})
+        else:
+            ratio = 0.0
+            diag["disp_max"] = 0.0
+        diag["lhat_ratio"] = ratio
+        act = self.rule.observe(step, ratio, vloss)
         if act is not None and self.actuator is not None:
             act.knob = "lr"
             act.old, act.new = self.actuator.set_level(self.rule.level)

@@ -54,6 +54,22 @@ from pgc_hvd.runtime.agent import AgentError, CommAgent, Outgoing
 from pgc_hvd.runtime.flat import FlatLayout
 
 
+def _takes_three(fn) -> bool:
+    """Whether ``fn`` accepts three positional arguments (``on_update(step, flat, decision)``)."""
+    import inspect
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    pos = 0
+    for p in params:
+        if p.kind == p.VAR_POSITIONAL:
+            return True
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            pos += 1
+    return pos >= 3
+
+
 @dataclass(frozen=True)
 class TopK:
     """Top-kappa compression of the coded message: keep ``ratio * d`` entries (or ``k``)."""
@@ -104,6 +120,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self.version = 0
         self._pgc_on_record = on_record
         self._pgc_on_update = on_update
+        # on_update(step, flat) (original form) or on_update(step, flat, decision): decided once
+        self._pgc_update_decision = on_update is not None and _takes_three(on_update)
         replay = [(int(w), int(k)) for w, k in replay_arrivals] if replay_arrivals else None
         # replay: the steps this rank computes, in order (it skips the others, as in the run
         # the order came from)
@@ -397,7 +415,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
         while self.version < agent.decided() and (upto is None or self.version < upto):
             upd = agent.take(self.version)
             if self._pgc_on_update is not None:
-                self._pgc_on_update(self.version, upd.flat)
+                if self._pgc_update_decision:
+                    self._pgc_on_update(self.version, upd.flat, upd.decision)
+                else:
+                    self._pgc_on_update(self.version, upd.flat)
             self._pgc_apply(upd.flat)
             self.version += 1
         agent.release_before(self.version)
@@ -537,6 +558,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         poll_interval: seconds between control rounds while waiting.
         on_update: ``on_update(step, flat_update)`` is called on the training thread with every
             decoded update (the flat vector handed to the user's optimizer) before it is applied.
+            A callable that takes three positional arguments is called as
+            ``on_update(step, flat_update, decision)`` with the step's
+            :class:`~pgc_hvd.schemes.protocol.Decision` (messages used, their versions,
+            ``decision.info["max_age"]`` counting ring slots); decided once from its signature.
         replay_arrivals: ``[(worker, step), ...]`` in arrival order, e.g. a simulator's
             ``arrival_log``: the ranks' messages are offered to the scheme in exactly that order
             (while it lasts), and each rank computes exactly the steps it computes there, so the

@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--progress-every", type=int, default=10)
+    p.add_argument("--adaptive", action="store_true",
+                   help="staleness control (pgc_hvd.control): lower lr when the staleness error "
+                        "is large and the validation loss grows; stale schemes only")
+    p.add_argument("--control", default="",
+                   help="control rule options KEY=VAL,... (ControlConfig fields: high, low, window, "
+                        "patience, factor, growth, trend_window, every, ...)")
     p.add_argument("--out", required=True, help="run folder (records.jsonl, summary.json)")
     p.add_argument("--force", action="store_true", help="overwrite records in --out")
     return p
@@ -102,11 +108,32 @@ def main(argv=None) -> int:
                   f"step {rec.step_time * 1e3:6.1f} ms  used {rec.workers_used}  "
                   f"t={rec.time:6.2f}s", flush=True)
 
+    ctl = None
+    hooks = {"records": writer, "on_record": progress}
+    if args.adaptive or args.control:
+        from pgc_hvd.control.rule import ControlConfig, adaptive_default
+        from pgc_hvd.control.runtime import AdaptiveController
+
+        cfg = ControlConfig.from_options(dict(kv.split("=", 1) for kv in args.control.split(",") if kv))
+        if args.control and not args.adaptive:
+            raise SystemExit("--control needs --adaptive")
+        if not adaptive_default(args.scheme, True):
+            if rank == 0:
+                print(f"[{args.scheme}] --adaptive ignored: exact scheme, no stale gradients", flush=True)
+        else:
+            val = (torch.from_numpy(test.X[:128]), torch.from_numpy(test.y[:128]))
+            # max_age=None: c - 1 from the optimizer's scheme (attach); the actual ages come with
+            # each decision (on_update(step, flat, decision))
+            ctl = AdaptiveController(model, task.loss, val, cfg, max_age=None, writer=writer,
+                                     on_record=progress)
+            hooks = {"records": None, "on_update": ctl.on_update, "on_record": ctl.on_record}
     opt = DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
         model.named_parameters(), scheme=args.scheme, stragglers=args.s,
-        compression=compression, delays=delays, records=writer, on_record=progress,
-        timeout=args.timeout, name=f"pgc-{args.scheme}")
+        compression=compression, delays=delays, timeout=args.timeout, name=f"pgc-{args.scheme}",
+        **hooks)
+    if ctl is not None:
+        ctl.attach(opt)
     while opt.version < args.steps:
         for xb, yb in opt.batches(loader):
             if args.compute_time > 0:
@@ -116,6 +143,8 @@ def main(argv=None) -> int:
         opt.step(loss=loss.item())
     opt.close()
     wall = time.time() - t_start
+    if ctl is not None and writer is not None:
+        writer.close()          # the optimizer closes only a writer it was given
     if rank == 0:
         from pgc_hvd.metrics.records import read_records
 
@@ -138,6 +167,12 @@ def main(argv=None) -> int:
             "nonfinite_messages": len(opt.nonfinite_log),
             "busy_s_rank0": opt.busy_seconds,
         }
+        if ctl is not None:
+            acts = [a for r in recs for a in r.get("extra", {}).get("control", [])]
+            summary.update({"adaptive": True, "control_actions": len(acts),
+                            "control_lowered": sum(a["direction"] == "lower" for a in acts),
+                            "final_lr": opt.param_groups[0]["lr"],
+                            "diag_seconds_rank0": ctl.diag_seconds})
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         ttt = summary["time_to_target_s"]
         print(f"[{args.scheme}] done: {summary['time_per_step_s'] * 1e3:.1f} ms/step, time to "

@@ -110,3 +110,18 @@ def test_loss_trend_gate_separates_stale_oscillation_from_divergence():
 def dataclasses_replace(cfg, **kw):
     import dataclasses
     return dataclasses.replace(cfg, **kw)
+
+
+def test_on_update_arity_detection():
+    """The runtime passes the decision only to callbacks that take three positional arguments;
+    two-argument on_update callbacks keep working."""
+    from pgc_hvd.runtime.optimizer import _takes_three
+
+    class C:
+        def two(self, step, flat): ...
+        def three(self, step, flat, decision=None): ...
+    assert not _takes_three(lambda step, flat: None)
+    assert not _takes_three(C().two)
+    assert _takes_three(C().three)
+    assert _takes_three(lambda *a: None)
+    assert _takes_three(lambda step, flat, decision: None)

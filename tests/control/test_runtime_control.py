@@ -22,3 +22,29 @@ def test_runtime_rule(horovodrun, tmp_path, lr, expect):
         assert res["lrs"][0] < lr
     else:
         assert res["actions"] == [] and res["lrs"][0] == lr
+
+
+TRAIN = Path(__file__).parent / "scripts" / "train_cli.py"
+
+
+@pytest.mark.multirank
+def test_train_cli_adaptive_uses_actual_ages(horovodrun, tmp_path):
+    """``pgc-hvd train --adaptive --control ...`` (2 gloo ranks, PGC-CR, too-large lr): the
+    controller gets each step's decision (on_update(step, flat, decision)), so the recorded ages
+    are the ones used, bounded by c - 1; the rule lowers lr; the summary reports it."""
+    out = tmp_path / "run"
+    horovodrun(2, TRAIN, "--scheme", "pgc-cr", "--stragglers", "1", "--model", "softmax",
+               "--steps", "24", "--lr", "50", "--momentum", "0", "--adaptive",
+               "--control", "window=3,patience=1000", "--timeout", "60", "--out", out, timeout=180)
+    summ = json.loads((out / "summary.json").read_text())
+    recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert len(recs) == 24 and summ["adaptive"] is True
+    diags = [d for r in recs for d in r["extra"].get("diag", [])]
+    assert diags and all(d["age"] <= d["age_bound"] for d in diags)
+    assert any(d["age"] > 0 for d in diags) and all("val_loss" in d for d in diags)
+    # each diagnostic's age is the decision's max age of its step (not the bound)
+    ages = {r["step"]: r["max_age"] for r in recs}
+    assert all(d["age"] == min(ages[d["step"]], d["age_bound"]) for d in diags)
+    acts = [a for r in recs for a in r["extra"].get("control", [])]
+    assert acts and acts[0]["direction"] == "lower" and acts[0]["knob"] == "lr"
+    assert summ["control_actions"] == len(acts) and summ["final_lr"] < 50
