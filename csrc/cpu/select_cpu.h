@@ -99,6 +99,19 @@ Candidates compact_at_least(int64_t n, uint32_t lo, Load&& load) {
     const __m256i thr8 = _mm256_set1_epi32(lo_minus_1);
 #endif
     uint32_t maxkey = 0;
+    // keeps element j of the current block (key kk[j], index i0 + j)
+    auto keep = [&](int64_t i0, int j) {
+      vk.push_back(kk[j]);
+      vi.push_back(i0 + j);
+      maxkey = std::max(maxkey, kk[j]);
+    };
+    // keeps the elements j0 + q of the current block for every set bit q of mask
+    auto keep_mask = [&](int64_t i0, int j0, unsigned mask) {
+      while (mask != 0) {
+        keep(i0, j0 + __builtin_ctz(mask));
+        mask &= mask - 1;
+      }
+    };
     for (int64_t i0 = a; i0 < b; i0 += kBlock) {
       const int m = static_cast<int>(std::min<int64_t>(kBlock, b - i0));
 #pragma omp simd
@@ -107,35 +120,17 @@ Candidates compact_at_least(int64_t n, uint32_t lo, Load&& load) {
 #ifdef __AVX2__
       for (; j + 8 <= m; j += 8) {
         const __m256i kv = _mm256_load_si256(reinterpret_cast<const __m256i*>(kk + j));
-        unsigned mask = static_cast<unsigned>(
-            _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(kv, thr8))));
-        while (mask != 0) {
-          const int q = __builtin_ctz(mask);
-          mask &= mask - 1;
-          vk.push_back(kk[j + q]);
-          vi.push_back(i0 + j + q);
-          maxkey = std::max(maxkey, kk[j + q]);
-        }
+        keep_mask(i0, j, static_cast<unsigned>(_mm256_movemask_ps(
+                             _mm256_castsi256_ps(_mm256_cmpgt_epi32(kv, thr8)))));
       }
 #endif
       for (; j + 4 <= m; j += 4) {
         const __m128i kv = _mm_load_si128(reinterpret_cast<const __m128i*>(kk + j));
-        unsigned mask = static_cast<unsigned>(
-            _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(kv, thr))));
-        while (mask != 0) {
-          const int q = __builtin_ctz(mask);
-          mask &= mask - 1;
-          vk.push_back(kk[j + q]);
-          vi.push_back(i0 + j + q);
-          maxkey = std::max(maxkey, kk[j + q]);
-        }
+        keep_mask(i0, j, static_cast<unsigned>(
+                             _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(kv, thr)))));
       }
       for (; j < m; ++j)
-        if (kk[j] >= lo) {
-          vk.push_back(kk[j]);
-          vi.push_back(i0 + j);
-          maxkey = std::max(maxkey, kk[j]);
-        }
+        if (kk[j] >= lo) keep(i0, j);
     }
     nf[t] = maxkey >= radix::kNonFiniteKey;
   }

@@ -50,6 +50,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+import pgc_hvd.ops as ops
 from pgc_hvd.runtime.agent import AgentError, CommAgent, Outgoing
 from pgc_hvd.runtime.flat import FlatLayout
 
@@ -82,11 +83,6 @@ class TopK:
     def kappa(self, d: int) -> int:
         k = self.k if self.k is not None else int(math.ceil(self.ratio * d))
         return max(1, min(int(k), d))
-
-
-def _ops():
-    from pgc_hvd import ops
-    return ops
 
 
 class _PGCOptimizer(torch.optim.Optimizer):
@@ -241,7 +237,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             return
         if not self._pgc_ring_mode:
             coef = dict(self.work_plan.combine)[slot]
-            _ops().add_slot(self._pgc_msg, self._pgc_ring[0], float(coef))
+            ops.add_slot(self._pgc_msg, self._pgc_ring[0], float(coef))
         self._pgc_slot_versions[slot] = self.version
         self._pgc_done_slots.add(slot)
         self._pgc_target = None
@@ -333,7 +329,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             msg = sum(self._pgc_ring[sl].to(torch.complex64) * c for sl, c in plan.combine)
         elif self._pgc_ring_mode:
             msg = self._pgc_msg
-            _ops().coded_accumulate(msg, [self._pgc_ring[sl] for sl, _ in plan.combine],
+            ops.coded_accumulate(msg, [self._pgc_ring[sl] for sl, _ in plan.combine],
                                     [float(c) for _, c in plan.combine])
         else:
             msg = self._pgc_msg
@@ -364,7 +360,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         comp = self._pgc_compression
         if isinstance(comp, TopK):
             k = comp.kappa(msg.numel())
-            ops = _ops()
             if self._pgc_residual is not None:
                 values, idx = ops.error_feedback_compress(msg, self._pgc_residual, k, comp.method,
                                                           index_dtype=torch.int32)
@@ -385,24 +380,15 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if isinstance(self._pgc_compression, TopK):
             k = self._pgc_width // 2
             pairs = [(m[:k], m[k:].contiguous().view(torch.int32)) for m in msgs]
-            ops = _ops()
-            if hasattr(ops, "decode_accumulate"):
-                ops.decode_accumulate(out, pairs, [float(w) for w in weights], accumulate=False)
-            else:
-                for (v, i), w in zip(pairs, weights):
-                    out.index_add_(0, i.long(), v * float(w))
+            ops.decode_accumulate(out, pairs, [float(w) for w in weights], accumulate=False)
             return out
         if self._pgc_complex:
             acc = torch.zeros(d, dtype=torch.complex64, device=out.device)
             for m, w in zip(msgs, weights):
                 acc += torch.view_as_complex(m.view(d, 2)) * complex(w)
             return acc.real.contiguous()
-        ops = _ops()
         dense = [m.to(out.device) for m in msgs]
-        if hasattr(ops, "decode_accumulate"):
-            ops.decode_accumulate(out, dense, [float(w) for w in weights], accumulate=False)
-        else:
-            ops.coded_accumulate(out, dense, [float(w) for w in weights])
+        ops.decode_accumulate(out, dense, [float(w) for w in weights], accumulate=False)
         return out
 
     def _pgc_replay_next(self) -> Optional[int]:

@@ -46,16 +46,8 @@ from .comm import CommModel, message_bytes
 from .delays import DelayModel, Zero, as_delay_model
 from .gradients import ParamLayout, PartitionGradients
 
-if hasattr(ops, "topk_compress"):
-    _topk, _ef_compress = ops.topk_compress, ops.error_feedback_compress
-else:  # pragma: no cover - TODO: drop once pgc_hvd.ops.topk_compress has landed everywhere
-    from pgc_hvd.ops.reference import error_feedback_compress_ref as _ef_compress
-    from pgc_hvd.ops.reference import topk_compress_ref as _topk
+# complex (RS) and fp64 messages: the compiled kernels are fp32, so those use the reference
 from pgc_hvd.ops.reference import topk_compress_ref as _topk_ref
-
-_decode_accumulate = getattr(ops, "decode_accumulate", None)
-if _decode_accumulate is None:  # pragma: no cover - TODO: drop once decode_accumulate landed
-    from pgc_hvd.ops.reference import decode_accumulate_ref as _decode_accumulate
 
 
 @dataclasses.dataclass
@@ -296,9 +288,9 @@ class Simulator:
         elif self.cfg.error_feedback:
             if w.residual is None:
                 w.residual = torch.zeros(self.d)
-            vals, idx = _ef_compress(dense, w.residual, self.kappa, index_dtype=torch.int32)
+            vals, idx = ops.error_feedback_compress(dense, w.residual, self.kappa, index_dtype=torch.int32)
         else:
-            vals, idx = _topk(dense, self.kappa, index_dtype=torch.int32)
+            vals, idx = ops.topk_compress(dense, self.kappa, index_dtype=torch.int32)
         err = float(torch.sqrt(torch.clamp(dense.abs().pow(2).sum() - vals.abs().pow(2).sum(), min=0)))
         return (vals, idx.to(torch.int32)), dense, err
 
@@ -320,7 +312,7 @@ class Simulator:
             return acc.real.to(self.X.dtype) if acc.is_complex() else acc.to(self.X.dtype)
         out = torch.zeros(self.d, dtype=torch.float32)
         if self.X.dtype == torch.float32:
-            return _decode_accumulate(out, [e["payload"] for e in entries], [float(x) for x in weights],
+            return ops.decode_accumulate(out, [e["payload"] for e in entries], [float(x) for x in weights],
                                       accumulate=False)
         acc = torch.zeros(self.d, dtype=self.X.dtype)
         for e, wgt in zip(entries, weights):
