@@ -1,6 +1,9 @@
 """Decode-quality report: ||a_I||_1, residual and decode time per code.
 
-    python -m pgc_hvd.codes.report --n 100 --s 20,24 [--patterns 200] [--seed 0]
+    python -m pgc_hvd.codes.report --n 100 --s 20,24 [--patterns 200] [--seed 0] [--codes ...]
+
+A code is a name, optionally with integer options: ``rs:stride=1`` is the Reed-Solomon code on
+consecutive evaluation points (see :mod:`pgc_hvd.codes.reed_solomon`).
 
 For each code and s, sample straggler patterns as uniformly random arrival
 orders of the n workers. Binary codes (fr, gfrc, bcgc) feed the arrivals one
@@ -23,7 +26,7 @@ import numpy as np
 
 from .registry import get_code
 
-DEFAULT_CODES = ("bcgc", "gfrc", "fr", "gmds", "cr", "rs", "cyclic-mds")
+DEFAULT_CODES = ("bcgc", "gfrc", "fr", "gmds", "cr", "rs", "rs:stride=1", "cyclic-mds")
 
 
 @dataclass
@@ -41,10 +44,30 @@ class CodeFigures:
     note: str = ""
 
 
+def parse_code_spec(spec: str) -> tuple[str, dict]:
+    """``"rs:stride=1"`` -> ``("rs", {"stride": 1})``; ``"bcgc"`` -> ``("bcgc", {})``.
+
+    Options follow the name, each after a colon: ``name:key=value:key=value``."""
+    name, *opts = spec.split(":")
+    options = {}
+    for item in filter(None, (o.strip() for o in opts)):
+        key, eq, value = item.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            options[key.strip()] = int(value)
+        except ValueError:
+            raise ValueError(f"code option {item!r} in {spec!r} must be key=integer, "
+                             f"e.g. rs:stride=1") from None
+    return name.strip(), options
+
+
 def measure(name: str, n: int, s: int, patterns: int = 200, seed: int = 0) -> Optional[CodeFigures]:
-    """Figures for one code, or None when the code does not exist for (n, s)."""
+    """Figures for one code spec (``name`` or ``name:key=value``), with a note when the code
+    does not exist for (n, s)."""
     try:
-        code = get_code(name, n, s)
+        base, options = parse_code_spec(name)
+        code = get_code(base, n, s, **options)
     except ValueError as err:
         return CodeFigures(name, n, s, 0, *([float("nan")] * 6), note=str(err).split(";")[0])
     rng = np.random.default_rng(seed)
@@ -75,15 +98,15 @@ def measure(name: str, n: int, s: int, patterns: int = 200, seed: int = 0) -> Op
 
 
 def format_table(rows: Sequence[CodeFigures]) -> str:
-    head = (f"{'code':<11}{'n':>5}{'s':>4}  {'||a_I||_1 mean':>15}{'max':>11}  "
+    head = (f"{'code':<13}{'n':>5}{'s':>4}  {'||a_I||_1 mean':>15}{'max':>11}  "
             f"{'residual mean':>14}{'max':>10}  {'decode ms mean':>15}{'max':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.patterns == 0:
-            lines.append(f"{r.code:<11}{r.n:>5}{r.s:>4}  n/a: {r.note}")
+            lines.append(f"{r.code:<13}{r.n:>5}{r.s:>4}  n/a: {r.note}")
             continue
         lines.append(
-            f"{r.code:<11}{r.n:>5}{r.s:>4}  {r.norm1_mean:>15.3g}{r.norm1_max:>11.3g}  "
+            f"{r.code:<13}{r.n:>5}{r.s:>4}  {r.norm1_mean:>15.3g}{r.norm1_max:>11.3g}  "
             f"{r.residual_mean:>14.2e}{r.residual_max:>10.2e}  "
             f"{1e3 * r.time_mean_s:>15.3f}{1e3 * r.time_max_s:>9.3f}"
         )
@@ -96,7 +119,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--s", default="20,24", help="comma-separated straggler budgets (default 20,24)")
     p.add_argument("--patterns", type=int, default=200, help="straggler patterns sampled per code and s")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--codes", default=",".join(DEFAULT_CODES), help="comma-separated code names")
+    p.add_argument("--codes", default=",".join(DEFAULT_CODES),
+                   help="comma-separated code specs name[:key=value], e.g. bcgc,rs,rs:stride=1")
     args = p.parse_args(argv)
     try:
         ss = [int(x) for x in args.s.split(",") if x.strip()]

@@ -73,7 +73,7 @@ def test_decode_norm_growth_is_pinned(name):
     The MDS-type codes pay for exact recovery with decoding vectors that grow with n;
     binary codes stay at |K_j| ~ n/(s+1). Envelope per code: (min growth n=8 -> 40,
     max growth, max median at n = 40). Measured (seed 0): cr 134 -> 709, gmds 27 -> 1.1e3,
-    rs 1.6 -> 6.5, cyclic-mds 11.5 -> 1.2e4.
+    rs 1.6 -> 4.7 (spread points; 6.5 with stride 1), cyclic-mds 11.5 -> 1.2e4.
     """
     envelope = {"cr": (2, 50, 1e4), "gmds": (10, 500, 1e5), "rs": (2, 20, 50),
                 "cyclic-mds": (100, 1e4, 1e6)}
@@ -166,3 +166,36 @@ def test_base_decode_tolerance_scales_with_n():
     with pytest.raises(NotDecodable):
         code.decode([0, 1, 2, 3], tol=1e-30)  # absurd tolerance: even exact decodes fail
     assert math.isfinite(code.decode_result([0, 1, 2, 3]).norm1)
+
+
+def test_rs_default_points_decode_accurately_at_n100():
+    """BCGC paper Sec. VI: the MDS codes decode exactly at n = 100, s = 20 without compression.
+
+    The consecutive points (stride 1) put entries of 1e13 in B and the decode residual near 1;
+    the spread stride keeps max |B| small and the residual at rounding level.
+    """
+    rng = np.random.default_rng(0)
+    for s in (20, 24):
+        code = get_code("rs", 100, s)
+        assert code.stride != 1 and np.gcd(code.stride, 100) == 1
+        assert np.abs(code.B).max() < 100
+        residuals = [code.decode_result(rng.permutation(100)[: 100 - s]).residual for _ in range(20)]
+        assert max(residuals) < 1e-8
+    natural = get_code("rs", 100, 20, stride=1)
+    assert np.abs(natural.B).max() > 1e10
+    assert max(natural.decode_result(rng.permutation(100)[:80]).residual for _ in range(20)) > 1e-3
+
+
+@pytest.mark.parametrize("n, s", [(9, 3), (12, 5), (30, 7)])
+def test_rs_max_entry_closed_form_matches_B(n, s):
+    from pgc_hvd.codes.reed_solomon import best_stride, log_max_entry
+    for q in (1, best_stride(n, s)):
+        code = get_code("rs", n, s, stride=q)
+        assert np.isclose(np.log(np.abs(code.B).max()), log_max_entry(n, s, q))
+        assert code.stride == q
+
+
+@pytest.mark.parametrize("stride", [0, 2, 100, 1.5, True])
+def test_rs_rejects_strides_that_repeat_points(stride):
+    with pytest.raises(ValueError, match="coprime"):
+        get_code("rs", 100, 20, stride=stride)
