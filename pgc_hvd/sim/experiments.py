@@ -207,8 +207,13 @@ def _plot_pgc(path, rows, curves, naive, s_values, means):
 
 
 # ------------------------------------------------------------------------------------ BCGC
-BCGC_SCHEMES = [("uncompressed", "bcgc", None), ("naive", "dgd", 0.05), ("bcgc", "bcgc", 0.05),
-                ("gfrc", "gfrc", 0.05), ("gmds", "gmds", 0.05), ("rs", "rs", 0.05)]
+# (label, scheme, top-kappa fraction, scheme options); "rs-stride1" is RS on consecutive
+# evaluation points, whose B has entries up to 1e13 at n = 100 (pgc_hvd.codes.reed_solomon).
+BCGC_SCHEMES = [("uncompressed", "bcgc", None, None), ("naive", "dgd", 0.05, None),
+                ("bcgc", "bcgc", 0.05, None), ("gfrc", "gfrc", 0.05, None),
+                ("gmds", "gmds", 0.05, None), ("rs", "rs", 0.05, None),
+                ("rs-stride1", "rs", 0.05, {"stride": 1}),
+                ("rs-uncompr", "rs", None, None), ("rs-stride1-uncompr", "rs", None, {"stride": 1})]
 
 
 BCGC_DATASETS = {"digits": ("softmax", "nesterov:lr=0.1,momentum=0.9"),
@@ -236,12 +241,13 @@ def exp_bcgc(out: Path, quick: bool, datasets=None) -> tuple[list, str]:
         data = prepare_data(dname)
         ptime = None  # measured once per dataset (first run), then shared by every scheme
         for s in s_values:
-            for label0, scheme, comp in BCGC_SCHEMES:
+            for label0, scheme, comp, opts in BCGC_SCHEMES:
                 label = f"{dname}_s{s}_{label0}"
                 _log(f"[bcgc] {label}")
                 recs, summ = simulate(scheme, n, s, data=data, model=model, optimizer=opt,
                                       delay=FixedStragglers(n, s, 0.1, seed=s), steps=steps,
                                       zero_init=True, compress=comp, partition_time=ptime,
+                                      scheme_options=opts,
                                       decode_time="measured", straggler_policy="cancel",
                                       records_path=out / "records" / f"{label}.jsonl",
                                       label=label, progress=True)
@@ -289,7 +295,7 @@ def _plot_bcgc(path, rows):
     settings = [st for st in dict.fromkeys(r["setting"] for r in rows) if "min-error" not in st]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     width = 0.8 / max(1, len(settings))
-    variants = [v for v, _, _ in BCGC_SCHEMES]
+    variants = [v for v, *_ in BCGC_SCHEMES]
     for j, st in enumerate(settings):
         vals = [next((r["metric"] for r in rows if r["setting"] == st and r["variant"] == v), np.nan)
                 for v in variants]
