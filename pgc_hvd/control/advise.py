@@ -142,7 +142,8 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
            s_values=(1, 2), steps=None, partition_time=None, bootstrap=5, seed=0,
            progress=False) -> dict:
     import torch
-    from pgc_hvd.sim.run import first_reaching, prepare_data
+    from pgc_hvd.metrics.targets import first_reaching
+    from pgc_hvd.sim.run import prepare_data
     torch.set_num_threads(1)
     obs = observations(Path(run_dir), partition_time)
     if obs["tau"] is None:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from pgc_hvd.sim.delays import Heterogeneous, LogNormal, LongStraggler
-from pgc_hvd.sim.run import first_reaching, prepare_data, simulate
+from pgc_hvd.metrics.targets import first_reaching
+from pgc_hvd.sim.run import prepare_data, simulate
 
 FACTORS = [1.0, 1.0, 1.0, 1.0, 1.25, 1.5, 2.0, 3.0]
 

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from pgc_hvd.metrics.records import read_records
-from pgc_hvd.runtime.train import time_to_target
+from pgc_hvd.metrics.targets import RUNTIME_WINDOW, first_reaching
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -42,7 +42,7 @@ def summarize(run: Path, target: float | None) -> dict:
         "steps": len(recs),
         "mean_step_ms": 1e3 * statistics.fmean(st) if st else None,
         "median_step_ms": 1e3 * statistics.median(st) if st else None,
-        "target_loss": target, "time_to_target_s": time_to_target(recs, target),
+        "target_loss": target, "time_to_target_s": first_reaching(recs, target, window=RUNTIME_WINDOW)[1],
         "final_test_accuracy": summary.get("final_test_accuracy"),
         "final_train_loss": summary.get("final_train_loss"),
         "mean_used": statistics.fmean(len(r["workers_used"]) for r in recs) if recs else None,

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from pgc_hvd.metrics.targets import RUNTIME_WINDOW, first_reaching
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pgc-hvd train", description=__doc__.split("\n\n")[0])
@@ -51,20 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run folder (records.jsonl, summary.json)")
     p.add_argument("--force", action="store_true", help="overwrite records in --out")
     return p
-
-
-def time_to_target(records: list[dict], target: float, window: int = 5):
-    """Wall time at which the moving average (``window`` steps) of the training loss first drops
-    below ``target``; None if never."""
-    losses = []
-    for r in records:
-        if r.get("loss") is None:
-            continue
-        losses.append(float(r["loss"]))
-        recent = losses[-window:]
-        if len(recent) == window and sum(recent) / window <= target:
-            return float(r["time"])
-    return None
 
 
 def main(argv=None) -> int:
@@ -160,7 +148,7 @@ def main(argv=None) -> int:
             "time_per_step_s": sum(step_times) / len(step_times) if step_times else None,
             "median_step_s": sorted(step_times)[len(step_times) // 2] if step_times else None,
             "target_loss": args.target_loss,
-            "time_to_target_s": time_to_target(recs, args.target_loss),
+            "time_to_target_s": first_reaching(recs, args.target_loss, window=RUNTIME_WINDOW)[1],
             "final_train_loss": final_train["loss"], "final_test_loss": final_test["loss"],
             "final_test_accuracy": final_test["accuracy"],
             "mean_messages_used": sum(used) / len(used) if used else None,

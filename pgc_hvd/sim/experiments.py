@@ -35,7 +35,9 @@ import numpy as np
 import torch
 
 from .delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
-from .run import first_reaching, prepare_data, simulate
+from pgc_hvd.metrics.targets import first_reaching
+
+from .run import prepare_data, simulate
 
 
 def _log(msg: str) -> None:

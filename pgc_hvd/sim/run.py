@@ -95,17 +95,6 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
     return recs, summarize(sim, recs)
 
 
-def first_reaching(recs, target: Optional[float], key: str = "loss"):
-    """(steps, time) at the first record whose ``key`` <= target, or (None, None)."""
-    if target is None:
-        return None, None
-    for r in recs:
-        v = getattr(r, key, None) if key in ("loss", "accuracy") else r.extra.get(key)
-        if v is not None and v <= target:
-            return r.step + 1, r.time
-    return None, None
-
-
 def summarize(sim: Simulator, recs) -> dict:
     last = recs[-1]
     T = last.time
