@@ -305,9 +305,9 @@ def _plot_bcgc(path, rows):
         nrm = [next((r["decode_norm1_mean"] for r in rows if r["setting"] == st and r["variant"] == v), np.nan)
                for v in variants]
         axes[1].bar(np.arange(len(variants)) + j * width, nrm, width, label=st)
-    for ax, title in zip(axes, ("final test accuracy / AUC (top-5%)", "mean ||a_I||_1")):
+    for ax, title in zip(axes, ("final test accuracy / AUC (top-5% unless uncompr.)", "mean ||a_I||_1")):
         ax.set_xticks(np.arange(len(variants)) + 0.4 - width / 2)
-        ax.set_xticklabels(variants)
+        ax.set_xticklabels(variants, rotation=30, ha="right")
         ax.set_title(title)
         ax.legend(fontsize=7)
     axes[1].set_yscale("log")
