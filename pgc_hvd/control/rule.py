@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 # exact schemes never see staleness: adaptive control is off for them whatever the user asks
 STALE_SCHEMES = ("bounded-staleness", "pgc-fr", "pgc-cr", "pgc-cr-naive", "pgc-bcgc", "is-gc")
@@ -230,25 +230,71 @@ class LrActuator:
 
 class SchemeCActuator:
     """c_level = max(c_min, floor(c_0 * factor**level)) for a scheme whose staleness bound can
-    change between steps (bounded staleness: ``c_bound``)."""
+    change between steps (bounded staleness: ``c_bound``).
+
+    ``apply(c)`` makes a new bound take effect; by default it sets ``scheme.c_bound`` at once
+    (the simulator). The Horovod runtime passes the optimizer's ``set_staleness_bound``, which
+    applies it on every rank at the same control round."""
 
     knob = "c"
 
-    def __init__(self, scheme, factor: float, c_min: int = 1):
+    def __init__(self, scheme, factor: float, c_min: int = 1,
+                 apply: Optional[Callable[[int], None]] = None):
         self.scheme, self.factor, self.c_min = scheme, factor, c_min
         self.base = int(scheme.c_bound)
+        self.current = self.base
+        self._apply = apply
 
     @staticmethod
     def supports(scheme) -> bool:
         return hasattr(scheme, "c_bound")
 
+    def target(self, level: int) -> int:
+        return max(self.c_min, int(math.floor(self.base * self.factor ** level + 1e-9)))
+
     def value(self) -> int:
-        return int(self.scheme.c_bound)
+        return self.current
 
     def set_level(self, level: int) -> tuple[float, float]:
-        old = self.value()
-        self.scheme.c_bound = max(self.c_min, int(math.floor(self.base * self.factor ** level + 1e-9)))
-        return old, self.value()
+        old, self.current = self.current, self.target(level)
+        if self._apply is None:
+            self.scheme.c_bound = self.current
+        else:
+            self._apply(self.current)
+        return old, self.current
 
     def floor_reached(self, level: int) -> bool:
-        return max(self.c_min, int(math.floor(self.base * self.factor ** level + 1e-9))) <= self.c_min
+        return self.target(level) <= self.c_min
+
+
+def make_actuator(knob: str, scheme, optimizer, factor: float, c_min: int = 1,
+                  apply_c: Optional[Callable[[int], None]] = None):
+    """The actuator of ``knob`` for an engine: "lr" (every param group of ``optimizer``), "c"
+    (the scheme's staleness bound; ``apply_c`` as in :class:`SchemeCActuator`) or "auto" (c where
+    the scheme lets it change, else lr). Both engines bind their knob here."""
+    if knob == "auto":
+        knob = "c" if SchemeCActuator.supports(scheme) else "lr"
+    if knob == "c":
+        if not SchemeCActuator.supports(scheme):
+            raise ValueError(f"{scheme.name}: its pipeline depth c is fixed by the code; "
+                             "use knob='lr'")
+        return SchemeCActuator(scheme, factor, c_min, apply=apply_c)
+    if knob == "lr":
+        return LrActuator(optimizer, factor)
+    raise ValueError(f"control knob must be 'lr', 'c' or 'auto', got {knob!r}")
+
+
+def actuate(rule: "ControlRule", actuator, act: Optional[Action]) -> Optional[Action]:
+    """Carry out the rule's action ``act`` with ``actuator`` and return it with knob, old and new
+    filled in; None when there is nothing to do. Lowering c below its floor is not possible, so
+    such an action is withdrawn (the rule's level and log are restored)."""
+    if act is None or actuator is None:
+        return act
+    if isinstance(actuator, SchemeCActuator) and act.direction == "lower" \
+            and actuator.value() <= actuator.c_min:
+        rule.level -= 1
+        rule.actions.pop()
+        return None
+    act.knob = actuator.knob
+    act.old, act.new = actuator.set_level(rule.level)
+    return act

@@ -22,8 +22,11 @@
   ``rec.extra`` (``diag``, ``control``, ``control_level``, ``lr``) and writes it with ``writer``:
   pass ``records=None`` to the optimizer so the records are written once, with these fields.
 
-Knob: lr only. Lowering c at run time needs a rebuild of the optimizer with another
-``scheme_options={"c": ...}`` (bounded staleness), which the runtime has no hook for yet.
+Knob (``ControlConfig.knob``): "lr" sets ``param_groups[*]["lr"]`` on every rank; "c" lowers
+the staleness bound of bounded staleness through ``optimizer.set_staleness_bound`` (applied on
+every rank at the same control round, see :mod:`pgc_hvd.runtime.agent`); "auto" (default) is c
+where the scheme has a changeable bound, else lr -- as in the simulator. Records carry ``lr``
+and, for bounded staleness, ``c`` (the bound each decision was taken with).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .rule import ControlConfig, ControlRule, LrActuator
+from .rule import ControlConfig, ControlRule, actuate, make_actuator
 
 EPS = 1e-12
 
@@ -53,7 +56,8 @@ class AdaptiveController:
         self._age_from_scheme = max_age is None
         self.pending: list[dict] = []
         self.lock = threading.Lock()
-        self.actuator: Optional[LrActuator] = None
+        self.actuator = None
+        self.opt = None
         self.diag_seconds = 0.0
 
     def _set_max_age(self, max_age: int) -> None:
@@ -61,11 +65,13 @@ class AdaptiveController:
         self.snaps: deque = deque(maxlen=self.max_age + 1)
 
     def attach(self, optimizer) -> "AdaptiveController":
-        """Bind the lr knob to ``optimizer``; with ``max_age=None`` the age bound is taken from its
-        scheme (c - 1, or the bounded-staleness bound ``c_bound`` - 1)."""
-        self.actuator = LrActuator(optimizer, self.cfg.factor)
+        """Bind the knob (``config.knob``) to ``optimizer``; with ``max_age=None`` the age bound is
+        taken from its scheme (c - 1, or the bounded-staleness bound ``c_bound`` - 1)."""
+        self.opt = optimizer
+        sch = getattr(optimizer, "scheme", None)
+        self.actuator = make_actuator(self.cfg.knob, sch, optimizer, self.cfg.factor, self.cfg.c_min,
+                                      apply_c=getattr(optimizer, "set_staleness_bound", None))
         if self._age_from_scheme:
-            sch = getattr(optimizer, "scheme", None)
             c = getattr(sch, "c_bound", None) or getattr(sch, "c", None) or 2
             self._set_max_age(int(c) - 1)
         return self
@@ -123,10 +129,7 @@ class AdaptiveController:
             ratio = 0.0
             diag["disp_max"] = 0.0
         diag["lhat_ratio"] = ratio
-        act = self.rule.observe(step, ratio, vloss)
-        if act is not None and self.actuator is not None:
-            act.knob = "lr"
-            act.old, act.new = self.actuator.set_level(self.rule.level)
+        act = actuate(self.rule, self.actuator, self.rule.observe(step, ratio, vloss))
         self.diag_seconds += time.thread_time() - t0
         diag["diag_seconds"] = self.diag_seconds
         with self.lock:
@@ -141,8 +144,8 @@ class AdaptiveController:
             if acts:
                 rec.extra["control"] = acts
         rec.extra["control_level"] = self.rule.level
-        if self.actuator is not None:
-            rec.extra["lr"] = self.actuator.value()
+        if self.actuator is not None and self.opt is not None:
+            rec.extra["lr"] = float(self.opt.param_groups[0]["lr"])
         if self.writer is not None:
             self.writer.write(rec)
         if self.chain is not None:

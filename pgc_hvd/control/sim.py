@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from .rule import ControlConfig, ControlRule, LrActuator, SchemeCActuator
+from .rule import ControlConfig, ControlRule, actuate, make_actuator
 
 
 class SimController:
@@ -28,18 +28,8 @@ class SimController:
         self.last_loss: Optional[float] = None
 
     def _bind(self, sim) -> None:
-        knob = self.cfg.knob
-        if knob == "auto":
-            knob = "c" if SchemeCActuator.supports(sim.scheme) else "lr"
-        if knob == "c":
-            if not SchemeCActuator.supports(sim.scheme):
-                raise ValueError(f"{sim.scheme.name}: its pipeline depth c is fixed by the code; "
-                                 "use knob='lr'")
-            self.actuator = SchemeCActuator(sim.scheme, self.cfg.factor, self.cfg.c_min)
-        elif knob == "lr":
-            self.actuator = LrActuator(sim.opt, self.cfg.factor)
-        else:
-            raise ValueError(f"control knob must be 'lr', 'c' or 'auto', got {knob!r}")
+        self.actuator = make_actuator(self.cfg.knob, sim.scheme, sim.opt, self.cfg.factor,
+                                      self.cfg.c_min)
 
     def __call__(self, sim, step, decision, g_hat, extra) -> None:
         if self.actuator is None:
@@ -52,18 +42,9 @@ class SimController:
         gsq = extra.get("g_hat_sq")
         if gsq is not None and not math.isfinite(gsq):
             ratio = float("inf")
-        act = self.rule.observe(step, ratio, self.last_loss)
+        act = actuate(self.rule, self.actuator, self.rule.observe(step, ratio, self.last_loss))
         if act is not None:
-            if isinstance(self.actuator, SchemeCActuator) and act.direction == "lower" \
-                    and self.actuator.value() <= self.cfg.c_min:
-                # c is at its floor: nothing left to lower on this knob
-                self.rule.level -= 1
-                self.rule.actions.pop()
-                act = None
-            else:
-                act.knob = self.actuator.knob
-                act.old, act.new = self.actuator.set_level(self.rule.level)
-                extra.setdefault("control", []).append(act.as_dict())
+            extra.setdefault("control", []).append(act.as_dict())
         extra["control_level"] = self.rule.level
         extra["c"] = int(getattr(sim.scheme, "c_bound", sim.scheme.c))
 

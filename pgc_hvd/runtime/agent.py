@@ -37,6 +37,13 @@ applies the ones it has missed before its next computation. Messages the decisio
 are dropped (exact and pipelined schemes; a pipelined worker's ring keeps its partition
 gradients) or stay available while they sit in the scheme's staleness table (bounded staleness).
 
+Staleness bound (bounded staleness, design note 002): rank 0 may request another bound c
+(:meth:`CommAgent.request_c_bound`, e.g. from the control rule). The request travels in rank 0's
+control rows; every rank sets ``scheme.c_bound`` when a control round shows a value that differs
+from its own, before offering that round's arrivals. The rows are the same on every rank, so the
+change takes effect at the same point of the decision sequence everywhere (``c_changes`` logs
+``(step, c)``), whatever the ranks' timing.
+
 Faults: every collective runs asynchronously and is polled with a deadline (``timeout``): a rank
 that died or hung makes the others raise :class:`AgentError` instead of hanging; a rank whose
 training thread failed, or a round that cannot fire any more (every rank either arrived,
@@ -73,7 +80,8 @@ CTRL_BAD_STEP = 5     # newest step whose message held NaN/Inf, -1 when none
 CTRL_DONE = 6         # 1 when the rank's training loop has finished
 CTRL_FAILED = 7       # 1 when the rank's training thread raised
 CTRL_PAYLOAD = 8      # 1 when the message's payload follows this row in the same allgather
-CTRL_FIXED = 9        # slot versions follow (ring_size entries, -1 padded)
+CTRL_C_BOUND = 9      # rank 0 only: the staleness bound c requested for the scheme, -1 = none
+CTRL_FIXED = 10       # slot versions follow (ring_size entries, -1 padded)
 
 
 class AgentError(RuntimeError):
@@ -141,6 +149,8 @@ class CommAgent:
         self.control_rounds = 0
         self.bytes_moved = 0
         self._busy_prev = [0.0] * self.n
+        self._c_request: Optional[int] = None   # rank 0: staleness bound to request
+        self.c_changes: list[tuple[int, int]] = []
         # replayed arrival order: (worker, step) pairs offered strictly in this order while it
         # lasts (a message that is ready early waits), then ready-time order
         self._replay = [(int(w), int(k)) for w, k in replay] if replay else []
@@ -161,6 +171,14 @@ class CommAgent:
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
+    def request_c_bound(self, c: int) -> None:
+        """Ask every rank to decide with staleness bound ``c`` from the next control round on
+        (see the module doc); only rank 0's request is sent."""
+        with self.cond:
+            self._c_request = int(c)
+            self._wake = True
+            self.cond.notify_all()
+
     def start(self) -> None:
         self._thread.start()
 
@@ -306,6 +324,8 @@ class CommAgent:
             row[CTRL_DONE] = 1.0 if self._done else 0.0
             row[CTRL_FAILED] = 1.0 if self._failed else 0.0
             row[CTRL_PAYLOAD] = 0.0 if out_with_payload is None else 1.0
+            if self.rank == 0 and self._c_request is not None:
+                row[CTRL_C_BOUND] = self._c_request
         return row, out_with_payload
 
     def _control_round(self) -> tuple[list, dict]:
@@ -373,6 +393,7 @@ class CommAgent:
                                  f"stopping rank {self.rank}")
             if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
                 return
+            self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
             for w in range(n):
                 b = int(ctl[w][CTRL_BAD_STEP])
                 if b >= 0 and (w, b) not in self._bad_seen:
@@ -425,6 +446,12 @@ class CommAgent:
                 self._offered = {k for k in self._offered if k[1] >= old}
                 self._meta = {k: v for k, v in self._meta.items() if k[1] >= old}
             rnd = self.scheme.open_round(self.step)
+
+    def _apply_c_bound(self, c: int) -> None:
+        """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
+        if c >= 1 and getattr(self.scheme, "c_bound", c) != c:
+            self.scheme.c_bound = c
+            self.c_changes.append((self.step, c))
 
     def _replay_order(self, arrivals: list) -> list:
         """The ready arrivals that come next in the replayed order, in that order (each rank's

@@ -171,6 +171,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
             device=lay.device, timeout=timeout, poll_interval=poll_interval,
             on_step=self._pgc_record_step if (self.rank == 0) else None, name=name, replay=replay,
             optimistic=optimistic)
+        # bounded staleness: the bound c it was built with (set_staleness_bound may lower it)
+        c0 = getattr(self.scheme, "c_bound", None)
+        self._pgc_c0 = None if c0 is None else int(c0)
         self._pgc_started = False
         self._pgc_hooks = [p.register_post_accumulate_grad_hook(self._pgc_grad_hook)
                            for p in lay.params]
@@ -439,6 +442,32 @@ class _PGCOptimizer(torch.optim.Optimizer):
             self._pgc_records.close()
 
     @property
+    def staleness_bound(self) -> Optional[int]:
+        """The bound c of a bounded-staleness scheme (entries used satisfy t - v < c) as the
+        decisions currently use it; None for schemes whose c is fixed by their code."""
+        c = getattr(self.scheme, "c_bound", None)
+        return None if c is None else int(c)
+
+    def set_staleness_bound(self, c: int) -> None:
+        """Change the staleness bound c of a bounded-staleness scheme during training.
+
+        Rank 0's value is what counts: it travels in rank 0's control rows and every rank applies
+        it at the same control round (:mod:`pgc_hvd.runtime.agent`), so the ranks keep taking
+        identical decisions. Call it on every rank with the same value (as
+        :class:`pgc_hvd.control.runtime.AdaptiveController` does) or on rank 0 only. ``c`` must
+        lie in [1, c_0], c_0 being the bound the optimizer was built with (its buffers and control
+        rows are sized for c_0). PGC and the exact codes have no such knob: their c is the code's.
+        """
+        if self._pgc_c0 is None:
+            raise ValueError(f"{self.scheme.name}: its pipeline depth c is fixed by the code; only "
+                             f"bounded-staleness has a staleness bound that can change (lower the "
+                             f"learning rate instead)")
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= c <= self._pgc_c0:
+            raise ValueError(f"staleness bound c must be an integer in [1, {self._pgc_c0}] (the c "
+                             f"this optimizer was built with), got {c!r}")
+        self._pgc_agent.request_c_bound(int(c))
+
+    @property
     def nonfinite_log(self) -> list:
         """(rank, step) of every message that held NaN/Inf (treated as a straggler)."""
         return list(self._pgc_agent.bad_log)
@@ -464,6 +493,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
                  "arrived": list(dec.arrived),
                  "nonfinite_ranks": [w for w, k in self._pgc_agent.bad_log if k == dec.step],
                  "gpu": gpu_stats()}
+        if self._pgc_c0 is not None:
+            extra["c"] = int(self.scheme.c_bound)  # the bound this decision was taken with
         rec = StepRecord.from_decision_info(
             dec.step, update.time - self._pgc_t0, info, step_time=update.info.get("step_time"),
             scheme=self.scheme.name, n=self.n, s=self.scheme.s,
@@ -486,6 +517,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             "slot_versions": list(self._pgc_slot_versions),
             "residual": None if self._pgc_residual is None else self._pgc_residual.clone(),
             "busy": self._pgc_busy,
+            "c_bound": self.staleness_bound,
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                     "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
@@ -507,6 +539,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if state.get("residual") is not None and self._pgc_residual is not None:
             self._pgc_residual.copy_(state["residual"])
         self._pgc_busy = float(state.get("busy", 0.0))
+        if state.get("c_bound") is not None and self._pgc_c0 is not None:
+            # every rank restores its own value; rank 0's request makes them agree at once
+            self.scheme.c_bound = int(state["c_bound"])
+            self._pgc_agent.request_c_bound(int(state["c_bound"]))
         rng = state["rng"]
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])

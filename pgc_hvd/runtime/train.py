@@ -45,11 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--progress-every", type=int, default=10)
     p.add_argument("--adaptive", action="store_true",
-                   help="staleness control (pgc_hvd.control): lower lr when the staleness error "
-                        "is large and the validation loss grows; stale schemes only")
+                   help="staleness control (pgc_hvd.control): lower lr (or the staleness bound c of "
+                        "bounded-staleness) when the staleness error is large and the validation "
+                        "loss grows; stale schemes only")
     p.add_argument("--control", default="",
                    help="control rule options KEY=VAL,... (ControlConfig fields: high, low, window, "
-                        "patience, factor, growth, trend_window, every, ...)")
+                        "patience, factor, growth, trend_window, every, knob=lr|c|auto, ...)")
     p.add_argument("--out", required=True, help="run folder (records.jsonl, summary.json)")
     p.add_argument("--force", action="store_true", help="overwrite records in --out")
     return p
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
             acts = [a for r in recs for a in r.get("extra", {}).get("control", [])]
             summary.update({"adaptive": True, "control_actions": len(acts),
                             "control_lowered": sum(a["direction"] == "lower" for a in acts),
-                            "final_lr": opt.param_groups[0]["lr"],
+                            "final_lr": opt.param_groups[0]["lr"], "final_c": opt.staleness_bound,
                             "diag_seconds_rank0": ctl.diag_seconds})
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         ttt = summary["time_to_target_s"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pgc_hvd.control.rule import (ControlConfig, ControlRule, LrActuator, SchemeCActuator,
-                                  adaptive_default)
+                                  actuate, adaptive_default, make_actuator)
 from pgc_hvd.schemes import get_scheme
 
 
@@ -125,3 +125,34 @@ def test_on_update_arity_detection():
     assert _takes_three(C().three)
     assert _takes_three(lambda *a: None)
     assert _takes_three(lambda step, flat, decision: None)
+
+
+def test_c_actuator_applies_through_the_engine_hook_and_binding_follows_the_knob():
+    sch = get_scheme("bounded-staleness", 8, 1, r=2, c=8)
+    seen = []
+    c = SchemeCActuator(sch, 0.5, apply=seen.append)
+    assert c.set_level(2) == (8, 2) and seen == [2]
+    assert sch.c_bound == 8 and c.value() == 2   # the engine applies it (runtime: next control round)
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.8)
+    assert isinstance(make_actuator("auto", sch, opt, 0.5), SchemeCActuator)
+    assert isinstance(make_actuator("lr", sch, opt, 0.5), LrActuator)
+    pgc = get_scheme("pgc-cr", 8, 1)
+    assert isinstance(make_actuator("auto", pgc, opt, 0.5), LrActuator)
+    with pytest.raises(ValueError, match="fixed by the code"):
+        make_actuator("c", pgc, opt, 0.5)
+    with pytest.raises(ValueError, match="knob"):
+        make_actuator("speed", sch, opt, 0.5)
+
+
+def test_actuate_withdraws_a_lowering_of_c_at_its_floor():
+    sch = get_scheme("bounded-staleness", 8, 1, r=2, c=2)
+    rule = ControlRule(ControlConfig(high=1.0, low=0.25, window=1, growth=0.0, trend_window=1))
+    act_c = SchemeCActuator(sch, 0.5)
+    fired = []
+    for step in range(12):   # a sustained divergence: rho and the loss grow
+        a = actuate(rule, act_c, rule.observe(step, 10.0 * (step + 1), float(step + 1)))
+        if a is not None:
+            fired.append(a)
+    assert [(a.knob, a.old, a.new) for a in fired] == [("c", 2, 1)]
+    assert sch.c_bound == 1 and rule.level == 1 and len(rule.actions) == 1

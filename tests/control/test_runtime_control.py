@@ -24,6 +24,25 @@ def test_runtime_rule(horovodrun, tmp_path, lr, expect):
         assert res["actions"] == [] and res["lrs"][0] == lr
 
 
+@pytest.mark.multirank
+def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(horovodrun, tmp_path):
+    """Bounded staleness, knob c (2 gloo ranks, too-large lr): the rule lowers c from 2 to 1;
+    every rank applies it at the same step (rank 0's request rides in its control rows), the
+    records carry the bound each decision used, and every decision after the change uses only
+    fresh gradients (t - v < 1) while the lr is untouched."""
+    horovodrun(2, SCRIPT, tmp_path, 50.0, 24, "bounded-staleness", "c", timeout=180)
+    res = json.loads((tmp_path / "result.json").read_text())
+    acts = res["actions"]
+    assert acts and acts[0]["knob"] == "c" and (acts[0]["old"], acts[0]["new"]) == (2, 1)
+    assert res["c_bounds"] == [1, 1] and res["lrs"] == [50.0, 50.0]
+    (change,), (change1,) = res["c_changes"]          # one change per rank, the same one
+    assert change == change1 and change[1] == 1 and change[0] > acts[0]["step"]
+    for r in res["records"]:
+        assert r["c"] == (2 if r["step"] < change[0] else 1)
+        assert r["max_age"] <= r["c"] - 1
+        assert all(r["step"] - v < r["c"] for v in r["versions"])
+
+
 TRAIN = Path(__file__).parent / "scripts" / "train_cli.py"
 
 

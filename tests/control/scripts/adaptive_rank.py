@@ -1,4 +1,7 @@
-"""Run on every rank: PGC-CR with an AdaptiveController and a too-large lr; rank 0 checks."""
+"""Run on every rank: an AdaptiveController and a too-large lr; rank 0 writes what every rank saw.
+
+    adaptive_rank.py OUT LR STEPS [SCHEME [KNOB]]     (default pgc-cr, knob auto)
+"""
 import json, sys, time
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from pgc_hvd.models import build_task
 from pgc_hvd.runtime import DistributedOptimizer, PartitionLoader
 
 out, lr, steps = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+scheme = sys.argv[4] if len(sys.argv) > 4 else "pgc-cr"
+knob = sys.argv[5] if len(sys.argv) > 5 else "auto"
 torch.set_num_threads(1)
 hvd.init()
 tr, te = train_test_split(load_dataset("digits"), 0.2, seed=0)
@@ -21,10 +26,10 @@ hvd.broadcast_parameters(task.model.state_dict(), root_rank=0)
 loader = PartitionLoader(tr.X, tr.y, hvd.size(), batch_size=32, seed=0)
 writer = RecordWriter(out / "records.jsonl", overwrite=True) if hvd.rank() == 0 else None
 val = (torch.as_tensor(te.X[:128]), torch.as_tensor(te.y[:128]))
-ctl = AdaptiveController(task.model, task.loss, val, ControlConfig(window=3, patience=1000), max_age=1,
+ctl = AdaptiveController(task.model, task.loss, val, ControlConfig(window=3, patience=1000, knob=knob), max_age=1,
                          writer=writer)
 opt = DistributedOptimizer(torch.optim.SGD(task.model.parameters(), lr=lr), task.model.named_parameters(),
-                           scheme="pgc-cr", stragglers=1, records=None, on_update=ctl.on_update,
+                           scheme=scheme, stragglers=1, records=None, on_update=ctl.on_update,
                            on_record=ctl.on_record, timeout=60)
 ctl.attach(opt)
 while opt.version < steps:
@@ -35,10 +40,15 @@ while opt.version < steps:
 opt.close()
 levels = hvd.allgather_object(ctl.rule.level)
 lrs = hvd.allgather_object(opt.param_groups[0]["lr"])
+c_bounds = hvd.allgather_object(opt.staleness_bound)
+c_changes = hvd.allgather_object(list(opt.agent.c_changes))
 if hvd.rank() == 0:
     writer.close()
     recs = list(read_records(out / "records.jsonl"))
-    json.dump({"levels": levels, "lrs": lrs, "n_records": len(recs),
+    json.dump({"levels": levels, "lrs": lrs, "c_bounds": c_bounds, "c_changes": c_changes,
+               "records": [{"step": r["step"], "c": r["extra"].get("c"), "max_age": r["max_age"],
+                            "versions": r["versions"]} for r in recs],
+               "n_records": len(recs),
                "actions": [a for r in recs for a in r["extra"].get("control", [])],
                "n_diag": sum(len(r["extra"].get("diag", [])) for r in recs)},
               open(out / "result.json", "w"))
