@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from pgc_hvd.metrics.targets import RUNTIME_WINDOW, first_reaching
+from pgc_hvd.options import parse_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="staleness control (pgc_hvd.control): lower lr (or the staleness bound c of "
                         "bounded-staleness) when the staleness error is large and the validation "
                         "loss grows; stale schemes only")
-    p.add_argument("--control", default="",
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="scheme option (repeatable, or comma-separated), e.g. c=4,r=2 for "
+                        "bounded-staleness, decoder=min-error")
+    p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
                    help="control rule options KEY=VAL,... (ControlConfig fields: high, low, window, "
                         "patience, factor, growth, trend_window, every, knob=lr|c|auto, ...)")
     p.add_argument("--out", required=True, help="run folder (records.jsonl, summary.json)")
@@ -57,7 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        scheme_options = parse_options(args.option, "--option")
+        control_options = parse_options(args.control, "--control")
+    except ValueError as err:
+        parser.error(str(err))
     import horovod.torch as hvd
     import torch
 
@@ -103,7 +113,7 @@ def main(argv=None) -> int:
         from pgc_hvd.control.rule import ControlConfig, adaptive_default
         from pgc_hvd.control.runtime import AdaptiveController
 
-        cfg = ControlConfig.from_options(dict(kv.split("=", 1) for kv in args.control.split(",") if kv))
+        cfg = ControlConfig.from_options(control_options)
         if args.control and not args.adaptive:
             raise SystemExit("--control needs --adaptive")
         if not adaptive_default(args.scheme, True):
@@ -119,6 +129,7 @@ def main(argv=None) -> int:
     opt = DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
         model.named_parameters(), scheme=args.scheme, stragglers=args.s,
+        scheme_options=scheme_options,
         compression=compression, delays=delays, timeout=args.timeout, name=f"pgc-{args.scheme}",
         **hooks)
     if ctl is not None:
@@ -143,7 +154,8 @@ def main(argv=None) -> int:
         final_test = task.evaluate(torch.from_numpy(test.X), torch.from_numpy(test.y))
         used = [len(r["workers_used"]) for r in recs]
         summary = {
-            "scheme": args.scheme, "n": n, "s": args.s, "steps": args.steps,
+            "scheme": args.scheme, "n": n, "s": args.s, "scheme_options": scheme_options,
+            "steps": args.steps,
             "dataset": args.dataset, "model": args.model, "delay": str(delays),
             "batch_size": args.batch_size, "lr": args.lr, "wall_time_s": wall,
             "time_per_step_s": sum(step_times) / len(step_times) if step_times else None,

@@ -24,6 +24,7 @@ from pgc_hvd.data import load_dataset, partition, standardize, train_test_split
 from pgc_hvd.metrics.diagnostics import delay_histogram
 from pgc_hvd.metrics.records import RecordWriter
 from pgc_hvd.models import build_task, default_model
+from pgc_hvd.options import parse_options
 from pgc_hvd.schemes import get_scheme
 
 from .comm import CommModel
@@ -164,13 +165,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="output folder (records.jsonl, summary.json)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    opts = {}
-    for kv in a.option:
-        k, v = kv.split("=", 1)
-        try:
-            opts[k] = int(v)
-        except ValueError:
-            opts[k] = v
+    try:
+        opts = parse_options(a.option, "--option")
+        control = parse_options(a.control, "--control")
+    except ValueError as err:
+        p.error(str(err))
     from .delays import Recording, parse_delay
     delay = Recording(parse_delay(a.delay))
     out = Path(a.out)
@@ -181,7 +180,7 @@ def main(argv=None) -> int:
                              comm=CommModel(a.alpha, a.bandwidth), compress=a.compress,
                              error_feedback=a.error_feedback, straggler_policy=a.policy,
                              batch_size=a.batch_size, adaptive=a.adaptive,
-                             control=dict(kv.split("=", 1) for kv in a.control),
+                             control=control,
                              progress=True)
     if a.save_trace:
         delay.trace.save(a.save_trace)
