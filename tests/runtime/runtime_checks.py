@@ -222,6 +222,59 @@ def check_checkpoint(scheme="pgc-cr", steps=8, half=4):
     ok(f"checkpoint_{scheme}")
 
 
+def check_staleness_bound():
+    """set_staleness_bound: checked input, applied on every rank from the first control round,
+    kept by the checkpoint; PGC has no such knob."""
+    tmp = os.path.join(tempfile.gettempdir(), f"pgc-cb-{os.getppid()}")
+
+    def build(m, name, scheme="bounded-staleness", options=None):
+        return pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                            m.named_parameters(), scheme=scheme, stragglers=1,
+                                            scheme_options=options, name=name, timeout=60)
+
+    def run(m, opt, steps, loader):
+        while opt.version < steps:
+            for xb, yb in opt.batches(loader):
+                F.cross_entropy(m(xb), yb).backward()
+            opt.step()
+        opt.close()
+
+    loader = data(hvd.size())
+    m = model()
+    opt = build(m, "cb-a", options={"c": 3})
+    assert opt.staleness_bound == 3
+    for bad in (0, 4, 2.0, True):
+        try:
+            opt.set_staleness_bound(bad)
+        except ValueError as err:
+            assert "[1, 3]" in str(err), err
+        else:
+            raise AssertionError(f"set_staleness_bound({bad!r}) accepted")
+    opt.set_staleness_bound(2)
+    run(m, opt, 4, loader)
+    assert opt.staleness_bound == 2 and opt.agent.c_changes == [(0, 2)], opt.agent.c_changes
+    save_checkpoint(tmp, m, opt)
+    m2 = model()
+    opt2 = build(m2, "cb-b", options={"c": 3})
+    load_checkpoint(tmp, m2, opt2)
+    assert opt2.staleness_bound == 2
+    run(m2, opt2, 6, loader)
+    assert opt2.staleness_bound == 2 and opt2.agent.c_changes == []
+    same_on_all_ranks(m2, "cb")
+    os.remove(f"{tmp}.rank{hvd.rank()}")
+    m3 = model()
+    opt3 = build(m3, "cb-c", scheme="pgc-cr")
+    assert opt3.staleness_bound is None
+    try:
+        opt3.set_staleness_bound(1)
+    except ValueError as err:
+        assert "fixed by the code" in str(err)
+    else:
+        raise AssertionError("pgc-cr accepted a staleness bound")
+    opt3.close()
+    ok("staleness_bound")
+
+
 def check_dead_rank():
     r = hvd.rank()
     m = model()
@@ -307,6 +360,7 @@ def main():
                     ["gc-cr", "bcgc", "rs", "gmds"])
         check_checkpoint("dgd")
         check_checkpoint("pgc-cr")
+        check_staleness_bound()
     elif mode == "dead":
         check_dead_rank()
     elif mode in ("hung-process", "hung-thread"):
