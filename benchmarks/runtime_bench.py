@@ -9,7 +9,8 @@ for part b) and prints the ratios, all measured in this one invocation (about 3-
 a) no stragglers, emulated compute of ``--compute`` seconds per partition evaluated (a sleep, as
    a GPU's forward/backward would leave the CPU free): time per step of pgc_hvd's ``dgd``,
    ``pgc-cr``, ``bcgc`` and ``pgc-bcgc`` (s = 1) over ``hvd.DistributedOptimizer``'s, at np = 2
-   and np = 4 (4 ranks share 2 cores here). Target (issue 6): PGC-CR and BCGC within 1.05x at
+   and np = 4 (4 ranks share 2 cores here), and PGC-CR with ``control="store"`` (TCPStore control
+   rounds, `pgc_hvd.runtime.control_store`). Target (issue 6): PGC-CR and BCGC within 1.05x at
    np = 2 (BCGC evaluates c = s + 1 partitions per step, pipelined ``pgc-bcgc`` one).
 b) exponential delays with mean = compute time (seeded; the same schedule for every scheme),
    np = 4, s = 1: PGC-CR's time per step (straggler_policy ``continue`` and ``cancel``) over DGD's (pgc_hvd ``dgd``, and
@@ -79,13 +80,14 @@ def worker(args) -> None:
         return times
 
     def run_pgc(label):
+        label, _, control = label.partition("@")
         scheme, _, policy = label.partition(":")
         m = make_model()
         decided = {}
         opt = pgc_hvd.DistributedOptimizer(
             torch.optim.SGD(m.parameters(), lr=0.05), m.named_parameters(), scheme=scheme,
-            stragglers=0 if scheme == "dgd" else 1, delays=delays, name=f"b-{scheme}-{policy}",
-            straggler_policy=policy or "continue",
+            stragglers=0 if scheme == "dgd" else 1, delays=delays, name=f"b-{scheme}-{policy}-{control}",
+            straggler_policy=policy or "continue", control=control or "allgather",
             on_record=lambda r: decided.__setitem__(r.step, time.time()))
         while opt.version < steps:
             for xb, yb in opt.batches(loader):
@@ -96,8 +98,8 @@ def worker(args) -> None:
         return [decided[t] for t in range(steps)] if rank == 0 else []
 
     out = {"n": n, "part": args.part, "compute": compute, "steps": steps, "warmup": warm}
-    runs = (["hvd", "dgd", "pgc-cr", "bcgc", "pgc-bcgc"] if args.part == "a" else
-            ["dgd", "hvd", "pgc-cr", "pgc-cr:cancel"])
+    runs = (["hvd", "dgd", "pgc-cr", "bcgc", "pgc-bcgc", "pgc-cr@store"] if args.part == "a" else
+            ["dgd", "hvd", "pgc-cr", "pgc-cr:cancel", "pgc-cr:cancel@store"])
     for name in runs:
         barrier(name)
         times = run_hvd() if name == "hvd" else run_pgc(name)
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
     print(f"\nRuntime benchmark (compute {c * 1e3:.0f} ms per partition, gloo, "
           f"{os.cpu_count()} cores), one run, {time.time() - t0:.0f}s")
     print("\na) no stragglers: time per step, and ratio to hvd.DistributedOptimizer")
-    cols = ("dgd", "pgc-cr", "bcgc", "pgc-bcgc")
+    cols = ("dgd", "pgc-cr", "bcgc", "pgc-bcgc", "pgc-cr@store")
     print(f"{'np':>3} {'hvd ms':>8} " + " ".join(f"{c:>14}" for c in cols))
     for r in (a2, a4):
         cells = [f"{r[s] * 1e3:6.0f} {r[s] / r['hvd']:5.2f}x" for s in cols]
@@ -175,7 +177,8 @@ def main(argv=None) -> int:
     print(f"  pgc-cr                 {b['pgc-cr'] * 1e3:7.0f} ms   expected (n-s)-th fastest: "
           f"{b['expected_kth'] * 1e3:.0f} ms (drawn delays: {b['drawn_kth'] * 1e3:.0f} ms)")
     print(f"  pgc-cr, straggler_policy='cancel' {b['pgc-cr:cancel'] * 1e3:.0f} ms")
-    for key in ("pgc-cr", "pgc-cr:cancel"):
+    print(f"  pgc-cr, 'cancel', control='store' {b['pgc-cr:cancel@store'] * 1e3:.0f} ms")
+    for key in ("pgc-cr", "pgc-cr:cancel", "pgc-cr:cancel@store"):
         print(f"  {key}: / dgd = {b[key] / b['dgd']:.2f}x, / hvd = {b[key] / b['hvd']:.2f}x "
               f"(target <= 0.6x; the model's own bound: "
               f"{b['expected_kth'] / b['expected_max']:.2f}x); / expected (n-s)-th = "

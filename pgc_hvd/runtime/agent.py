@@ -44,6 +44,11 @@ from its own, before offering that round's arrivals. The rows are the same on ev
 change takes effect at the same point of the decision sequence everywhere (``c_changes`` logs
 ``(step, c)``), whatever the ranks' timing.
 
+Control through a key-value store (``channel``, :mod:`pgc_hvd.runtime.control_store`): the
+control rows of step 1 travel through a TCPStore served by rank 0 instead of the allgather (every
+rank reads the same n rows per round, so the decisions are the same); payloads then always move
+in step 3.
+
 Faults: every collective runs asynchronously and is polled with a deadline (``timeout``): a rank
 that died or hung makes the others raise :class:`AgentError` instead of hanging; a rank whose
 training thread failed, or a round that cannot fire any more (every rank either arrived,
@@ -116,7 +121,8 @@ class CommAgent:
                  decode: Callable[[torch.Tensor, list, list], torch.Tensor], device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
                  on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc",
-                 replay: Optional[list] = None, optimistic: Optional[bool] = None):
+                 replay: Optional[list] = None, optimistic: Optional[bool] = None,
+                 channel=None):
         self.hvd = hvd
         self.scheme = scheme
         self.rank = int(rank)
@@ -161,6 +167,14 @@ class CommAgent:
         self.optimistic = (dev.type == "cpu") if optimistic is None else bool(optimistic)
         if self.optimistic and dev.type != "cpu":
             raise ValueError("optimistic one-collective steps need CPU payloads")
+        # control rounds through a key-value store (control_store.StoreChannel) instead of the
+        # allgather: payloads cannot ride with the rows there
+        self.channel = channel
+        if channel is not None:
+            if optimistic:
+                raise ValueError("control='store' exchanges control rows through a key-value "
+                                 "store, which cannot carry payloads: leave optimistic unset")
+            self.optimistic = False
         self.ctrl_len = CTRL_FIXED + self.ring_size          # float64 fields per control row
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
         # can a message for a past step still be used (bounded staleness table)?
@@ -333,6 +347,9 @@ class CommAgent:
         that rode along, ``{(worker, step): payload row}`` (identical on every rank)."""
         row, out = self._control_row()
         C = self.ctrl_len
+        if self.channel is not None:
+            self._ops += 1
+            return self.channel.exchange(row), {}
         if not self.optimistic:
             ctl = self._collective(row.view(1, C), "ctl")
             return ctl.tolist(), {}
@@ -360,6 +377,8 @@ class CommAgent:
     def _run(self) -> None:
         try:
             self._loop()
+            if self.channel is not None:
+                self.channel.close()
         except BaseException as err:  # surfaced to the training thread
             log.error("pgc_hvd agent on rank %d stopped: %s", self.rank, err)
             with self.cond:

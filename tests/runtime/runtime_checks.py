@@ -133,26 +133,27 @@ def full_gradient_average(loader, n):
     return torch.stack(grads).mean(0)
 
 
-def check_exact(schemes):
+def check_exact(schemes, opt_kwargs=None, tag=""):
     n = hvd.size()
     loader = data(n)
     want = full_gradient_average(loader, n)
     before = flat_params(model()).double()
     for sch in schemes:
-        m, opt = train(sch, 1, lr=1.0, name=f"exact-{sch}", loader=loader)
+        m, opt = train(sch, 1, lr=1.0, name=f"exact{tag}-{sch}", loader=loader,
+                       opt_kwargs=opt_kwargs)
         got = before - flat_params(m).double()  # plain SGD, lr 1: the decoded update
         err = float((got - want).norm() / want.norm())
         assert err < 1e-4, f"{sch}: decoded update differs from the full-gradient average by {err}"
         same_on_all_ranks(m, f"exact-{sch}")
-    ok("exact_" + "_".join(schemes))
+    ok(f"exact{tag}_" + "_".join(schemes))
 
 
-def check_straggler(scheme, delay=1.5, steps=6):
+def check_straggler(scheme, delay=1.5, steps=6, opt_kwargs=None, tag=""):
     n = hvd.size()
     recs = []
     t0 = time.time()
     m, opt = train(scheme, steps, delays=Fixed(n - 1, delay), records=recs.append,
-                   name=f"strag-{scheme}")
+                   name=f"strag{tag}-{scheme}", opt_kwargs=opt_kwargs)
     same_on_all_ranks(m, f"strag-{scheme}")
     if hvd.rank() == 0:
         assert len(recs) == steps, recs
@@ -164,7 +165,7 @@ def check_straggler(scheme, delay=1.5, steps=6):
         assert med < delay / 3, f"median step time {med:.3f}s not << straggler delay {delay}s"
         print(f"INFO {scheme} straggler: step times {[round(x, 3) for x in times]} "
               f"total {time.time() - t0:.2f}s", flush=True)
-    ok(f"straggler_{scheme}")
+    ok(f"straggler{tag}_{scheme}")
 
 
 def check_nan(scheme="pgc-cr", steps=5):
@@ -275,13 +276,13 @@ def check_staleness_bound():
     ok("staleness_bound")
 
 
-def check_dead_rank():
+def check_dead_rank(control="allgather"):
     r = hvd.rank()
     m = model()
     loader = data(hvd.size())
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                        m.named_parameters(), scheme="pgc-cr", stragglers=1,
-                                       timeout=8, name="dead")
+                                       timeout=8, name="dead", control=control)
     t0 = time.time()
     try:
         while opt.version < 50:
@@ -361,8 +362,13 @@ def main():
         check_checkpoint("dgd")
         check_checkpoint("pgc-cr")
         check_staleness_bound()
+        store = {"control": "store"}
+        check_exact(["gc-cr", "bcgc", "bounded-staleness"], opt_kwargs=store, tag="-store")
+        check_straggler("pgc-cr", delay=1.0, steps=5, opt_kwargs=store, tag="-store")
     elif mode == "dead":
         check_dead_rank()
+    elif mode == "dead-store":
+        check_dead_rank("store")
     elif mode in ("hung-process", "hung-thread"):
         check_hung_rank(mode.split("-")[1])
     else:

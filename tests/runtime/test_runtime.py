@@ -32,14 +32,16 @@ def test_small_np3_config_errors_exact_checkpoint(horovodrun):
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"config_errors", "exact_gc-cr_bcgc_rs_gmds", "checkpoint_dgd",
-            "checkpoint_pgc-cr", "staleness_bound"} <= checks
+            "checkpoint_pgc-cr", "staleness_bound", "exact-store_gc-cr_bcgc_bounded-staleness",
+            "straggler-store_pgc-cr"} <= checks
     # the mismatch error names the offending rank on every rank
     assert sum("ranks [1] were built with a different" in l for l in proc.stdout.splitlines()) == 3
 
 
 @pytest.mark.multirank
-def test_dead_rank_stops_others_with_clear_error(horovodrun):
-    proc = horovodrun(3, SCRIPT, "dead", timeout=120, check=False)
+@pytest.mark.parametrize("mode", ["dead", "dead-store"])
+def test_dead_rank_stops_others_with_clear_error(horovodrun, mode):
+    proc = horovodrun(3, SCRIPT, mode, timeout=120, check=False)
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
     assert all("died" in l for l in clear), clear

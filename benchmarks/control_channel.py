@@ -1,0 +1,149 @@
+"""Control channel: Horovod allgather of control rows against a TCPStore key-value exchange.
+
+    python benchmarks/control_channel.py [--np 2,4] [--rounds 300] [--row 12]
+
+DESIGN.md asks to measure both ways of agreeing, every control round, on which ranks are ready:
+a tiny collective (what ``pgc_hvd.runtime.agent`` does: one ``hvd.allgather`` of one float64
+control row per rank) and an event-driven key-value store (``torch.distributed.TCPStore``, hosted
+by rank 0: each rank ``set``s its row under the round's key and ``multi_get``s every rank's row,
+waiting for the keys that are missing). A round is over on a rank when it holds all n rows.
+
+Launches ``horovodrun --gloo`` once per ``--np`` on this machine and prints, from that one
+invocation, per channel the median and 90th percentile of one round (rank 0, after 20 warm-up
+rounds), and the ratio TCPStore / allgather. Also timed: the agent's way of issuing the
+allgather (``allgather_async`` + ``poll`` with 1 ms sleeps, as ``CommAgent._collective``). All
+ranks run the rounds back to back, so this is the latency of one round, not a straggler test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _summary(samples: list[float]) -> dict:
+    xs = sorted(samples)
+    return {"median_ms": 1e3 * statistics.median(xs), "p90_ms": 1e3 * xs[int(0.9 * (len(xs) - 1))]}
+
+
+# ----------------------------------------------------------------------------- worker (per rank)
+def worker(args) -> None:
+    import horovod.torch as hvd
+    import torch
+    from torch.distributed import TCPStore
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    row = torch.full((1, args.row), float(rank), dtype=torch.float64)
+    warm, rounds = 20, args.rounds
+
+    def barrier(tag):
+        hvd.allreduce(torch.zeros(1), name=f"barrier.{tag}")
+
+    def timed(fn) -> list[float]:
+        out = []
+        for t in range(warm + rounds):
+            t0 = time.perf_counter()
+            fn(t)
+            if t >= warm:
+                out.append(time.perf_counter() - t0)
+        return out
+
+    # 1. synchronous allgather
+    barrier("a")
+    sync = timed(lambda t: hvd.allgather(row, name="ctl.sync"))
+
+    # 2. the agent's way: allgather_async + poll with short sleeps
+    def polled(t):
+        h = hvd.allgather_async(row, name="ctl.poll")
+        while not hvd.poll(h):
+            time.sleep(0.001)
+        hvd.synchronize(h)
+
+    barrier("b")
+    poll = timed(polled)
+
+    # 3. TCPStore hosted by rank 0 (port chosen by the OS, broadcast over Horovod)
+    # (world_size=None: no join counting; the Horovod barrier below orders the ranks)
+    store = (TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
+             if rank == 0 else None)
+    # (hvd.broadcast_object hangs with horovod 0.28.1 + torch 2.14 here; a tensor broadcast works)
+    port = int(hvd.broadcast(torch.tensor([store.port if rank == 0 else 0]), root_rank=0,
+                             name="store.port"))
+    if rank != 0:
+        store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60))
+    payload = row.numpy().tobytes()
+
+    def kv(t):
+        store.set(f"{t}/{rank}", payload)
+        got = store.multi_get([f"{t}/{w}" for w in range(n)])
+        assert len(got) == n and all(len(g) == len(payload) for g in got)
+
+    barrier("c")
+    kv_times = timed(kv)
+    barrier("d")
+    if rank == 0:
+        res = {"np": n, "rounds": rounds, "row_floats": args.row,
+               "allgather": _summary(sync), "allgather_polled": _summary(poll),
+               "tcpstore": _summary(kv_times)}
+        print("RESULT " + json.dumps(res), flush=True)
+
+
+# ----------------------------------------------------------------------------- driver
+def launch(np_: int, args) -> dict:
+    exe = Path(sys.executable).with_name("horovodrun")
+    cmd = [str(exe), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}", sys.executable,
+           str(Path(__file__).resolve()), "--worker", "--rounds", str(args.rounds),
+           "--row", str(args.row)]
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
+                   "PYTHONPATH", "").split(os.pathsep) if p]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    res = [l.split("RESULT ", 1)[1] for l in proc.stdout.splitlines() if "RESULT " in l]
+    if proc.returncode != 0 or not res:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode})\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    return json.loads(res[0])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", default="2,4", help="comma-separated numbers of ranks (default 2,4)")
+    p.add_argument("--rounds", type=int, default=300, help="timed rounds per channel")
+    p.add_argument("--row", type=int, default=12, help="float64 fields per control row")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    rows = [launch(int(k), args) for k in args.np.split(",") if k.strip()]
+    print("| np | allgather median / p90 (ms) | agent's polled allgather (ms) | TCPStore set + "
+          "multi_get (ms) | TCPStore / allgather (median) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        a, q, k = r["allgather"], r["allgather_polled"], r["tcpstore"]
+        print(f"| {r['np']} | {a['median_ms']:.2f} / {a['p90_ms']:.2f} | {q['median_ms']:.2f} / "
+              f"{q['p90_ms']:.2f} | {k['median_ms']:.2f} / {k['p90_ms']:.2f} | "
+              f"{k['median_ms'] / a['median_ms']:.2f}x |")
+    print(f"\n{args.rounds} rounds per channel after 20 warm-up rounds, rank 0, "
+          f"{args.row} float64 fields per row, `horovodrun --gloo` on this machine")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

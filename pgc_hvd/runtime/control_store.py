@@ -1,0 +1,116 @@
+"""Control rounds through a key-value store instead of an allgather (``control="store"``).
+
+DESIGN.md leaves two ways for the ranks to agree, every control round, on which messages are
+ready: a tiny collective (the agent's default: one ``hvd.allgather`` of the control rows) or an
+event-driven key-value store. This is the second: a ``torch.distributed.TCPStore`` served by
+rank 0. Round k of a run named ``name``:
+
+* every rank ``set``s its control row (float64 bytes) under ``pgc/<name>/<k>/<rank>``;
+* every rank ``multi_get``s the n keys of round k, which waits for the missing ones.
+
+So every rank reads the same n rows for round k, in rank order: the same input to the scheme as
+the allgather's, hence the same decisions. A rank at round k has read round k - 1 completely, so
+every rank has written round k - 1 and read round k - 2: each rank deletes its own key of round
+k - 2 (the store holds at most 2n rows per run). A rank that does not answer within ``timeout``
+raises :class:`~pgc_hvd.runtime.agent.AgentError` naming the ranks whose rows are missing. At the
+end every rank adds 1 to ``pgc/<name>/bye`` after its last round, and rank 0 (the server) waits
+for n before it returns, so it never shuts the store down under a rank still reading.
+
+Measured on this machine (``benchmarks/control_channel.py``, docs/architecture.md): one round
+costs 0.2-0.3 ms against 1-6 ms for the allgather at np = 2-4. Payloads cannot ride with the
+rows (the store is one server), so a step that fires moves its messages in the data allgather.
+
+Address of rank 0's server: ``PGC_HVD_STORE_ADDR`` when set, else rank 0's host name, read as
+127.0.0.1 by the ranks on rank 0's host. The port is chosen by the OS and broadcast.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+
+_NAME_BYTES = 256
+
+
+def _broadcast_text(hvd, text: str, rank: int, name: str) -> str:
+    buf = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
+    if rank == 0:
+        raw = text.encode()[:_NAME_BYTES]
+        buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    out = hvd.broadcast(buf, root_rank=0, name=name)
+    return bytes(out.tolist()).rstrip(b"\0").decode()
+
+
+class StoreChannel:
+    """One run's control rounds over a TCPStore (see the module doc)."""
+
+    def __init__(self, store, rank: int, n: int, name: str, timeout: float):
+        self.store, self.rank, self.n = store, int(rank), int(n)
+        self.prefix = f"pgc/{name}"
+        self.timeout = float(timeout)
+        self.round = 0
+
+    @classmethod
+    def create(cls, hvd, rank: int, n: int, name: str, timeout: float) -> "StoreChannel":
+        """Rank 0 serves, every rank connects (a collective: every rank must call it)."""
+        from torch.distributed import TCPStore
+
+        td = timedelta(seconds=float(timeout))
+        host = os.environ.get("PGC_HVD_STORE_ADDR") or socket.gethostname()
+        store = None
+        if rank == 0:
+            # world_size=None: no join counting (it would wait for workers that connect later)
+            store = TCPStore(host, 0, None, True, td, wait_for_workers=False)
+        port = int(hvd.broadcast(torch.tensor([store.port if rank == 0 else 0]), root_rank=0,
+                                 name=f"{name}.store.port"))
+        server = _broadcast_text(hvd, host, rank, f"{name}.store.host")
+        if rank != 0:
+            local = server == socket.gethostname() and not os.environ.get("PGC_HVD_STORE_ADDR")
+            store = TCPStore("127.0.0.1" if local else server, port, None, False, td)
+        return cls(store, rank, n, name, timeout)
+
+    def _key(self, k: int, w: int) -> str:
+        return f"{self.prefix}/{k}/{w}"
+
+    def exchange(self, row: torch.Tensor) -> list[list[float]]:
+        """Publish this rank's row for the next round; return every rank's row, in rank order."""
+        from pgc_hvd.runtime.agent import AgentError
+
+        k = self.round
+        self.round += 1
+        keys = [self._key(k, w) for w in range(self.n)]
+        try:
+            self.store.set(keys[self.rank], row.contiguous().numpy().tobytes())
+            got = self.store.multi_get(keys)
+        except Exception as err:
+            raise AgentError(self._no_answer(k, keys, err)) from err
+        if k >= 2:
+            self.store.delete_key(self._key(k - 2, self.rank))
+        return [np.frombuffer(v, dtype=np.float64).tolist() for v in got]
+
+    def _no_answer(self, k: int, keys: list, err: Exception) -> str:
+        try:
+            missing = [w for w, key in enumerate(keys) if not self.store.check([key])]
+        except Exception:  # the server itself is gone (rank 0 died)
+            return (f"rank {self.rank}: control round {k} failed: the control store on rank 0 "
+                    f"is unreachable (rank 0 died or shut down); stopping "
+                    f"({type(err).__name__}: {err})")
+        return (f"rank {self.rank}: control round {k}: rank(s) {missing} did not answer within "
+                f"{self.timeout:.0f}s: a rank has died or hung; stopping instead of hanging "
+                f"({type(err).__name__}: {err})")
+
+    def close(self) -> None:
+        """After the last round: rank 0 waits until every rank has read it."""
+        bye = f"{self.prefix}/bye"
+        self.store.add(bye, 1)
+        if self.rank == 0:
+            deadline = time.monotonic() + self.timeout
+            while int(self.store.add(bye, 0)) < self.n:
+                if time.monotonic() > deadline:
+                    break  # a rank that never said bye has failed on its own; nothing to wait for
+                time.sleep(0.001)
