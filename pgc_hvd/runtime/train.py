@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option (repeatable, or comma-separated), e.g. c=4,r=2 for "
                         "bounded-staleness, decoder=min-error")
+    p.add_argument("--channel", choices=("allgather", "store"), default="allgather",
+                   help="how ranks exchange control rows: Horovod allgather (default) or a "
+                        "TCPStore served by rank 0 (pgc_hvd.runtime.control_store)")
     p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
                    help="control rule options KEY=VAL,... (ControlConfig fields: high, low, window, "
                         "patience, factor, growth, trend_window, every, knob=lr|c|auto, ...)")
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
     opt = DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
         model.named_parameters(), scheme=args.scheme, stragglers=args.s,
-        scheme_options=scheme_options,
+        scheme_options=scheme_options, control=args.channel,
         compression=compression, delays=delays, timeout=args.timeout, name=f"pgc-{args.scheme}",
         **hooks)
     if ctl is not None:
@@ -155,6 +158,7 @@ def main(argv=None) -> int:
         used = [len(r["workers_used"]) for r in recs]
         summary = {
             "scheme": args.scheme, "n": n, "s": args.s, "scheme_options": scheme_options,
+            "channel": args.channel,
             "steps": args.steps,
             "dataset": args.dataset, "model": args.model, "delay": str(delays),
             "batch_size": args.batch_size, "lr": args.lr, "wall_time_s": wall,
