@@ -71,16 +71,18 @@ def test_train_cli_adaptive_uses_actual_ages(horovodrun, tmp_path):
 
 @pytest.mark.multirank
 def test_train_cli_passes_scheme_options_and_lowers_c(horovodrun, tmp_path):
-    """``pgc-hvd train --scheme bounded-staleness --option c=3 --adaptive --control knob=c``:
-    the scheme gets its options, the rule lowers c on every rank, the summary says so."""
+    """``pgc-hvd train --scheme bounded-staleness --option c=3 --adaptive --control knob=c
+    --channel store``: the scheme gets its options, the rule lowers c on every rank (the request
+    travels in the TCPStore control rows), the summary says so."""
     out = tmp_path / "run"
     horovodrun(2, TRAIN, "--scheme", "bounded-staleness", "--stragglers", "1", "--option", "c=3",
                "--option", "r=2", "--model", "softmax", "--steps", "20", "--lr", "50",
                "--momentum", "0", "--adaptive", "--control", "knob=c,window=3",
-               "--control", "patience=1000", "--timeout", "60", "--out", out, timeout=180)
+               "--control", "patience=1000", "--timeout", "60", "--channel", "store",
+               "--out", out, timeout=180)
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
-    assert summ["scheme_options"] == {"c": 3, "r": 2}
+    assert summ["scheme_options"] == {"c": 3, "r": 2} and summ["channel"] == "store"
     assert recs[0]["extra"]["c"] == 3 and summ["final_c"] == 1 == recs[-1]["extra"]["c"]
     acts = [a for r in recs for a in r["extra"].get("control", [])]
     assert acts[0]["knob"] == "c" and (acts[0]["old"], acts[0]["new"]) == (3, 1)
