@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hvd_launch import run_ranks  # noqa: E402
 
 
 def _summary(samples: list[float]) -> dict:
@@ -101,19 +100,7 @@ def worker(args) -> None:
 
 # ----------------------------------------------------------------------------- driver
 def launch(np_: int, args) -> dict:
-    exe = Path(sys.executable).with_name("horovodrun")
-    cmd = [str(exe), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}", sys.executable,
-           str(Path(__file__).resolve()), "--worker", "--rounds", str(args.rounds),
-           "--row", str(args.row)]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
-                   "PYTHONPATH", "").split(os.pathsep) if p]))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-    res = [l.split("RESULT ", 1)[1] for l in proc.stdout.splitlines() if "RESULT " in l]
-    if proc.returncode != 0 or not res:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode})\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-    return json.loads(res[0])
+    return run_ranks(np_, __file__, ["--rounds", args.rounds, "--row", args.row], args.timeout)
 
 
 def main(argv=None) -> int:

@@ -28,12 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hvd_launch import run_ranks  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- worker (per rank)
@@ -122,24 +122,16 @@ def worker(args) -> None:
 
 # ----------------------------------------------------------------------------- driver
 def launch(np_, part, args) -> dict:
-    exe = Path(sys.executable).with_name("horovodrun")
-    cmd = [str(exe), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}", sys.executable,
-           str(Path(__file__).resolve()), "--worker", "--part", part, "--compute",
-           str(args.compute), "--steps", str(args.steps_a if part == "a" else args.steps_b),
-           "--warmup", str(args.warmup), "--seed", str(args.seed)]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
-                   "PYTHONPATH", "").split(os.pathsep) if p]))
     print(f"== np={np_} part {part}", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-    for line in proc.stderr.splitlines() + proc.stdout.splitlines():
+
+    def echo(line):
         if "[bench " in line:
             print("  " + line.split("<stderr>:")[-1], flush=True)
-    res = [l.split("RESULT ", 1)[1] for l in proc.stdout.splitlines() if "RESULT " in l]
-    if proc.returncode != 0 or not res:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode})\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-    return json.loads(res[0])
+
+    return run_ranks(np_, __file__, ["--part", part, "--compute", args.compute, "--steps",
+                                     args.steps_a if part == "a" else args.steps_b,
+                                     "--warmup", args.warmup, "--seed", args.seed],
+                     args.timeout, on_line=echo)
 
 
 def main(argv=None) -> int:
