@@ -55,7 +55,8 @@ reads the median of the last ``window`` observations:
 
 * median > ``high`` (and at least ``window`` observations since the last change) and the loss
   trend gate holds, or a non-finite signal / loss: **lower** one level -- eta <- eta * factor, or
-  c <- max(c_min, floor(c * factor)) (the knob is chosen by the engine's actuator);
+  c <- max(c_min, floor(c * factor)) (the knob is chosen by the engine's actuator; "auto" on
+  bounded staleness lowers c to its floor first, then eta: :class:`CThenLrActuator`);
 * median < ``low`` for ``patience`` consecutive observations at a lowered level: **raise** one
   level back (never above the user's value).
 
@@ -89,7 +90,7 @@ class ControlConfig:
     patience: int = 20       # observations below `low` before raising one level
     factor: float = 0.5      # multiplier per level (eta, or c rounded down)
     max_level: int = 6       # at most factor**max_level of the user's eta
-    knob: str = "auto"       # "lr", "c", or "auto" (c where the scheme lets it change, else lr)
+    knob: str = "auto"       # "lr", "c", or "auto" (c then lr where the scheme lets c change, else lr)
     every: int = 1           # diagnostics (and the rule) every K steps
     c_min: int = 1
     growth: float = 0.5      # loss-trend gate: lower only if mean loss of the last trend_window
@@ -267,13 +268,49 @@ class SchemeCActuator:
         return self.target(level) <= self.c_min
 
 
+class CThenLrActuator:
+    """Knob "auto" on a scheme with a changeable staleness bound: the first levels lower c (as
+    :class:`SchemeCActuator`) down to its floor c_min, the levels beyond lower the learning rate
+    (as :class:`LrActuator`, counted from the floor): level l gives
+
+        c = c_act.target(min(l, L_c)),   eta = eta_0 * factor**max(0, l - L_c),
+
+    L_c the first level at which c reaches c_min. Raising walks back the same way (lr first).
+    ``last_knob`` names the knob the last :meth:`set_level` moved."""
+
+    knob = "auto"
+
+    def __init__(self, c_act: "SchemeCActuator", lr_act: "LrActuator"):
+        self.c_act, self.lr_act = c_act, lr_act
+        self.c_levels = 0
+        while c_act.target(self.c_levels) > c_act.c_min:
+            self.c_levels += 1
+        self.last_knob = "c"
+
+    def value(self):
+        return self.c_act.value()
+
+    def set_level(self, level: int) -> tuple[float, float]:
+        c_level, lr_level = min(level, self.c_levels), max(0, level - self.c_levels)
+        lr_old, lr_new = self.lr_act.value(), self.lr_act.base[0] * self.lr_act.factor ** lr_level
+        if lr_level > 0 or lr_old != lr_new:
+            self.last_knob = "lr"
+            return self.lr_act.set_level(lr_level)
+        self.last_knob = "c"
+        return self.c_act.set_level(c_level)
+
+
 def make_actuator(knob: str, scheme, optimizer, factor: float, c_min: int = 1,
                   apply_c: Optional[Callable[[int], None]] = None):
     """The actuator of ``knob`` for an engine: "lr" (every param group of ``optimizer``), "c"
-    (the scheme's staleness bound; ``apply_c`` as in :class:`SchemeCActuator`) or "auto" (c where
-    the scheme lets it change, else lr). Both engines bind their knob here."""
+    (the scheme's staleness bound; ``apply_c`` as in :class:`SchemeCActuator`) or "auto" (c, then
+    lr once c is at its floor, where the scheme lets c change: :class:`CThenLrActuator`; else lr).
+    Both engines bind their knob here."""
     if knob == "auto":
-        knob = "c" if SchemeCActuator.supports(scheme) else "lr"
+        if not SchemeCActuator.supports(scheme):
+            return LrActuator(optimizer, factor)
+        return CThenLrActuator(SchemeCActuator(scheme, factor, c_min, apply=apply_c),
+                               LrActuator(optimizer, factor))
     if knob == "c":
         if not SchemeCActuator.supports(scheme):
             raise ValueError(f"{scheme.name}: its pipeline depth c is fixed by the code; "
@@ -295,6 +332,6 @@ def actuate(rule: "ControlRule", actuator, act: Optional[Action]) -> Optional[Ac
         rule.level -= 1
         rule.actions.pop()
         return None
-    act.knob = actuator.knob
     act.old, act.new = actuator.set_level(rule.level)
+    act.knob = getattr(actuator, "last_knob", actuator.knob)
     return act

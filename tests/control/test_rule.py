@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from pgc_hvd.control.rule import (ControlConfig, ControlRule, LrActuator, SchemeCActuator,
-                                  actuate, adaptive_default, make_actuator)
+from pgc_hvd.control.rule import (CThenLrActuator, ControlConfig, ControlRule, LrActuator,
+                                  SchemeCActuator, actuate, adaptive_default, make_actuator)
 from pgc_hvd.schemes import get_scheme
 
 
@@ -135,7 +135,8 @@ def test_c_actuator_applies_through_the_engine_hook_and_binding_follows_the_knob
     assert sch.c_bound == 8 and c.value() == 2   # the engine applies it (runtime: next control round)
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=0.8)
-    assert isinstance(make_actuator("auto", sch, opt, 0.5), SchemeCActuator)
+    assert isinstance(make_actuator("auto", sch, opt, 0.5), CThenLrActuator)
+    assert isinstance(make_actuator("c", sch, opt, 0.5), SchemeCActuator)
     assert isinstance(make_actuator("lr", sch, opt, 0.5), LrActuator)
     pgc = get_scheme("pgc-cr", 8, 1)
     assert isinstance(make_actuator("auto", pgc, opt, 0.5), LrActuator)
@@ -156,3 +157,25 @@ def test_actuate_withdraws_a_lowering_of_c_at_its_floor():
             fired.append(a)
     assert [(a.knob, a.old, a.new) for a in fired] == [("c", 2, 1)]
     assert sch.c_bound == 1 and rule.level == 1 and len(rule.actions) == 1
+
+
+def test_auto_knob_lowers_c_to_its_floor_then_lr_and_raises_back_in_reverse():
+    sch = get_scheme("bounded-staleness", 8, 1, r=2, c=4)
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.8)
+    act = make_actuator("auto", sch, opt, 0.5)
+    assert act.c_levels == 2                                   # 4 -> 2 -> 1
+    moves = [(act.set_level(lvl), act.last_knob) for lvl in (1, 2, 3, 4, 3, 2, 1, 0)]
+    assert [k for _, k in moves] == ["c", "c", "lr", "lr", "lr", "lr", "c", "c"]
+    assert [m[0] for m in moves][:4] == [(4, 2), (2, 1), (0.8, 0.4), (0.4, 0.2)]
+    assert sch.c_bound == 4 and opt.param_groups[0]["lr"] == 0.8
+    # through the rule: a sustained divergence walks down c, then lr, never withdrawn
+    sch2 = get_scheme("bounded-staleness", 8, 1, r=2, c=2)
+    opt2 = torch.optim.SGD([p], lr=0.8)
+    rule = ControlRule(ControlConfig(high=1.0, low=0.25, window=1, growth=0.0, trend_window=1,
+                                     max_level=3))
+    a2 = make_actuator("auto", sch2, opt2, 0.5)
+    fired = [a for a in (actuate(rule, a2, rule.observe(t, 10.0 * (t + 1), float(t + 1)))
+                         for t in range(12)) if a is not None]
+    assert [(a.knob, a.old, a.new) for a in fired] == [("c", 2, 1), ("lr", 0.8, 0.4),
+                                                        ("lr", 0.4, 0.2)]
