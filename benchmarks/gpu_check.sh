@@ -5,6 +5,11 @@
 #   bash benchmarks/gpu_check.sh          # from the repository root; writes $OUT/gpu_report.md
 #                                         # when OUT is set, and prints everything to stdout
 # About 1-2 minutes on an H200; the two steps are capped at 120 s and 90 s (under 4 minutes).
+# On the workplace's GPU machine (torch 2.11 at /opt/torch/.venv, CXX=/opt/gcc/bin/g++ by default,
+# which links libstdc++ statically and is refused by CMakeLists.txt), build first with
+#   CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++ \
+#     python3 -m pip install --no-build-isolation --no-deps -e .
+# then: PGC_HVD_VENV=/opt/torch/.venv bash benchmarks/gpu_check.sh
 # Prints: the GPU, the pytest summary (failures listed), then one markdown table (ops_report.py).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

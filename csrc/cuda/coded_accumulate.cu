@@ -14,7 +14,7 @@ using detail::grid_stride_blocks;
 using detail::to_f32;
 
 template <typename T>
-__global__ void coded_accumulate_scalar(float* __restrict__ out, SlotTable t, int c, int64_t d,
+__global__ void __launch_bounds__(256) coded_accumulate_scalar(float* __restrict__ out, SlotTable t, int c, int64_t d,
                                         bool accumulate) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < d;
@@ -26,7 +26,7 @@ __global__ void coded_accumulate_scalar(float* __restrict__ out, SlotTable t, in
   }
 }
 
-__global__ void coded_accumulate_f32x4(float4* __restrict__ out, SlotTable t, int c, int64_t d4,
+__global__ void __launch_bounds__(256) coded_accumulate_f32x4(float4* __restrict__ out, SlotTable t, int c, int64_t d4,
                                        bool accumulate) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < d4;

@@ -10,7 +10,7 @@ namespace {
 using detail::to_f32;
 
 template <typename T>
-__global__ void check_finite_kernel(const T* __restrict__ v, int64_t n, int* flags) {
+__global__ void __launch_bounds__(256) check_finite_kernel(const T* __restrict__ v, int64_t n, int* flags) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   bool bad = false;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += gs)
@@ -19,7 +19,7 @@ __global__ void check_finite_kernel(const T* __restrict__ v, int64_t n, int* fla
 }
 
 template <typename I>
-__global__ void check_indices_kernel(const I* __restrict__ idx, int64_t n, int64_t d,
+__global__ void __launch_bounds__(256) check_indices_kernel(const I* __restrict__ idx, int64_t n, int64_t d,
                                      int* flags) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   bool out = false, unordered = false;
@@ -33,7 +33,7 @@ __global__ void check_indices_kernel(const I* __restrict__ idx, int64_t n, int64
 }
 
 template <typename T, typename I>
-__global__ void scatter_add_kernel(float* __restrict__ out, const T* __restrict__ v,
+__global__ void __launch_bounds__(256) scatter_add_kernel(float* __restrict__ out, const T* __restrict__ v,
                                    const I* __restrict__ idx, int64_t n, float w) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += gs)

@@ -21,10 +21,10 @@ using detail::to_f32;
 using ull = unsigned long long;
 
 constexpr int kHistThreads = 256;
-constexpr int kScanThreads = 1024;
+constexpr int kScanThreads = 256;  // one block walks the tile counts in chunks
 
 template <typename T>
-__global__ void key_hist_kernel(const T* __restrict__ v, int64_t n, uint32_t prefix,
+__global__ void __launch_bounds__(kHistThreads) key_hist_kernel(const T* __restrict__ v, int64_t n, uint32_t prefix,
                                 int prefix_shift, int shift, uint32_t mask,
                                 unsigned int* __restrict__ hist) {
   __shared__ unsigned int sh[kRadixBins];
@@ -50,7 +50,7 @@ __global__ void key_hist_kernel(const T* __restrict__ v, int64_t n, uint32_t pre
 }
 
 template <typename T>
-__global__ void select_count_kernel(const T* __restrict__ v, int64_t n, long long thr,
+__global__ void __launch_bounds__(kSelectThreads) select_count_kernel(const T* __restrict__ v, int64_t n, long long thr,
                                     ull* __restrict__ ws, int64_t ntiles) {
   using Reduce = cub::BlockReduce<ull, kSelectThreads>;
   __shared__ typename Reduce::TempStorage tmp;
@@ -74,7 +74,7 @@ __global__ void select_count_kernel(const T* __restrict__ v, int64_t n, long lon
 
 // Exclusive prefix sums of ws[0, ntiles) and ws[ntiles, 2 ntiles) in place; totals at
 // ws[2 ntiles] and ws[2 ntiles + 1]. One block walks the tiles in chunks of kScanThreads.
-__global__ void tile_scan_kernel(ull* __restrict__ ws, int64_t ntiles) {
+__global__ void __launch_bounds__(kScanThreads) tile_scan_kernel(ull* __restrict__ ws, int64_t ntiles) {
   using Scan = cub::BlockScan<ull, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   for (int arr = 0; arr < 2; ++arr) {
@@ -95,7 +95,7 @@ __global__ void tile_scan_kernel(ull* __restrict__ ws, int64_t ntiles) {
 }
 
 template <typename T, typename I>
-__global__ void select_write_kernel(const T* __restrict__ v, const int64_t* __restrict__ idx_in,
+__global__ void __launch_bounds__(kSelectThreads) select_write_kernel(const T* __restrict__ v, const int64_t* __restrict__ idx_in,
                                     int64_t n, long long thr, long long need_eq,
                                     const ull* __restrict__ ws, int64_t ntiles,
                                     T* __restrict__ out_v, I* __restrict__ out_i) {
@@ -141,7 +141,7 @@ __global__ void select_write_kernel(const T* __restrict__ v, const int64_t* __re
 }
 
 template <typename T>
-__global__ void gather_sample_kernel(const T* __restrict__ x, const float* __restrict__ add,
+__global__ void __launch_bounds__(256) gather_sample_kernel(const T* __restrict__ x, const float* __restrict__ add,
                                      int64_t s, int64_t stride, float* __restrict__ out) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < s; j += gs) {
@@ -152,14 +152,14 @@ __global__ void gather_sample_kernel(const T* __restrict__ x, const float* __res
 }
 
 template <typename T>
-__global__ void add_into_kernel(float* __restrict__ r, const T* __restrict__ x, int64_t n) {
+__global__ void __launch_bounds__(256) add_into_kernel(float* __restrict__ r, const T* __restrict__ x, int64_t n) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += gs)
     r[i] += to_f32(x[i]);
 }
 
 template <typename I>
-__global__ void take_and_zero_kernel(float* __restrict__ r, const I* __restrict__ idx, int64_t k,
+__global__ void __launch_bounds__(256) take_and_zero_kernel(float* __restrict__ r, const I* __restrict__ idx, int64_t k,
                                      float* __restrict__ out_v) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < k; j += gs) {
