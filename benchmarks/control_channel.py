@@ -4,14 +4,15 @@
 
 DESIGN.md asks to measure both ways of agreeing, every control round, on which ranks are ready:
 a tiny collective (what ``pgc_hvd.runtime.agent`` does: one ``hvd.allgather`` of one float64
-control row per rank) and an event-driven key-value store (``torch.distributed.TCPStore``, hosted
-by rank 0: each rank ``set``s its row under the round's key and ``multi_get``s every rank's row,
-waiting for the keys that are missing). A round is over on a rank when it holds all n rows.
+control row per rank) and an event-driven key-value store (the runtime's ``control="store"``
+channel, :class:`pgc_hvd.runtime.control_store.StoreChannel`: a TCPStore hosted by rank 0, each
+rank ``set``s its row under the round's key and ``multi_get``s every rank's row, waiting for the
+keys that are missing). A round is over on a rank when it holds all n rows.
 
 Launches ``horovodrun --gloo`` once per ``--np`` on this machine and prints, from that one
 invocation, per channel the median and 90th percentile of one round (rank 0, after 20 warm-up
 rounds), and the ratio TCPStore / allgather. Also timed: the agent's way of issuing the
-allgather (``allgather_async`` + ``poll`` with 1 ms sleeps, as ``CommAgent._collective``). All
+allgather (``allgather_async`` polled by ``pgc_hvd.runtime.agent.wait_for_handle``). All
 ranks run the rounds back to back, so this is the latency of one round, not a straggler test.
 """
 
@@ -22,7 +23,6 @@ import json
 import statistics
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +38,9 @@ def _summary(samples: list[float]) -> dict:
 def worker(args) -> None:
     import horovod.torch as hvd
     import torch
-    from torch.distributed import TCPStore
+
+    from pgc_hvd.runtime.agent import wait_for_handle
+    from pgc_hvd.runtime.control_store import StoreChannel
 
     torch.set_num_threads(1)
     hvd.init()
@@ -62,34 +64,26 @@ def worker(args) -> None:
     barrier("a")
     sync = timed(lambda t: hvd.allgather(row, name="ctl.sync"))
 
-    # 2. the agent's way: allgather_async + poll with short sleeps
+    # 2. the agent's way: allgather_async, polled by the agent's own wait_for_handle
     def polled(t):
         h = hvd.allgather_async(row, name="ctl.poll")
-        while not hvd.poll(h):
-            time.sleep(0.001)
+        assert wait_for_handle(hvd, h, 60.0)
         hvd.synchronize(h)
 
     barrier("b")
     poll = timed(polled)
 
-    # 3. TCPStore hosted by rank 0 (port chosen by the OS, broadcast over Horovod)
-    # (world_size=None: no join counting; the Horovod barrier below orders the ranks)
-    store = (TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
-             if rank == 0 else None)
-    # (hvd.broadcast_object hangs with horovod 0.28.1 + torch 2.14 here; a tensor broadcast works)
-    port = int(hvd.broadcast(torch.tensor([store.port if rank == 0 else 0]), root_rank=0,
-                             name="store.port"))
-    if rank != 0:
-        store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60))
-    payload = row.numpy().tobytes()
+    # 3. the runtime's TCPStore channel (control="store"), rounds exactly as the agent runs them
+    channel = StoreChannel.create(hvd, rank, n, "bench", 60.0)
+    flat = row.view(-1)
 
     def kv(t):
-        store.set(f"{t}/{rank}", payload)
-        got = store.multi_get([f"{t}/{w}" for w in range(n)])
-        assert len(got) == n and all(len(g) == len(payload) for g in got)
+        got = channel.exchange(flat)
+        assert len(got) == n and all(len(g) == args.row for g in got)
 
     barrier("c")
     kv_times = timed(kv)
+    channel.close()
     barrier("d")
     if rank == 0:
         res = {"np": n, "rounds": rounds, "row_floats": args.row,
@@ -116,8 +110,8 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     rows = [launch(int(k), args) for k in args.np.split(",") if k.strip()]
-    print("| np | allgather median / p90 (ms) | agent's polled allgather (ms) | TCPStore set + "
-          "multi_get (ms) | TCPStore / allgather (median) |")
+    print("| np | allgather median / p90 (ms) | agent's polled allgather (ms) | store channel "
+          "round (ms) | store / allgather (median) |")
     print("|---|---|---|---|---|")
     for r in rows:
         a, q, k = r["allgather"], r["allgather_polled"], r["tcpstore"]

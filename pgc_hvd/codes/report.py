@@ -24,6 +24,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from pgc_hvd.options import parse_options
+
 from .registry import get_code
 
 DEFAULT_CODES = ("bcgc", "gfrc", "fr", "gmds", "cr", "rs", "rs:stride=1", "cyclic-mds")
@@ -49,17 +51,7 @@ def parse_code_spec(spec: str) -> tuple[str, dict]:
 
     Options follow the name, each after a colon: ``name:key=value:key=value``."""
     name, *opts = spec.split(":")
-    options = {}
-    for item in filter(None, (o.strip() for o in opts)):
-        key, eq, value = item.partition("=")
-        try:
-            if not eq:
-                raise ValueError
-            options[key.strip()] = int(value)
-        except ValueError:
-            raise ValueError(f"code option {item!r} in {spec!r} must be key=integer, "
-                             f"e.g. rs:stride=1") from None
-    return name.strip(), options
+    return name.strip(), parse_options(opts, f"code option in {spec!r}:")
 
 
 def measure(name: str, n: int, s: int, patterns: int = 200, seed: int = 0) -> Optional[CodeFigures]:

@@ -264,9 +264,6 @@ class SchemeCActuator:
             self._apply(self.current)
         return old, self.current
 
-    def floor_reached(self, level: int) -> bool:
-        return self.target(level) <= self.c_min
-
 
 class CThenLrActuator:
     """Knob "auto" on a scheme with a changeable staleness bound: the first levels lower c (as
@@ -285,6 +282,7 @@ class CThenLrActuator:
         self.c_levels = 0
         while c_act.target(self.c_levels) > c_act.c_min:
             self.c_levels += 1
+        self.lr_level = 0
         self.last_knob = "c"
 
     def value(self):
@@ -292,9 +290,8 @@ class CThenLrActuator:
 
     def set_level(self, level: int) -> tuple[float, float]:
         c_level, lr_level = min(level, self.c_levels), max(0, level - self.c_levels)
-        lr_old, lr_new = self.lr_act.value(), self.lr_act.base[0] * self.lr_act.factor ** lr_level
-        if lr_level > 0 or lr_old != lr_new:
-            self.last_knob = "lr"
+        if lr_level > 0 or self.lr_level > 0:   # beyond c's floor, or walking lr back to eta_0
+            self.lr_level, self.last_knob = lr_level, "lr"
             return self.lr_act.set_level(lr_level)
         self.last_knob = "c"
         return self.c_act.set_level(c_level)

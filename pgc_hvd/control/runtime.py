@@ -25,7 +25,8 @@
 Knob (``ControlConfig.knob``): "lr" sets ``param_groups[*]["lr"]`` on every rank; "c" lowers
 the staleness bound of bounded staleness through ``optimizer.set_staleness_bound`` (applied on
 every rank at the same control round, see :mod:`pgc_hvd.runtime.agent`); "auto" (default) is c
-where the scheme has a changeable bound, else lr -- as in the simulator. Records carry ``lr``
+down to its floor, then lr, where the scheme has a changeable bound, else lr -- as in the
+simulator (:func:`pgc_hvd.control.rule.make_actuator`). Records carry ``lr``
 and, for bounded staleness, ``c`` (the bound each decision was taken with).
 """
 
@@ -144,7 +145,7 @@ class AdaptiveController:
             if acts:
                 rec.extra["control"] = acts
         rec.extra["control_level"] = self.rule.level
-        if self.actuator is not None and self.opt is not None:
+        if self.opt is not None:
             rec.extra["lr"] = float(self.opt.param_groups[0]["lr"])
         if self.writer is not None:
             self.writer.write(rec)

@@ -89,6 +89,20 @@ CTRL_C_BOUND = 9      # rank 0 only: the staleness bound c requested for the sch
 CTRL_FIXED = 10       # slot versions follow (ring_size entries, -1 padded)
 
 
+def wait_for_handle(hvd, handle, timeout: float) -> bool:
+    """Poll an asynchronous Horovod handle until it completes (True) or ``timeout`` seconds pass
+    (False). Short sleeps first (a small allgather takes 1-3 ms here), then at most 1 ms between
+    polls; a blocking ``synchronize`` could not time out on a hung rank."""
+    deadline = time.monotonic() + timeout
+    sleep = 0.0001
+    while not hvd.poll(handle):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(sleep)
+        sleep = min(sleep * 1.5, 0.001)
+    return True
+
+
 class AgentError(RuntimeError):
     """A fault the runtime cannot step past (dead/hung rank, failed rank, undecodable step)."""
 
@@ -289,18 +303,11 @@ class CommAgent:
         name = f"{self.name}.{kind}.{self._ops}"
         try:
             handle = self.hvd.allgather_async(tensor, name=name)
-            deadline = time.monotonic() + self.timeout
-            # poll the handle (a blocking synchronize could not time out on a hung rank): short
-            # sleeps first (a small allgather takes 1-3 ms here), then at most 1 ms between polls
-            sleep = 0.0001
-            while not self.hvd.poll(handle):
-                if time.monotonic() > deadline:
-                    raise AgentError(
-                        f"rank {self.rank}: collective {name} (step {self.step}) got no answer "
-                        f"within {self.timeout:.0f}s: a rank has died or hung; stopping instead "
-                        f"of hanging")
-                time.sleep(sleep)
-                sleep = min(sleep * 1.5, 0.001)
+            if not wait_for_handle(self.hvd, handle, self.timeout):
+                raise AgentError(
+                    f"rank {self.rank}: collective {name} (step {self.step}) got no answer "
+                    f"within {self.timeout:.0f}s: a rank has died or hung; stopping instead "
+                    f"of hanging")
             return self.hvd.synchronize(handle)
         except AgentError:
             raise

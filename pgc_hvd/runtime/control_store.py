@@ -17,11 +17,12 @@ end every rank adds 1 to ``pgc/<name>/bye`` after its last round, and rank 0 (th
 for n before it returns, so it never shuts the store down under a rank still reading.
 
 Measured on this machine (``benchmarks/control_channel.py``, docs/architecture.md): one round
-costs 0.2-0.3 ms against 1-6 ms for the allgather at np = 2-4. Payloads cannot ride with the
+costs 0.3-0.6 ms against 1.3-7.7 ms for the allgather at np = 2-4. Payloads cannot ride with the
 rows (the store is one server), so a step that fires moves its messages in the data allgather.
 
 Address of rank 0's server: ``PGC_HVD_STORE_ADDR`` when set, else rank 0's host name, read as
-127.0.0.1 by the ranks on rank 0's host. The port is chosen by the OS and broadcast.
+127.0.0.1 by the ranks on rank 0's host. The port is chosen by the OS; ``host:port`` is
+broadcast as a byte tensor (``hvd.broadcast_object`` hangs with horovod 0.28.1 + torch 2.14).
 """
 
 from __future__ import annotations
@@ -66,12 +67,12 @@ class StoreChannel:
         if rank == 0:
             # world_size=None: no join counting (it would wait for workers that connect later)
             store = TCPStore(host, 0, None, True, td, wait_for_workers=False)
-        port = int(hvd.broadcast(torch.tensor([store.port if rank == 0 else 0]), root_rank=0,
-                                 name=f"{name}.store.port"))
-        server = _broadcast_text(hvd, host, rank, f"{name}.store.host")
+        address = _broadcast_text(hvd, f"{host}:{store.port}" if rank == 0 else "", rank,
+                                  f"{name}.store.address")
+        server, _, port = address.rpartition(":")
         if rank != 0:
             local = server == socket.gethostname() and not os.environ.get("PGC_HVD_STORE_ADDR")
-            store = TCPStore("127.0.0.1" if local else server, port, None, False, td)
+            store = TCPStore("127.0.0.1" if local else server, int(port), None, False, td)
         return cls(store, rank, n, name, timeout)
 
     def _key(self, k: int, w: int) -> str:
