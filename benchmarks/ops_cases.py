@@ -8,6 +8,7 @@ together with a plain ``copy_`` of the same machine gives the bandwidth floor.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -103,14 +104,33 @@ def l2_recall(x: torch.Tensor, k: int) -> float:
     return float(v_thr.double().pow(2).sum() / v_ex.double().pow(2).sum())
 
 
-def topk_case(device: str, d: int, frac: float, method: str, dist: str = "gaussian") -> Case:
+WALK_ENV = "PGC_HVD_CUDA_TOPK_WALK"
+
+
+def with_walk(walk: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """fn run with the CUDA radix-select driver ``walk`` ("device" or "host"); setting the
+    variable costs microseconds, next to the hundreds a top-k takes."""
+    def run():
+        os.environ[WALK_ENV] = walk
+        try:
+            return fn()
+        finally:
+            del os.environ[WALK_ENV]
+    return run
+
+
+def topk_case(device: str, d: int, frac: float, method: str, dist: str = "gaussian",
+              walk: str = "") -> Case:
+    """walk = "host" times the host-driven CUDA radix select (the first version) instead."""
     x = _data(dist, d, device)
     k = int(frac * d)
+    ours = lambda: ops.topk_compress(x, k, method)  # noqa: E731
     case = Case(
-        op=f"topk {method}" + ("" if dist == "gaussian" else f" ({dist})"),
+        op=f"topk {method}" + ("" if dist == "gaussian" else f" ({dist})")
+        + (f" [{walk} walk]" if walk else ""),
         d=d,
         param=f"k={frac:.0%}",
-        ours=lambda: ops.topk_compress(x, k, method),
+        ours=with_walk(walk, ours) if walk else ours,
         ref=lambda: torch.topk(x.abs(), k),
         ref_name="torch.topk(x.abs(), k)",
         floor_bytes=4 * d,
@@ -129,16 +149,17 @@ def _ef_torch(x: torch.Tensor, r: torch.Tensor, k: int):
     return vals, idx
 
 
-def ef_case(device: str, d: int, frac: float, method: str) -> Case:
+def ef_case(device: str, d: int, frac: float, method: str, walk: str = "") -> Case:
     x = torch.randn(d, device=device)
     r_ours = torch.zeros(d, device=device)
     r_ref = torch.zeros(d, device=device)
     k = int(frac * d)
+    ours = lambda: ops.error_feedback_compress(x, r_ours, k, method)  # noqa: E731
     return Case(
-        op=f"error feedback {method}",
+        op=f"error feedback {method}" + (f" [{walk} walk]" if walk else ""),
         d=d,
         param=f"k={frac:.0%}",
-        ours=lambda: ops.error_feedback_compress(x, r_ours, k, method),
+        ours=with_walk(walk, ours) if walk else ours,
         ref=lambda: _ef_torch(x, r_ref, k),
         ref_name="x+r, torch.topk, scatter",
         floor_bytes=12 * d,  # read x, read and write the residual
@@ -186,6 +207,11 @@ def all_cases(device: str, quick: bool = False):
             for method in ("exact", "threshold"):
                 yield lambda d=d, frac=frac, method=method: topk_case(device, d, frac, method)
     yield lambda: topk_case(device, D_LARGE, 0.01, "threshold", dist="student_t3")
+    if device == "cuda":  # the host-driven radix select, timed in the same run
+        for d in sizes:
+            for method in ("exact", "threshold"):
+                yield lambda d=d, method=method: topk_case(device, d, 0.01, method, walk="host")
+        yield lambda: ef_case(device, D_LARGE, 0.01, "exact", walk="host")
     for d in sizes:
         for method in ("exact", "threshold"):
             yield lambda d=d, method=method: ef_case(device, d, 0.01, method)

@@ -9,18 +9,14 @@
 namespace pgc {
 namespace {
 
-bool all_finite(const at::Tensor& t) {
+ContentReport inspect_contents(const at::Tensor& out, const std::vector<at::Tensor>& dense,
+                               const std::vector<at::Tensor>& sparse_values,
+                               const std::vector<at::Tensor>& sparse_indices, bool check_finite) {
 #ifdef PGC_HVD_WITH_CUDA
-  if (t.is_cuda()) return cuda::all_finite(t);
+  if (out.is_cuda())
+    return cuda::inspect_contents(dense, sparse_values, sparse_indices, out.numel(), check_finite);
 #endif
-  return cpu::all_finite(t);
-}
-
-IndexReport inspect_indices(const at::Tensor& idx, int64_t d) {
-#ifdef PGC_HVD_WITH_CUDA
-  if (idx.is_cuda()) return cuda::inspect_indices(idx, d);
-#endif
-  return cpu::inspect_indices(idx, d);
+  return cpu::inspect_contents(dense, sparse_values, sparse_indices, out.numel(), check_finite);
 }
 
 void check_weight(double w, const char* kind, size_t i) {
@@ -60,7 +56,6 @@ void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
     TORCH_CHECK_VALUE(m.data_ptr() != out.data_ptr(), "dense message ", i, " aliases out");
     check_weight(dense_weights[i], "dense", i);
   }
-  std::vector<IndexReport> reports(sparse_values.size());
   for (size_t i = 0; i < sparse_values.size(); ++i) {
     const auto& v = sparse_values[i];
     const auto& ix = sparse_indices[i];
@@ -78,21 +73,19 @@ void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
     check_weight(sparse_weights[i], "sparse", i);
   }
   // Content checks: all of them before out is touched.
+  const ContentReport report =
+      inspect_contents(out, dense, sparse_values, sparse_indices, check_finite);
   for (size_t i = 0; i < sparse_values.size(); ++i) {
-    if (sparse_indices[i].numel() == 0) continue;
-    reports[i] = inspect_indices(sparse_indices[i], d);
-    TORCH_CHECK_VALUE(reports[i].in_range, "sparse message ", i,
+    TORCH_CHECK_VALUE(report.sparse_indices[i].in_range, "sparse message ", i,
                       " has indices outside [0, d) = [0, ", d, ")");
-    if (check_finite)
-      TORCH_CHECK_VALUE(all_finite(sparse_values[i]), "sparse message ", i,
-                        " has Inf or NaN values; drop it (treat the sender as a straggler) or "
-                        "pass check_finite=False to let them propagate");
+    TORCH_CHECK_VALUE(report.sparse_finite[i], "sparse message ", i,
+                      " has Inf or NaN values; drop it (treat the sender as a straggler) or "
+                      "pass check_finite=False to let them propagate");
   }
-  if (check_finite)
-    for (size_t i = 0; i < dense.size(); ++i)
-      TORCH_CHECK_VALUE(all_finite(dense[i]), "dense message ", i,
-                        " has Inf or NaN values; drop it (treat the sender as a straggler) or "
-                        "pass check_finite=False to let them propagate");
+  for (size_t i = 0; i < dense.size(); ++i)
+    TORCH_CHECK_VALUE(report.dense_finite[i], "dense message ", i,
+                      " has Inf or NaN values; drop it (treat the sender as a straggler) or "
+                      "pass check_finite=False to let them propagate");
 
   // Dense messages: one coded-accumulation pass per dtype present (usually one).
   bool acc = accumulate;
@@ -114,11 +107,11 @@ void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
     const float w = static_cast<float>(sparse_weights[i]);
 #ifdef PGC_HVD_WITH_CUDA
     if (out.is_cuda()) {
-      cuda::scatter_add(out, sparse_values[i], sparse_indices[i], w, reports[i].increasing);
+      cuda::scatter_add(out, sparse_values[i], sparse_indices[i], w, report.sparse_indices[i].increasing);
       continue;
     }
 #endif
-    cpu::scatter_add(out, sparse_values[i], sparse_indices[i], w, reports[i].increasing);
+    cpu::scatter_add(out, sparse_values[i], sparse_indices[i], w, report.sparse_indices[i].increasing);
   }
 }
 

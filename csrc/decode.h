@@ -27,17 +27,31 @@ struct IndexReport {
   bool increasing = true;   // strictly increasing (then a scatter may run in parallel)
 };
 
+// What the content checks found, per message (empty sparse messages are not inspected and
+// report in range, increasing and finite). finite flags are all true when not checked.
+struct ContentReport {
+  std::vector<IndexReport> sparse_indices;
+  std::vector<bool> sparse_finite;
+  std::vector<bool> dense_finite;
+};
+
 namespace cpu {
-bool all_finite(const at::Tensor& t);
-IndexReport inspect_indices(const at::Tensor& indices, int64_t d);
+ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
+                               const std::vector<at::Tensor>& sparse_values,
+                               const std::vector<at::Tensor>& sparse_indices, int64_t d,
+                               bool check_finite);
 void scatter_add(at::Tensor& out, const at::Tensor& values, const at::Tensor& indices, float w,
                  bool increasing);
 }  // namespace cpu
 
 #ifdef PGC_HVD_WITH_CUDA
 namespace cuda {
-bool all_finite(const at::Tensor& t);
-IndexReport inspect_indices(const at::Tensor& indices, int64_t d);
+// Queues every check of every message, then reads all the flags back at once (one blocking
+// read per decode, not one per check).
+ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
+                               const std::vector<at::Tensor>& sparse_values,
+                               const std::vector<at::Tensor>& sparse_indices, int64_t d,
+                               bool check_finite);
 void scatter_add(at::Tensor& out, const at::Tensor& values, const at::Tensor& indices, float w,
                  bool increasing);
 }  // namespace cuda

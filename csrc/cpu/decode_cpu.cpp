@@ -55,8 +55,6 @@ void scatter_t(float* out, const T* v, const at::Tensor& indices, int64_t n, flo
     scatter(out, v, indices.data_ptr<int32_t>(), n, w, increasing);
 }
 
-}  // namespace
-
 bool all_finite(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return finite_of(t.data_ptr<float>(), t.numel());
@@ -70,6 +68,26 @@ IndexReport inspect_indices(const at::Tensor& indices, int64_t d) {
   if (indices.scalar_type() == at::kLong)
     return inspect(indices.data_ptr<int64_t>(), indices.numel(), d);
   return inspect(indices.data_ptr<int32_t>(), indices.numel(), d);
+}
+
+}  // namespace
+
+ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
+                               const std::vector<at::Tensor>& sparse_values,
+                               const std::vector<at::Tensor>& sparse_indices, int64_t d,
+                               bool check_finite) {
+  ContentReport r;
+  r.sparse_indices.resize(sparse_values.size());
+  r.sparse_finite.assign(sparse_values.size(), true);
+  r.dense_finite.assign(dense.size(), true);
+  for (size_t i = 0; i < sparse_values.size(); ++i) {
+    if (sparse_indices[i].numel() == 0) continue;
+    r.sparse_indices[i] = inspect_indices(sparse_indices[i], d);
+    if (check_finite) r.sparse_finite[i] = all_finite(sparse_values[i]);
+  }
+  if (check_finite)
+    for (size_t i = 0; i < dense.size(); ++i) r.dense_finite[i] = all_finite(dense[i]);
+  return r;
 }
 
 void scatter_add(at::Tensor& out, const at::Tensor& values, const at::Tensor& indices, float w,

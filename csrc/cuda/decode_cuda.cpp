@@ -1,27 +1,55 @@
-// Tensor glue of CUDA decode-accumulate (kernels in decode.cu). The checks block for a two-int
-// read-back so that errors are raised before out is written.
+// Tensor glue of CUDA decode-accumulate (kernels in decode.cu). All content checks of one
+// decode are queued first and read back together (one blocking read of 3 ints per sparse and
+// 1 per dense message), so that errors are raised before out is written.
 #include "cuda/glue.h"
 #include "decode.h"
 
 namespace pgc::cuda {
 
-bool all_finite(const at::Tensor& t) {
-  const c10::cuda::CUDAGuard guard(t.device());
-  at::Tensor flags = at::zeros({1}, t.options().dtype(at::kInt));
-  kernels::check_finite(t.data_ptr(), kernel_dtype(t), t.numel(), flags.data_ptr<int>(),
-                        current_stream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return to_host(flags).item<int>() == 0;
-}
-
-IndexReport inspect_indices(const at::Tensor& indices, int64_t d) {
-  const c10::cuda::CUDAGuard guard(indices.device());
-  at::Tensor flags = at::zeros({2}, indices.options().dtype(at::kInt));
-  kernels::check_indices(indices.data_ptr(), indices.scalar_type() == at::kLong, indices.numel(),
-                         d, flags.data_ptr<int>(), current_stream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
+                               const std::vector<at::Tensor>& sparse_values,
+                               const std::vector<at::Tensor>& sparse_indices, int64_t d,
+                               bool check_finite) {
+  const size_t ns = sparse_values.size(), nd = dense.size();
+  ContentReport r;
+  r.sparse_indices.resize(ns);
+  r.sparse_finite.assign(ns, true);
+  r.dense_finite.assign(nd, true);
+  if (ns + nd == 0 || (!check_finite && ns == 0)) return r;
+  const at::Tensor& any = ns > 0 ? sparse_values[0] : dense[0];
+  const c10::cuda::CUDAGuard guard(any.device());
+  const auto stream = current_stream();
+  // flags[3i]: index out of range, [3i+1]: indices not increasing, [3i+2]: non-finite value of
+  // sparse message i; flags[3 ns + j]: non-finite value of dense message j.
+  at::Tensor flags = at::zeros({static_cast<int64_t>(3 * ns + nd)}, any.options().dtype(at::kInt));
+  int* f = flags.data_ptr<int>();
+  for (size_t i = 0; i < ns; ++i) {
+    const at::Tensor& ix = sparse_indices[i];
+    if (ix.numel() == 0) continue;
+    kernels::check_indices(ix.data_ptr(), ix.scalar_type() == at::kLong, ix.numel(), d, f + 3 * i,
+                           stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (check_finite) {
+      const at::Tensor& v = sparse_values[i];
+      kernels::check_finite(v.data_ptr(), kernel_dtype(v), v.numel(), f + 3 * i + 2, stream);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  }
+  if (check_finite) {
+    for (size_t j = 0; j < nd; ++j) {
+      kernels::check_finite(dense[j].data_ptr(), kernel_dtype(dense[j]), dense[j].numel(),
+                            f + 3 * ns + j, stream);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  }
   const at::Tensor h = to_host(flags);
-  return {h[0].item<int>() == 0, h[1].item<int>() == 0};
+  const int* hf = h.data_ptr<int>();
+  for (size_t i = 0; i < ns; ++i) {
+    r.sparse_indices[i] = {hf[3 * i] == 0, hf[3 * i + 1] == 0};
+    r.sparse_finite[i] = hf[3 * i + 2] == 0;
+  }
+  for (size_t j = 0; j < nd; ++j) r.dense_finite[j] = hf[3 * ns + j] == 0;
+  return r;
 }
 
 void scatter_add(at::Tensor& out, const at::Tensor& values, const at::Tensor& indices, float w,

@@ -1,6 +1,17 @@
-// Tensor glue of CUDA top-kappa compression and error feedback (kernels in topk.cu). The host
-// drives radix select: each histogram pass is one launch and one 8 KiB read-back; the selection
-// itself (count, scan, write) stays on the device and keeps index order.
+// Tensor glue of CUDA top-kappa compression and error feedback (kernels in topk.cu).
+//
+// Two drivers of the same radix select (radix.h), chosen by PGC_HVD_CUDA_TOPK_WALK:
+//   device (default): the digit walk runs on the device (radix_walk writes the prefix into a walk
+//     state that the next launches read). Exact: one digit-0 histogram pass over x, ONE 64-byte
+//     read-back (the candidate count, and the non-finite count for the ValueError), one stable
+//     compaction pass of the digit-0 boundary bin and above, then digits 1 and 2 and the
+//     order-preserving selection among those few candidates. Threshold: the sample's walk, one
+//     counting pass over x, one read-back, one compaction pass, the same finish.
+//   host: the first version, kept to measure against in one run (benchmarks/ops_report.py) and as
+//     a fallback: each histogram pass ends with an 8 KiB read-back that the host walks; five
+//     full passes over x for exact.
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/glue.h"
@@ -24,12 +35,12 @@ struct Source {
   int64_t n;
 };
 
-struct Selector {
+struct HostWalk {
   at::TensorOptions dev;  // device options (dtype set per allocation)
   cudaStream_t stream;
   at::Tensor hist;        // kRadixBins int32 on the device
 
-  explicit Selector(const at::Tensor& like)
+  explicit HostWalk(const at::Tensor& like)
       : dev(like.options()), stream(current_stream()),
         hist(at::empty({kernels::kRadixBins}, like.options().dtype(at::kInt))) {}
 
@@ -41,7 +52,7 @@ struct Selector {
     int64_t k_rem = kappa;
     for (int p = 0; p < 3; ++p) {
       const uint32_t mask = (1u << radix::kDigits[p].bits) - 1u;
-      kernels::key_histogram(src.v, src.dt, src.n, prefix, radix::prefix_shift(p),
+      kernels::key_histogram(src.v, src.dt, src.n, prefix, nullptr, radix::prefix_shift(p),
                              radix::kDigits[p].shift, mask,
                              reinterpret_cast<unsigned int*>(hist.data_ptr<int>()), stream);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -70,7 +81,7 @@ struct Selector {
   // Number of elements of src with key > thr (count + scan launches; blocks for the total).
   int64_t count_above(const Source& src, long long thr, at::Tensor& ws) {
     auto* w = reinterpret_cast<unsigned long long*>(ws.data_ptr<int64_t>());
-    kernels::select_count(src.v, src.dt, src.n, thr, w, stream);
+    kernels::select_count(src.v, src.dt, src.n, thr, nullptr, w, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t off = kernels::select_totals(w, src.n) - w;
     return to_host(ws.narrow(0, off, 1)).item<int64_t>();
@@ -80,7 +91,7 @@ struct Selector {
   // workspace must hold select_count's result for the same (src, thr).
   void write(const Source& src, long long thr, long long need_eq, const at::Tensor& ws,
              void* out_v, void* out_i, bool index64) {
-    kernels::select_write(src.v, src.dt, src.idx, src.n, thr, need_eq,
+    kernels::select_write(src.v, src.dt, src.idx, src.n, thr, need_eq, nullptr,
                           reinterpret_cast<const unsigned long long*>(ws.data_ptr<int64_t>()),
                           out_v, out_i, index64, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -93,7 +104,7 @@ struct Selector {
     int64_t need_eq = 0;
     kth_largest(src, kappa, true, what, &T, &need_eq);
     at::Tensor ws = workspace(src.n);
-    kernels::select_count(src.v, src.dt, src.n, static_cast<long long>(T),
+    kernels::select_count(src.v, src.dt, src.n, static_cast<long long>(T), nullptr,
                           reinterpret_cast<unsigned long long*>(ws.data_ptr<int64_t>()), stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     write(src, static_cast<long long>(T), need_eq, ws, out_v, out_i, index64);
@@ -142,6 +153,153 @@ struct Selector {
   }
 };
 
+// Radix select driven from the device (see the top of this file).
+struct DeviceWalk {
+  at::TensorOptions dev;
+  cudaStream_t stream;
+  at::Tensor hist;   // kRadixBins int32 on the device
+  at::Tensor state;  // kWalkStateElems int64 on the device (kernels.h)
+
+  explicit DeviceWalk(const at::Tensor& like)
+      : dev(like.options()), stream(current_stream()),
+        hist(at::empty({kernels::kRadixBins}, like.options().dtype(at::kInt))),
+        state(at::empty({kernels::kWalkStateElems}, like.options().dtype(at::kLong))) {}
+
+  long long* st() { return reinterpret_cast<long long*>(state.data_ptr<int64_t>()); }
+  unsigned int* h() { return reinterpret_cast<unsigned int*>(hist.data_ptr<int>()); }
+
+  // Passes first..last of the walk over src (pass 0 starts from rank kappa; later passes read
+  // the prefix and rank that the state holds). Queues launches only.
+  void walk(const Source& src, int64_t kappa, int first, int last) {
+    for (int p = first; p <= last; ++p) {
+      const uint32_t mask = (1u << radix::kDigits[p].bits) - 1u;
+      kernels::key_histogram(src.v, src.dt, src.n, 0u, p == 0 ? nullptr : st() + kernels::kStPrefix,
+                             radix::prefix_shift(p), radix::kDigits[p].shift, mask, h(), stream);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      kernels::radix_walk(h(), p, kappa, st(), stream);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  }
+
+  // Completes the walk over src from pass `first` and writes the kappa selected elements in
+  // index order: {key > T} and the first need_eq with key == T, both read from the state.
+  void finish(const Source& src, int64_t kappa, int first, void* out_v, void* out_i,
+              bool index64) {
+    walk(src, kappa, first, 2);
+    at::Tensor ws = at::empty({kernels::select_workspace_elems(src.n)}, dev.dtype(at::kLong));
+    auto* w = reinterpret_cast<unsigned long long*>(ws.data_ptr<int64_t>());
+    kernels::select_count(src.v, src.dt, src.n, 0, st(), w, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    kernels::select_write(src.v, src.dt, src.idx, src.n, 0, 0, st(), w, out_v, out_i, index64,
+                          stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  // The m elements of src with key >= thr (m counted before), values and positions, in index
+  // order: one stable compaction pass, then a gather of the m values.
+  struct Candidates {
+    at::Tensor v, i;
+    Source src;
+  };
+  Candidates compact(const Source& src, const at::Tensor& like, uint32_t thr, int64_t m) {
+    TORCH_INTERNAL_ASSERT(src.idx == nullptr, "compaction runs on the input, not on candidates");
+    Candidates c;
+    c.i = at::empty({m}, dev.dtype(at::kLong));
+    c.v = at::empty({m}, like.options());
+    // Never empty: a null temp pointer would make cub return its size instead of running.
+    const size_t bytes = std::max<size_t>(kernels::compact_temp_bytes(src.dt, src.n), 16);
+    at::Tensor temp = at::empty({static_cast<int64_t>(bytes)}, dev.dtype(at::kByte));
+    C10_CUDA_CHECK(kernels::compact_at_least(src.v, src.dt, src.n, thr, temp.data_ptr(), bytes,
+                                             c.i.data_ptr<int64_t>(),
+                                             st() + kernels::kStSelected, stream));
+    kernels::gather(src.v, src.dt, c.i.data_ptr<int64_t>(), m, c.v.data_ptr(), stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    c.src = Source{c.v.data_ptr(), src.dt, c.i.data_ptr<int64_t>(), m};
+    return c;
+  }
+
+  // Exact: digit-0 histogram and walk, one read-back (non-finite and candidate counts), the
+  // compaction of the boundary bin and above, and the rest of the walk on those candidates.
+  void exact(const Source& src, const at::Tensor& like, int64_t kappa, const char* what,
+             void* out_v, void* out_i, bool index64) {
+    walk(src, kappa, 0, 0);
+    const at::Tensor hs = to_host(state);
+    const int64_t* s = hs.data_ptr<int64_t>();
+    TORCH_CHECK_VALUE(s[kernels::kStNonFinite] == 0, what, " ", kNonFiniteMsg, " (",
+                      s[kernels::kStNonFinite], " of ", src.n, ")");
+    const int64_t m = s[kernels::kStAtOrAbove];
+    TORCH_INTERNAL_ASSERT(m >= kappa && m <= src.n, "radix walk: ", m, " candidates for kappa ",
+                          kappa, " of ", src.n);
+    if (m == src.n) {  // nothing to drop (e.g. kappa = d, or one digit-0 bin holds everything)
+      finish(src, kappa, 1, out_v, out_i, index64);
+      return;
+    }
+    const uint32_t thr = static_cast<uint32_t>(s[kernels::kStPrefix]) << radix::kDigits[0].shift;
+    const Candidates c = compact(src, like, thr, m);
+    finish(c.src, kappa, 1, out_v, out_i, index64);
+  }
+
+  // Threshold: the sample's r-th largest key (walked on the device), one counting pass over the
+  // input, one read-back, a top-up when the candidates are fewer than kappa (rare: the count
+  // is re-read per attempt), the compaction, then the exact selection among the candidates.
+  void threshold(const Source& src, const at::Tensor& like, int64_t kappa, const char* what,
+                 void* out_v, void* out_i, bool index64) {
+    const int64_t n = src.n;
+    const int64_t s = radix::sample_size(n);
+    const int64_t r = radix::sample_rank(n, kappa, s);
+    at::Tensor sample;
+    const long long* thr_dev = nullptr;
+    if (r <= s) {
+      sample = at::empty({s}, dev.dtype(at::kFloat));
+      kernels::gather_sample(src.v, src.dt, nullptr, s, n / s, sample.data_ptr<float>(), stream);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      walk(Source{sample.data_ptr<float>(), kernels::DType::kFloat32, nullptr, s}, r, 0, 2);
+      thr_dev = st() + kernels::kStPrefix;
+    }
+    kernels::count_at_least(src.v, src.dt, n, 0u, thr_dev, st(), stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    at::Tensor hs = to_host(state);
+    const int64_t nonfinite = hs.data_ptr<int64_t>()[kernels::kStCountNonFinite];
+    TORCH_CHECK_VALUE(nonfinite == 0, what, " ", kNonFiniteMsg, " (", nonfinite, " of ", n, ")");
+    uint32_t thr = r <= s ? static_cast<uint32_t>(hs.data_ptr<int64_t>()[kernels::kStPrefix]) : 0u;
+    int64_t nc = hs.data_ptr<int64_t>()[kernels::kStCountGe];
+    for (int attempt = 0; nc < kappa; ++attempt) {
+      thr = attempt == 0 ? radix::halve_key(thr)
+            : attempt == 1 ? (thr > (8u << 23) ? thr - (8u << 23) : 0u)
+                           : 0u;
+      kernels::count_at_least(src.v, src.dt, n, thr, nullptr, st(), stream);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      nc = to_host(state).data_ptr<int64_t>()[kernels::kStCountGe];
+    }
+    const Candidates c = compact(src, like, thr, nc);
+    finish(c.src, kappa, 0, out_v, out_i, index64);
+  }
+};
+
+// Which driver runs (see the top of this file): PGC_HVD_CUDA_TOPK_WALK = device (default) or host.
+bool host_walk_requested() {
+  const char* e = std::getenv("PGC_HVD_CUDA_TOPK_WALK");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "device") == 0) return false;
+  TORCH_CHECK_VALUE(std::strcmp(e, "host") == 0,
+                    "PGC_HVD_CUDA_TOPK_WALK must be 'device' (the default) or 'host', got '", e,
+                    "'");
+  return true;
+}
+
+// Top-kappa of src into (out_v, out_i); like gives the values' dtype and device.
+void select_topk(const Source& src, const at::Tensor& like, int64_t kappa, TopkMethod method,
+                 const char* what, void* out_v, void* out_i, bool index64) {
+  if (host_walk_requested()) {
+    HostWalk(like).run(src, like, kappa, method, what, out_v, out_i, index64);
+    return;
+  }
+  DeviceWalk w(like);
+  if (method == TopkMethod::kExact)
+    w.exact(src, like, kappa, what, out_v, out_i, index64);
+  else
+    w.threshold(src, like, kappa, what, out_v, out_i, index64);
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> topk_compress(const at::Tensor& x, int64_t kappa,
@@ -150,9 +308,8 @@ std::tuple<at::Tensor, at::Tensor> topk_compress(const at::Tensor& x, int64_t ka
   at::Tensor values = at::empty({kappa}, x.options());
   at::Tensor indices = at::empty({kappa}, x.options().dtype(index64 ? at::kLong : at::kInt));
   if (kappa == 0) return {values, indices};
-  Selector sel(x);
-  sel.run(Source{x.data_ptr(), kernel_dtype(x), nullptr, x.numel()}, x, kappa, method, "x",
-          values.data_ptr(), indices.data_ptr(), index64);
+  select_topk(Source{x.data_ptr(), kernel_dtype(x), nullptr, x.numel()}, x, kappa, method, "x",
+              values.data_ptr(), indices.data_ptr(), index64);
   return {values, indices};
 }
 
@@ -168,9 +325,8 @@ std::tuple<at::Tensor, at::Tensor> error_feedback_compress(const at::Tensor& x,
   at::Tensor values = at::empty({kappa}, residual.options());
   at::Tensor indices = at::empty({kappa}, residual.options().dtype(index64 ? at::kLong : at::kInt));
   if (kappa == 0) return {values, indices};
-  Selector sel(residual);
-  sel.run(Source{r, kernels::DType::kFloat32, nullptr, n}, residual, kappa, method,
-          "x + residual", values.data_ptr(), indices.data_ptr(), index64);
+  select_topk(Source{r, kernels::DType::kFloat32, nullptr, n}, residual, kappa, method,
+              "x + residual", values.data_ptr(), indices.data_ptr(), index64);
   kernels::take_and_zero(r, indices.data_ptr(), index64, kappa, values.data_ptr<float>(), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {values, indices};

@@ -21,6 +21,12 @@ Two selection methods give the same I whenever it is well defined:
   redone, which tops the set up to kappa. Since the candidates then contain the exact top-kappa,
   the result equals the exact one; the method is faster because it skips the histogram pass.
 
+On CUDA the digit walk of radix select runs on the device by default, so a selection queues
+without host round trips except one small read-back (the candidate count, and the Inf/NaN
+count behind the ValueError below). ``PGC_HVD_CUDA_TOPK_WALK=host`` selects the first,
+host-driven version (one blocking read-back per digit), kept as a fallback and as the reference
+that ``benchmarks/ops_report.py`` times alongside; both give the same result.
+
 Error feedback (EF-SGD): with a residual e (fp32, the part of past messages not yet sent),
 
     a = x + e,   (v, I) = C_kappa(a),   e <- a - D(v, I),

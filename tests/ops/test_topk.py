@@ -190,3 +190,34 @@ def test_hypothesis_ties(levels, d, kfrac, seed, method):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(-levels, levels + 1, (d,), generator=g).float() * 0.25
     assert_matches_ref(x, int(math.floor(kfrac * d)), method)
+
+
+CUDA_WALKS = ["device", "host"]  # PGC_HVD_CUDA_TOPK_WALK: who walks the radix digits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("case", ["gaussian", "student_t3", "many_ties", "all_equal", "ramp"])
+@pytest.mark.parametrize("d", [1, 1031, 300_007])
+def test_cuda_walks_agree(monkeypatch, method, case, d):
+    """Both CUDA drivers of radix select (device-side walk, the default, and the host-driven
+    first version) select exactly the reference's entries."""
+    g = torch.Generator().manual_seed(d)
+    if case == "gaussian":
+        x = torch.randn(d, generator=g)
+    elif case == "student_t3":
+        x = torch.distributions.StudentT(3.0).sample((d,))
+    else:
+        x = ADVERSARIAL[case](d)
+    x = x.contiguous().cuda()
+    for walk in CUDA_WALKS:
+        monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", walk)
+        for k in sorted({1, max(1, d // 100), d // 3, d}):
+            assert_matches_ref(x, k, method)
+
+
+@pytest.mark.gpu
+def test_cuda_walk_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", "sideways")
+    with pytest.raises(ValueError, match="PGC_HVD_CUDA_TOPK_WALK must be 'device'"):
+        topk_compress(torch.randn(10, device="cuda"), 3)
