@@ -221,3 +221,27 @@ def test_cuda_walk_setting_is_checked(monkeypatch):
     monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", "sideways")
     with pytest.raises(ValueError, match="PGC_HVD_CUDA_TOPK_WALK must be 'device'"):
         topk_compress(torch.randn(10, device="cuda"), 3)
+
+
+@pytest.mark.gpu
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(
+    levels=st.integers(1, 40),
+    d=st.integers(1, 20_000),
+    kfrac=st.floats(0, 1),
+    seed=st.integers(0, 2**31 - 1),
+    method=st.sampled_from(METHODS),
+    walk=st.sampled_from(CUDA_WALKS),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_hypothesis_cuda_matches_reference(monkeypatch, levels, d, kfrac, seed, method, walk,
+                                           dtype):
+    """Random sizes, tie structures and scales (values spread over 23 binades, so every radix
+    digit decides somewhere; |x| <= 40 * 2^10 stays finite in float16) on the GPU, under both
+    drivers of radix select."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-levels, levels + 1, (d,), generator=g).float()
+    x = x * torch.exp2(torch.randint(-12, 11, (d,), generator=g).float())
+    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", walk)
+    assert_matches_ref(x.to("cuda", dtype), int(math.floor(kfrac * d)), method)
