@@ -7,27 +7,43 @@
 # About 2 minutes on an H200; the three steps are capped at 120, 90 and 90 s (under 5 minutes).
 # The report times the host-driven radix select ("[host walk]" rows) next to the default one.
 # On the workplace's GPU machine (torch 2.11 at /opt/torch/.venv, CXX=/opt/gcc/bin/g++ by default,
-# which links libstdc++ statically and is refused by CMakeLists.txt), build first with
+# which links libstdc++ statically and is refused by CMakeLists.txt), build and check in one go:
+#   PGC_HVD_VENV=/opt/torch/.venv bash benchmarks/gpu_check.sh --build
+# --build first runs, with the system compilers (about 50 s on 16 cores; log in $OUT/build.log),
 #   CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++ \
-#     python3 -m pip install --no-build-isolation --no-deps -e .
-# then: PGC_HVD_VENV=/opt/torch/.venv bash benchmarks/gpu_check.sh
-# Prints: the GPU, the pytest summary (failures listed), then one markdown table (ops_report.py).
+#     python -m pip install --no-build-isolation --no-deps -e .
+# Prints: the GPU, the pytest summaries (failures listed), then one markdown table (ops_report.py).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PGC_HVD_VENV:-.venv}/bin/python"
 rc=0
+XDIST=()
+"$PY" -c 'import xdist' 2>/dev/null && XDIST=(-n 8)
+
+if [[ "${1:-}" == "--build" ]]; then
+  build_log="${OUT:-/tmp}/build.log"
+  mkdir -p "$(dirname "$build_log")"
+  echo "== build (log: $build_log)"
+  if ! CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++ CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      timeout 240 "$PY" -m pip install --no-build-isolation --no-deps -v -e . >"$build_log" 2>&1; then
+    echo "build failed; its last messages:"
+    grep -iE "error|fatal" "$build_log" | tail -30
+    exit 2
+  fi
+fi
 
 echo "== GPU: $(nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv,noheader 2>/dev/null || echo unknown)"
 "$PY" -c 'import torch, pgc_hvd._C as C; print("== torch", torch.__version__, "| cuda", torch.cuda.is_available(), "| pgc_hvd._C CUDA kernels:", C.cuda_compiled())' || exit 2
 
 echo "== pytest tests/ops -m gpu (device-side radix walk, the default)"
-timeout 120 "$PY" -m pytest tests/ops -m gpu -q -p no:cacheprovider -o addopts="" -rf 2>&1 \
+timeout 120 "$PY" -m pytest tests/ops -m gpu -q "${XDIST[@]}" -p no:cacheprovider -o addopts="" -rf 2>&1 \
   | tail -40
 rc=${PIPESTATUS[0]}
 
-echo "== pytest tests/ops -m gpu -k 'topk or error_feedback' (PGC_HVD_CUDA_TOPK_WALK=host)"
+echo "== pytest top-k and error-feedback GPU tests (PGC_HVD_CUDA_TOPK_WALK=host)"
 PGC_HVD_CUDA_TOPK_WALK=host timeout 90 "$PY" -m pytest tests/ops/test_topk.py \
-  tests/ops/test_error_feedback.py -m gpu -q -p no:cacheprovider -o addopts="" -rf 2>&1 | tail -20
+  tests/ops/test_error_feedback.py -m gpu -q "${XDIST[@]}" -p no:cacheprovider -o addopts="" -rf \
+  2>&1 | tail -20
 host_rc=${PIPESTATUS[0]}
 [[ $host_rc -ne 0 ]] && rc=$host_rc
 
