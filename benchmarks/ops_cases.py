@@ -111,11 +111,15 @@ def with_walk(walk: str, fn: Callable[[], object]) -> Callable[[], object]:
     """fn run with the CUDA radix-select driver ``walk`` ("device" or "host"); setting the
     variable costs microseconds, next to the hundreds a top-k takes."""
     def run():
+        before = os.environ.get(WALK_ENV)
         os.environ[WALK_ENV] = walk
         try:
             return fn()
         finally:
-            del os.environ[WALK_ENV]
+            if before is None:
+                del os.environ[WALK_ENV]
+            else:
+                os.environ[WALK_ENV] = before
     return run
 
 

@@ -31,19 +31,20 @@ constexpr int kStCountNonFinite = 5;  // count_at_least: #(key >= 0x7f800000)
 constexpr int kStSelected = 6;   // compact_at_least: number written
 
 // hist[b] += #{i < n : (key_i >> prefix_shift) == prefix and (key_i >> shift) & mask == b};
-// hist (kRadixBins counters) is zeroed here first. With prefix_dev, the prefix is read from
+// hist (kRadixBins 64-bit counters: one bin may hold 2^32 elements or more) is zeroed here first. With prefix_dev, the prefix is read from
 // device memory (*prefix_dev, a walk state's kStPrefix slot) instead.
 constexpr int kRadixBins = 2048;
 void key_histogram(const void* v, DType dt, int64_t n, uint32_t prefix,
                    const long long* prefix_dev, int prefix_shift, int shift, uint32_t mask,
-                   unsigned int* hist, cudaStream_t stream);
+                   unsigned long long* hist, cudaStream_t stream);
 
 // One step of the walk (radix::walk) in one block: among the elements counted by hist (a
 // histogram of digit `pass`), find the bin b holding the k_rem-th largest, where k_rem is kappa
 // at pass 0 and st[kStRank] after. Then st[kStPrefix] = (prefix << bits) | b and
 // st[kStRank] = k_rem - #(elements in bins > b); at pass 0 also st[kStAtOrAbove] and
-// st[kStNonFinite]. Requires 1 <= k_rem <= the histogram's total.
-void radix_walk(const unsigned int* hist, int pass, long long kappa, long long* st,
+// st[kStNonFinite]. Requires 1 <= k_rem <= the histogram's total (otherwise, like radix::walk,
+// it settles on bin 0 rather than leave the state unwritten).
+void radix_walk(const unsigned long long* hist, int pass, long long kappa, long long* st,
                 cudaStream_t stream);
 
 // st[kStCountGe] = #(key >= thr), st[kStCountNonFinite] = #(key >= 0x7f800000), thr =
@@ -68,7 +69,9 @@ void gather(const void* v, DType dt, const int64_t* idx, int64_t m, void* out_v,
 //   (both written to the workspace, plus the totals);
 //   select_write: element i is selected when key_i > thr, or key_i == thr and fewer than
 //   need_eq elements with key == thr precede it; selected elements are written in index order
-//   (out_v[p] = v[i], out_i[p] = idx_in ? idx_in[i] : i). thr = -1 selects everything.
+//   (out_v[p] = v[i], out_i[p] = idx_in ? idx_in[i] : i) for p < cap (the outputs' length: a
+//   selection larger than the outputs is cut, never written past them). thr = -1 selects
+//   everything.
 // With st (a walk state after pass 2), thr and need_eq are read from st[kStPrefix] and
 // st[kStRank] instead of the host values.
 // The workspace holds select_workspace_elems(n) uint64 values; totals[0] = #(key > thr),
@@ -82,7 +85,7 @@ void select_count(const void* v, DType dt, int64_t n, long long thr, const long 
                   unsigned long long* workspace, cudaStream_t stream);
 void select_write(const void* v, DType dt, const int64_t* idx_in, int64_t n, long long thr,
                   long long need_eq, const long long* st, const unsigned long long* workspace,
-                  void* out_v, void* out_i, bool index64, cudaStream_t stream);
+                  void* out_v, void* out_i, int64_t cap, bool index64, cudaStream_t stream);
 
 // Strided sample of the threshold method (radix.h): out[j] = float(x[p_j]) (+ add[p_j] when add
 // is not null), p_j = radix::sample_position(j, stride), j < s.

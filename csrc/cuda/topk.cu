@@ -37,7 +37,7 @@ template <typename T>
 __global__ void __launch_bounds__(kHistThreads)
     key_hist_kernel(const T* __restrict__ v, int64_t n, uint32_t prefix,
                     const long long* __restrict__ prefix_dev, int prefix_shift, int shift,
-                    uint32_t mask, unsigned int* __restrict__ hist) {
+                    uint32_t mask, unsigned long long* __restrict__ hist) {
   __shared__ unsigned int sh[kRadixBins];
   for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) sh[b] = 0;
   const uint32_t pre = prefix_dev != nullptr ? static_cast<uint32_t>(*prefix_dev) : prefix;
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kHistThreads)
   }
   __syncthreads();
   for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x)
-    if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
+    if (sh[b] != 0) atomicAdd(&hist[b], static_cast<unsigned long long>(sh[b]));
 }
 
 // One walk step (radix::walk) in one block. Thread t owns the kWalkPerThread bins
@@ -73,9 +73,10 @@ __global__ void __launch_bounds__(kHistThreads)
 // k_rem-th largest writes the state.
 constexpr int kWalkThreads = 256;
 constexpr int kWalkPerThread = kRadixBins / kWalkThreads;
+static_assert(kWalkPerThread * kWalkThreads == kRadixBins, "the walk's threads own every bin");
 
 __global__ void __launch_bounds__(kWalkThreads)
-    radix_walk_kernel(const unsigned int* __restrict__ hist, int bits, bool first,
+    radix_walk_kernel(const unsigned long long* __restrict__ hist, int bits, bool first,
                       long long kappa, long long* __restrict__ st) {
   using Scan = cub::BlockScan<long long, kWalkThreads>;
   __shared__ typename Scan::TempStorage tmp;
@@ -96,7 +97,10 @@ __global__ void __launch_bounds__(kWalkThreads)
 #pragma unroll
   for (int j = 0; j < kWalkPerThread; ++j) {
     const int r = threadIdx.x * kWalkPerThread + j;
-    if (r < nbins && above < k_rem && above + h[j] >= k_rem) {
+    // The owner of the k_rem-th largest; if the histogram holds fewer than k_rem (a broken
+    // precondition), bin 0's owner settles on it, as radix::walk does.
+    const bool last = r == nbins - 1;
+    if (r < nbins && above < k_rem && (above + h[j] >= k_rem || last)) {
       st[kStPrefix] = (prefix << bits) | (nbins - 1 - r);
       st[kStRank] = k_rem - above;
       if (first) st[kStAtOrAbove] = above + h[j];
@@ -212,7 +216,8 @@ __global__ void __launch_bounds__(kSelectThreads)
     select_write_kernel(const T* __restrict__ v, const int64_t* __restrict__ idx_in, int64_t n,
                         long long thr_host, long long need_eq_host,
                         const long long* __restrict__ st, const ull* __restrict__ ws,
-                        int64_t ntiles, T* __restrict__ out_v, I* __restrict__ out_i) {
+                        int64_t ntiles, T* __restrict__ out_v, I* __restrict__ out_i,
+                        int64_t cap) {
   const long long thr = st != nullptr ? st[kStPrefix] : thr_host;
   const long long need_eq = st != nullptr ? st[kStRank] : need_eq_host;
   using Scan = cub::BlockScan<unsigned int, kSelectThreads>;
@@ -247,9 +252,9 @@ __global__ void __launch_bounds__(kSelectThreads)
   const ull start = gt_before + eq_taken;
 #pragma unroll
   for (int j = 0; j < kSelectItems; ++j) {
-    if (sel[j]) {
+    const ull p = start + pos_ex[j];
+    if (sel[j] && p < static_cast<ull>(cap)) {
       const int64_t i = base + j;
-      const ull p = start + pos_ex[j];
       out_v[p] = val[j];
       out_i[p] = static_cast<I>(idx_in != nullptr ? idx_in[i] : i);
     }
@@ -291,8 +296,8 @@ int64_t tiles_of(int64_t n) { return (n + kSelectTile - 1) / kSelectTile; }
 
 void key_histogram(const void* v, DType dt, int64_t n, uint32_t prefix,
                    const long long* prefix_dev, int prefix_shift, int shift, uint32_t mask,
-                   unsigned int* hist, cudaStream_t stream) {
-  cudaMemsetAsync(hist, 0, sizeof(unsigned int) * kRadixBins, stream);
+                   unsigned long long* hist, cudaStream_t stream) {
+  cudaMemsetAsync(hist, 0, sizeof(unsigned long long) * kRadixBins, stream);
   if (n == 0) return;
   const int grid = detail::grid_stride_blocks((n + kHistItems - 1) / kHistItems, kHistThreads);
   detail::by_dtype(dt, [&](auto tag) {
@@ -302,7 +307,7 @@ void key_histogram(const void* v, DType dt, int64_t n, uint32_t prefix,
   });
 }
 
-void radix_walk(const unsigned int* hist, int pass, long long kappa, long long* st,
+void radix_walk(const unsigned long long* hist, int pass, long long kappa, long long* st,
                 cudaStream_t stream) {
   radix_walk_kernel<<<1, kWalkThreads, 0, stream>>>(hist, radix::kDigits[pass].bits, pass == 0,
                                                     kappa, st);
@@ -376,7 +381,7 @@ void select_count(const void* v, DType dt, int64_t n, long long thr, const long 
 
 void select_write(const void* v, DType dt, const int64_t* idx_in, int64_t n, long long thr,
                   long long need_eq, const long long* st, const unsigned long long* workspace,
-                  void* out_v, void* out_i, bool index64, cudaStream_t stream) {
+                  void* out_v, void* out_i, int64_t cap, bool index64, cudaStream_t stream) {
   const int64_t ntiles = tiles_of(n);
   if (ntiles == 0) return;
   detail::by_dtype(dt, [&](auto tag) {
@@ -385,11 +390,11 @@ void select_write(const void* v, DType dt, const int64_t* idx_in, int64_t n, lon
     if (index64) {
       select_write_kernel<T, int64_t><<<grid, kSelectThreads, 0, stream>>>(
           static_cast<const T*>(v), idx_in, n, thr, need_eq, st, workspace, ntiles,
-          static_cast<T*>(out_v), static_cast<int64_t*>(out_i));
+          static_cast<T*>(out_v), static_cast<int64_t*>(out_i), cap);
     } else {
       select_write_kernel<T, int32_t><<<grid, kSelectThreads, 0, stream>>>(
           static_cast<const T*>(v), idx_in, n, thr, need_eq, st, workspace, ntiles,
-          static_cast<T*>(out_v), static_cast<int32_t*>(out_i));
+          static_cast<T*>(out_v), static_cast<int32_t*>(out_i), cap);
     }
   });
 }

@@ -5,11 +5,15 @@
 //     state that the next launches read). Exact: one digit-0 histogram pass over x, ONE 64-byte
 //     read-back (the candidate count, and the non-finite count for the ValueError), one stable
 //     compaction pass of the digit-0 boundary bin and above, then digits 1 and 2 and the
-//     order-preserving selection among those few candidates. Threshold: the sample's walk, one
-//     counting pass over x, one read-back, one compaction pass, the same finish.
+//     order-preserving selection among those few candidates (when they are at most n / 4;
+//     otherwise the walk simply goes on over x). Threshold: the sample's walk, one counting
+//     pass over x, one read-back, one compaction pass, the same finish.
 //   host: the first version, kept to measure against in one run (benchmarks/ops_report.py) and as
-//     a fallback: each histogram pass ends with an 8 KiB read-back that the host walks; five
+//     a fallback: each histogram pass ends with a 16 KiB read-back that the host walks; five
 //     full passes over x for exact.
+// Histogram counters are 64-bit, so one bin may hold 2^32 elements or more. Selection writes
+// are bounded by the outputs' length, so counts that disagreed with the data (say, x written
+// by another stream without synchronisation) could cut a result short, never write past it.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -38,11 +42,11 @@ struct Source {
 struct HostWalk {
   at::TensorOptions dev;  // device options (dtype set per allocation)
   cudaStream_t stream;
-  at::Tensor hist;        // kRadixBins int32 on the device
+  at::Tensor hist;        // kRadixBins 64-bit counters on the device
 
   explicit HostWalk(const at::Tensor& like)
       : dev(like.options()), stream(current_stream()),
-        hist(at::empty({kernels::kRadixBins}, like.options().dtype(at::kInt))) {}
+        hist(at::empty({kernels::kRadixBins}, like.options().dtype(at::kLong))) {}
 
   // kappa-th largest key T of src (1 <= kappa <= n) and need_eq (radix.h); with check_finite,
   // raises ValueError when a key is Inf/NaN (seen in the digit-0 histogram).
@@ -54,11 +58,12 @@ struct HostWalk {
       const uint32_t mask = (1u << radix::kDigits[p].bits) - 1u;
       kernels::key_histogram(src.v, src.dt, src.n, prefix, nullptr, radix::prefix_shift(p),
                              radix::kDigits[p].shift, mask,
-                             reinterpret_cast<unsigned int*>(hist.data_ptr<int>()), stream);
+                             reinterpret_cast<unsigned long long*>(hist.data_ptr<int64_t>()),
+                             stream);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       const at::Tensor h = to_host(hist);
-      uint32_t counts[kernels::kRadixBins];
-      std::memcpy(counts, h.data_ptr<int>(), sizeof counts);
+      uint64_t counts[kernels::kRadixBins];
+      std::memcpy(counts, h.data_ptr<int64_t>(), sizeof counts);
       if (p == 0 && check_finite) {
         int64_t nonfinite = 0;
         for (int b = radix::kNonFiniteBin0; b < kernels::kRadixBins; ++b) nonfinite += counts[b];
@@ -87,13 +92,13 @@ struct HostWalk {
     return to_host(ws.narrow(0, off, 1)).item<int64_t>();
   }
 
-  // Writes the selection {key > thr} + first need_eq of {key == thr} in index order; the
-  // workspace must hold select_count's result for the same (src, thr).
+  // Writes the selection {key > thr} + first need_eq of {key == thr} in index order into
+  // outputs of length cap; the workspace must hold select_count's result for (src, thr).
   void write(const Source& src, long long thr, long long need_eq, const at::Tensor& ws,
-             void* out_v, void* out_i, bool index64) {
+             void* out_v, void* out_i, int64_t cap, bool index64) {
     kernels::select_write(src.v, src.dt, src.idx, src.n, thr, need_eq, nullptr,
                           reinterpret_cast<const unsigned long long*>(ws.data_ptr<int64_t>()),
-                          out_v, out_i, index64, stream);
+                          out_v, out_i, cap, index64, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
@@ -107,7 +112,7 @@ struct HostWalk {
     kernels::select_count(src.v, src.dt, src.n, static_cast<long long>(T), nullptr,
                           reinterpret_cast<unsigned long long*>(ws.data_ptr<int64_t>()), stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    write(src, static_cast<long long>(T), need_eq, ws, out_v, out_i, index64);
+    write(src, static_cast<long long>(T), need_eq, ws, out_v, out_i, kappa, index64);
   }
 
   // Threshold top-kappa (radix.h): sample threshold, one compare-and-compact pass into
@@ -138,7 +143,7 @@ struct HostWalk {
     }
     at::Tensor cand_v = at::empty({nc}, like.options());
     at::Tensor cand_i = at::empty({nc}, dev.dtype(at::kLong));
-    write(src, static_cast<long long>(thr) - 1, 0, ws, cand_v.data_ptr(), cand_i.data_ptr(),
+    write(src, static_cast<long long>(thr) - 1, 0, ws, cand_v.data_ptr(), cand_i.data_ptr(), nc,
           true);
     exact(Source{cand_v.data_ptr(), src.dt, cand_i.data_ptr<int64_t>(), nc}, kappa, what, out_v,
           out_i, index64);
@@ -155,18 +160,22 @@ struct HostWalk {
 
 // Radix select driven from the device (see the top of this file).
 struct DeviceWalk {
+  static constexpr int64_t kCompactAtMost = 4;  // compact when candidates are <= n / 4
+
   at::TensorOptions dev;
   cudaStream_t stream;
-  at::Tensor hist;   // kRadixBins int32 on the device
+  at::Tensor hist;   // kRadixBins 64-bit counters on the device
   at::Tensor state;  // kWalkStateElems int64 on the device (kernels.h)
 
   explicit DeviceWalk(const at::Tensor& like)
       : dev(like.options()), stream(current_stream()),
-        hist(at::empty({kernels::kRadixBins}, like.options().dtype(at::kInt))),
+        hist(at::empty({kernels::kRadixBins}, like.options().dtype(at::kLong))),
         state(at::empty({kernels::kWalkStateElems}, like.options().dtype(at::kLong))) {}
 
   long long* st() { return reinterpret_cast<long long*>(state.data_ptr<int64_t>()); }
-  unsigned int* h() { return reinterpret_cast<unsigned int*>(hist.data_ptr<int>()); }
+  unsigned long long* h() {
+    return reinterpret_cast<unsigned long long*>(hist.data_ptr<int64_t>());
+  }
 
   // Passes first..last of the walk over src (pass 0 starts from rank kappa; later passes read
   // the prefix and rank that the state holds). Queues launches only.
@@ -190,8 +199,8 @@ struct DeviceWalk {
     auto* w = reinterpret_cast<unsigned long long*>(ws.data_ptr<int64_t>());
     kernels::select_count(src.v, src.dt, src.n, 0, st(), w, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    kernels::select_write(src.v, src.dt, src.idx, src.n, 0, 0, st(), w, out_v, out_i, index64,
-                          stream);
+    kernels::select_write(src.v, src.dt, src.idx, src.n, 0, 0, st(), w, out_v, out_i, kappa,
+                          index64, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
@@ -230,7 +239,10 @@ struct DeviceWalk {
     const int64_t m = s[kernels::kStAtOrAbove];
     TORCH_INTERNAL_ASSERT(m >= kappa && m <= src.n, "radix walk: ", m, " candidates for kappa ",
                           kappa, " of ", src.n);
-    if (m == src.n) {  // nothing to drop (e.g. kappa = d, or one digit-0 bin holds everything)
+    // Compact only when it drops most of src: past n / kCompactAtMost, four more passes over
+    // the candidates cost as much as the remaining passes over src, and the candidates would
+    // take memory of the order of src (e.g. kappa = d, a large kappa, one dominant bin).
+    if (m > src.n / kCompactAtMost) {
       finish(src, kappa, 1, out_v, out_i, index64);
       return;
     }
