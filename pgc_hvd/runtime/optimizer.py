@@ -52,7 +52,7 @@ import torch
 
 import pgc_hvd.ops as ops
 from pgc_hvd.runtime.agent import AgentError, CommAgent, Outgoing
-from pgc_hvd.runtime.flat import FlatLayout
+from pgc_hvd.flat_layout import FlatLayout
 
 
 def _takes_three(fn) -> bool:

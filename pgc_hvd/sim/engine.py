@@ -44,7 +44,7 @@ from pgc_hvd.schemes import Arrival, Scheme
 
 from .comm import CommModel, message_bytes
 from .delays import DelayModel, Zero, as_delay_model
-from .gradients import ParamLayout, PartitionGradients
+from .gradients import PartitionGradients
 
 # complex (RS) and fp64 messages: the compiled kernels are fp32, so those use the reference
 from pgc_hvd.ops.reference import topk_compress_ref as _topk_ref
@@ -166,7 +166,7 @@ class Simulator:
 
     # ------------------------------------------------------------------ helpers
     def _flat(self) -> torch.Tensor:
-        return ParamLayout.flatten(self.task.model).clone()
+        return self.layout.flatten()
 
     def _push(self, t: float, kind: str, *payload) -> None:
         heapq.heappush(self.events, (t, self._seq, kind, payload))
@@ -324,7 +324,7 @@ class Simulator:
         return acc
 
     def _apply(self, g_hat: torch.Tensor) -> None:
-        for p, gv in zip(self.task.model.parameters(), self.layout.unflatten(g_hat).values()):
+        for p, gv in self.layout.views(g_hat):
             p.grad = gv.clone().to(p.dtype)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)

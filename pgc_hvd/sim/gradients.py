@@ -25,32 +25,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
-
-class ParamLayout:
-    """Flat vector <-> named parameter tensors of ``model``."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.names = [n for n, _ in model.named_parameters()]
-        self.shapes = [p.shape for _, p in model.named_parameters()]
-        self.sizes = [p.numel() for _, p in model.named_parameters()]
-        self.dim = int(sum(self.sizes))
-        self.buffers = {n: b for n, b in model.named_buffers()}
-
-    def unflatten(self, flat: torch.Tensor) -> dict:
-        out, i = {}, 0
-        for name, shape, size in zip(self.names, self.shapes, self.sizes):
-            out[name] = flat[i:i + size].view(shape)
-            i += size
-        return out
-
-    @staticmethod
-    def flatten(model: torch.nn.Module) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-    def load(self, model: torch.nn.Module, flat: torch.Tensor) -> None:
-        with torch.no_grad():
-            for p, v in zip(model.parameters(), self.unflatten(flat).values()):
-                p.copy_(v)
+from pgc_hvd.flat_layout import FlatLayout
 
 
 class PartitionGradients:
@@ -62,7 +37,8 @@ class PartitionGradients:
         self.seed = int(seed)
         self.task = task
         self.model = task.model
-        self.layout = ParamLayout(self.model)
+        self.layout = FlatLayout.of_module(self.model)
+        self.buffers = dict(self.model.named_buffers())
         self.n = len(parts)
         self.parts = [torch.as_tensor(np.asarray(p), dtype=torch.long) for p in parts]
         if any(len(p) == 0 for p in self.parts):
@@ -82,7 +58,7 @@ class PartitionGradients:
             self.chunk = chunk or max(1, min(self.n, 200_000 // max(1, m * X[0].numel())))
 
             def part_loss(params, xb, yb, wb):
-                out = functional_call(self.model, ({**params, **self.layout.buffers}), (xb,))
+                out = functional_call(self.model, ({**params, **self.buffers}), (xb,))
                 return (self.task.per_sample_loss(out, yb) * wb).sum()
 
             self._g = vmap(grad(part_loss), in_dims=(None, 0, 0, 0))
@@ -157,7 +133,7 @@ class PartitionGradients:
         left untouched (``functional_call`` on views of a detached copy)."""
         leaf = flat.detach().clone().requires_grad_(True)
         params = self.layout.unflatten(leaf)
-        out = functional_call(self.model, {**params, **self.layout.buffers}, (X,))
+        out = functional_call(self.model, {**params, **self.buffers}, (X,))
         (g,) = torch.autograd.grad(self.task.loss(out, y), [leaf])
         return g
 
