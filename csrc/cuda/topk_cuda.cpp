@@ -7,7 +7,7 @@
 //     compaction pass of the digit-0 boundary bin and above, then digits 1 and 2 and the
 //     order-preserving selection among those few candidates (when they are at most n / 4;
 //     otherwise the walk simply goes on over x). Threshold: the sample's walk, one counting
-//     pass over x, one read-back, one compaction pass, the same finish.
+//     pass over x, one read-back, one compaction pass, the same finish (the same n / 4 rule).
 //   host: the first version, kept to measure against in one run (benchmarks/ops_report.py) and as
 //     a fallback: each histogram pass ends with a 16 KiB read-back that the host walks; five
 //     full passes over x for exact.
@@ -253,7 +253,8 @@ struct DeviceWalk {
 
   // Threshold: the sample's r-th largest key (walked on the device), one counting pass over the
   // input, one read-back, a top-up when the candidates are fewer than kappa (rare: the count
-  // is re-read per attempt), the compaction, then the exact selection among the candidates.
+  // is re-read per attempt), the compaction, then the exact selection among the candidates
+  // (or, past n / kCompactAtMost candidates, the exact walk over src itself).
   void threshold(const Source& src, const at::Tensor& like, int64_t kappa, const char* what,
                  void* out_v, void* out_i, bool index64) {
     const int64_t n = src.n;
@@ -282,6 +283,10 @@ struct DeviceWalk {
       kernels::count_at_least(src.v, src.dt, n, thr, nullptr, st(), stream);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       nc = to_host(state).data_ptr<int64_t>()[kernels::kStCountGe];
+    }
+    if (nc > n / kCompactAtMost) {  // a large kappa: walk over src itself (see exact)
+      finish(src, kappa, 0, out_v, out_i, index64);
+      return;
     }
     const Candidates c = compact(src, like, thr, nc);
     finish(c.src, kappa, 0, out_v, out_i, index64);
