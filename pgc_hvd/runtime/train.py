@@ -58,9 +58,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
                    help="control rule options KEY=VAL,... (ControlConfig fields: high, low, window, "
                         "patience, factor, growth, trend_window, every, knob=lr|c|auto, ...)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where each rank trains: cuda pins rank r to GPU local_rank mod the GPUs "
+                        "it sees (the usual Horovod layout, one rank per GPU); auto (default) = "
+                        "cuda when torch sees a GPU and pgc_hvd._C has its CUDA kernels, else cpu")
     p.add_argument("--out", required=True, help="run folder (records.jsonl, summary.json)")
     p.add_argument("--force", action="store_true", help="overwrite records in --out")
     return p
+
+
+def resolve_device(choice: str, local_rank: int):
+    """The torch device this rank trains on (see ``--device``); for cuda, also makes it the
+    current device. A cuda request that cannot be met is an error naming the fix."""
+    import torch
+
+    if choice == "cpu":
+        return torch.device("cpu")
+    from pgc_hvd.ops._ext import cuda_compiled
+
+    have_gpu, have_kernels = torch.cuda.is_available(), cuda_compiled()
+    if choice == "auto" and not (have_gpu and have_kernels):
+        return torch.device("cpu")
+    if not have_gpu:
+        raise SystemExit("--device cuda: torch sees no GPU on this host (check CUDA_VISIBLE_DEVICES "
+                         "and the driver), or train with --device cpu")
+    if not have_kernels:
+        raise SystemExit("--device cuda: pgc_hvd._C was built without its CUDA kernels; rebuild on "
+                         "a machine with the CUDA toolkit (bash launch/setup.sh) or train with "
+                         "--device cpu")
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def main(argv=None) -> int:
@@ -83,11 +111,12 @@ def main(argv=None) -> int:
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
+    device = resolve_device(args.device, hvd.local_rank())
     out = Path(args.out)
     ds = load_dataset(args.dataset, root=args.data_dir) if args.data_dir else load_dataset(args.dataset)
     train, test = train_test_split(ds, 0.2, seed=args.seed)
     task = build_task(args.model, train, seed=args.seed)
-    model = task.model
+    model = task.model.to(device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     loader = PartitionLoader(train.X, train.y, n, batch_size=args.batch_size,
                              iid=not args.non_iid, seed=args.seed)
@@ -123,7 +152,8 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(f"[{args.scheme}] --adaptive ignored: exact scheme, no stale gradients", flush=True)
         else:
-            val = (torch.from_numpy(test.X[:128]), torch.from_numpy(test.y[:128]))
+            val = (torch.from_numpy(test.X[:128]).to(device),
+                   torch.from_numpy(test.y[:128]).to(device))
             # max_age=None: c - 1 from the optimizer's scheme (attach); the actual ages come with
             # each decision (on_update(step, flat, decision))
             ctl = AdaptiveController(model, task.loss, val, cfg, max_age=None, writer=writer,
@@ -141,6 +171,7 @@ def main(argv=None) -> int:
         for xb, yb in opt.batches(loader):
             if args.compute_time > 0:
                 time.sleep(args.compute_time)
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             loss = task.loss(model(xb), yb)
             loss.backward()
         opt.step(loss=loss.item())
@@ -153,11 +184,14 @@ def main(argv=None) -> int:
 
         recs = list(read_records(out / "records.jsonl"))
         step_times = [r["step_time"] for r in recs if r.get("step_time") is not None]
-        final_train = task.evaluate(torch.from_numpy(train.X), torch.from_numpy(train.y))
-        final_test = task.evaluate(torch.from_numpy(test.X), torch.from_numpy(test.y))
+        final_train = task.evaluate(torch.from_numpy(train.X).to(device),
+                                    torch.from_numpy(train.y).to(device))
+        final_test = task.evaluate(torch.from_numpy(test.X).to(device),
+                                   torch.from_numpy(test.y).to(device))
         used = [len(r["workers_used"]) for r in recs]
         summary = {
             "scheme": args.scheme, "n": n, "s": args.s, "scheme_options": scheme_options,
+            "device": device.type,
             "channel": args.channel,
             "steps": args.steps,
             "dataset": args.dataset, "model": args.model, "delay": str(delays),

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+from pgc_hvd.ops._ext import cuda_compiled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,5 +33,8 @@ def test_resnet18_cifar10_script_runs_on_tiny_files(horovodrun, tmp_path):
                "--out", str(out), timeout=240)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "resnet18" and summary["steps"] == 3
+    # --device auto: a GPU when torch sees one and _C has CUDA kernels, else the CPU
+    usable_gpu = torch.cuda.is_available() and cuda_compiled()
+    assert summary["device"] == ("cuda" if usable_gpu else "cpu")
     lines = (out / "records.jsonl").read_text().splitlines()
     assert len(lines) == 3
