@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_check.sh          # from the repository root; writes $OUT/gpu_report.md
 #                                         # when OUT is set, and prints everything to stdout
-# About 2 minutes on an H200; the three steps are capped at 120, 90 and 90 s (under 5 minutes).
+# About 2-3 minutes on an H200; the four steps are capped at 120, 90, 90 and 90 s.
 # The report times the host-driven radix select ("[host walk]" rows) next to the default one.
 # On the workplace's GPU machine (torch 2.11 at /opt/torch/.venv, CXX=/opt/gcc/bin/g++ by default,
 # which links libstdc++ statically and is refused by CMakeLists.txt), build and check in one go:
@@ -12,7 +12,8 @@
 # --build first runs, with the system compilers (about 50 s on 16 cores; log in $OUT/build.log),
 #   CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++ \
 #     python -m pip install --no-build-isolation --no-deps -e .
-# Prints: the GPU, the pytest summaries (failures listed), then one markdown table (ops_report.py).
+# Prints: the GPU, the pytest summaries (failures listed), one markdown table (ops_report.py;
+# $OUT/gpu_report.md), then where one top-k's time goes (topk_profile.py; $OUT/topk_profile.md).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PGC_HVD_VENV:-.venv}/bin/python"
@@ -57,4 +58,14 @@ if ! timeout 90 "$PY" benchmarks/ops_report.py --device cuda "${report_out[@]}" 
   tail -30 "$log"
 fi
 rm -f "$log"
+
+echo "== benchmarks/topk_profile.py (per-kernel GPU time of one top-k, both walks)"
+profile_out=/dev/null
+[[ -n "${OUT:-}" ]] && profile_out="$OUT/topk_profile.md"
+plog="$(mktemp)"
+timeout 90 "$PY" benchmarks/topk_profile.py >"$plog" 2>&1
+prc=$?
+grep -v "^USDT\|^ERROR:" "$plog" | tee "$profile_out"  # drop the profiler's own log lines
+rm -f "$plog"
+[[ $prc -ne 0 ]] && rc=$prc
 exit "$rc"

@@ -1,0 +1,97 @@
+"""Where the time of one CUDA top-k goes, for both drivers of radix select.
+
+    python benchmarks/topk_profile.py                 # on a GPU; about 10 s
+    python benchmarks/topk_profile.py --device cpu    # smoke run of the script on a CPU
+
+For d = 11,689,512 and 1,000,000 (k = 1%), exact and threshold, and the device-side walk (the
+default) and the host-driven one (PGC_HVD_CUDA_TOPK_WALK=host), prints:
+
+* wall time per call (best of --reps, synchronised), and ``torch.topk(x.abs(), k)`` alongside;
+* the GPU's kernel, memset and memcpy time per call, summed (torch.profiler, CUPTI), and its
+  share of the wall time: a low share means launch overhead and host round trips dominate;
+* every kernel with its calls and microseconds per top-k, largest first.
+
+The first table of docs/benchmarks.md says what to optimise; this one says where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ops_cases import D_LARGE, D_SMALL, time_it, with_walk  # noqa: E402
+
+from pgc_hvd import ops  # noqa: E402
+
+
+def device_rows(prof, reps: int):
+    """(name, calls per top-k, us per top-k) of every device-side event, largest first."""
+    rows = []
+    for e in prof.key_averages():
+        if not str(getattr(e, "device_type", "")).endswith("CUDA"):
+            continue
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0.0)
+        rows.append((e.key, e.count / reps, us / reps))
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def profile_case(device: str, d: int, method: str, walk: str, reps: int) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(d, device=device)
+    k = d // 100
+    fn = lambda: ops.topk_compress(x, k, method)  # noqa: E731
+    if walk != "device":
+        fn = with_walk(walk, fn)
+    wall = time_it(fn, device, reps)
+    ref = time_it(lambda: torch.topk(x.abs(), k), device, max(3, reps // 2))
+    activities = [ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(reps):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    rows = device_rows(prof, reps)
+    gpu_us = sum(r[2] for r in rows)
+    print(f"\n### {method}, {walk} walk, d = {d:,}, k = 1%\n")
+    print(f"wall {wall * 1e6:.1f} us per top-k (torch.topk {ref * 1e6:.1f} us: "
+          f"{ref / wall:.2f}x); device events {gpu_us:.1f} us per top-k "
+          f"({gpu_us / (wall * 1e6):.0%} of the wall time)\n")
+    if rows:
+        print("| device event | calls per top-k | us per top-k |")
+        print("|---|---|---|")
+        for name, calls, us in rows:
+            print(f"| `{short(name)}` | {calls:g} | {us:.1f} |")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device visible to torch (use --device cpu for a smoke run)", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"## top-k profile on {name}; torch {torch.__version__}")
+    for d in (D_LARGE, D_SMALL):
+        for method in ("exact", "threshold"):
+            for walk in (("device", "host") if args.device == "cuda" else ("device",)):
+                profile_case(args.device, d, method, walk, args.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
