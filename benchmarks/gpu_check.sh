@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_check.sh          # from the repository root; writes $OUT/gpu_report.md
 #                                         # when OUT is set, and prints everything to stdout
-# About 2-3 minutes on an H200; the four steps are capped at 120, 90, 90 and 90 s.
+# About 3-5 minutes on an H200; the steps are capped at 120, 90, 150 (memcheck), 90 and 90 s.
 # The report times the host-driven radix select ("[host walk]" rows) next to the default one.
 # On the workplace's GPU machine (torch 2.11 at /opt/torch/.venv, CXX=/opt/gcc/bin/g++ by default,
 # which links libstdc++ statically and is refused by CMakeLists.txt), build and check in one go:
@@ -47,6 +47,18 @@ PGC_HVD_CUDA_TOPK_WALK=host timeout 90 "$PY" -m pytest tests/ops/test_topk.py \
   2>&1 | tail -20
 host_rc=${PIPESTATUS[0]}
 [[ $host_rc -ne 0 ]] && rc=$host_rc
+
+# compute-sanitizer's memcheck on small cases of both walks (out-of-bounds or misaligned device
+# accesses fail here even when the results happen to be right).
+SANITIZER="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
+if [[ -n "$SANITIZER" ]]; then
+  echo "== compute-sanitizer memcheck: walk-agreement tests at d = 1031"
+  timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 3 "$PY" -m pytest \
+    tests/ops/test_topk.py -m gpu -k "walks_agree and 1031" -q -p no:cacheprovider -o addopts="" \
+    -rf 2>&1 | tail -15
+  san_rc=${PIPESTATUS[0]}
+  [[ $san_rc -ne 0 ]] && { echo "memcheck exit status $san_rc (124: timed out)"; rc=$san_rc; }
+fi
 
 echo "== benchmarks/ops_report.py --device cuda"
 report_out=()
