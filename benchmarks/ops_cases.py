@@ -105,36 +105,45 @@ def l2_recall(x: torch.Tensor, k: int) -> float:
 
 
 WALK_ENV = "PGC_HVD_CUDA_TOPK_WALK"
+COMPACT_ENV = "PGC_HVD_CUDA_TOPK_COMPACT"
+# CUDA radix-select variants timed next to the default (device walk with compaction):
+VARIANTS = {"host walk": {WALK_ENV: "host"}, "no compaction": {COMPACT_ENV: "0"}}
 
 
-def with_walk(walk: str, fn: Callable[[], object]) -> Callable[[], object]:
-    """fn run with the CUDA radix-select driver ``walk`` ("device" or "host"); setting the
-    variable costs microseconds, next to the hundreds a top-k takes."""
+def with_env(env: Dict[str, str], fn: Callable[[], object]) -> Callable[[], object]:
+    """fn run with the environment variables ``env`` set (the extension reads them per call;
+    setting them costs microseconds, next to the hundreds a top-k takes); restored after."""
     def run():
-        before = os.environ.get(WALK_ENV)
-        os.environ[WALK_ENV] = walk
+        before = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             return fn()
         finally:
-            if before is None:
-                del os.environ[WALK_ENV]
-            else:
-                os.environ[WALK_ENV] = before
+            for k, v in before.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
     return run
 
 
+def with_walk(walk: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """fn run with the CUDA radix-select driver ``walk`` ("device" or "host")."""
+    return with_env({WALK_ENV: walk}, fn)
+
+
 def topk_case(device: str, d: int, frac: float, method: str, dist: str = "gaussian",
-              walk: str = "") -> Case:
-    """walk = "host" times the host-driven CUDA radix select (the first version) instead."""
+              variant: str = "") -> Case:
+    """variant (a key of VARIANTS) times that CUDA radix-select variant instead."""
     x = _data(dist, d, device)
     k = int(frac * d)
     ours = lambda: ops.topk_compress(x, k, method)  # noqa: E731
     case = Case(
         op=f"topk {method}" + ("" if dist == "gaussian" else f" ({dist})")
-        + (f" [{walk} walk]" if walk else ""),
+        + (f" [{variant}]" if variant else ""),
         d=d,
         param=f"k={frac:.0%}",
-        ours=with_walk(walk, ours) if walk else ours,
+        ours=with_env(VARIANTS[variant], ours) if variant else ours,
         ref=lambda: torch.topk(x.abs(), k),
         ref_name="torch.topk(x.abs(), k)",
         floor_bytes=4 * d,
@@ -153,17 +162,17 @@ def _ef_torch(x: torch.Tensor, r: torch.Tensor, k: int):
     return vals, idx
 
 
-def ef_case(device: str, d: int, frac: float, method: str, walk: str = "") -> Case:
+def ef_case(device: str, d: int, frac: float, method: str, variant: str = "") -> Case:
     x = torch.randn(d, device=device)
     r_ours = torch.zeros(d, device=device)
     r_ref = torch.zeros(d, device=device)
     k = int(frac * d)
     ours = lambda: ops.error_feedback_compress(x, r_ours, k, method)  # noqa: E731
     return Case(
-        op=f"error feedback {method}" + (f" [{walk} walk]" if walk else ""),
+        op=f"error feedback {method}" + (f" [{variant}]" if variant else ""),
         d=d,
         param=f"k={frac:.0%}",
-        ours=with_walk(walk, ours) if walk else ours,
+        ours=with_env(VARIANTS[variant], ours) if variant else ours,
         ref=lambda: _ef_torch(x, r_ref, k),
         ref_name="x+r, torch.topk, scatter",
         floor_bytes=12 * d,  # read x, read and write the residual
@@ -211,11 +220,13 @@ def all_cases(device: str, quick: bool = False):
             for method in ("exact", "threshold"):
                 yield lambda d=d, frac=frac, method=method: topk_case(device, d, frac, method)
     yield lambda: topk_case(device, D_LARGE, 0.01, "threshold", dist="student_t3")
-    if device == "cuda":  # the host-driven radix select, timed in the same run
+    if device == "cuda":  # the CUDA radix-select variants, timed in the same run
         for d in sizes:
             for method in ("exact", "threshold"):
-                yield lambda d=d, method=method: topk_case(device, d, 0.01, method, walk="host")
-        yield lambda: ef_case(device, D_LARGE, 0.01, "exact", walk="host")
+                yield lambda d=d, method=method: topk_case(device, d, 0.01, method,
+                                                           variant="host walk")
+            yield lambda d=d: topk_case(device, d, 0.01, "exact", variant="no compaction")
+        yield lambda: ef_case(device, D_LARGE, 0.01, "exact", variant="host walk")
     for d in sizes:
         for method in ("exact", "threshold"):
             yield lambda d=d, method=method: ef_case(device, d, 0.01, method)

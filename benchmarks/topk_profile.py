@@ -3,8 +3,9 @@
     python benchmarks/topk_profile.py                 # on a GPU; about 10 s
     python benchmarks/topk_profile.py --device cpu    # smoke run of the script on a CPU
 
-For d = 11,689,512 and 1,000,000 (k = 1%), exact and threshold, and the device-side walk (the
-default) and the host-driven one (PGC_HVD_CUDA_TOPK_WALK=host), prints:
+For d = 11,689,512 and 1,000,000 (k = 1%), exact and threshold, the default (device-side walk
+with compaction) and the variants of ops_cases.VARIANTS (the host-driven walk,
+PGC_HVD_CUDA_TOPK_WALK=host; exact without compaction, PGC_HVD_CUDA_TOPK_COMPACT=0), prints:
 
 * wall time per call (best of --reps, synchronised), and ``torch.topk(x.abs(), k)`` alongside;
 * the GPU's kernel, memset and memcpy time per call, summed (torch.profiler, CUPTI), and its
@@ -24,7 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ops_cases import D_LARGE, D_SMALL, time_it, with_walk  # noqa: E402
+from ops_cases import D_LARGE, D_SMALL, VARIANTS, time_it, with_env  # noqa: E402
 
 from pgc_hvd import ops  # noqa: E402
 
@@ -46,13 +47,14 @@ def short(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[:width - 3] + "..."
 
 
-def profile_case(device: str, d: int, method: str, walk: str, reps: int) -> None:
+def profile_case(device: str, d: int, method: str, variant: str, reps: int) -> None:
+    """variant: "" (the default) or a key of ops_cases.VARIANTS."""
     torch.manual_seed(0)
     x = torch.randn(d, device=device)
     k = d // 100
     fn = lambda: ops.topk_compress(x, k, method)  # noqa: E731
-    if walk != "device":
-        fn = with_walk(walk, fn)
+    if variant:
+        fn = with_env(VARIANTS[variant], fn)
     wall = time_it(fn, device, reps)
     ref = time_it(lambda: torch.topk(x.abs(), k), device, max(3, reps // 2))
     activities = [ProfilerActivity.CPU]
@@ -65,7 +67,7 @@ def profile_case(device: str, d: int, method: str, walk: str, reps: int) -> None
             torch.cuda.synchronize()
     rows = device_rows(prof, reps)
     gpu_us = sum(r[2] for r in rows)
-    print(f"\n### {method}, {walk} walk, d = {d:,}, k = 1%\n")
+    print(f"\n### {method}, {variant or 'default'}, d = {d:,}, k = 1%\n")
     print(f"wall {wall * 1e6:.1f} us per top-k (torch.topk {ref * 1e6:.1f} us: "
           f"{ref / wall:.2f}x); device events {gpu_us:.1f} us per top-k "
           f"({gpu_us / (wall * 1e6):.0%} of the wall time)\n")
@@ -88,8 +90,11 @@ def main(argv=None) -> int:
     print(f"## top-k profile on {name}; torch {torch.__version__}")
     for d in (D_LARGE, D_SMALL):
         for method in ("exact", "threshold"):
-            for walk in (("device", "host") if args.device == "cuda" else ("device",)):
-                profile_case(args.device, d, method, walk, args.reps)
+            variants = [""]
+            if args.device == "cuda":
+                variants += ["host walk"] + (["no compaction"] if method == "exact" else [])
+            for variant in variants:
+                profile_case(args.device, d, method, variant, args.reps)
     return 0
 
 

@@ -158,6 +158,17 @@ struct HostWalk {
   }
 };
 
+// PGC_HVD_CUDA_TOPK_COMPACT=0 makes the device walk's exact path skip the compaction: five
+// passes over x but no read-back until the end (a design alternative, timed alongside by
+// benchmarks/ops_report.py; the default, 1, compacts).
+bool compaction_enabled() {
+  const char* e = std::getenv("PGC_HVD_CUDA_TOPK_COMPACT");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "1") == 0) return true;
+  TORCH_CHECK_VALUE(std::strcmp(e, "0") == 0,
+                    "PGC_HVD_CUDA_TOPK_COMPACT must be 1 (the default) or 0, got '", e, "'");
+  return false;
+}
+
 // Radix select driven from the device (see the top of this file).
 struct DeviceWalk {
   static constexpr int64_t kCompactAtMost = 4;  // compact when candidates are <= n / 4
@@ -232,6 +243,15 @@ struct DeviceWalk {
   void exact(const Source& src, const at::Tensor& like, int64_t kappa, const char* what,
              void* out_v, void* out_i, bool index64) {
     walk(src, kappa, 0, 0);
+    if (!compaction_enabled()) {
+      // All three digits and the selection over src, queued without a break; the one read-back
+      // comes last (outputs written while x held Inf/NaN are never returned).
+      finish(src, kappa, 1, out_v, out_i, index64);
+      const int64_t nonfinite = to_host(state).data_ptr<int64_t>()[kernels::kStNonFinite];
+      TORCH_CHECK_VALUE(nonfinite == 0, what, " ", kNonFiniteMsg, " (", nonfinite, " of ", src.n,
+                        ")");
+      return;
+    }
     const at::Tensor hs = to_host(state);
     const int64_t* s = hs.data_ptr<int64_t>();
     TORCH_CHECK_VALUE(s[kernels::kStNonFinite] == 0, what, " ", kNonFiniteMsg, " (",

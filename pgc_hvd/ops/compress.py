@@ -25,7 +25,9 @@ On CUDA the digit walk of radix select runs on the device by default, so a selec
 without host round trips except one small read-back (the candidate count, and the Inf/NaN
 count behind the ValueError below). ``PGC_HVD_CUDA_TOPK_WALK=host`` selects the first,
 host-driven version (one blocking read-back per digit), kept as a fallback and as the reference
-that ``benchmarks/ops_report.py`` times alongside; both give the same result.
+that ``benchmarks/ops_report.py`` times alongside; ``PGC_HVD_CUDA_TOPK_COMPACT=0`` makes the
+exact path walk all digits over x instead of compacting candidates (a design alternative timed
+alongside). Every setting gives the same result.
 
 Error feedback (EF-SGD): with a residual e (fp32, the part of past messages not yet sent),
 

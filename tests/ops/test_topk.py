@@ -192,7 +192,9 @@ def test_hypothesis_ties(levels, d, kfrac, seed, method):
     assert_matches_ref(x, int(math.floor(kfrac * d)), method)
 
 
-CUDA_WALKS = ["device", "host"]  # PGC_HVD_CUDA_TOPK_WALK: who walks the radix digits
+# Every CUDA radix-select setting: (PGC_HVD_CUDA_TOPK_WALK: who walks the radix digits,
+# PGC_HVD_CUDA_TOPK_COMPACT: whether the device walk compacts the candidates).
+CUDA_SETTINGS = [("device", "1"), ("host", "1"), ("device", "0")]
 
 
 @pytest.mark.gpu
@@ -200,8 +202,8 @@ CUDA_WALKS = ["device", "host"]  # PGC_HVD_CUDA_TOPK_WALK: who walks the radix d
 @pytest.mark.parametrize("case", ["gaussian", "student_t3", "many_ties", "all_equal", "ramp"])
 @pytest.mark.parametrize("d", [1, 1031, 300_007])
 def test_cuda_walks_agree(monkeypatch, method, case, d):
-    """Both CUDA drivers of radix select (device-side walk, the default, and the host-driven
-    first version) select exactly the reference's entries."""
+    """Both CUDA drivers of radix select (device-side walk, the default, with or without the
+    compaction, and the host-driven first version) select exactly the reference's entries."""
     g = torch.Generator().manual_seed(d)
     if case == "gaussian":
         x = torch.randn(d, generator=g)
@@ -210,16 +212,24 @@ def test_cuda_walks_agree(monkeypatch, method, case, d):
     else:
         x = ADVERSARIAL[case](d)
     x = x.contiguous().cuda()
-    for walk in CUDA_WALKS:
+    for walk, compact in CUDA_SETTINGS:
         monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", walk)
+        monkeypatch.setenv("PGC_HVD_CUDA_TOPK_COMPACT", compact)
         for k in sorted({1, max(1, d // 100), d // 3, d}):
             assert_matches_ref(x, k, method)
+    x[d // 2] = float("nan")  # the check still comes before anything is returned
+    with pytest.raises(ValueError, match="Inf or NaN"):
+        topk_compress(x, 1, method)
 
 
 @pytest.mark.gpu
-def test_cuda_walk_setting_is_checked(monkeypatch):
+def test_cuda_walk_settings_are_checked(monkeypatch):
     monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", "sideways")
     with pytest.raises(ValueError, match="PGC_HVD_CUDA_TOPK_WALK must be 'device'"):
+        topk_compress(torch.randn(10, device="cuda"), 3)
+    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", "device")
+    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_COMPACT", "yes")
+    with pytest.raises(ValueError, match="PGC_HVD_CUDA_TOPK_COMPACT must be 1"):
         topk_compress(torch.randn(10, device="cuda"), 3)
 
 
@@ -232,17 +242,18 @@ def test_cuda_walk_setting_is_checked(monkeypatch):
     kfrac=st.floats(0, 1),
     seed=st.integers(0, 2**31 - 1),
     method=st.sampled_from(METHODS),
-    walk=st.sampled_from(CUDA_WALKS),
+    setting=st.sampled_from(CUDA_SETTINGS),
     dtype=st.sampled_from(DTYPES),
 )
-def test_hypothesis_cuda_matches_reference(monkeypatch, levels, d, kfrac, seed, method, walk,
+def test_hypothesis_cuda_matches_reference(monkeypatch, levels, d, kfrac, seed, method, setting,
                                            dtype):
     """Random sizes, tie structures and scales (values spread over 23 binades, so every radix
     digit decides somewhere; |x| <= 40 * 2^10 stays finite in float16) on the GPU, under both
-    drivers of radix select."""
+    drivers of radix select (and the device walk without compaction)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(-levels, levels + 1, (d,), generator=g).float()
     x = x * torch.exp2(torch.randint(-12, 11, (d,), generator=g).float())
     x = x * (1 + torch.randint(0, 4, (d,), generator=g).float() * 2.0**-21)  # float32's last digit
-    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", walk)
+    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", setting[0])
+    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_COMPACT", setting[1])
     assert_matches_ref(x.to("cuda", dtype), int(math.floor(kfrac * d)), method)
