@@ -107,7 +107,8 @@ def l2_recall(x: torch.Tensor, k: int) -> float:
 WALK_ENV = "PGC_HVD_CUDA_TOPK_WALK"
 COMPACT_ENV = "PGC_HVD_CUDA_TOPK_COMPACT"
 # CUDA radix-select variants timed next to the default (device walk with compaction):
-VARIANTS = {"host walk": {WALK_ENV: "host"}, "no compaction": {COMPACT_ENV: "0"}}
+VARIANTS = {"host walk": {WALK_ENV: "host", COMPACT_ENV: "1"},
+            "no compaction": {WALK_ENV: "device", COMPACT_ENV: "0"}}
 
 
 def with_env(env: Dict[str, str], fn: Callable[[], object]) -> Callable[[], object]:

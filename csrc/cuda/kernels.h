@@ -42,8 +42,8 @@ void key_histogram(const void* v, DType dt, int64_t n, uint32_t prefix,
 // histogram of digit `pass`), find the bin b holding the k_rem-th largest, where k_rem is kappa
 // at pass 0 and st[kStRank] after. Then st[kStPrefix] = (prefix << bits) | b and
 // st[kStRank] = k_rem - #(elements in bins > b); at pass 0 also st[kStAtOrAbove] and
-// st[kStNonFinite]. Requires 1 <= k_rem <= the histogram's total (otherwise, like radix::walk,
-// it settles on bin 0 rather than leave the state unwritten).
+// st[kStNonFinite]. Requires 1 <= k_rem <= the histogram's total (otherwise it settles on bin 0,
+// as radix::walk does, rather than leave the state unwritten).
 void radix_walk(const unsigned long long* hist, int pass, long long kappa, long long* st,
                 cudaStream_t stream);
 

@@ -98,7 +98,8 @@ __global__ void __launch_bounds__(kWalkThreads)
   for (int j = 0; j < kWalkPerThread; ++j) {
     const int r = threadIdx.x * kWalkPerThread + j;
     // The owner of the k_rem-th largest; if the histogram holds fewer than k_rem (a broken
-    // precondition), bin 0's owner settles on it, as radix::walk does.
+    // precondition), bin 0's owner settles on bin 0 (as radix::walk does) so the state is
+    // written either way.
     const bool last = r == nbins - 1;
     if (r < nbins && above < k_rem && (above + h[j] >= k_rem || last)) {
       st[kStPrefix] = (prefix << bits) | (nbins - 1 - r);

@@ -11,9 +11,11 @@
 //   host: the first version, kept to measure against in one run (benchmarks/ops_report.py) and as
 //     a fallback: each histogram pass ends with a 16 KiB read-back that the host walks; five
 //     full passes over x for exact.
-// Histogram counters are 64-bit, so one bin may hold 2^32 elements or more. Selection writes
-// are bounded by the outputs' length, so counts that disagreed with the data (say, x written
-// by another stream without synchronisation) could cut a result short, never write past it.
+// Histogram counters are 64-bit, so one bin may hold 2^32 elements or more. The final
+// selection's writes (select_write) are bounded by the outputs' length: counts that disagreed
+// with the data (say, x written by another stream without synchronisation) would cut a result
+// short there rather than write past it. The compaction (cub) writes what it selects into
+// buffers sized by the counts; the counts and the compaction read the same x on one stream.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -240,10 +242,10 @@ struct DeviceWalk {
 
   // Exact: digit-0 histogram and walk, one read-back (non-finite and candidate counts), the
   // compaction of the boundary bin and above, and the rest of the walk on those candidates.
-  void exact(const Source& src, const at::Tensor& like, int64_t kappa, const char* what,
-             void* out_v, void* out_i, bool index64) {
+  void exact(const Source& src, const at::Tensor& like, int64_t kappa, bool use_compaction,
+             const char* what, void* out_v, void* out_i, bool index64) {
     walk(src, kappa, 0, 0);
-    if (!compaction_enabled()) {
+    if (!use_compaction) {
       // All three digits and the selection over src, queued without a break; the one read-back
       // comes last (outputs written while x held Inf/NaN are never returned).
       finish(src, kappa, 1, out_v, out_i, index64);
@@ -326,13 +328,14 @@ bool host_walk_requested() {
 // Top-kappa of src into (out_v, out_i); like gives the values' dtype and device.
 void select_topk(const Source& src, const at::Tensor& like, int64_t kappa, TopkMethod method,
                  const char* what, void* out_v, void* out_i, bool index64) {
+  const bool use_compaction = compaction_enabled();  // checks the setting on every path
   if (host_walk_requested()) {
     HostWalk(like).run(src, like, kappa, method, what, out_v, out_i, index64);
     return;
   }
   DeviceWalk w(like);
   if (method == TopkMethod::kExact)
-    w.exact(src, like, kappa, what, out_v, out_i, index64);
+    w.exact(src, like, kappa, use_compaction, what, out_v, out_i, index64);
   else
     w.threshold(src, like, kappa, what, out_v, out_i, index64);
 }
