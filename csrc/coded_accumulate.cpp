@@ -27,10 +27,10 @@ void coded_accumulate(at::Tensor out, const std::vector<at::Tensor>& slots,
                      s.scalar_type());
     TORCH_CHECK_VALUE(s.numel() == out.numel(), "slot ", l, " has ", s.numel(),
                       " elements but out has ", out.numel());
-    TORCH_CHECK_VALUE(std::isfinite(coeffs[l]), "coefficient ", l, " is ", coeffs[l],
-                      "; coefficients must be finite");
-    TORCH_CHECK_VALUE(!s.is_same(out), "slot ", l,
-                      " aliases out; accumulate into a separate buffer");
+    TORCH_CHECK_VALUE(finite_in_float32(coeffs[l]), "coefficient ", l, " is ", coeffs[l],
+                      "; coefficients must be finite in float32 (|c| <= 3.4e38)");
+    TORCH_CHECK_VALUE(!overlaps(s, out), "slot ", l,
+                      " shares memory with out; accumulate into a separate buffer");
     c32.push_back(static_cast<float>(coeffs[l]));
   }
   if (slots.empty()) {

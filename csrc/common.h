@@ -2,8 +2,11 @@
 // Python exception (ValueError/TypeError via TORCH_CHECK_* -> RuntimeError subclasses) that
 // names the problem and the fix, instead of crashing or answering silently wrong.
 #pragma once
+#include <ATen/MemoryOverlap.h>
 #include <torch/extension.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 namespace pgc {
@@ -18,6 +21,18 @@ inline void check_flat(const at::Tensor& t, const char* what) {
                     " must be contiguous; call .contiguous() (ring slots are flat buffers)");
   TORCH_CHECK_VALUE(t.dim() == 1, what, " must be a flat 1-D buffer, got shape ", t.sizes(),
                     "; pass t.view(-1)");
+}
+
+// A coefficient or weight the kernels can use: finite, and finite once rounded to float32 (the
+// kernels accumulate in fp32; 1e300 would become Inf there).
+inline bool finite_in_float32(double v) {
+  return std::isfinite(v) && std::fabs(v) <= static_cast<double>(std::numeric_limits<float>::max());
+}
+
+// Whether a and b share memory (the whole buffer or a part of it, e.g. a view of the other).
+inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  const auto st = at::get_overlap_status(a, b);
+  return st == at::MemOverlapStatus::Full || st == at::MemOverlapStatus::Partial;
 }
 
 inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* wa,

@@ -20,8 +20,8 @@ ContentReport inspect_contents(const at::Tensor& out, const std::vector<at::Tens
 }
 
 void check_weight(double w, const char* kind, size_t i) {
-  TORCH_CHECK_VALUE(std::isfinite(w), "the weight of ", kind, " message ", i, " is ", w,
-                    "; decode weights must be finite");
+  TORCH_CHECK_VALUE(finite_in_float32(w), "the weight of ", kind, " message ", i, " is ", w,
+                    "; decode weights must be finite in float32 (|a_I| <= 3.4e38)");
 }
 
 }  // namespace
@@ -53,7 +53,8 @@ void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
                      "dense messages must be float32, float16 or bfloat16, got ", m.scalar_type());
     TORCH_CHECK_VALUE(m.numel() == d, "dense message ", i, " has ", m.numel(),
                       " elements but out has ", d);
-    TORCH_CHECK_VALUE(m.data_ptr() != out.data_ptr(), "dense message ", i, " aliases out");
+    TORCH_CHECK_VALUE(!overlaps(m, out), "dense message ", i,
+                      " shares memory with out; decode into a separate buffer");
     check_weight(dense_weights[i], "dense", i);
   }
   for (size_t i = 0; i < sparse_values.size(); ++i) {

@@ -20,8 +20,8 @@ std::tuple<at::Tensor, at::Tensor> error_feedback_compress(const at::Tensor& x,
                    residual.scalar_type());
   TORCH_CHECK_VALUE(x.numel() == residual.numel(), "x has ", x.numel(),
                     " elements but residual has ", residual.numel());
-  TORCH_CHECK_VALUE(!residual.is_same(x) && residual.data_ptr() != x.data_ptr(),
-                    "residual aliases x; keep the residual in its own buffer");
+  TORCH_CHECK_VALUE(!overlaps(residual, x),
+                    "residual shares memory with x; keep the residual in its own buffer");
   check_kappa(kappa, x.numel(), index64);
   if (x.is_cuda()) {
 #ifdef PGC_HVD_WITH_CUDA

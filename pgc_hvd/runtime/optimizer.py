@@ -80,9 +80,66 @@ class TopK:
     error_feedback: bool = True
     method: str = "exact"
 
+    def __post_init__(self) -> None:
+        if self.k is None and not (isinstance(self.ratio, (int, float)) and 0 < self.ratio <= 1):
+            raise ValueError(f"TopK: ratio = {self.ratio!r}; the fraction kappa/d of entries kept "
+                             "must lie in (0, 1], e.g. 0.01")
+        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int)
+                                   or self.k < 1):
+            raise ValueError(f"TopK: k = {self.k!r}; give an int >= 1 entries, or None to use "
+                             "ratio")
+        if self.method not in ("exact", "threshold"):
+            raise ValueError(f"TopK: method = {self.method!r}; use 'exact' or 'threshold'")
+
     def kappa(self, d: int) -> int:
         k = self.k if self.k is not None else int(math.ceil(self.ratio * d))
         return max(1, min(int(k), d))
+
+
+def _check_arguments(n: int, *, stragglers, compression, delays, records, timeout, poll_interval,
+                     on_record, on_update, replay_arrivals, scheme_options):
+    """Type and range checks of DistributedOptimizer's arguments, before any collective, each
+    error naming the argument. Returns (s as an int, delays as a DelayModel or None); a delay
+    spec string (``"exp:mean=0.1,seed=1"``) is parsed as the simulator's ``--delay``."""
+    import operator
+
+    from pgc_hvd.sim.delays import parse_delay
+
+    if isinstance(stragglers, bool):
+        raise TypeError("stragglers must be an int (the straggler budget s), got a bool")
+    try:
+        s = operator.index(stragglers)
+    except TypeError:
+        raise TypeError(f"stragglers must be an int (the straggler budget s), got "
+                        f"{stragglers!r}") from None
+    if compression is not None and not isinstance(compression, TopK):
+        raise TypeError(f"compression must be None (dense messages) or pgc_hvd.runtime.TopK(...), "
+                        f"got {compression!r}; Horovod's hvd.Compression does not apply here")
+    if isinstance(delays, str):
+        delays = parse_delay(delays)
+    if delays is not None and not callable(getattr(delays, "sample", None)):
+        raise TypeError(f"delays must be None, a delay model (DelayModel, or any object with "
+                        f"sample(worker, step) -> seconds) or a spec string such as "
+                        f"'exp:mean=0.1,seed=1', got {delays!r}")
+    if records is not None and not callable(getattr(records, "write", None)):
+        raise TypeError(f"records must be None or have a write(record) method (e.g. "
+                        f"pgc_hvd.metrics.records.RecordWriter(path)), got {records!r}")
+    for name, fn in (("on_record", on_record), ("on_update", on_update)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be None or callable, got {fn!r}")
+    for name, v in (("timeout", timeout), ("poll_interval", poll_interval)):
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and v > 0):
+            raise ValueError(f"{name} must be finite seconds > 0, got {v!r}")
+    for w, _ in replay_arrivals or ():
+        if not 0 <= int(w) < n:
+            raise ValueError(f"replay_arrivals names worker {w}, outside [0, n) = [0, {n}): "
+                             "was the schedule recorded with another number of ranks?")
+    if (scheme_options or {}).get("decoder") == "min-error":
+        raise ValueError("decoder='min-error' needs every worker's compression error "
+                         "||C(g^_i) - g^_i||, which the runtime does not exchange; it is "
+                         "available in the simulator (pgc-hvd simulate --compress ...)")
+    return s, delays
 
 
 class _PGCOptimizer(torch.optim.Optimizer):
@@ -96,6 +153,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self.load_state_dict(optimizer.state_dict())
         self._pgc_hvd = hvd
         self.rank, self.n = hvd.rank(), hvd.size()
+        stragglers, delays = _check_arguments(
+            self.n, stragglers=stragglers, compression=compression, delays=delays,
+            records=records, timeout=timeout, poll_interval=poll_interval, on_record=on_record,
+            on_update=on_update, replay_arrivals=replay_arrivals, scheme_options=scheme_options)
         params = [p for g in self.param_groups for p in g["params"]]
         if named_parameters is not None:
             named = list(named_parameters)
@@ -577,11 +638,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         stragglers: the straggler budget s.
         compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback).
         delays: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
-            simulator's delay models and traces, :mod:`pgc_hvd.sim.delays`); slept on the
+            simulator's delay models and traces, :mod:`pgc_hvd.sim.delays`) or a spec string in
+            the simulator's ``--delay`` syntax (``"exp:mean=0.1,seed=1"``); slept on the
             compute side of this rank.
         records: a :class:`~pgc_hvd.metrics.records.RecordWriter` (rank 0 writes one StepRecord
             per step) or None; ``on_record`` is called with each record on rank 0.
-        scheme_options: extra options for the scheme (e.g. ``{"decoder": "first-complete"}``).
+        scheme_options: extra options for the scheme (e.g. ``{"decoder": "first-complete"}``;
+            ``"min-error"`` is simulator-only: the runtime does not exchange compression errors).
         timeout: seconds after which a collective or a step with no answer raises
             :class:`~pgc_hvd.runtime.agent.AgentError` (a rank died or hung).
         poll_interval: seconds between control rounds while waiting.
@@ -615,6 +678,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
             a round costs 0.3-0.6 ms instead of 1.3-7.7 ms here, payloads then move in one data
             allgather per step; rank 0's address from ``PGC_HVD_STORE_ADDR`` or its host name).
+
+    Every argument is checked (type and range) before any collective; a bad one raises
+    TypeError or ValueError naming it.
     """
     if hvd is None:
         import horovod.torch as hvd

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "loss grows; stale schemes only")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option (repeatable, or comma-separated), e.g. c=4,r=2 for "
-                        "bounded-staleness, decoder=min-error")
+                        "bounded-staleness, decoder=n-s for bcgc")
     p.add_argument("--channel", choices=("allgather", "store"), default="allgather",
                    help="how ranks exchange control rows: Horovod allgather (default) or a "
                         "TCPStore served by rank 0 (pgc_hvd.runtime.control_store)")
@@ -99,6 +99,18 @@ def main(argv=None) -> int:
         control_options = parse_options(args.control, "--control")
     except ValueError as err:
         parser.error(str(err))
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    compression_ratio = None
+    if args.compression:
+        kind, _, ratio = args.compression.partition(":")
+        try:
+            compression_ratio = float(ratio or 0.01)
+        except ValueError:
+            compression_ratio = float("nan")
+        if kind != "topk" or not 0 < compression_ratio <= 1:
+            parser.error(f"--compression {args.compression!r}: use topk:RATIO with RATIO, the "
+                         "fraction of entries kept, in (0, 1], e.g. topk:0.01")
     import horovod.torch as hvd
     import torch
 
@@ -121,15 +133,14 @@ def main(argv=None) -> int:
     loader = PartitionLoader(train.X, train.y, n, batch_size=args.batch_size,
                              iid=not args.non_iid, seed=args.seed)
     delays = parse_delay(args.delay)
-    compression = None
-    if args.compression:
-        kind, _, ratio = args.compression.partition(":")
-        if kind != "topk":
-            raise SystemExit(f"unknown --compression {args.compression!r}; use topk:RATIO")
-        compression = TopK(float(ratio or 0.01))
+    compression = None if compression_ratio is None else TopK(compression_ratio)
     writer = None
     if rank == 0:
-        writer = RecordWriter(out / "records.jsonl", overwrite=args.force)
+        try:
+            writer = RecordWriter(out / "records.jsonl", overwrite=args.force)
+        except FileExistsError:
+            raise SystemExit(f"{out / 'records.jsonl'} already holds an earlier run; choose "
+                             "another --out or pass --force to replace it") from None
     t_start = time.time()
 
     def progress(rec):

@@ -11,6 +11,7 @@ ingress is serial (``serial_ingress=True``), then messages queue at the decoder 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -20,6 +21,14 @@ class CommModel:
     alpha: float = 5e-4
     bandwidth: float = 30e6  # bytes per second (30 MB/s)
     serial_ingress: bool = False
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise ValueError(f"CommModel: alpha = {self.alpha!r}; the per-message latency must be "
+                             "finite seconds >= 0")
+        if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            raise ValueError(f"CommModel: bandwidth = {self.bandwidth!r}; give finite bytes per "
+                             "second > 0")
 
     def cost(self, nbytes: int) -> float:
         return self.alpha + float(nbytes) / self.bandwidth

@@ -81,6 +81,31 @@ class SimConfig:
     progress: bool = False
     label: str = ""
 
+    def __post_init__(self) -> None:
+        def bad(what: str, fix: str) -> None:
+            raise ValueError(f"SimConfig: {what}; {fix}")
+
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            bad(f"steps = {self.steps!r}", "run at least one step (an int >= 1)")
+        if self.partition_time is not None and not (math.isfinite(self.partition_time)
+                                                    and self.partition_time >= 0):
+            bad(f"partition_time = {self.partition_time!r}",
+                "give finite seconds >= 0 per partition gradient, or None to measure them")
+        if self.compress is not None and not (0 < self.compress <= 1):
+            bad(f"compress = {self.compress!r}",
+                "the top-kappa fraction kappa/d must lie in (0, 1], e.g. 0.05; None sends dense")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool)
+                                            or not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
+            bad(f"batch_size = {self.batch_size!r}", "use an int >= 1, or None for full partitions")
+        if self.straggler_policy not in ("continue", "cancel"):
+            bad(f"straggler_policy = {self.straggler_policy!r}", "use 'continue' or 'cancel'")
+        if self.eval_every < 0 or self.diag_every < 1:
+            bad(f"eval_every = {self.eval_every}, diag_every = {self.diag_every}",
+                "eval_every must be >= 0 (0: never) and diag_every >= 1")
+        if self.error_feedback and self.compress is None:
+            bad("error_feedback without compress", "error feedback needs top-kappa compression")
+
 
 @dataclasses.dataclass
 class _Job:
@@ -135,6 +160,10 @@ class Simulator:
         else:
             self.partition_time = float(config.partition_time)
         self.kappa = None if config.compress is None else max(1, int(math.floor(config.compress * self.d)))
+        if getattr(scheme, "decoder", None) == "min-error" and self.kappa is None:
+            raise ValueError(f"{scheme.name} with decoder='min-error' picks the class whose "
+                             "messages lost least to compression; it needs top-kappa compression "
+                             "(SimConfig.compress, pgc-hvd simulate --compress 0.05)")
         rng = np.random.default_rng(config.seed + 7919)
         src = self.test if self.test is not None else (self.X, self.y)
         vb = rng.choice(len(src[0]), size=min(config.diag_batch, len(src[0])), replace=False)

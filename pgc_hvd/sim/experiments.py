@@ -101,7 +101,7 @@ def exp_pgc(out: Path, quick: bool) -> tuple[list, str]:
                                           delay=Exponential(mean, seed=int(mean * 10) + s + 1000 * seed),
                                           steps=steps, scheme_options=opts, partition_time=1.0,
                                           batch_size=PGC_BATCH, seed=seed,
-                                          records_path=out / "records" / f"{label}.jsonl",
+                                          overwrite=True, records_path=out / "records" / f"{label}.jsonl",
                                           diagnostics=False, label=label, progress=True)
                     summ.update({"setting": f"s={s}, mean={mean:g}", "delay_mean": mean, "label": label})
                     setting.append((summ, recs))
@@ -140,7 +140,7 @@ def exp_pgc(out: Path, quick: bool) -> tuple[list, str]:
         recs, summ = simulate(name, 12, 5, data=data, optimizer=PGC_OPTIMIZER,
                               delay=Exponential(1.0, seed=99), steps=steps, partition_time=1.0,
                               batch_size=PGC_BATCH,
-                              records_path=out / "records" / f"{label}.jsonl", diagnostics=False,
+                              overwrite=True, records_path=out / "records" / f"{label}.jsonl", diagnostics=False,
                               label=label, progress=True)
         summ.update({"setting": "n=12, c=6 (s=5), mean=1", "label": label})
         rows.append(summ)
@@ -251,7 +251,7 @@ def exp_bcgc(out: Path, quick: bool, datasets=None) -> tuple[list, str]:
                                       zero_init=True, compress=comp, partition_time=ptime,
                                       scheme_options=opts,
                                       decode_time="measured", straggler_policy="cancel",
-                                      records_path=out / "records" / f"{label}.jsonl",
+                                      overwrite=True, records_path=out / "records" / f"{label}.jsonl",
                                       label=label, progress=True)
                 ptime = summ["partition_time"]
                 summ.update({"dataset": dname, "setting": f"{dname}, s={s}", "variant": label0,
@@ -269,7 +269,7 @@ def exp_bcgc(out: Path, quick: bool, datasets=None) -> tuple[list, str]:
                                       zero_init=True, compress=0.05, iid=iid,
                                       scheme_options={"decoder": "min-error"}, partition_time=ptime,
                                       decode_time="measured", straggler_policy="cancel",
-                                      records_path=out / "records" / f"{label}.jsonl",
+                                      overwrite=True, records_path=out / "records" / f"{label}.jsonl",
                                       label=label, progress=True)
                 summ.update({"dataset": dname, "setting": f"{dname}, s={s}, {'iid' if iid else 'sorted'}, min-error",
                              "variant": scheme, "label": label,
@@ -332,7 +332,7 @@ def exp_staleness(out: Path, quick: bool) -> tuple[list, str]:
         _log(f"[staleness] {label}")
         recs, summ = simulate(scheme, n, s, data=data, model="softmax", optimizer="sgd:lr=0.5",
                               delay=delay, steps=100000, max_time=budget, scheme_options=opts,
-                              partition_time=1.0, records_path=out / "records" / f"{label}.jsonl",
+                              partition_time=1.0, overwrite=True, records_path=out / "records" / f"{label}.jsonl",
                               label=label, progress=True)
         summ.update({"variant": label0, "label": label})
         curves[label0] = ([r.time for r in recs], [r.extra.get("test_loss") for r in recs])
@@ -390,6 +390,8 @@ def main(argv=None) -> int:
     p.add_argument("name", choices=sorted(EXPERIMENTS))
     p.add_argument("--quick", action="store_true", help="small sizes (seconds), for tests")
     p.add_argument("--out", required=True)
+    p.add_argument("--force", action="store_true",
+                   help="replace the results of an earlier experiment in --out")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--datasets", default=None,
                    help="bcgc only: comma-separated datasets (digits, breast_cancer); default all "
@@ -400,8 +402,13 @@ def main(argv=None) -> int:
         if a.name != "bcgc":
             p.error("--datasets applies to the bcgc experiment only")
         opts["datasets"] = [d.strip() for d in a.datasets.split(",") if d.strip()]
-    torch.set_num_threads(a.threads)
+        if not opts["datasets"]:
+            p.error(f"--datasets names no dataset: {a.datasets!r}")
     out = Path(a.out)
+    if (out / "summary.json").exists() and not a.force:
+        p.error(f"{out} already holds an experiment's results; choose another --out or pass "
+                "--force to replace them")
+    torch.set_num_threads(a.threads)
     (out / "records").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rows, table = EXPERIMENTS[a.name](out, a.quick, **opts)

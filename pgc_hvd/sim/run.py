@@ -70,10 +70,13 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
              iid: bool = True, sizes=None, seed: int = 0, scheme_options: Optional[dict] = None,
              data=None, records_path: Optional[Path] = None, zero_init: bool = False,
              dtype: torch.dtype = torch.float32, adaptive: bool = False,
-             control: Optional[dict] = None, **config) -> tuple[list, dict]:
+             control: Optional[dict] = None, overwrite: bool = False,
+             **config) -> tuple[list, dict]:
     """``adaptive=True``: the staleness control rule (:mod:`pgc_hvd.control`, options in
     ``control``, e.g. ``{"knob": "c", "high": 1.0, "every": 2}``) for schemes that use stale
-    gradients (bounded staleness, PGC); exact schemes run without it."""
+    gradients (bounded staleness, PGC); exact schemes run without it. ``records_path``: where the
+    records go (one JSON line per step); an existing non-empty file there is refused unless
+    ``overwrite=True``. Every argument is checked before that file is opened."""
     from pgc_hvd.control.rule import ControlConfig, adaptive_default
     if adaptive_default(scheme, adaptive):
         from pgc_hvd.control.sim import SimController
@@ -86,9 +89,10 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
     sch = get_scheme(scheme, n, s, **(scheme_options or {}))
     parts = partition(tr.y, n, iid=iid, sizes=sizes, seed=seed)
     cfg = SimConfig(steps=steps, delay=delay, seed=seed, **config)
-    writer = RecordWriter(records_path, overwrite=True) if records_path else None
+    sim = Simulator(sch, task, tr, parts, make_optimizer(optimizer), cfg, test=te)
+    writer = RecordWriter(records_path, overwrite=overwrite) if records_path else None
+    sim.writer = writer
     try:
-        sim = Simulator(sch, task, tr, parts, make_optimizer(optimizer), cfg, test=te, writer=writer)
         recs = sim.run()
     finally:
         if writer is not None:
@@ -163,7 +167,20 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", required=True, help="output folder (records.jsonl, summary.json)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the results of an earlier run in --out")
     a = p.parse_args(argv)
+    if a.threads < 1:
+        p.error(f"--threads must be >= 1, got {a.threads}")
+    if a.steps < 1:
+        p.error(f"--steps must be >= 1, got {a.steps}")
+    if a.compress is not None and not 0 < a.compress <= 1:
+        p.error(f"--compress is the top-kappa fraction kappa/d and must lie in (0, 1], got "
+                f"{a.compress}")
+    records = Path(a.out) / "records.jsonl"
+    if records.exists() and records.stat().st_size > 0 and not a.force:
+        p.error(f"{records} already holds an earlier run; choose another --out or pass --force "
+                "to replace it")
     torch.set_num_threads(a.threads)
     try:
         opts = parse_options(a.option, "--option")
@@ -180,7 +197,7 @@ def main(argv=None) -> int:
                              comm=CommModel(a.alpha, a.bandwidth), compress=a.compress,
                              error_feedback=a.error_feedback, straggler_policy=a.policy,
                              batch_size=a.batch_size, adaptive=a.adaptive,
-                             control=control,
+                             control=control, overwrite=a.force,
                              progress=True)
     if a.save_trace:
         delay.trace.save(a.save_trace)

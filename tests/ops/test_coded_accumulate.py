@@ -43,8 +43,15 @@ def test_checks(device):
         coded_accumulate(out, [s], [1.0, 2.0])
     with pytest.raises(ValueError, match="finite"):
         coded_accumulate(out, [s], [float("inf")])
-    with pytest.raises(ValueError, match="aliases"):
+    with pytest.raises(ValueError, match="finite in float32"):
+        coded_accumulate(out, [s], [1e300])  # finite as a double, Inf in the fp32 kernel
+    with pytest.raises(ValueError, match="shares memory with out"):
         coded_accumulate(out, [out], [1.0])
+    with pytest.raises(ValueError, match="shares memory with out"):
+        coded_accumulate(out, [out.view(-1)], [1.0])  # a view is the same memory
+    big = torch.zeros(20, device=device)
+    with pytest.raises(ValueError, match="shares memory with out"):
+        coded_accumulate(big[:10], [big[5:15]], [1.0])  # partial overlap
     with pytest.raises(TypeError, match="share one dtype"):
         coded_accumulate(out, [s, s.half()], [1.0, 1.0])
     with pytest.raises(TypeError):

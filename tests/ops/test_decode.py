@@ -111,6 +111,10 @@ def test_checks_leave_out_untouched(device):
         decode_accumulate(out, [bad_dense], [1.0], accumulate=False)
     with pytest.raises(ValueError, match="weight"):
         decode_accumulate(out, [good], [float("nan")])
+    with pytest.raises(ValueError, match="finite in float32"):
+        decode_accumulate(out, [(vals, torch.tensor([1, 2, 3], device=device))], [1e300])
+    with pytest.raises(ValueError, match="shares memory with out"):
+        decode_accumulate(out, [out.view(-1)], [1.0])
     with pytest.raises(ValueError, match="weights"):
         decode_accumulate(out, [good, good], [1.0])
     with pytest.raises(ValueError, match="elements but out has"):

@@ -102,8 +102,11 @@ def test_input_checks(device):
         error_feedback_compress(x, torch.zeros(200, device=device)[::2], 3)
     with pytest.raises(ValueError, match=r"k must lie in \[0, d\]"):
         error_feedback_compress(x, r, 101)
-    with pytest.raises(ValueError, match="aliases"):
+    with pytest.raises(ValueError, match="shares memory with x"):
         error_feedback_compress(r, r, 3)
+    both = torch.zeros(150, device=device)
+    with pytest.raises(ValueError, match="shares memory with x"):
+        error_feedback_compress(both[:100], both[50:], 3)  # partial overlap
     with pytest.raises(ValueError, match="method"):
         error_feedback_compress(x, r, 3, "sort")
     assert torch.count_nonzero(r) == 0  # failed checks leave the residual alone

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from pgc_hvd.cli import main
@@ -31,3 +32,40 @@ def test_experiment_quick_outputs(tmp_path):
     assert {r["variant"] for r in runs} == {"sync-dp", "gc", "bounded c=2", "bounded c=4", "bounded c=8"}
     assert all(r["max_age"] < 8 for r in runs)
     torch.set_num_threads(1)
+
+
+def test_simulate_refuses_to_replace_an_earlier_run(tmp_path, capsys):
+    args = ["simulate", "--scheme", "pgc-cr", "--n", "4", "--s", "1", "--steps", "2",
+            "--partition-time", "0.1", "--model", "softmax", "--out", str(tmp_path)]
+    assert main(args) == 0
+    before = (tmp_path / "records.jsonl").read_bytes()
+    with pytest.raises(SystemExit):
+        main(args)
+    assert "pass --force" in capsys.readouterr().err
+    assert (tmp_path / "records.jsonl").read_bytes() == before  # nothing lost
+    assert main(args + ["--force"]) == 0
+    torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--compress", "0"], "must lie in (0, 1]"),
+    (["--compress", "1.5"], "must lie in (0, 1]"),
+    (["--threads", "0"], "--threads must be >= 1"),
+])
+def test_simulate_rejects_bad_values_before_writing(tmp_path, capsys, bad, message):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--n", "4", "--s", "1", "--out", str(tmp_path / "x")] + bad)
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x" / "records.jsonl").exists()
+
+
+def test_experiment_refuses_to_replace_results(tmp_path, capsys):
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        main(["experiment", "staleness", "--quick", "--out", str(tmp_path)])
+    assert "pass --force" in capsys.readouterr().err
+    assert (tmp_path / "summary.json").read_text() == "{}"
+    with pytest.raises(SystemExit):
+        main(["experiment", "bcgc", "--quick", "--datasets", ",", "--out", str(tmp_path / "y")])
+    assert "names no dataset" in capsys.readouterr().err

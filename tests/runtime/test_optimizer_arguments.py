@@ -1,0 +1,65 @@
+"""DistributedOptimizer's argument checks (they run before any collective, so they are tested
+here without Horovod ranks) and the train command's own checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgc_hvd.runtime.optimizer import TopK, _check_arguments
+from pgc_hvd.runtime.train import main as train_main
+from pgc_hvd.sim.delays import Exponential
+
+
+def check(**overrides):
+    args = dict(stragglers=1, compression=None, delays=None, records=None, timeout=60.0,
+                poll_interval=0.002, on_record=None, on_update=None, replay_arrivals=None,
+                scheme_options=None)
+    args.update(overrides)
+    return _check_arguments(4, **args)
+
+
+def test_good_arguments_pass_and_a_delay_spec_is_parsed():
+    s, delays = check(delays="exp:mean=0.1,seed=1", compression=TopK(0.05))
+    assert s == 1 and isinstance(delays, Exponential)
+    assert check(delays=delays)[1] is delays
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    ({"stragglers": 1.9}, TypeError, "stragglers must be an int"),
+    ({"stragglers": True}, TypeError, "stragglers must be an int"),
+    ({"compression": "topk:0.01"}, TypeError, "TopK"),
+    ({"delays": 0.1}, TypeError, "sample\\(worker, step\\)"),
+    ({"records": "/tmp/records.jsonl"}, TypeError, "write\\(record\\)"),
+    ({"on_record": "print"}, TypeError, "on_record must be None or callable"),
+    ({"timeout": -1}, ValueError, "timeout must be finite seconds > 0"),
+    ({"poll_interval": 0}, ValueError, "poll_interval must be finite seconds > 0"),
+    ({"replay_arrivals": [(5, 0)]}, ValueError, "outside \\[0, n\\)"),
+    ({"scheme_options": {"decoder": "min-error"}}, ValueError, "simulator"),
+])
+def test_bad_arguments_are_named(overrides, error, message):
+    with pytest.raises(error, match=message):
+        check(**overrides)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ratio": 0.0}, "must lie in \\(0, 1\\]"),
+    ({"ratio": 1.5}, "must lie in \\(0, 1\\]"),
+    ({"k": 0}, "an int >= 1"),
+    ({"method": "fast"}, "'exact' or 'threshold'"),
+])
+def test_bad_topk(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TopK(**kwargs)
+    assert TopK(k=5).kappa(3) == 3 and TopK(0.5).kappa(10) == 5
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--compression", "topk:0"], "topk:RATIO"),
+    (["--compression", "topk:abc"], "topk:RATIO"),
+    (["--compression", "gzip:0.1"], "topk:RATIO"),
+])
+def test_train_rejects_bad_values_before_starting(tmp_path, capsys, bad, message):
+    with pytest.raises(SystemExit):
+        train_main(["--out", str(tmp_path)] + bad)
+    assert message in capsys.readouterr().err
