@@ -46,6 +46,21 @@ def test_fit_picks_the_generating_family():
     assert f["kind"] == "lognormal" and abs(f["ln_mu"] + 2.0) < 0.1
 
 
+def test_fit_ignores_the_zero_that_the_shift_estimate_makes():
+    """tau = min busy/k leaves one delay at exactly 0; it must not inflate a log-normal's sigma
+    (clipped to 1e-6 it once gave sigma ~5 and predictions 30x too slow)."""
+    rng = np.random.default_rng(1)
+    x = rng.lognormal(-2.0, 0.3, 60)
+    x = x - x.min()  # as observations() makes them
+    f = fit_delays(x)
+    assert f["zeros"] == 1 and f["n_samples"] == 60
+    assert f["ln_sigma"] is not None and f["ln_sigma"] < 2.0
+    # many zeros (steps without delay): the exponential over all samples
+    y = np.concatenate([np.zeros(30), rng.exponential(0.1, 30)])
+    g = fit_delays(y)
+    assert g["kind"] == "exp" and g["aic_exp"] is None and abs(g["exp_mean"] - y.mean()) < 1e-12
+
+
 def test_advise_on_a_trace(tmp_path):
     # rank 3 is a slow straggler: waiting for everybody (DGD) must not be recommended
     models = [Exponential(0.05, seed=1)] * 3 + [LogNormal(math.log(1.0), 0.2, seed=2)]
