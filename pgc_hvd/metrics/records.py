@@ -123,16 +123,33 @@ class RecordWriter:
         self.close()
 
 
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _restore_nonfinite(x: Any) -> Any:
+    """The inverse of the writer's encoding of non-finite floats ("nan", "inf", "-inf")."""
+    if isinstance(x, dict):
+        return {k: _restore_nonfinite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_restore_nonfinite(v) for v in x]
+    if isinstance(x, str) and x in _NONFINITE:
+        return _NONFINITE[x]
+    return x
+
+
 def read_records(path: str | os.PathLike) -> Iterator[dict]:
-    """Yield the records of a JSONL file as dicts (a truncated last line is skipped)."""
+    """Yield the records of a JSONL file as dicts (a truncated last line is skipped); the
+    non-finite floats the writer stored as "nan" / "inf" / "-inf" come back as floats."""
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
+            yield _restore_nonfinite(json.loads(line))
+        except json.JSONDecodeError as err:
             if i == len(lines) - 1:  # the step in flight when a run died
                 return
-            raise
+            raise ValueError(f"{path}, line {i + 1}: not a JSON record ({err}); the file is "
+                             "damaged (only a truncated last line is expected after a crash)"
+                             ) from None

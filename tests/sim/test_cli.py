@@ -44,6 +44,11 @@ def test_simulate_refuses_to_replace_an_earlier_run(tmp_path, capsys):
     assert "pass --force" in capsys.readouterr().err
     assert (tmp_path / "records.jsonl").read_bytes() == before  # nothing lost
     assert main(args + ["--force"]) == 0
+    # pgc-hvd report reads a simulated run's final loss and test accuracy too
+    assert main(["report", str(tmp_path), "--no-plot"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    report = (tmp_path / "report.md").read_text()
+    assert f"{summary['final_loss']:.3f}" in report and f"{summary['test_accuracy']:.3f}" in report
     torch.set_num_threads(1)
 
 
