@@ -103,7 +103,7 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
     spec string (``"exp:mean=0.1,seed=1"``) is parsed as the simulator's ``--delay``."""
     import operator
 
-    from pgc_hvd.sim.delays import parse_delay
+    from pgc_hvd.sim.delays import check_workers, parse_delay
 
     if isinstance(stragglers, bool):
         raise TypeError("stragglers must be an int (the straggler budget s), got a bool")
@@ -121,6 +121,8 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
         raise TypeError(f"delays must be None, a delay model (DelayModel, or any object with "
                         f"sample(worker, step) -> seconds) or a spec string such as "
                         f"'exp:mean=0.1,seed=1', got {delays!r}")
+    if delays is not None:
+        check_workers(delays, n)
     if records is not None and not callable(getattr(records, "write", None)):
         raise TypeError(f"records must be None or have a write(record) method (e.g. "
                         f"pgc_hvd.metrics.records.RecordWriter(path)), got {records!r}")

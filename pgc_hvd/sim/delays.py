@@ -52,6 +52,7 @@ straggler schedule, as the papers did with fixed seeds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import zlib
 from pathlib import Path
@@ -311,6 +312,22 @@ def _from_dict_typed(t: str, spec: dict) -> DelayModel:
     raise KeyError(f"unknown delay model type {t!r}")
 
 
+def check_workers(model, n: int) -> None:
+    """Refuses a model that draws its stragglers among another number of workers than the
+    run's n (``fixed:n=...``), which would delay only some of the workers, or none."""
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        if isinstance(m, FixedStragglers) and m.n != n:
+            raise ValueError(f"delay model {m} picks its {m.count} stragglers among n={m.n} "
+                             f"workers, but the run has n={n}; write fixed:n={n},count=...")
+        stack.extend(getattr(m, "parts", ()))
+        for attr in ("base", "model"):
+            inner = getattr(m, attr, None)
+            if isinstance(inner, DelayModel):
+                stack.append(inner)
+
+
 def parse_delay(text: str) -> DelayModel:
     """Text spec -> model: components ``name:key=value,...`` joined by ``+``; a lone value is the
     first parameter (``exp:2`` = ``exp:mean=2``); ``replay:PATH`` replays a saved trace."""
@@ -323,22 +340,33 @@ def parse_delay(text: str) -> DelayModel:
         name, _, args = comp.partition(":")
         name = _ALIASES.get(name.strip().lower(), name.strip().lower())
         if name not in _SIMPLE:
-            raise KeyError(f"unknown delay model {name!r} in {text!r}; known: {sorted(_SIMPLE)}")
+            raise ValueError(f"unknown delay model {name!r} in {text!r}; known: {sorted(_SIMPLE)}")
         kwargs: dict[str, float] = {}
         for i, a in enumerate(x for x in args.split(",") if x.strip()):
             if "=" in a:
                 k, v = a.split("=", 1)
-                kwargs[k.strip()] = float(v)
+                k = k.strip()
             else:
-                first = {"const": "value", "exp": "mean", "lognormal": "mu", "pareto": "shape",
-                         "straggler": "p", "fixed": "n"}[name]
+                k = {"const": "value", "exp": "mean", "lognormal": "mu", "pareto": "shape",
+                     "straggler": "p", "fixed": "n"}[name]
+                v = a
                 if i != 0:
                     raise ValueError(f"positional value only allowed first, in {comp!r}")
-                kwargs[first] = float(a)
+            try:
+                kwargs[k] = float(v)
+            except ValueError:
+                raise ValueError(f"{k}={v.strip()!r} in delay spec {comp!r} is not a number") from None
+            if not math.isfinite(kwargs[k]) or (k != "mu" and kwargs[k] < 0):
+                raise ValueError(f"{k}={v.strip()} in delay spec {comp!r}: parameters must be "
+                                 "finite, and >= 0 except a log-normal's mu")
         for key in ("seed", "n", "count"):
             if key in kwargs:
                 kwargs[key] = int(kwargs[key])
-        parts.append(_SIMPLE[name](**kwargs))
+        try:
+            parts.append(_SIMPLE[name](**kwargs))
+        except TypeError as err:  # an unknown or missing parameter name
+            raise ValueError(f"delay spec {comp!r}: {err}; see pgc_hvd.sim.delays for "
+                             f"the parameters of {name!r}") from None
     return parts[0] if len(parts) == 1 else Sum(*parts)
 
 

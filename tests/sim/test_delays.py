@@ -51,8 +51,21 @@ def test_parse_text_specs():
     assert isinstance(m, Sum) and m.parts[0].seed == 7 and m.parts[1].p == 0.01
     assert parse_delay(str(m)) == m
     assert isinstance(as_delay_model(None), Zero)
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match="unknown delay model 'gamma'"):
         parse_delay("gamma:1")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("exp:meen=1", "delay spec 'exp:meen=1'"),
+    ("exp:mean=abc", "is not a number"),
+    ("exp:mean=nan", "must be finite"),
+    ("const:value=inf", "must be finite"),
+    ("exp:mean=1,seed=-1", ">= 0"),
+    ("fixed:count=1", "delay spec 'fixed:count=1'"),
+])
+def test_bad_specs_are_named(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_delay(spec)
 
 
 def test_trace_save_replay_bit_identical(tmp_path):
@@ -69,3 +82,10 @@ def test_trace_save_replay_bit_identical(tmp_path):
     assert parse_delay(f"replay:{path}").sample(3, 4) == vals[(3, 4)]
     full = DelayTrace.from_model(Exponential(1.0), 3, 4)
     assert len(full) == 12 and sum(full.histogram(5)["counts"]) == 12
+
+
+def test_fixed_stragglers_must_use_the_runs_n():
+    from pgc_hvd.sim.delays import check_workers
+    check_workers(parse_delay("fixed:n=4,count=1,delay=5"), 4)
+    with pytest.raises(ValueError, match="write fixed:n=12"):
+        check_workers(parse_delay("exp:1+fixed:n=100,count=20,delay=5"), 12)
