@@ -27,6 +27,7 @@ Two families share this interface:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
@@ -60,7 +61,10 @@ def _as_responders(n: int, responders: Iterable[int]) -> list[int]:
     out: list[int] = []
     seen = set()
     for i in responders:
-        i = int(i)
+        try:
+            i = operator.index(i)  # 1.9 is not worker 1
+        except TypeError:
+            raise TypeError(f"responders must be worker indices (ints), got {i!r}") from None
         if not 0 <= i < n:
             raise ValueError(f"responder {i} is not a worker index in [0, {n - 1}]")
         if i not in seen:
@@ -120,6 +124,9 @@ class GradientCode:
         when no such vector exists (binary: no complete group; linear: RMS
         residual ||a_I B_I - 1||_2 / sqrt(n) > tol).
         """
+        if not (isinstance(tol, (int, float)) and 0 < tol < 1):
+            raise ValueError(f"tol is the largest RMS residual accepted, in (0, 1) (default "
+                             f"{DEFAULT_DECODE_TOL}), got {tol!r}")
         res = self.decode_result(_as_responders(self.n, responders))
         if res.residual > tol * np.sqrt(self.n):
             raise NotDecodable(

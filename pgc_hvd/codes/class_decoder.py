@@ -53,6 +53,8 @@ class FirstCompleteDecoder:
         """Record that ``worker`` responded; return the completed group index, else None."""
         if self.complete is not None:
             return self.complete
+        if not 0 <= worker < len(self._seen):
+            raise ValueError(f"worker {worker} is not a worker index in [0, {len(self._seen) - 1}]")
         if self._seen[worker]:
             return None
         self._seen[worker] = 1

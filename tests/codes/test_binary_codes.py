@@ -234,3 +234,17 @@ def test_report_main_prints_every_code(capsys):
     for name in ("bcgc", "gfrc", "fr", "gmds", "cr", "rs", "cyclic-mds"):
         assert name in out
     assert "n/a" not in out.split("\n", 3)[2]  # n=12, s=2: fr exists
+
+
+def test_decode_input_is_checked():
+    from pgc_hvd.codes import get_code
+    code = get_code("bcgc", 6, 2)
+    with pytest.raises(TypeError, match="worker indices"):
+        code.decode([0.7, 1.9, 2.2, 3.5])  # not silently workers 0, 1, 2, 3
+    for tol in (1.0, 2.0, float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="tol"):
+            code.decode([0], tol=tol)
+    dec = code.decoder()
+    for bad in (-1, 6):
+        with pytest.raises(ValueError, match="not a worker index"):
+            dec.offer(bad)
