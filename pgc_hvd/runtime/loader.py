@@ -41,12 +41,18 @@ class PartitionLoader:
         self.partitions = [np.asarray(p, dtype=np.int64) for p in partitions]
         if any(len(p) == 0 for p in self.partitions):
             raise ValueError(f"a partition is empty: {len(self.X)} samples are too few for n={n}")
+        if batch_size is not None and (isinstance(batch_size, bool)
+                                       or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be an int >= 1 (per partition and step), or None "
+                             f"for whole partitions; got {batch_size!r}")
         self.batch_size = batch_size
         self.seed = int(seed)
         self.device = device
         self.transform = transform
 
     def indices(self, partition: int, step: int) -> np.ndarray:
+        if not 0 <= partition < self.n:
+            raise IndexError(f"partition {partition} is not in [0, {self.n - 1}]")
         part = self.partitions[partition]
         if self.batch_size is None or self.batch_size >= len(part):
             return part

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     model = task.model.to(device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     loader = PartitionLoader(train.X, train.y, n, batch_size=args.batch_size,
-                             iid=not args.non_iid, seed=args.seed)
+                             iid=not args.non_iid, seed=args.seed, device=device)
     delays = parse_delay(args.delay)
     compression = None if compression_ratio is None else TopK(compression_ratio)
     writer = None
@@ -182,7 +182,6 @@ def main(argv=None) -> int:
         for xb, yb in opt.batches(loader):
             if args.compute_time > 0:
                 time.sleep(args.compute_time)
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             loss = task.loss(model(xb), yb)
             loss.backward()
         opt.step(loss=loss.item())

@@ -19,6 +19,7 @@ default s+1, c >= 1), ``shard_sizes`` (n positive numbers).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from .protocol import Arrival, Decision, Round, Scheme, Use
@@ -65,8 +66,11 @@ class BoundedStaleness(Scheme):
         if shard_sizes is None:
             self.shard_weights = [1.0 / n] * n
         else:
+            if isinstance(shard_sizes, (str, bytes)):  # "1234" is not [1, 2, 3, 4]
+                raise ValueError(f"{self.name}: shard_sizes needs {n} numbers, got the string "
+                                 f"{shard_sizes!r}")
             sizes = [float(x) for x in shard_sizes]
-            if len(sizes) != n or any(x <= 0 for x in sizes):
+            if len(sizes) != n or not all(math.isfinite(x) and x > 0 for x in sizes):
                 raise ValueError(
                     f"{self.name}: shard_sizes needs {n} positive numbers (|D_i|), got {shard_sizes!r}; "
                     f"e.g. shard_sizes=[1]*{n}"

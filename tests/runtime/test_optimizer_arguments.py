@@ -63,3 +63,25 @@ def test_train_rejects_bad_values_before_starting(tmp_path, capsys, bad, message
     with pytest.raises(SystemExit):
         train_main(["--out", str(tmp_path)] + bad)
     assert message in capsys.readouterr().err
+
+
+def test_partition_loader_checks():
+    import torch
+
+    from pgc_hvd.runtime import PartitionLoader
+    X, y = torch.randn(40, 3), torch.arange(40) % 2
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+            PartitionLoader(X, y, 2, batch_size=bad)
+    loader = PartitionLoader(X, y, 2, batch_size=4)
+    assert loader.batch(1, 0)[0].shape == (4, 3)
+    for bad in (-1, 2):
+        with pytest.raises(IndexError, match="is not in"):
+            loader.batch(bad, 0)
+
+
+def test_bounded_staleness_shard_sizes_are_checked():
+    from pgc_hvd.schemes import get_scheme
+    for bad in ([float("nan"), 1, 1, 1], [0, 1, 1, 1], "1234", [1, 1]):
+        with pytest.raises(ValueError, match="shard_sizes"):
+            get_scheme("bounded-staleness", 4, 1, shard_sizes=bad)
