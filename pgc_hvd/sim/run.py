@@ -37,9 +37,15 @@ def make_optimizer(spec: Any) -> Callable:
     name, _, args = str(spec).partition(":")
     kw: dict = {}
     for a in (x for x in args.split(",") if x.strip()):
-        k, v = a.split("=", 1)
+        k, eq, v = a.partition("=")
         v = v.strip()
-        kw[k.strip()] = (v.lower() == "true") if v.lower() in ("true", "false") else float(v)
+        try:
+            if not eq:
+                raise ValueError
+            kw[k.strip()] = (v.lower() == "true") if v.lower() in ("true", "false") else float(v)
+        except ValueError:
+            raise ValueError(f"optimizer spec {spec!r}: {a.strip()!r} is not KEY=NUMBER (or "
+                             "true/false); e.g. sgd:lr=0.5,momentum=0.9") from None
     name = name.strip().lower()
     if name == "nesterov":
         kw.setdefault("momentum", 0.9)
@@ -48,7 +54,8 @@ def make_optimizer(spec: Any) -> Callable:
     classes = {c.lower(): getattr(torch.optim, c) for c in dir(torch.optim)
                if isinstance(getattr(torch.optim, c), type)}
     if name not in classes:
-        raise KeyError(f"unknown optimizer {name!r}")
+        raise ValueError(f"unknown optimizer {name!r} in {spec!r}; use a torch.optim class name "
+                         "in lower case (sgd, adam, adamw, ...) or nesterov")
     cls = classes[name]
     return lambda params: cls(params, **kw)
 
@@ -145,6 +152,8 @@ def main(argv=None) -> int:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option, e.g. c=2, r=2, decoder=min-error")
     p.add_argument("--dataset", default="digits")
+    p.add_argument("--data-dir", default=None,
+                   help="local folder of cifar10 (python pickle batches) or imagefolder data")
     p.add_argument("--model", default=None, help="softmax, logistic, cnn, resnet18")
     p.add_argument("--optimizer", default="sgd:lr=0.5")
     p.add_argument("--delay", default="exp:mean=1", help="delay spec, e.g. 'lognormal:mu=-1,sigma=0.5+straggler:p=0.01' or replay:PATH")
@@ -172,6 +181,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.threads < 1:
         p.error(f"--threads must be >= 1, got {a.threads}")
+    if a.control and not a.adaptive:
+        p.error("--control sets options of the control rule: it needs --adaptive")
     if a.steps < 1:
         p.error(f"--steps must be >= 1, got {a.steps}")
     if a.compress is not None and not 0 < a.compress <= 1:
@@ -191,8 +202,9 @@ def main(argv=None) -> int:
     delay = Recording(parse_delay(a.delay))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(a.dataset, root=a.data_dir, seed=a.seed) if a.data_dir else None
     recs, summary = simulate(a.scheme, a.n, a.s, a.dataset, a.model, a.optimizer, delay, a.steps,
-                             iid=not a.non_iid, seed=a.seed, scheme_options=opts,
+                             iid=not a.non_iid, seed=a.seed, scheme_options=opts, data=data,
                              records_path=out / "records.jsonl", partition_time=a.partition_time,
                              comm=CommModel(a.alpha, a.bandwidth), compress=a.compress,
                              error_feedback=a.error_feedback, straggler_policy=a.policy,

@@ -74,3 +74,28 @@ def test_experiment_refuses_to_replace_results(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["experiment", "bcgc", "--quick", "--datasets", ",", "--out", str(tmp_path / "y")])
     assert "names no dataset" in capsys.readouterr().err
+
+
+def test_simulate_control_needs_adaptive(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--control", "knob=c", "--out", str(tmp_path)])
+    assert "needs --adaptive" in capsys.readouterr().err
+
+
+def test_simulate_reads_cifar10_from_data_dir(tmp_path):
+    import pickle
+
+    import numpy as np
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ["data_batch_1", "test_batch"]:
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"data": rng.integers(0, 256, (40, 3072), dtype=np.uint8),
+                         b"labels": [i % 10 for i in range(40)]}, f)
+    out = tmp_path / "run"
+    assert main(["simulate", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--model",
+                 "softmax", "--n", "4", "--s", "1", "--steps", "2", "--partition-time", "0.1",
+                 "--out", str(out)]) == 0
+    assert len(list(read_records(out / "records.jsonl"))) == 2
+    torch.set_num_threads(1)

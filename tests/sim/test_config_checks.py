@@ -37,3 +37,16 @@ def test_min_error_decoder_needs_compression(tmp_path):
         simulate("bcgc", 6, 2, model="softmax", steps=2, partition_time=0.1,
                  scheme_options={"decoder": "min-error"}, records_path=tmp_path / "r.jsonl")
     assert not (tmp_path / "r.jsonl").exists()  # refused before the records file is opened
+
+
+def test_optimizer_specs():
+    from pgc_hvd.sim.run import make_optimizer
+    import torch
+    opt = make_optimizer("nesterov:lr=0.1")([torch.nn.Parameter(torch.zeros(2))])
+    assert opt.defaults["nesterov"] and opt.defaults["momentum"] == 0.9
+    with pytest.raises(ValueError, match="is not KEY=NUMBER"):
+        make_optimizer("sgd:lr")
+    with pytest.raises(ValueError, match="is not KEY=NUMBER"):
+        make_optimizer("sgd:lr=fast")
+    with pytest.raises(ValueError, match="unknown optimizer 'sdg'"):
+        make_optimizer("sdg:lr=0.1")
