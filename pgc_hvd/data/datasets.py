@@ -128,6 +128,8 @@ def _cifar_dir(root: os.PathLike) -> Path:
 
 def load_cifar10(root: os.PathLike, train: bool = True, limit: Optional[int] = None) -> Dataset:
     """CIFAR-10 from the python-pickle batches in ``root`` (see module docstring)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be an int >= 1 (samples kept) or None, got {limit!r}")
     d = _cifar_dir(root)
     files = sorted(d.glob("data_batch_*")) if train else [d / "test_batch"]
     files = [f for f in files if f.exists()]
@@ -135,12 +137,24 @@ def load_cifar10(root: os.PathLike, train: bool = True, limit: Optional[int] = N
         raise FileNotFoundError(f"no {'training' if train else 'test'} batches in {d}")
     xs, ys = [], []
     for f in files:
-        with open(f, "rb") as fh:
-            batch = pickle.load(fh, encoding="bytes")
-        data = batch.get(b"data", batch.get("data"))
-        labels = batch.get(b"labels", batch.get("labels"))
-        xs.append(np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(labels, dtype=np.int64))
+        try:
+            with open(f, "rb") as fh:
+                batch = pickle.load(fh, encoding="bytes")
+            data = batch.get(b"data", batch.get("data"))
+            labels = batch.get(b"labels", batch.get("labels"))
+            if data is None or labels is None:
+                raise ValueError("no 'data' or 'labels' entry")
+            x = np.asarray(data, dtype=np.uint8)
+            if x.ndim != 2 or x.shape[1] != 3 * 32 * 32:
+                raise ValueError(f"'data' has shape {x.shape}, not (N, 3072)")
+            lab = np.asarray(labels, dtype=np.int64)
+            if len(lab) != len(x) or (len(lab) and not (0 <= lab.min() and lab.max() < 10)):
+                raise ValueError(f"{len(lab)} labels for {len(x)} images, or labels outside 0..9")
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
+            raise ValueError(f"{f} is not a CIFAR-10 python batch ({err}); point --data-dir at "
+                             "the folder extracted from cifar-10-python.tar.gz") from None
+        xs.append(x.reshape(-1, 3, 32, 32))
+        ys.append(lab)
         if limit is not None and sum(len(v) for v in ys) >= limit:
             break
     X = np.concatenate(xs).astype(np.float32) / 255.0
@@ -176,6 +190,9 @@ class ImageFolder:
                 files = files[:limit_per_class]
             self.samples.extend((f, label) for f in files)
         self.targets = np.array([lab for _, lab in self.samples], dtype=np.int64)
+        if not self.samples:
+            raise FileNotFoundError(f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) in the "
+                                    f"class sub-folders of {self.root}")
 
     def __len__(self) -> int:
         return len(self.samples)

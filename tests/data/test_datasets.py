@@ -61,6 +61,30 @@ def test_cifar10_loader_on_tiny_files(tmp_path):
     assert len(load_cifar10(tmp_path, limit=7)) == 7
     with pytest.raises(FileNotFoundError):
         load_cifar10(tmp_path / "nowhere")
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="limit must be an int >= 1"):
+            load_cifar10(tmp_path, limit=bad)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"not a pickle", "is not a CIFAR-10 python batch"),
+    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 12]}, "labels outside 0..9"),
+    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0]}, "1 labels for 2 images"),
+    ({b"data": np.zeros((2, 4000), np.uint8), b"labels": [0, 1]}, "not \\(N, 3072\\)"),
+    ({b"data": np.zeros((2, 3072), np.uint8)}, "no 'data' or 'labels'"),
+])
+def test_cifar10_loader_names_a_damaged_file(tmp_path, content, message):
+    d = tmp_path / "cifar-10-batches-py"
+    d.mkdir()
+    path = d / "data_batch_1"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        with open(path, "wb") as f:
+            pickle.dump(content, f)
+    with pytest.raises(ValueError, match=message) as err:
+        load_cifar10(tmp_path)
+    assert "data_batch_1" in str(err.value)
 
 
 def test_image_folder_on_tiny_files(tmp_path):
@@ -80,3 +104,7 @@ def test_image_folder_on_tiny_files(tmp_path):
     assert ds.X.shape == (4, 3, 8, 8) and ds.num_classes == 2
     with pytest.raises(ValueError):
         load_dataset("imagefolder")
+    empty = tmp_path / "empty"
+    (empty / "cat").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="no images"):
+        ImageFolder(empty)
