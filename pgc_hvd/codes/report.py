@@ -17,6 +17,7 @@ is timed). Reported: mean and max of ||a_I||_1, mean and max residual
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import numpy as np
 
 from pgc_hvd.options import parse_options
 
-from .registry import get_code
+from .registry import CODES, get_code
 
 DEFAULT_CODES = ("bcgc", "gfrc", "fr", "gmds", "cr", "rs", "rs:stride=1", "cyclic-mds")
 
@@ -118,9 +119,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ss = [int(x) for x in args.s.split(",") if x.strip()]
     except ValueError:
         p.error(f"--s must be comma-separated integers, got {args.s!r}")
+    if not ss:
+        p.error(f"--s names no straggler budget: {args.s!r}")
+    if args.patterns < 1:
+        p.error(f"--patterns must be >= 1, got {args.patterns}")
+    names = [c.strip() for c in args.codes.split(",") if c.strip()]
+    if not names:
+        p.error(f"--codes names no code: {args.codes!r}")
+    for name in names:  # typos are usage errors; "n/a" rows are for codes that lack (n, s)
+        try:
+            base, options = parse_code_spec(name)
+        except ValueError as err:
+            p.error(str(err))
+        if base not in CODES:
+            p.error(f"unknown code {base!r} in --codes; valid names: {', '.join(CODES)}")
+        unknown = set(options) - set(inspect.signature(CODES[base]).parameters)
+        if unknown:
+            p.error(f"code {base!r} does not take option(s) {sorted(unknown)} (in --codes)")
     rows = []
     for s in ss:
-        for name in [c.strip() for c in args.codes.split(",") if c.strip()]:
+        for name in names:
             rows.append(measure(name, args.n, s, args.patterns, args.seed))
     print(format_table(rows))
     return 0

@@ -248,3 +248,16 @@ def test_decode_input_is_checked():
     for bad in (-1, 6):
         with pytest.raises(ValueError, match="not a worker index"):
             dec.offer(bad)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--codes", "bcgd"], "unknown code 'bcgd'"),
+    (["--codes", "rs:strid=1"], "does not take option"),
+    (["--s", ""], "names no straggler budget"),
+    (["--patterns", "0"], "--patterns must be >= 1"),
+])
+def test_report_usage_errors(capsys, argv, message):
+    from pgc_hvd.codes.report import main
+    with pytest.raises(SystemExit) as err:
+        main(["--n", "12"] + argv)
+    assert err.value.code == 2 and message in capsys.readouterr().err

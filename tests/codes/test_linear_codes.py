@@ -199,3 +199,12 @@ def test_rs_max_entry_closed_form_matches_B(n, s):
 def test_rs_rejects_strides_that_repeat_points(stride):
     with pytest.raises(ValueError, match="coprime"):
         get_code("rs", 100, 20, stride=stride)
+
+
+def test_an_approximate_decode_is_not_taken_for_exact():
+    """RS with n = 26, s = 9: 16 < n - s responders fit the all-ones vector to RMS 7e-4 (found
+    by hypothesis; the tolerance was 1e-3 then)."""
+    code = get_code("rs", 26, 9)
+    responders = list(np.random.default_rng(149).permutation(26)[:16])
+    with pytest.raises(NotDecodable):
+        code.decode(responders)
