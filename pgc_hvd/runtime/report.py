@@ -1,6 +1,7 @@
 """``pgc-hvd report RUN_DIR``: a table and a plot from step records.
 
-RUN_DIR is one run (it holds ``records.jsonl``) or a folder of runs (sub-folders that do).
+RUN_DIR is one run (it holds ``records.jsonl``), a folder of runs (sub-folders that do), or an
+experiment's output (``records/<run>.jsonl``, as ``pgc-hvd experiment`` writes).
 Prints one row per run (steps, mean/median step time, time to the target loss, final loss and
 accuracy from ``summary.json`` when present, mean messages used, mean busy fraction) and writes
 ``RUN_DIR/report.md`` and ``RUN_DIR/report.png`` (training loss against wall time, and step-time
@@ -19,15 +20,20 @@ from pgc_hvd.metrics.targets import RUNTIME_WINDOW, first_reaching
 
 
 def find_runs(root: Path) -> list[Path]:
+    """The records files of the runs under root (see the module docstring)."""
     if (root / "records.jsonl").exists():
-        return [root]
-    return sorted(p.parent for p in root.glob("*/records.jsonl"))
+        return [root / "records.jsonl"]
+    runs = sorted(root.glob("*/records.jsonl"))
+    return runs or sorted((root / "records").glob("*.jsonl"))
 
 
-def summarize(run: Path, target: float | None) -> dict:
-    recs = list(read_records(run / "records.jsonl"))
+def summarize(records_file: Path, target: float | None) -> dict:
+    """One row: a run's records, plus its summary.json when the run has a folder of its own."""
+    recs = list(read_records(records_file))
+    own_folder = records_file.name == "records.jsonl"
+    run = records_file.parent if own_folder else records_file.with_suffix("")
     summary = {}
-    if (run / "summary.json").exists():
+    if own_folder and (run / "summary.json").exists():
         summary = json.loads((run / "summary.json").read_text())
     if target is None:
         target = summary.get("target_loss", 0.5)
@@ -111,7 +117,7 @@ def main(argv=None) -> int:
     root = Path(args.run_dir)
     runs = find_runs(root)
     if not runs:
-        print(f"pgc-hvd report: no records.jsonl in {root} or its sub-folders")
+        print(f"pgc-hvd report: no records.jsonl in {root}, its sub-folders or {root / 'records'}")
         return 2
     rows = [summarize(r, args.target_loss) for r in runs]
     text = table(rows)

@@ -31,6 +31,10 @@ def test_experiment_quick_outputs(tmp_path):
     runs = json.loads((tmp_path / "summary.json").read_text())["runs"]
     assert {r["variant"] for r in runs} == {"sync-dp", "gc", "bounded c=2", "bounded c=4", "bounded c=8"}
     assert all(r["max_age"] < 8 for r in runs)
+    # pgc-hvd report reads an experiment's records/<run>.jsonl: one row per run
+    assert main(["report", str(tmp_path), "--no-plot"]) == 0
+    rows = [ln for ln in (tmp_path / "report.md").read_text().splitlines()[2:] if ln.startswith("|")]
+    assert len(rows) == len(list((tmp_path / "records").glob("*.jsonl"))) == len(runs)
     torch.set_num_threads(1)
 
 
