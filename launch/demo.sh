@@ -90,9 +90,10 @@ allsum = {s: json.loads((out / s / "summary.json").read_text()) for s in sys.arg
 print(f"\n{'scheme':<8} {'ms/step':>8} {'time to loss':>13} {'test acc':>9}")
 for s, d in allsum.items():
     ttt = d["time_to_target_s"]
-    print(f"{s:<8} {d['time_per_step_s'] * 1e3:8.1f} "
-          f"{('%.2fs' % ttt) if ttt is not None else 'not reached':>13} "
-          f"{d['final_test_accuracy']:9.3f}   (target loss {d['target_loss']})")
+    # float(): summaries store non-finite values as "nan" / "inf" (valid JSON)
+    print(f"{s:<8} {float(d['time_per_step_s']) * 1e3:8.1f} "
+          f"{('%.2fs' % float(ttt)) if ttt is not None else 'not reached':>13} "
+          f"{float(d['final_test_accuracy']):9.3f}   (target loss {d['target_loss']})")
 PYEOF
 "$PY" -m pgc_hvd report "$OUT"
 echo "== done in $(( $(date +%s) - START ))s (plus set-up); outputs in $OUT"

@@ -68,25 +68,25 @@ class StepRecord:
         return cls(step=step, time=time, extra=extra, **mapped, **fields)
 
     def to_json(self) -> str:
-        return json.dumps(_jsonable(dataclasses.asdict(self)), allow_nan=False)
+        return json.dumps(to_jsonable(dataclasses.asdict(self)), allow_nan=False)
 
 
-def _jsonable(x: Any) -> Any:
+def to_jsonable(x: Any) -> Any:
     """Plain JSON types; non-finite floats become strings ("nan", "inf") rather than invalid JSON."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): to_jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [to_jsonable(v) for v in x]
     if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", 1) == 0:
         x = x.item()
     if isinstance(x, complex):
-        return {"re": _jsonable(x.real), "im": _jsonable(x.imag)}
+        return {"re": to_jsonable(x.real), "im": to_jsonable(x.imag)}
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     if isinstance(x, (str, int, float, bool)) or x is None:
         return x
     if hasattr(x, "tolist"):
-        return _jsonable(x.tolist())
+        return to_jsonable(x.tolist())
     return str(x)
 
 

@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     if ctl is not None and writer is not None:
         writer.close()          # the optimizer closes only a writer it was given
     if rank == 0:
-        from pgc_hvd.metrics.records import read_records
+        from pgc_hvd.metrics.records import read_records, to_jsonable
 
         recs = list(read_records(out / "records.jsonl"))
         step_times = [r["step_time"] for r in recs if r.get("step_time") is not None]
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
                             "control_lowered": sum(a["direction"] == "lower" for a in acts),
                             "final_lr": opt.param_groups[0]["lr"], "final_c": opt.staleness_bound,
                             "diag_seconds_rank0": ctl.diag_seconds})
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=2) + "\n")
         ttt = summary["time_to_target_s"]
         print(f"[{args.scheme}] done: {summary['time_per_step_s'] * 1e3:.1f} ms/step, time to "
               f"loss {args.target_loss}: {'not reached' if ttt is None else f'{ttt:.2f}s'}, "

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
+from pgc_hvd.metrics.records import to_jsonable
 from pgc_hvd.metrics.targets import first_reaching
 
 from .run import prepare_data, simulate
@@ -413,9 +414,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     rows, table = EXPERIMENTS[a.name](out, a.quick, **opts)
     wall = time.perf_counter() - t0
-    (out / "summary.json").write_text(json.dumps({"experiment": a.name, "quick": a.quick,
-                                                  "options": opts, "wall_seconds": wall, "runs": rows},
-                                                 indent=1, default=str))
+    summary = {"experiment": a.name, "quick": a.quick, "options": opts, "wall_seconds": wall,
+               "runs": rows}
+    (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=1))
     (out / "table.md").write_text(f"# experiment {a.name}{' (quick)' if a.quick else ''}\n\n"
                                   f"{table}\n\nwall time {wall:.1f} s\n")
     print(table)

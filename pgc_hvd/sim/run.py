@@ -22,7 +22,7 @@ import torch
 
 from pgc_hvd.data import load_dataset, partition, standardize, train_test_split
 from pgc_hvd.metrics.diagnostics import delay_histogram
-from pgc_hvd.metrics.records import RecordWriter
+from pgc_hvd.metrics.records import RecordWriter, to_jsonable
 from pgc_hvd.models import build_task, default_model
 from pgc_hvd.options import parse_options
 from pgc_hvd.schemes import get_scheme
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
                              progress=True)
     if a.save_trace:
         delay.trace.save(a.save_trace)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "delay_histogram"}, default=str))
     return 0
 
