@@ -296,9 +296,27 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the full result here")
     a = p.parse_args(argv)
+    try:
+        s_values = [int(x) for x in a.s_values.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--s-values must be comma-separated integers, got {a.s_values!r}")
+    if not s_values or min(s_values) < 1:
+        p.error(f"--s-values needs straggler budgets >= 1, got {a.s_values!r}")
+    if a.steps is not None and a.steps < 1:
+        p.error(f"--steps must be >= 1 (or left out: the run's), got {a.steps}")
+    if a.partition_time is not None and not a.partition_time > 0:
+        p.error(f"--partition-time must be seconds > 0, got {a.partition_time}")
+    if a.bootstrap < 0:
+        p.error(f"--bootstrap must be >= 0, got {a.bootstrap}")
+    run_dir = Path(a.run_dir)
+    if run_dir.is_file() and run_dir.name == "records.jsonl":
+        p.error(f"pass the run folder ({run_dir.parent}), not its records.jsonl")
     res = advise(a.run_dir, a.model, a.dataset, a.batch_size, a.lr, a.target_loss,
-                 [int(x) for x in a.s_values.split(",") if x.strip()], a.steps, a.partition_time,
-                 a.bootstrap, a.seed, progress=True)
+                 s_values, a.steps, a.partition_time, a.bootstrap, a.seed, progress=True)
+    n = res["observations"]["n"]
+    dropped = sorted(s for s in s_values if s >= n)
+    if dropped:
+        print(f"[advise] --s-values {dropped} skipped: s must be below n = {n}")
     print(format_report(res))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))

@@ -76,3 +76,16 @@ def test_advise_on_a_trace(tmp_path):
     assert res["recommendation"]["predicted_time_per_step"] < 0.5 * tps[("dgd", 0)]
     assert 0.0 <= res["recommendation"]["bootstrap_best_share"] <= 1.0
     assert "recommendation:" in format_report(res)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--s-values", "a"], "comma-separated integers"),
+    (["--s-values", "0,1"], "budgets >= 1"),
+    (["--steps", "-5"], "--steps must be >= 1"),
+    (["--partition-time", "-1"], "seconds > 0"),
+])
+def test_advise_usage_errors(tmp_path, capsys, argv, message):
+    from pgc_hvd.control.advise import main
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)] + argv)
+    assert message in capsys.readouterr().err
