@@ -37,8 +37,9 @@ fi
 echo "== GPU: $(nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv,noheader 2>/dev/null || echo unknown)"
 "$PY" -c 'import torch, pgc_hvd._C as C; print("== torch", torch.__version__, "| cuda", torch.cuda.is_available(), "| pgc_hvd._C CUDA kernels:", C.cuda_compiled())' || exit 2
 
-echo "== pytest tests/ops -m gpu (device-side radix walk, the default)"
-timeout 120 "$PY" -m pytest tests/ops -m gpu -q "${XDIST[@]}" -p no:cacheprovider -o addopts="" -rf 2>&1 \
+echo "== pytest -m gpu: tests/ops (device-side radix walk, the default) and train --device"
+timeout 120 "$PY" -m pytest tests/ops tests/runtime/test_train_device.py -m gpu -q "${XDIST[@]}" \
+  -p no:cacheprovider -o addopts="" -rf 2>&1 \
   | tail -40
 rc=${PIPESTATUS[0]}
 
