@@ -33,6 +33,10 @@ struct ContentReport {
   std::vector<IndexReport> sparse_indices;
   std::vector<bool> sparse_finite;
   std::vector<bool> dense_finite;
+
+  // Every message clean until a check says otherwise.
+  ContentReport(size_t sparse, size_t dense)
+      : sparse_indices(sparse), sparse_finite(sparse, true), dense_finite(dense, true) {}
 };
 
 namespace cpu {

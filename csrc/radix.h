@@ -84,8 +84,13 @@ inline int64_t sample_rank(int64_t n, int64_t k, int64_t s) {
   return r >= static_cast<double>(s) ? s + 1 : static_cast<int64_t>(r) + 1;
 }
 
-// Halve a magnitude threshold (lower its exponent by one); 0 stays 0. Used to top up when the
-// candidates turn out fewer than kappa.
-inline uint32_t halve_key(uint32_t key) { return key > (1u << 23) ? key - (1u << 23) : 0u; }
+// The threshold method's top-up: when the key threshold thr kept fewer than kappa candidates,
+// attempt 0, 1, 2, ... lowers it to thr / 2 (exponent - 1), then thr / 2^8 (exponent - 8), then
+// 0 (everything); a threshold already below the step goes to 0.
+inline uint32_t lowered_threshold(uint32_t thr, int attempt) {
+  if (attempt >= 2) return 0u;
+  const uint32_t step = (attempt == 0 ? 1u : 8u) << 23;
+  return thr > step ? thr - step : 0u;
+}
 
 }  // namespace pgc::radix

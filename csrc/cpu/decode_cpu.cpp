@@ -76,10 +76,7 @@ ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
                                const std::vector<at::Tensor>& sparse_values,
                                const std::vector<at::Tensor>& sparse_indices, int64_t d,
                                bool check_finite) {
-  ContentReport r;
-  r.sparse_indices.resize(sparse_values.size());
-  r.sparse_finite.assign(sparse_values.size(), true);
-  r.dense_finite.assign(dense.size(), true);
+  ContentReport r(sparse_values.size(), dense.size());
   for (size_t i = 0; i < sparse_values.size(); ++i) {
     if (sparse_indices[i].numel() == 0) continue;
     r.sparse_indices[i] = inspect_indices(sparse_indices[i], d);

@@ -15,6 +15,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "nonfinite.h"
 #include "radix.h"
 
 namespace pgc::cpu::select {
@@ -221,10 +222,6 @@ void pick(const Candidates& c, uint32_t T, int64_t need_eq, Put&& put) {
   }
 }
 
-constexpr const char* kNonFiniteMsg =
-    "has Inf or NaN entries; top-k of a non-finite gradient is undefined: skip this step or "
-    "sanitise the buffer (e.g. torch.nan_to_num_)";
-
 // Candidates for the exact method: all elements whose digit 0 is at least that of the kappa-th
 // largest key (a histogram pass, then a compaction pass). Raises on Inf/NaN after pass one.
 template <class First, class Again>
@@ -234,7 +231,7 @@ Candidates candidates_exact(int64_t n, int64_t kappa, const char* what, First&& 
   top_histogram(n, first, hist);
   int64_t nonfinite = 0;
   for (int b = radix::kNonFiniteBin0; b < radix::kBins; ++b) nonfinite += hist[b];
-  TORCH_CHECK_VALUE(nonfinite == 0, what, " ", kNonFiniteMsg, " (", nonfinite, " of ", n, ")");
+  check_no_nonfinite(nonfinite, what, n);
   int64_t above = 0;
   const int bin = radix::walk(hist, radix::kBins, kappa, &above);
   return compact_at_least(n, static_cast<uint32_t>(bin) << radix::kDigits[0].shift, again);
@@ -261,13 +258,7 @@ Candidates candidates_threshold(int64_t n, int64_t kappa, const char* what, Samp
   }
   Candidates c = compact_at_least(n, thr, first);
   for (int attempt = 0; c.size() < kappa; ++attempt) {
-    if (attempt == 0) {
-      thr = radix::halve_key(thr);
-    } else if (attempt == 1) {
-      thr = thr > (8u << 23) ? thr - (8u << 23) : 0u;
-    } else {
-      thr = 0;
-    }
+    thr = radix::lowered_threshold(thr, attempt);
     c = compact_at_least(n, thr, again);
   }
   TORCH_CHECK_VALUE(!c.nonfinite, what, " ", kNonFiniteMsg);

@@ -11,10 +11,7 @@ ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
                                const std::vector<at::Tensor>& sparse_indices, int64_t d,
                                bool check_finite) {
   const size_t ns = sparse_values.size(), nd = dense.size();
-  ContentReport r;
-  r.sparse_indices.resize(ns);
-  r.sparse_finite.assign(ns, true);
-  r.dense_finite.assign(nd, true);
+  ContentReport r(ns, nd);
   if (ns + nd == 0 || (!check_finite && ns == 0)) return r;
   const at::Tensor& any = ns > 0 ? sparse_values[0] : dense[0];
   const c10::cuda::CUDAGuard guard(any.device());

@@ -22,15 +22,12 @@
 
 #include "cuda/glue.h"
 #include "error_feedback.h"
+#include "nonfinite.h"
 #include "radix.h"
 #include "topk.h"
 
 namespace pgc::cuda {
 namespace {
-
-constexpr const char* kNonFiniteMsg =
-    "has Inf or NaN entries; top-k of a non-finite gradient is undefined: skip this step or "
-    "sanitise the buffer (e.g. torch.nan_to_num_)";
 
 // n elements of dtype dt at v; idx (optional, int64) maps them to positions in the original
 // buffer (candidates), else position = element number.
@@ -69,8 +66,7 @@ struct HostWalk {
       if (p == 0 && check_finite) {
         int64_t nonfinite = 0;
         for (int b = radix::kNonFiniteBin0; b < kernels::kRadixBins; ++b) nonfinite += counts[b];
-        TORCH_CHECK_VALUE(nonfinite == 0, what, " ", kNonFiniteMsg, " (", nonfinite, " of ",
-                          src.n, ")");
+        check_no_nonfinite(nonfinite, what, src.n);
       }
       int64_t above = 0;
       const int bin = radix::walk(counts, static_cast<int>(mask) + 1, k_rem, &above);
@@ -138,9 +134,7 @@ struct HostWalk {
     at::Tensor ws = workspace(n);
     int64_t nc = count_above(src, static_cast<long long>(thr) - 1, ws);
     for (int attempt = 0; nc < kappa; ++attempt) {
-      thr = attempt == 0 ? radix::halve_key(thr)
-            : attempt == 1 ? (thr > (8u << 23) ? thr - (8u << 23) : 0u)
-                           : 0u;
+      thr = radix::lowered_threshold(thr, attempt);
       nc = count_above(src, static_cast<long long>(thr) - 1, ws);
     }
     at::Tensor cand_v = at::empty({nc}, like.options());
@@ -249,15 +243,12 @@ struct DeviceWalk {
       // All three digits and the selection over src, queued without a break; the one read-back
       // comes last (outputs written while x held Inf/NaN are never returned).
       finish(src, kappa, 1, out_v, out_i, index64);
-      const int64_t nonfinite = to_host(state).data_ptr<int64_t>()[kernels::kStNonFinite];
-      TORCH_CHECK_VALUE(nonfinite == 0, what, " ", kNonFiniteMsg, " (", nonfinite, " of ", src.n,
-                        ")");
+      check_no_nonfinite(to_host(state).data_ptr<int64_t>()[kernels::kStNonFinite], what, src.n);
       return;
     }
     const at::Tensor hs = to_host(state);
     const int64_t* s = hs.data_ptr<int64_t>();
-    TORCH_CHECK_VALUE(s[kernels::kStNonFinite] == 0, what, " ", kNonFiniteMsg, " (",
-                      s[kernels::kStNonFinite], " of ", src.n, ")");
+    check_no_nonfinite(s[kernels::kStNonFinite], what, src.n);
     const int64_t m = s[kernels::kStAtOrAbove];
     TORCH_INTERNAL_ASSERT(m >= kappa && m <= src.n, "radix walk: ", m, " candidates for kappa ",
                           kappa, " of ", src.n);
@@ -294,14 +285,11 @@ struct DeviceWalk {
     kernels::count_at_least(src.v, src.dt, n, 0u, thr_dev, st(), stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     at::Tensor hs = to_host(state);
-    const int64_t nonfinite = hs.data_ptr<int64_t>()[kernels::kStCountNonFinite];
-    TORCH_CHECK_VALUE(nonfinite == 0, what, " ", kNonFiniteMsg, " (", nonfinite, " of ", n, ")");
+    check_no_nonfinite(hs.data_ptr<int64_t>()[kernels::kStCountNonFinite], what, n);
     uint32_t thr = r <= s ? static_cast<uint32_t>(hs.data_ptr<int64_t>()[kernels::kStPrefix]) : 0u;
     int64_t nc = hs.data_ptr<int64_t>()[kernels::kStCountGe];
     for (int attempt = 0; nc < kappa; ++attempt) {
-      thr = attempt == 0 ? radix::halve_key(thr)
-            : attempt == 1 ? (thr > (8u << 23) ? thr - (8u << 23) : 0u)
-                           : 0u;
+      thr = radix::lowered_threshold(thr, attempt);
       kernels::count_at_least(src.v, src.dt, n, thr, nullptr, st(), stream);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       nc = to_host(state).data_ptr<int64_t>()[kernels::kStCountGe];
