@@ -1,8 +1,14 @@
-"""``KEY=VALUE`` command-line options (scheme options, control-rule options) for every CLI."""
+"""``KEY=VALUE`` command-line options (scheme options, control-rule options) for every CLI, and
+the shared test of count-like arguments."""
 
 from __future__ import annotations
 
 from typing import Iterable
+
+
+def is_count(value, minimum: int = 1) -> bool:
+    """Whether ``value`` is a Python int >= ``minimum`` (a bool is not a count, nor is 2.0)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def _value(text: str):

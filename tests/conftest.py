@@ -72,3 +72,15 @@ def horovodrun(tmp_path):
         return proc
 
     return run
+
+
+@pytest.fixture
+def usage_error(capsys):
+    """``usage_error(main, argv)``: runs a command-line ``main`` that must stop with an argparse
+    usage error (exit status 2) and returns what it printed on stderr."""
+    def run(main, argv):
+        with pytest.raises(SystemExit) as err:
+            main(argv)
+        assert err.value.code == 2, f"exit status {err.value.code}, not a usage error"
+        return capsys.readouterr().err
+    return run

@@ -34,6 +34,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from pgc_hvd.options import is_count
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -128,7 +130,7 @@ def _cifar_dir(root: os.PathLike) -> Path:
 
 def load_cifar10(root: os.PathLike, train: bool = True, limit: Optional[int] = None) -> Dataset:
     """CIFAR-10 from the python-pickle batches in ``root`` (see module docstring)."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is not None and not is_count(limit):
         raise ValueError(f"limit must be an int >= 1 (samples kept) or None, got {limit!r}")
     d = _cifar_dir(root)
     files = sorted(d.glob("data_batch_*")) if train else [d / "test_batch"]

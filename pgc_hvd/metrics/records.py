@@ -97,10 +97,17 @@ class RecordWriter:
     ``overwrite=True`` or ``append=True`` explicitly, or choose a new output folder.
     """
 
+    @staticmethod
+    def holds_records(path: str | os.PathLike) -> bool:
+        """Whether ``path`` is a non-empty file, which the writer refuses to clobber (a CLI can
+        ask before any work, to fail fast)."""
+        path = Path(path)
+        return path.exists() and path.stat().st_size > 0
+
     def __init__(self, path: str | os.PathLike, append: bool = False, overwrite: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and self.path.stat().st_size > 0 and not (append or overwrite):
+        if self.holds_records(self.path) and not (append or overwrite):
             raise FileExistsError(
                 f"{self.path} already holds records; pass append=True to continue it, "
                 "overwrite=True to replace it, or choose another output folder")

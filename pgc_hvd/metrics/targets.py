@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Tuple
 
+from pgc_hvd.options import is_count
+
 SIM_WINDOW = 1
 RUNTIME_WINDOW = 5
 
@@ -45,7 +47,7 @@ def first_reaching(records: Iterable[Any], target: Optional[float], key: str = "
 
     ``target=None`` gives ``(None, None)``. ``window`` must be a positive integer.
     """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+    if not is_count(window):
         raise ValueError(f"window must be a positive integer (number of values averaged), "
                          f"got {window!r}")
     if target is None:

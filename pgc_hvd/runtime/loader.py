@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from pgc_hvd.options import is_count
+
 
 class PartitionLoader:
     def __init__(self, X, y, n: int, batch_size: Optional[int] = 32, iid: bool = True,
@@ -41,8 +43,7 @@ class PartitionLoader:
         self.partitions = [np.asarray(p, dtype=np.int64) for p in partitions]
         if any(len(p) == 0 for p in self.partitions):
             raise ValueError(f"a partition is empty: {len(self.X)} samples are too few for n={n}")
-        if batch_size is not None and (isinstance(batch_size, bool)
-                                       or not isinstance(batch_size, int) or batch_size < 1):
+        if batch_size is not None and not is_count(batch_size):
             raise ValueError(f"batch_size must be an int >= 1 (per partition and step), or None "
                              f"for whole partitions; got {batch_size!r}")
         self.batch_size = batch_size

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 import pgc_hvd.ops as ops
+from pgc_hvd.options import is_count
 from pgc_hvd.runtime.agent import AgentError, CommAgent, Outgoing
 from pgc_hvd.flat_layout import FlatLayout
 
@@ -84,8 +85,7 @@ class TopK:
         if self.k is None and not (isinstance(self.ratio, (int, float)) and 0 < self.ratio <= 1):
             raise ValueError(f"TopK: ratio = {self.ratio!r}; the fraction kappa/d of entries kept "
                              "must lie in (0, 1], e.g. 0.01")
-        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int)
-                                   or self.k < 1):
+        if self.k is not None and not is_count(self.k):
             raise ValueError(f"TopK: k = {self.k!r}; give an int >= 1 entries, or None to use "
                              "ratio")
         if self.method not in ("exact", "threshold"):

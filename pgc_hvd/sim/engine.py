@@ -40,6 +40,7 @@ import torch
 
 import pgc_hvd.ops as ops
 from pgc_hvd.metrics.records import StepRecord
+from pgc_hvd.options import is_count
 from pgc_hvd.schemes import Arrival, Scheme
 
 from .comm import CommModel, message_bytes
@@ -85,7 +86,7 @@ class SimConfig:
         def bad(what: str, fix: str) -> None:
             raise ValueError(f"SimConfig: {what}; {fix}")
 
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+        if not is_count(self.steps):
             bad(f"steps = {self.steps!r}", "run at least one step (an int >= 1)")
         if self.partition_time is not None and not (math.isfinite(self.partition_time)
                                                     and self.partition_time >= 0):
@@ -94,9 +95,7 @@ class SimConfig:
         if self.compress is not None and not (0 < self.compress <= 1):
             bad(f"compress = {self.compress!r}",
                 "the top-kappa fraction kappa/d must lie in (0, 1], e.g. 0.05; None sends dense")
-        if self.batch_size is not None and (isinstance(self.batch_size, bool)
-                                            or not isinstance(self.batch_size, int)
-                                            or self.batch_size < 1):
+        if self.batch_size is not None and not is_count(self.batch_size):
             bad(f"batch_size = {self.batch_size!r}", "use an int >= 1, or None for full partitions")
         if self.straggler_policy not in ("continue", "cancel"):
             bad(f"straggler_policy = {self.straggler_policy!r}", "use 'continue' or 'cancel'")

@@ -189,7 +189,7 @@ def main(argv=None) -> int:
         p.error(f"--compress is the top-kappa fraction kappa/d and must lie in (0, 1], got "
                 f"{a.compress}")
     records = Path(a.out) / "records.jsonl"
-    if records.exists() and records.stat().st_size > 0 and not a.force:
+    if RecordWriter.holds_records(records) and not a.force:
         p.error(f"{records} already holds an earlier run; choose another --out or pass --force "
                 "to replace it")
     torch.set_num_threads(a.threads)

@@ -256,8 +256,6 @@ def test_decode_input_is_checked():
     (["--s", ""], "names no straggler budget"),
     (["--patterns", "0"], "--patterns must be >= 1"),
 ])
-def test_report_usage_errors(capsys, argv, message):
+def test_report_usage_errors(usage_error, argv, message):
     from pgc_hvd.codes.report import main
-    with pytest.raises(SystemExit) as err:
-        main(["--n", "12"] + argv)
-    assert err.value.code == 2 and message in capsys.readouterr().err
+    assert message in usage_error(main, ["--n", "12"] + argv)

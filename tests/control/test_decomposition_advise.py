@@ -84,8 +84,6 @@ def test_advise_on_a_trace(tmp_path):
     (["--steps", "-5"], "--steps must be >= 1"),
     (["--partition-time", "-1"], "seconds > 0"),
 ])
-def test_advise_usage_errors(tmp_path, capsys, argv, message):
+def test_advise_usage_errors(tmp_path, usage_error, argv, message):
     from pgc_hvd.control.advise import main
-    with pytest.raises(SystemExit):
-        main([str(tmp_path)] + argv)
-    assert message in capsys.readouterr().err
+    assert message in usage_error(main, [str(tmp_path)] + argv)

@@ -59,10 +59,8 @@ def test_bad_topk(kwargs, message):
     (["--compression", "topk:abc"], "topk:RATIO"),
     (["--compression", "gzip:0.1"], "topk:RATIO"),
 ])
-def test_train_rejects_bad_values_before_starting(tmp_path, capsys, bad, message):
-    with pytest.raises(SystemExit):
-        train_main(["--out", str(tmp_path)] + bad)
-    assert message in capsys.readouterr().err
+def test_train_rejects_bad_values_before_starting(tmp_path, usage_error, bad, message):
+    assert message in usage_error(train_main, ["--out", str(tmp_path)] + bad)
 
 
 def test_partition_loader_checks():

@@ -38,14 +38,12 @@ def test_experiment_quick_outputs(tmp_path):
     torch.set_num_threads(1)
 
 
-def test_simulate_refuses_to_replace_an_earlier_run(tmp_path, capsys):
+def test_simulate_refuses_to_replace_an_earlier_run(tmp_path, usage_error):
     args = ["simulate", "--scheme", "pgc-cr", "--n", "4", "--s", "1", "--steps", "2",
             "--partition-time", "0.1", "--model", "softmax", "--out", str(tmp_path)]
     assert main(args) == 0
     before = (tmp_path / "records.jsonl").read_bytes()
-    with pytest.raises(SystemExit):
-        main(args)
-    assert "pass --force" in capsys.readouterr().err
+    assert "pass --force" in usage_error(main, args)
     assert (tmp_path / "records.jsonl").read_bytes() == before  # nothing lost
     assert main(args + ["--force"]) == 0
     # pgc-hvd report reads a simulated run's final loss and test accuracy too
@@ -62,28 +60,24 @@ def test_simulate_refuses_to_replace_an_earlier_run(tmp_path, capsys):
     (["--compress", "1.5"], "must lie in (0, 1]"),
     (["--threads", "0"], "--threads must be >= 1"),
 ])
-def test_simulate_rejects_bad_values_before_writing(tmp_path, capsys, bad, message):
-    with pytest.raises(SystemExit):
-        main(["simulate", "--n", "4", "--s", "1", "--out", str(tmp_path / "x")] + bad)
-    assert message in capsys.readouterr().err
+def test_simulate_rejects_bad_values_before_writing(tmp_path, usage_error, bad, message):
+    argv = ["simulate", "--n", "4", "--s", "1", "--out", str(tmp_path / "x")] + bad
+    assert message in usage_error(main, argv)
     assert not (tmp_path / "x" / "records.jsonl").exists()
 
 
-def test_experiment_refuses_to_replace_results(tmp_path, capsys):
+def test_experiment_refuses_to_replace_results(tmp_path, usage_error):
     (tmp_path / "summary.json").write_text("{}")
-    with pytest.raises(SystemExit):
-        main(["experiment", "staleness", "--quick", "--out", str(tmp_path)])
-    assert "pass --force" in capsys.readouterr().err
+    assert "pass --force" in usage_error(
+        main, ["experiment", "staleness", "--quick", "--out", str(tmp_path)])
     assert (tmp_path / "summary.json").read_text() == "{}"
-    with pytest.raises(SystemExit):
-        main(["experiment", "bcgc", "--quick", "--datasets", ",", "--out", str(tmp_path / "y")])
-    assert "names no dataset" in capsys.readouterr().err
+    assert "names no dataset" in usage_error(
+        main, ["experiment", "bcgc", "--quick", "--datasets", ",", "--out", str(tmp_path / "y")])
 
 
-def test_simulate_control_needs_adaptive(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main(["simulate", "--control", "knob=c", "--out", str(tmp_path)])
-    assert "needs --adaptive" in capsys.readouterr().err
+def test_simulate_control_needs_adaptive(tmp_path, usage_error):
+    assert "needs --adaptive" in usage_error(
+        main, ["simulate", "--control", "knob=c", "--out", str(tmp_path)])
 
 
 def test_simulate_reads_cifar10_from_data_dir(tmp_path):
