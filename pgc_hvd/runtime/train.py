@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     from pgc_hvd.metrics.records import RecordWriter
     from pgc_hvd.models import build_task
     from pgc_hvd.runtime import DistributedOptimizer, PartitionLoader, TopK
-    from pgc_hvd.sim.delays import parse_delay
+    from pgc_hvd.sim.delays import check_trace_covers, parse_delay
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     hvd.init()
@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     loader = PartitionLoader(train.X, train.y, n, batch_size=args.batch_size,
                              iid=not args.non_iid, seed=args.seed, device=device)
     delays = parse_delay(args.delay)
+    check_trace_covers(delays, n, args.steps)
     compression = None if compression_ratio is None else TopK(compression_ratio)
     writer = None
     if rank == 0:

@@ -44,8 +44,10 @@ Traces
 ``{"format": "pgc_hvd.delay_trace/1", "model": <spec or null>, "delays": [[worker, step,
 seconds], ...]}`` and ``DelayTrace.load(path)`` reads it back. ``Replay(trace, fallback=None)``
 returns the recorded values (bit-identical floats) and, for a (worker, step) not in the trace,
-``fallback.sample`` or a ``KeyError``. ``DelayTrace.from_model(model, n, steps)`` precomputes a
-whole schedule. Replaying one trace under several schemes makes every scheme face the same
+``fallback.sample`` or a ``ValueError`` naming the trace's extent; the simulator and
+``pgc-hvd train`` call ``check_trace_covers(model, n, steps)`` first, so a trace from a run with
+fewer workers or steps is refused before the run starts. ``DelayTrace.from_model(model, n,
+steps)`` precomputes a whole schedule. Replaying one trace under several schemes makes every scheme face the same
 straggler schedule, as the papers did with fixed seeds.
 """
 
@@ -315,12 +317,39 @@ def _from_dict_typed(t: str, spec: dict) -> DelayModel:
 def check_workers(model, n: int) -> None:
     """Refuses a model that draws its stragglers among another number of workers than the
     run's n (``fixed:n=...``), which would delay only some of the workers, or none."""
-    stack = [model]
-    while stack:
-        m = stack.pop()
+    for m in _walk(model):
         if isinstance(m, FixedStragglers) and m.n != n:
             raise ValueError(f"delay model {m} picks its {m.count} stragglers among n={m.n} "
                              f"workers, but the run has n={n}; write fixed:n={n},count=...")
+
+
+def check_trace_covers(model, n: int, steps: int) -> None:
+    """Refuses a replayed trace (without fallback) that cannot serve a run of ``n`` workers and
+    ``steps`` steps: one in which a worker 0..n-1 has no entry, or no step reaches steps - 1.
+    A trace recorded from a run of the same n and steps always passes (its last step is computed
+    by at least n - s workers); workers that skipped a step leave gaps that this does not refuse,
+    since a replay of the same run never asks for them."""
+    for m in _walk(model):
+        if not isinstance(m, Replay) or m.fallback is not None:
+            continue
+        workers = {w for w, _ in m.trace.delays}
+        missing = [w for w in range(n) if w not in workers]
+        last = max((t for _, t in m.trace.delays), default=-1)
+        if missing or last < steps - 1:
+            what = (f"no entry for worker(s) {missing[:8]}{'...' if len(missing) > 8 else ''}"
+                    if missing else f"no step past {last}")
+            raise ValueError(
+                f"delay trace has {what}, but the run has n={n} workers and {steps} steps "
+                f"({m.trace.extent()}); record a trace with this run's n and steps "
+                f"(pgc-hvd simulate ... --save-trace PATH), or run fewer steps")
+
+
+def _walk(model):
+    """``model`` and every delay model inside it (sums, scaled, heterogeneous, recordings)."""
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        yield m
         stack.extend(getattr(m, "parts", ()))
         for attr in ("base", "model"):
             inner = getattr(m, attr, None)
@@ -417,6 +446,15 @@ class DelayTrace:
             raise ValueError(f"{path}: not a delay trace (format {d.get('format')!r})")
         return cls({(int(w), int(t)): float(v) for w, t, v in d["delays"]}, d.get("model"))
 
+    def extent(self) -> str:
+        """Which workers and steps the trace holds, in words (for error messages)."""
+        if not self.delays:
+            return "the trace is empty"
+        workers = sorted({w for w, _ in self.delays})
+        last = max(t for _, t in self.delays)
+        return (f"the trace holds {len(workers)} workers ({workers[0]}..{workers[-1]}) and "
+                f"steps 0..{last}")
+
     def histogram(self, bins: int | Sequence[float] = 20) -> dict:
         vals = np.array(list(self.delays.values()), dtype=float)
         counts, edges = np.histogram(vals, bins=bins)
@@ -446,7 +484,11 @@ class Recording(DelayModel):
 
 
 class Replay(DelayModel):
-    """Returns the values of a recorded trace; ``fallback`` for pairs not in it (else KeyError)."""
+    """Returns the values of a recorded trace; ``fallback`` for pairs not in it (else ValueError).
+
+    A run that replays a trace without a fallback should call :func:`check_trace_covers` first:
+    a trace recorded with fewer workers or fewer steps than the run is refused before the run
+    starts, not at the first missing (worker, step) pair minutes into it."""
 
     type_name = "replay"
 
@@ -461,7 +503,10 @@ class Replay(DelayModel):
             return self.trace.delays[key]
         if self.fallback is not None:
             return self.fallback.sample(worker, step)
-        raise KeyError(f"delay trace has no entry for worker {worker}, step {step}")
+        raise ValueError(f"delay trace has no entry for worker {worker}, step {step} "
+                         f"({self.trace.extent()}); record a trace of this run's n and steps "
+                         f"(pgc-hvd simulate ... --save-trace PATH), or replay with a fallback "
+                         f"model: Replay(trace, fallback=...)")
 
     def to_dict(self) -> dict:
         return {"type": "replay", "model": self.trace.model, "entries": len(self.trace)}

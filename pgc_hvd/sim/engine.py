@@ -44,7 +44,7 @@ from pgc_hvd.options import is_count
 from pgc_hvd.schemes import Arrival, Scheme
 
 from .comm import CommModel, message_bytes
-from .delays import DelayModel, Zero, as_delay_model, check_workers
+from .delays import DelayModel, Zero, as_delay_model, check_trace_covers, check_workers
 from .gradients import PartitionGradients
 
 # complex (RS) and fp64 messages: the compiled kernels are fp32, so those use the reference
@@ -152,6 +152,7 @@ class Simulator:
         self.opt = optimizer(task.model.parameters())
         self.delay: DelayModel = as_delay_model(config.delay)
         check_workers(self.delay, self.n)
+        check_trace_covers(self.delay, self.n, config.steps)
         self.comm = config.comm
         self.writer = writer
         self.model_bytes = self.d * self.X.element_size()

@@ -76,7 +76,8 @@ def test_trace_save_replay_bit_identical(tmp_path):
     assert loaded == rec.trace and loaded.model == rec.model.to_dict()
     rep = Replay(path)
     assert all(rep.sample(*k) == v for k, v in vals.items())
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match=r"no entry for worker 0, step 99 \(the trace holds 7 "
+                       r"workers \(0\.\.6\) and steps 0\.\.9\).*--save-trace"):
         rep.sample(0, 99)
     assert Replay(loaded, fallback=Constant(1.0)).sample(0, 99) == 1.0
     assert parse_delay(f"replay:{path}").sample(3, 4) == vals[(3, 4)]
@@ -89,3 +90,18 @@ def test_fixed_stragglers_must_use_the_runs_n():
     check_workers(parse_delay("fixed:n=4,count=1,delay=5"), 4)
     with pytest.raises(ValueError, match="write fixed:n=12"):
         check_workers(parse_delay("exp:1+fixed:n=100,count=20,delay=5"), 12)
+
+
+def test_trace_too_short_or_narrow_for_the_run_is_refused_up_front():
+    from pgc_hvd.sim.delays import check_trace_covers
+    trace = DelayTrace.from_model(Exponential(1.0, seed=1), 4, 10)
+    check_trace_covers(Replay(trace), 4, 10)
+    check_trace_covers(Replay(trace) + Constant(0.1), 3, 10)       # fewer workers: all there
+    with pytest.raises(ValueError, match=r"no step past 9, but the run has n=4 workers and 11 "
+                       r"steps.*--save-trace"):
+        check_trace_covers(Replay(trace), 4, 11)
+    with pytest.raises(ValueError, match=r"no entry for worker\(s\) \[4, 5\].*n=6"):
+        check_trace_covers(Constant(0.1) + Replay(trace), 6, 5)    # found inside a sum
+    check_trace_covers(Replay(trace, fallback=Zero()), 6, 50)      # the fallback fills gaps
+    with pytest.raises(ValueError, match="the trace is empty"):
+        check_trace_covers(Replay(DelayTrace()), 1, 1)

@@ -89,6 +89,19 @@ def test_replayed_trace_gives_identical_records(digits, tmp_path):
     # or falls back to the model)
     _, other = run(digits, "gc-cr", delay=Replay(path, fallback=model), steps=8)
     assert len(other) == 8
+    # a trace from a shorter run is refused before the run, not at its first gap
+    with pytest.raises(ValueError, match="no step past 7, but the run has n=6 workers and 9 steps"):
+        run(digits, "pgc-cr", delay=Replay(path), steps=9)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_every_schemes_recorded_trace_passes_the_up_front_check(digits, name):
+    """check_trace_covers never refuses the trace of a run of the same n and steps, even where
+    workers skip steps (stragglers that fall behind a pipelined or first-k scheme)."""
+    from pgc_hvd.sim.delays import check_trace_covers
+    rec = Recording(Exponential(1.0, seed=5) + LongStraggler(0.3, 4.0, 8.0, seed=5))
+    run(digits, name, delay=rec, steps=STEPS)
+    check_trace_covers(Replay(rec.trace), N, STEPS)
 
 
 def test_exact_schemes_match_dgd_without_stragglers(digits):
