@@ -5,12 +5,13 @@ extension was built with a CUDA toolkit) and has a pure-PyTorch reference in
 :mod:`pgc_hvd.ops.reference` that the tests compare against.
 
 * :func:`coded_accumulate`, :func:`add_slot`: coded messages from the ring buffer's slots.
-* :func:`topk_compress`, :func:`error_feedback_compress`: top-kappa compression of messages.
+* :func:`topk_compress`, :func:`error_feedback_compress`: top-kappa compression of messages;
+  :func:`compression_error_norm` ||C(u) - u|| of a sent message (minimum-error decoder).
 * :func:`decode_accumulate`: weighted sum of dense and sparse messages into one buffer.
 """
 
 from pgc_hvd.ops.coded import coded_accumulate, add_slot
-from pgc_hvd.ops.compress import error_feedback_compress, topk_compress
+from pgc_hvd.ops.compress import compression_error_norm, error_feedback_compress, topk_compress
 from pgc_hvd.ops.decode import decode_accumulate
 
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     "add_slot",
     "topk_compress",
     "error_feedback_compress",
+    "compression_error_norm",
     "decode_accumulate",
 ]

@@ -124,3 +124,25 @@ def error_feedback_compress(
             x, residual, _check_k(k), _check_method(method), _index64(index_dtype)
         )
     )
+
+
+def compression_error_norm(message: torch.Tensor, values: torch.Tensor,
+                           residual: torch.Tensor | None = None) -> float:
+    """||eps|| with eps = C(u) - u, the compression error of one sent message (the minimum-error
+    class decoder's input, BCGC paper Sec. VI-B, where each worker sends this scalar).
+
+    Without error feedback u = g^_i (``message``), and since C keeps kappa entries of u exactly,
+    ||eps||^2 = ||u||^2 - ||values||^2. Both sums run in float64 over the same squares of the
+    kept entries, so the difference is the dropped mass to float64 rounding, with no cancellation
+    when compression keeps almost all of it (clamped at 0). With error feedback u is the message
+    plus the old residual, and ``residual`` is the new one, u - C(u), so ||eps|| is its norm. The
+    simulator and the runtime both call this, so their decoders see the same numbers for the
+    same message."""
+    if residual is not None:
+        return float(torch.linalg.vector_norm(residual, dtype=torch.float64))
+
+    def mass(v: torch.Tensor) -> torch.Tensor:
+        m = v.abs() if v.is_complex() else v
+        return (m * m).sum(dtype=torch.float64)
+
+    return float(torch.sqrt(torch.clamp(mass(message) - mass(values), min=0)))

@@ -7,7 +7,8 @@ control rows:
 
 1. **control**: an ``hvd.allgather`` of one control row per rank (``CTRL_*`` fields, float64: the
    step of the message the rank has ready, the model version it used, when it became ready, its
-   loss, busy seconds, non-finite flag, done and failed flags, slot versions). The rows reach
+   loss, busy seconds, non-finite flag, done and failed flags, the message's compression error
+   ||C(u) - u|| for the minimum-error class decoder, slot versions). The rows reach
    every rank identically; every rank offers the new arrivals, ordered by ``(ready time, rank)``,
    to its own copy of the scheme's :class:`~pgc_hvd.schemes.Round` with ``message=None``, so
    every rank computes the same :class:`~pgc_hvd.schemes.Decision`. Repeated until the scheme's
@@ -86,7 +87,8 @@ CTRL_DONE = 6         # 1 when the rank's training loop has finished
 CTRL_FAILED = 7       # 1 when the rank's training thread raised
 CTRL_PAYLOAD = 8      # 1 when the message's payload follows this row in the same allgather
 CTRL_C_BOUND = 9      # rank 0 only: the staleness bound c requested for the scheme, -1 = none
-CTRL_FIXED = 10       # slot versions follow (ring_size entries, -1 padded)
+CTRL_ERROR = 10       # ||C(u) - u||, the message's compression error (nan when not sent)
+CTRL_FIXED = 11       # slot versions follow (ring_size entries, -1 padded)
 
 
 def wait_for_handle(hvd, handle, timeout: float) -> bool:
@@ -116,6 +118,7 @@ class Outgoing:
     loss: float = math.nan
     slot_versions: tuple = ()
     packed: Optional[torch.Tensor] = None  # [control words | payload] (payload is a view of it)
+    error_norm: float = math.nan   # ||C(u) - u|| when the scheme's decoder needs it
     sent: bool = False             # its payload already went out with a control row
 
 
@@ -329,6 +332,7 @@ class CommAgent:
                 row[CTRL_VERSION] = out.version
                 row[CTRL_READY_TIME] = out.ready_time
                 row[CTRL_LOSS] = out.loss
+                row[CTRL_ERROR] = out.error_norm
                 for i, v in enumerate(out.slot_versions[: self.ring_size]):
                     row[CTRL_FIXED + i] = v
                 # optimistic: the payload goes with the first control row that shows the message,
@@ -445,7 +449,9 @@ class CommAgent:
                 slots = tuple(int(v) for v in row[CTRL_FIXED:] if v >= 0)
                 self._offered.add((w, k))
                 self._meta[(w, k)] = row[CTRL_LOSS]
+                err = row[CTRL_ERROR]
                 arr = Arrival(w, k, version=int(row[CTRL_VERSION]), message=None,
+                              error_norm=None if math.isnan(err) else float(err),
                               slot_versions=slots or None)
                 decision = rnd.offer(arr)
                 if decision is not None:

@@ -137,10 +137,11 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
         if not 0 <= int(w) < n:
             raise ValueError(f"replay_arrivals names worker {w}, outside [0, n) = [0, {n}): "
                              "was the schedule recorded with another number of ranks?")
-    if (scheme_options or {}).get("decoder") == "min-error":
-        raise ValueError("decoder='min-error' needs every worker's compression error "
-                         "||C(g^_i) - g^_i||, which the runtime does not exchange; it is "
-                         "available in the simulator (pgc-hvd simulate --compress ...)")
+    if (scheme_options or {}).get("decoder") == "min-error" and compression is None:
+        raise ValueError("decoder='min-error' picks the complete class whose messages lost least "
+                         "to compression (sum of ||C(u_i) - u_i||), so it needs compressed "
+                         "messages: pass compression=pgc_hvd.runtime.TopK(...), or use "
+                         "decoder='n-s' for dense ones")
     return s, delays
 
 
@@ -421,14 +422,18 @@ class _PGCOptimizer(torch.optim.Optimizer):
             self._pgc_agent.report_bad(t, self._pgc_busy)
             return
         packed, payload = self._pgc_agent.payload_buffer()
-        self._pgc_payload(msg, payload)
+        error_norm = self._pgc_payload(msg, payload)
         slot_versions = tuple(self._pgc_slot_versions[sl] for sl, _ in plan.combine)
         self._pgc_agent.submit(Outgoing(t, t, payload, time.time(),
                                         math.nan if loss is None else float(loss),
-                                        slot_versions, packed=packed), self._pgc_busy)
+                                        slot_versions, packed=packed,
+                                        error_norm=math.nan if error_norm is None
+                                        else error_norm), self._pgc_busy)
 
-    def _pgc_payload(self, msg: torch.Tensor, out: torch.Tensor) -> None:
-        """Write the message's payload row into ``out`` (one copy, no temporaries for dense)."""
+    def _pgc_payload(self, msg: torch.Tensor, out: torch.Tensor) -> Optional[float]:
+        """Write the message's payload row into ``out`` (one copy, no temporaries for dense).
+        Returns ||C(u) - u||, the compression error the minimum-error class decoder ranks the
+        classes by, when the scheme uses that decoder (None otherwise: it costs a pass over d)."""
         comp = self._pgc_compression
         if isinstance(comp, TopK):
             k = comp.kappa(msg.numel())
@@ -439,10 +444,13 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 values, idx = ops.topk_compress(msg, k, comp.method, index_dtype=torch.int32)
             out[:k].copy_(values)
             out[k:].copy_(idx.view(torch.float32))
+            if getattr(self.scheme, "decoder", None) == "min-error":
+                return ops.compression_error_norm(msg, values, self._pgc_residual)
         elif self._pgc_complex:
             out.copy_(torch.view_as_real(msg).reshape(-1))
         else:
             out.copy_(msg)
+        return None
 
     def _pgc_decode(self, msgs, weights, decision) -> torch.Tensor:
         d = self._pgc_layout.numel
@@ -646,7 +654,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         records: a :class:`~pgc_hvd.metrics.records.RecordWriter` (rank 0 writes one StepRecord
             per step) or None; ``on_record`` is called with each record on rank 0.
         scheme_options: extra options for the scheme (e.g. ``{"decoder": "first-complete"}``;
-            ``"min-error"`` is simulator-only: the runtime does not exchange compression errors).
+            ``"min-error"`` with ``compression``: every rank sends ||C(u) - u|| in its control
+            row, and the step takes the complete class of least total error, BCGC Sec. VI-B).
         timeout: seconds after which a collective or a step with no answer raises
             :class:`~pgc_hvd.runtime.agent.AgentError` (a rank died or hung).
         poll_interval: seconds between control rounds while waiting.

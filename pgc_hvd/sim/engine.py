@@ -321,7 +321,7 @@ class Simulator:
             vals, idx = ops.error_feedback_compress(dense, w.residual, self.kappa, index_dtype=torch.int32)
         else:
             vals, idx = ops.topk_compress(dense, self.kappa, index_dtype=torch.int32)
-        err = float(torch.sqrt(torch.clamp(dense.abs().pow(2).sum() - vals.abs().pow(2).sum(), min=0)))
+        err = ops.compression_error_norm(dense, vals, w.residual if self.cfg.error_feedback else None)
         return (vals, idx.to(torch.int32)), dense, err
 
     # ------------------------------------------------------------------ decoder

@@ -122,3 +122,22 @@ def test_hypothesis_conservation(data, kfrac, method):
     x = torch.tensor(data, dtype=torch.float32)
     residual = torch.flip(x, [0]) * 0.5
     check_against_ref(x, residual, int(kfrac * x.numel()), method)
+
+
+@given(d=st.integers(1, 3000), frac=st.floats(0.0, 1.0), seed=st.integers(0, 2**16))
+@settings(max_examples=60, deadline=None)
+def test_compression_error_norm_is_the_norm_of_what_compression_drops(d, frac, seed):
+    """||C(u) - u|| (the minimum-error decoder's input) without and with error feedback, against
+    the decompressed message."""
+    from pgc_hvd.ops import compression_error_norm, topk_compress
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(d, generator=g) * torch.rand(d, generator=g) ** 4
+    k = max(1, round(frac * d))
+    values, idx = topk_compress(x, k)
+    want = float((densify(values, idx, d) - x).double().norm())
+    assert compression_error_norm(x, values) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    residual = torch.randn(d, generator=g) * 0.1
+    u = x + residual
+    values, idx = error_feedback_compress(x, residual, k)
+    want = float((densify(values, idx, d) - u).double().norm())
+    assert compression_error_norm(x, values, residual) == pytest.approx(want, rel=1e-5, abs=1e-6)

@@ -22,6 +22,7 @@ def test_good_arguments_pass_and_a_delay_spec_is_parsed():
     s, delays = check(delays="exp:mean=0.1,seed=1", compression=TopK(0.05))
     assert s == 1 and isinstance(delays, Exponential)
     assert check(delays=delays)[1] is delays
+    check(scheme_options={"decoder": "min-error"}, compression=TopK(0.05))
 
 
 @pytest.mark.parametrize("overrides, error, message", [
@@ -34,7 +35,8 @@ def test_good_arguments_pass_and_a_delay_spec_is_parsed():
     ({"timeout": -1}, ValueError, "timeout must be finite seconds > 0"),
     ({"poll_interval": 0}, ValueError, "poll_interval must be finite seconds > 0"),
     ({"replay_arrivals": [(5, 0)]}, ValueError, "outside \\[0, n\\)"),
-    ({"scheme_options": {"decoder": "min-error"}}, ValueError, "simulator"),
+    ({"scheme_options": {"decoder": "min-error"}}, ValueError,
+     "needs compressed messages: pass compression=pgc_hvd.runtime.TopK"),
 ])
 def test_bad_arguments_are_named(overrides, error, message):
     with pytest.raises(error, match=message):

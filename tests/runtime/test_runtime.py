@@ -80,6 +80,18 @@ def test_runtime_replaying_simulated_arrivals_matches_simulator(horovodrun):
 
 
 @pytest.mark.multirank
+def test_min_error_class_decoder_across_ranks(horovodrun):
+    """BCGC's minimum-error decoder under top-kappa, n = 5, s = 2: every rank sends
+    ||C(u) - u|| in its control row; the runtime replaying the simulator's arrivals takes the
+    simulator's decisions, and each takes the complete class of least total error, in a schedule
+    where that is not the class completed first."""
+    proc = horovodrun(5, TWIN, "min-error", timeout=180)
+    checks, all_ok = _checks(proc, 5)
+    assert all_ok == 5, proc.stdout + proc.stderr
+    assert {"twin_bcgc_min_error", "min_error_class_decoder"} <= checks
+
+
+@pytest.mark.multirank
 def test_topk_compression_across_ranks(horovodrun):
     """TopK(k=d) equals the dense run; small k with error feedback conserves mass on every rank
     and step, the decoded update is the weighted sum of the sparse messages, ranks identical."""

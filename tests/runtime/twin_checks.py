@@ -4,6 +4,9 @@
                                     #   (pgc-cr, bcgc): same decisions, same decoded updates, same
                                     #   parameters as the simulator (pgc_hvd.sim) within fp32
                                     #   tolerance; bit-identical across ranks
+    python twin_checks.py min-error # -np 5: the same for bcgc's minimum-error class decoder
+                                    #   under top-kappa compression (s = 2), whose choices are
+                                    #   also checked against the errors the ranks sent
     python twin_checks.py compress  # -np 4: TopK(k=d) == dense; small k with error feedback:
                                     #   sent + residual == message + old residual on every rank and
                                     #   step, decoded update == sum a_I * (sparse message I),
@@ -64,20 +67,21 @@ class RecordingSimulator(Simulator):
         super()._apply(g_hat)
 
 
-def simulate(scheme_name, train, parts, delay_seed=2):
+def simulate(scheme_name, train, parts, delay_seed=2, s=1, options=None, compress=None):
     n = hvd.size()
     task = build_task("softmax", train, seed=0)
     cfg = SimConfig(steps=STEPS, partition_time=0.3, diagnostics=False, eval_every=0,
                     delay=Exponential(1.0, seed=delay_seed)
-                    + LongStraggler(0.15, 2.0, 4.0, seed=delay_seed))
-    sim = RecordingSimulator(get_scheme(scheme_name, n, 1), task, train, parts,
+                    + LongStraggler(0.15, 2.0, 4.0, seed=delay_seed), compress=compress)
+    sim = RecordingSimulator(get_scheme(scheme_name, n, s, **(options or {})), task, train, parts,
                              lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM), cfg)
     sim.decoded = []
     recs = sim.run()
     return sim, recs, flat_params(task.model)
 
 
-def run_runtime(scheme_name, train, parts, replay, compression=None, name="rt", spy=None):
+def run_runtime(scheme_name, train, parts, replay, compression=None, name="rt", spy=None, s=1,
+                options=None):
     """The real run: every rank evaluates full partitions (as the simulator does)."""
     n = hvd.size()
     task = build_task("softmax", train, seed=0)
@@ -86,7 +90,8 @@ def run_runtime(scheme_name, train, parts, replay, compression=None, name="rt", 
     updates, records = {}, []
     opt = pgc_hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), model.named_parameters(),
-        scheme=scheme_name, stragglers=1, compression=compression, replay_arrivals=replay,
+        scheme=scheme_name, stragglers=s, compression=compression, replay_arrivals=replay,
+        scheme_options=options,
         on_update=lambda t, flat: updates.__setitem__(t, flat.clone()), on_record=records.append,
         timeout=60, name=name)
     if spy is not None:
@@ -100,10 +105,12 @@ def run_runtime(scheme_name, train, parts, replay, compression=None, name="rt", 
     return model, [updates[t] for t in range(STEPS)], records, decisions
 
 
-def check_twin(scheme_name):
+def check_twin(scheme_name, s=1, options=None, compress=None, tag="", spy=None):
+    """Returns the runtime's decisions (for checks of their own)."""
     train = digits_subset()
     parts = partition(train.y, hvd.size(), seed=0)
-    sim, srecs, sim_params = simulate(scheme_name, train, parts)
+    sim, srecs, sim_params = simulate(scheme_name, train, parts, s=s, options=options,
+                                      compress=compress)
     log = [(w, k) for _, w, k in sim.arrival_log]
     # the premise: the simulated schedule has stragglers that are left out and ranks that skip
     # steps (they restart at the newest model), so the replay exercises the catch-up path
@@ -111,8 +118,14 @@ def check_twin(scheme_name):
     skips = sum(b > a + 1 for ks in per_worker.values() for a, b in zip(ks, ks[1:]))
     assert skips >= 1 and all(len(r.workers_used) < hvd.size() for r in srecs[1:]), (log, skips)
 
+    compression = None
+    if compress is not None:  # the simulator's kappa = floor(compress * d), without feedback
+        kappa = max(1, int(compress * flat_params(sim.task.model).numel()))
+        compression = TopK(k=kappa, error_feedback=False)
+    name = f"twin-{scheme_name}{tag}"
     model, updates, rrecs, decisions = run_runtime(scheme_name, train, parts, log,
-                                                   name=f"twin-{scheme_name}")
+                                                   compression=compression, name=name, spy=spy,
+                                                   s=s, options=options)
     assert [d.step for d in decisions] == list(range(STEPS))
     for t in range(STEPS):
         sr = srecs[t]
@@ -125,12 +138,64 @@ def check_twin(scheme_name):
     p = flat_params(model)
     err = float((p - sim_params).norm() / sim_params.norm())
     assert err < 1e-5, f"{scheme_name}: parameters after {STEPS} steps differ by {err:.2e} (rel)"
-    same_on_all_ranks(p, f"twin-{scheme_name}")
+    same_on_all_ranks(p, name)
     if hvd.rank() == 0:
-        print(f"INFO twin {scheme_name}: steps used {[r.workers_used for r in srecs]}, "
+        print(f"INFO twin {scheme_name}{tag}: steps used {[r.workers_used for r in srecs]}, "
               f"max ages {[r.max_age for r in srecs]}, skips {skips}, param rel err {err:.1e}",
               flush=True)
-    ok(f"twin_{scheme_name}")
+    ok(f"twin_{scheme_name}{tag.replace('-', '_')}")
+    return decisions
+
+
+def check_min_error():
+    """BCGC's minimum-error class decoder (Sec. VI-B) under top-kappa compression, n = 5, s = 2:
+    classes K = [0, 3], [1, 4], [2] (rank 2 alone computes every partition), so when ranks 0, 2
+    and 3 (or 1, 2 and 4) are the first n - s = 3, two classes are complete and the step must take
+    the one whose messages lost less to compression. (At n = 4, s = 2 the only contests are
+    between two ranks that each compute every partition: equal errors up to rounding.) The
+    runtime's decisions equal the simulator's (check_twin), and each is the complete class of
+    least sum ||C(u_i) - u_i|| over the errors the ranks really sent (gathered here)."""
+    n, s = hvd.size(), 2
+    errors = {}
+
+    def spy(opt):
+        real = opt._pgc_payload
+
+        def payload(msg, out):
+            e = real(msg, out)
+            errors[opt.version] = e
+            return e
+        opt._pgc_payload = payload
+
+    decisions = check_twin("bcgc", s=s, options={"decoder": "min-error"}, compress=0.05,
+                           tag="-min-error", spy=spy)
+    mine = torch.full((STEPS,), float("nan"), dtype=torch.float64)
+    for t, e in errors.items():
+        assert e is not None and e > 0, f"step {t}: no compression error computed ({e})"
+        mine[t] = e
+    err = hvd.allgather(mine.unsqueeze(0), name="min-error.norms")      # (n, STEPS)
+    classes = get_scheme("bcgc", n, s).code.classes
+    contested = 0
+    for dec in decisions:
+        t = dec.step
+        complete = [tuple(K) for K in classes if all(i in dec.arrived for i in K)]
+        total = {K: float(sum(err[i, t] for i in K)) for K in complete}
+        chosen = tuple(sorted(dec.workers))
+        assert chosen in total and total[chosen] == min(total.values()), \
+            f"step {t}: took {chosen}, class errors {total} (arrived {dec.arrived})"
+        assert abs(dec.info["class_error"] - total[chosen]) <= 1e-9 * total[chosen]
+        if len(complete) > 1:
+            best, second = sorted(total.values())[:2]
+            assert second - best > 1e-3 * best, f"step {t}: near tie {total}; change the seed"
+            first_done = min(complete, key=lambda K: max(dec.arrived.index(i) for i in K))
+            contested += first_done != chosen
+    # the premise: in some step two classes were complete and the error, not the arrival
+    # order, chose
+    assert contested >= 1, [(d.step, d.arrived, d.workers) for d in decisions]
+    if hvd.rank() == 0:
+        print(f"INFO min-error: {contested} of {STEPS} steps took a later-completed class",
+              flush=True)
+    ok("min_error_class_decoder")
 
 
 def synthetic_order(n, steps, seed=4):
@@ -174,8 +239,9 @@ def check_compression(scheme_name="pgc-cr"):
         def payload(msg, out):
             old = opt._pgc_residual.clone()
             m = msg.clone()
-            real(msg, out)
+            e = real(msg, out)
             seen.append((opt.version, m, old, out.clone(), opt._pgc_residual.clone()))
+            return e
         opt._pgc_payload = payload
 
     model, updates, _, decisions = run_runtime(scheme_name, train, parts, order,
@@ -214,6 +280,8 @@ def main():
     if mode == "twin":
         check_twin("pgc-cr")
         check_twin("bcgc")
+    elif mode == "min-error":
+        check_min_error()
     elif mode == "compress":
         check_compression()
     else:
