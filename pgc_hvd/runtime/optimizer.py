@@ -426,14 +426,13 @@ class _PGCOptimizer(torch.optim.Optimizer):
         slot_versions = tuple(self._pgc_slot_versions[sl] for sl, _ in plan.combine)
         self._pgc_agent.submit(Outgoing(t, t, payload, time.time(),
                                         math.nan if loss is None else float(loss),
-                                        slot_versions, packed=packed,
-                                        error_norm=math.nan if error_norm is None
-                                        else error_norm), self._pgc_busy)
+                                        slot_versions, packed=packed, error_norm=error_norm),
+                               self._pgc_busy)
 
-    def _pgc_payload(self, msg: torch.Tensor, out: torch.Tensor) -> Optional[float]:
+    def _pgc_payload(self, msg: torch.Tensor, out: torch.Tensor) -> float:
         """Write the message's payload row into ``out`` (one copy, no temporaries for dense).
         Returns ||C(u) - u||, the compression error the minimum-error class decoder ranks the
-        classes by, when the scheme uses that decoder (None otherwise: it costs a pass over d)."""
+        classes by, when the scheme uses that decoder (nan otherwise: it costs a pass over d)."""
         comp = self._pgc_compression
         if isinstance(comp, TopK):
             k = comp.kappa(msg.numel())
@@ -450,7 +449,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             out.copy_(torch.view_as_real(msg).reshape(-1))
         else:
             out.copy_(msg)
-        return None
+        return math.nan
 
     def _pgc_decode(self, msgs, weights, decision) -> torch.Tensor:
         d = self._pgc_layout.numel

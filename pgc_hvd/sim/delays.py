@@ -47,8 +47,8 @@ returns the recorded values (bit-identical floats) and, for a (worker, step) not
 ``fallback.sample`` or a ``ValueError`` naming the trace's extent; the simulator and
 ``pgc-hvd train`` call ``check_trace_covers(model, n, steps)`` first, so a trace from a run with
 fewer workers or steps is refused before the run starts. ``DelayTrace.from_model(model, n,
-steps)`` precomputes a whole schedule. Replaying one trace under several schemes makes every scheme face the same
-straggler schedule, as the papers did with fixed seeds.
+steps)`` precomputes a whole schedule. Replaying one trace under several schemes makes every
+scheme face the same straggler schedule, as the papers did with fixed seeds.
 """
 
 from __future__ import annotations
@@ -332,9 +332,8 @@ def check_trace_covers(model, n: int, steps: int) -> None:
     for m in _walk(model):
         if not isinstance(m, Replay) or m.fallback is not None:
             continue
-        workers = {w for w, _ in m.trace.delays}
+        workers, last = m.trace.span()
         missing = [w for w in range(n) if w not in workers]
-        last = max((t for _, t in m.trace.delays), default=-1)
         if missing or last < steps - 1:
             what = (f"no entry for worker(s) {missing[:8]}{'...' if len(missing) > 8 else ''}"
                     if missing else f"no step past {last}")
@@ -446,12 +445,16 @@ class DelayTrace:
             raise ValueError(f"{path}: not a delay trace (format {d.get('format')!r})")
         return cls({(int(w), int(t)): float(v) for w, t, v in d["delays"]}, d.get("model"))
 
+    def span(self) -> tuple[list[int], int]:
+        """The workers the trace holds (ascending) and its last step (-1 when empty)."""
+        return (sorted({w for w, _ in self.delays}),
+                max((t for _, t in self.delays), default=-1))
+
     def extent(self) -> str:
         """Which workers and steps the trace holds, in words (for error messages)."""
-        if not self.delays:
+        workers, last = self.span()
+        if not workers:
             return "the trace is empty"
-        workers = sorted({w for w, _ in self.delays})
-        last = max(t for _, t in self.delays)
         return (f"the trace holds {len(workers)} workers ({workers[0]}..{workers[-1]}) and "
                 f"steps 0..{last}")
 
