@@ -3,31 +3,251 @@
 Every rank saves its own file (``{path}.rank{r}``: ring buffers and RNG states differ per rank).
 Save when every rank has applied the same updates (e.g. after ``optimizer.close()``, or after
 ``optimizer.synchronize()`` at a step every rank reached) and restore before the first step.
+
+Saving is atomic and durable: the state goes to ``{file}.tmp``, which is fsync'ed and renamed
+over ``{file}``, and the folder is fsync'ed, so a crash leaves the previous checkpoint or the new
+one, never a mix. A save that fails or is interrupted (KeyboardInterrupt) removes its ``.tmp``;
+a process killed outright (SIGKILL) may leave it behind, and the next save replaces it (loading
+never reads it).
+
+Restoring is all or nothing, on every rank: :func:`load_checkpoint` reads and checks the whole
+file first (a torch checkpoint with the keys :func:`save_checkpoint` writes; scheme, n, s and
+rank of this run; the shapes of the model's tensors, the ring buffers and the error-feedback
+residual; the optimizer's parameter groups), then the ranks compare, in one small collective,
+the step each read. Only when every rank's file passed and all hold the same step does any rank
+change its model and optimizer; otherwise every rank raises the same :class:`CheckpointError`
+naming each rank's file and problem, and nothing was changed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 
 import torch
+
+# what save_checkpoint writes; load_checkpoint needs the first two
+CHECKPOINT_KEYS = ("model", "pgc", "extra")
+# what pgc_state_dict writes; the optional ones have defaults in load_pgc_state_dict
+PGC_REQUIRED = ("optimizer", "version", "scheme", "n", "s", "rank", "ring", "slot_versions",
+                "rng")
+RNG_KEYS = ("torch", "numpy", "python")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored into this run; the message names the file (or the
+    state dict) and the problem. Raised before anything was changed."""
 
 
 def _path(path, rank: int) -> str:
     return f"{os.fspath(path)}.rank{rank}"
 
 
+def _fsync_dir(folder: str) -> None:
+    """Make a rename inside ``folder`` durable (POSIX: fsync the directory itself)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(path, model: torch.nn.Module, optimizer, extra: dict | None = None) -> str:
+    """Write this rank's checkpoint to ``{path}.rank{rank}`` atomically (see the module doc) and
+    return that file's name. ``extra``: any picklable dict, returned by :func:`load_checkpoint`."""
     out = _path(path, optimizer.rank)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(out))
+    os.makedirs(folder, exist_ok=True)
     state = {"model": model.state_dict(), "pgc": optimizer.pgc_state_dict(), "extra": extra or {}}
     tmp = out + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, out)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:       # also KeyboardInterrupt: never leave a partial .tmp behind
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    _fsync_dir(folder)
     return out
 
 
+def read_checkpoint(file) -> dict:
+    """The state dict in checkpoint ``file``, or a CheckpointError naming the file (missing,
+    empty, truncated or damaged, not a checkpoint of :func:`save_checkpoint`)."""
+    file = os.fspath(file)
+    if not os.path.isfile(file):
+        what = "is a folder" if os.path.isdir(file) else "does not exist"
+        raise CheckpointError(f"checkpoint file {file} {what}; save_checkpoint(path, ...) writes "
+                              f"one file per rank, named path.rank<r>")
+    if os.path.getsize(file) == 0:
+        raise CheckpointError(f"checkpoint file {file} is empty (0 bytes); it was not written by "
+                              f"save_checkpoint, which replaces a file only with a complete one")
+    try:
+        state = torch.load(file, weights_only=False, map_location="cpu")
+    except Exception as err:
+        raise CheckpointError(f"checkpoint file {file} cannot be read, it is truncated or "
+                              f"damaged ({type(err).__name__}: {err})") from None
+    missing = [k for k in CHECKPOINT_KEYS[:2] if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(f"{file} is not a pgc_hvd checkpoint: it lacks {missing} (found "
+                              f"{_describe(state)}); write checkpoints with save_checkpoint")
+    return state
+
+
+def _describe(x) -> str:
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(map(str, x))[:8]}"
+    return f"a {type(x).__name__}"
+
+
+def _shape(x):
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else None
+
+
+def check_model_state(saved, model: torch.nn.Module, source: str) -> None:
+    """CheckpointError unless ``model.load_state_dict(saved)`` would succeed (same keys, same
+    tensor shapes)."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{source}: its model state is {_describe(saved)}, not a state dict")
+    want = model.state_dict()
+    missing, unexpected = sorted(set(want) - set(saved)), sorted(set(saved) - set(want))
+    if missing or unexpected:
+        raise CheckpointError(f"{source}: its model state does not fit this model (missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}); restore into the "
+                              f"model it was saved from")
+    bad = [f"{k}: saved {_shape(saved[k])}, model {tuple(v.shape)}" for k, v in want.items()
+           if isinstance(v, torch.Tensor) and _shape(saved[k]) != tuple(v.shape)]
+    if bad:
+        raise CheckpointError(f"{source}: model tensor shapes differ ({'; '.join(bad[:3])})")
+
+
+def check_pgc_state(state, current: dict, source: str = "the state dict") -> None:
+    """CheckpointError unless ``state`` (a saved ``pgc_state_dict()``) can be restored into the
+    optimizer whose own ``pgc_state_dict()`` is ``current``: the required keys, the same scheme,
+    n, s and rank, a step >= 0, ring buffers and residual of the same number and shapes, and the
+    same parameter groups. Nothing is changed; ``load_pgc_state_dict`` calls it first."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{source}: its optimizer state is {_describe(state)}, not the "
+                              f"dict of pgc_state_dict()")
+    missing = [k for k in PGC_REQUIRED if k not in state]
+    if missing:
+        raise CheckpointError(f"{source}: its optimizer state lacks {missing}; it was not written "
+                              f"by pgc_state_dict() / save_checkpoint")
+    for key in ("scheme", "n", "s", "rank"):
+        if state[key] != current[key]:
+            raise CheckpointError(f"{source}: saved with {key}={state[key]!r}, this run has "
+                                  f"{key}={current[key]!r}; restore with the scheme, stragglers "
+                                  f"and world size it was saved with, each rank its own file")
+    v = state["version"]
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise CheckpointError(f"{source}: its step (version) is {v!r}, not an int >= 0")
+    ring, want = state["ring"], current["ring"]
+    if not isinstance(ring, (list, tuple)) or [_shape(b) for b in ring] != [_shape(b) for b in want]:
+        got = [_shape(b) for b in ring] if isinstance(ring, (list, tuple)) else _describe(ring)
+        raise CheckpointError(f"{source}: ring buffers {got} do not match this run's "
+                              f"{[_shape(b) for b in want]} (another model or scheme)")
+    sv = state["slot_versions"]
+    if not isinstance(sv, (list, tuple)) or len(sv) != len(current["slot_versions"]):
+        raise CheckpointError(f"{source}: slot_versions {sv!r} do not match this run's "
+                              f"{len(current['slot_versions'])} ring slots")
+    res, want_res = state.get("residual"), current["residual"]
+    if (res is None) != (want_res is None) or _shape(res) != _shape(want_res):
+        raise CheckpointError(f"{source}: error-feedback residual {_shape(res)}, this run "
+                              f"{_shape(want_res)} (None = no error-feedback compression); restore "
+                              f"with the compression it was saved with")
+    groups, want_groups = state["optimizer"], current["optimizer"]["param_groups"]
+    saved_groups = groups.get("param_groups") if isinstance(groups, dict) else None
+    if (not isinstance(saved_groups, list) or "state" not in groups or
+            [len(g.get("params", ())) for g in saved_groups] != [len(g["params"]) for g in want_groups]):
+        raise CheckpointError(f"{source}: its optimizer state does not fit this optimizer (saved "
+                              f"parameter groups {_group_sizes(saved_groups)}, this optimizer "
+                              f"{_group_sizes(want_groups)})")
+    rng = state["rng"]
+    if not isinstance(rng, dict) or any(k not in rng for k in RNG_KEYS) or \
+            not isinstance(rng["torch"], torch.Tensor):
+        raise CheckpointError(f"{source}: its RNG states are {_describe(rng)}, not the dict of "
+                              f"{list(RNG_KEYS)} pgc_state_dict() writes")
+
+
+def _group_sizes(groups):
+    if not isinstance(groups, list):
+        return "missing"
+    return [len(g.get("params", ())) if isinstance(g, dict) else "?" for g in groups]
+
+
 def load_checkpoint(path, model: torch.nn.Module, optimizer) -> dict:
-    state = torch.load(_path(path, optimizer.rank), weights_only=False)
-    model.load_state_dict(state["model"])
-    optimizer.load_pgc_state_dict(state["pgc"])
+    """Restore this rank's checkpoint ``{path}.rank{rank}`` into ``model`` and ``optimizer`` on
+    every rank, all or nothing (see the module doc); returns the ``extra`` dict it was saved with.
+
+    Every rank must call it (it is a collective, with the optimizer's ``timeout``), before the
+    first ``step()``. Raises :class:`CheckpointError` on every rank, with one message and with
+    no model or optimizer changed, when any rank's file is missing, damaged or does not fit the
+    run, or when the ranks' files hold different steps.
+    """
+    file = _path(path, optimizer.rank)
+    state, error = None, None
+    try:
+        if getattr(optimizer, "_pgc_started", False):
+            raise CheckpointError("load_checkpoint must be called before the first step()")
+        state = read_checkpoint(file)
+        check_model_state(state["model"], model, file)
+        before_pgc = optimizer.pgc_state_dict()
+        check_pgc_state(state["pgc"], before_pgc, file)
+    except Exception as err:        # any failure is reported to every rank, never half-way
+        error = str(err) if isinstance(err, CheckpointError) else f"{type(err).__name__}: {err}"
+    step = None if error else state["pgc"]["version"]
+    _agree(optimizer, path, step, error)
+    before_model = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_pgc_state_dict(state["pgc"], source=file)
+    except BaseException:           # unreachable after the checks, but never leave a mix
+        model.load_state_dict(before_model)
+        optimizer.load_pgc_state_dict(before_pgc)
+        raise
     return state.get("extra", {})
+
+
+def _gather(hvd, tensor: torch.Tensor, name: str, timeout: float, rank: int) -> torch.Tensor:
+    """``hvd.allgather`` polled with a deadline (a rank that never calls load_checkpoint must
+    not hang the others)."""
+    from pgc_hvd.runtime.agent import AgentError
+
+    handle = hvd.allgather_async(tensor, name=name)
+    deadline = time.monotonic() + timeout
+    while not hvd.poll(handle):
+        if time.monotonic() > deadline:
+            raise AgentError(f"rank {rank}: not every rank called load_checkpoint within "
+                             f"{timeout:.0f}s (the optimizer's timeout); every rank must restore "
+                             f"its own file before the first step")
+        time.sleep(0.001)
+    return hvd.synchronize(handle)
+
+
+def _agree(optimizer, path, step, error) -> None:
+    """Return when every rank's file passed its checks and all hold ``step``; else raise the
+    same CheckpointError on every rank, naming each rank's problem."""
+    hvd, timeout, rank = optimizer._pgc_hvd, optimizer._pgc_timeout, optimizer.rank
+    text = (error or "").encode("utf-8")
+    row = torch.tensor([[0 if error else 1, -1 if step is None else step, len(text)]],
+                       dtype=torch.int64)
+    rows = _gather(hvd, row, "pgc.checkpoint.step", timeout, rank).tolist()
+    steps = {s for ok, s, _ in rows if ok}
+    if all(ok for ok, _, _ in rows) and len(steps) == 1:
+        return
+    texts = _gather(hvd, torch.tensor(list(text), dtype=torch.uint8), "pgc.checkpoint.errors",
+                    timeout, rank).tolist()
+    parts, at = [], 0
+    for r, (ok, s, size) in enumerate(rows):
+        parts.append(f"rank {r}: step {s}" if ok else
+                     f"rank {r}: {bytes(texts[at:at + size]).decode('utf-8', 'replace')}")
+        at += size
+    why = ("some ranks' files cannot be restored" if not all(ok for ok, _, _ in rows) else
+           "the ranks' files hold different steps; save every rank at the same step (e.g. after "
+           "optimizer.close())")
+    raise CheckpointError(f"load_checkpoint({os.fspath(path)!r}) restored nothing on any rank: "
+                          f"{why} ({'; '.join(parts)})")

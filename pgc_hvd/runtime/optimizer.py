@@ -600,13 +600,17 @@ class _PGCOptimizer(torch.optim.Optimizer):
             "trace_position": {"worker": self.rank, "step": self.version},
         }
 
-    def load_pgc_state_dict(self, state: dict) -> None:
+    def load_pgc_state_dict(self, state: dict, source: str = "the state dict") -> None:
+        """Restore a :meth:`pgc_state_dict` of this rank, before the first step. The whole state
+        is checked first (:func:`pgc_hvd.runtime.checkpoint.check_pgc_state`: keys, scheme, n,
+        s, rank, buffer shapes, parameter groups); a refused one raises
+        :class:`~pgc_hvd.runtime.checkpoint.CheckpointError` (naming ``source``) and changes
+        nothing. This rank only: :func:`~pgc_hvd.runtime.load_checkpoint` also makes the ranks
+        agree on the step."""
         if self._pgc_started:
             raise RuntimeError("load_pgc_state_dict must be called before the first step()")
-        for key, want in (("scheme", self.scheme.name), ("n", self.n), ("s", self.scheme.s),
-                          ("rank", self.rank)):
-            if state[key] != want:
-                raise ValueError(f"checkpoint has {key}={state[key]!r}, this run {want!r}")
+        from pgc_hvd.runtime.checkpoint import check_pgc_state
+        check_pgc_state(state, self.pgc_state_dict(), source)
         super(self.__class__, self).load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         for b, saved in zip(self._pgc_ring, state["ring"]):
