@@ -24,6 +24,38 @@ Every update writes one :class:`~pgc_hvd.metrics.records.StepRecord` (virtual ti
 used, versions, ages, decode weight extremes, loss/accuracy when evaluated, bytes moved,
 per-worker busy seconds) with the seed-002 diagnostics in ``extra`` (see
 :mod:`pgc_hvd.metrics.diagnostics`).
+
+Collective model (``SimConfig.comm`` a :class:`~pgc_hvd.sim.comm.CollectiveModel`): no decoder,
+no master; the step follows the Horovod runtime's protocol (:mod:`pgc_hvd.runtime.agent`) with
+every collective costed by the alpha-beta model:
+
+* A worker's step takes ``k * apply + len(plan.evaluate) * partition_time + delay + form``:
+  ``apply`` (the k updates it applies first: SGD reads the parameters and the update and writes
+  the parameters, 12 d bytes each) and ``form`` (coded accumulation of its L ring slots,
+  (L+1) 4d bytes, the finiteness check, 5 d, and the copy into the send buffer, 8 d) cost
+  ``pass_beta`` seconds per byte. The message then sits in the rank's outbox.
+* Control rounds: every rank's agent submits one control row (8 (11 + c) bytes: the oldest
+  message it has not announced yet, one per round) to an allgather; the round starts when the
+  last rank has submitted and costs ``allgather(n, row sizes)``. After a round that does not
+  fire, an agent waits ``poll_interval`` (``poll_interval / 4`` once a message of the open round
+  is known) before submitting again, except that a message becoming ready ends its rank's wait
+  at once (and a rank that got one during a collective skips its next wait), so a round starts
+  at the others' deadline, or when every rank has submitted. The rows are offered to the open
+  round in (ready time, rank) order, as the agent does; after a decision the offers stop (the
+  rest are shown again in the next round).
+* Data plane (``CollectiveModel.plane``, see :mod:`pgc_hvd.sim.comm`): ``allgather``: payloads
+  ride with the first row that shows them ready (rows of n-s..n ranks carry 4d bytes each), a
+  step that fires needs no more; ``allgather-2phase``: after the decision, an allgather of the
+  chosen ranks' messages; ``allreduce``: after the decision one ring allreduce of 4d bytes
+  (dense) or, for top-kappa messages, the allgather of the chosen (values, indices) when it
+  receives fewer bytes than the allreduce (else densify + allreduce). Decoding reads the used
+  messages and writes d floats (``pass_beta``); the allreduce plane's contribution reads the
+  rank's own uses and writes d floats.
+* The update is every rank's at the end of the data phase: the step's record has that time, and
+  the next control round starts at once (no wait, as the agent's loop). Rounds in which nothing
+  can happen (no message pending anywhere) are skipped arithmetically, not simulated one by
+  one. ``record.bytes`` is the bytes received by the rank receiving most, over the step's
+  collectives; ``extra["control_rounds"]`` counts the step's control rounds.
 """
 
 from __future__ import annotations
@@ -43,7 +75,7 @@ from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
 from pgc_hvd.schemes import Arrival, Scheme
 
-from .comm import CommModel, message_bytes
+from .comm import CollectiveModel, CommModel, message_bytes, parse_comm_model
 from .delays import DelayModel, Zero, as_delay_model, check_trace_covers, check_workers
 from .gradients import PartitionGradients
 
@@ -59,7 +91,7 @@ class SimConfig:
     steps: int = 100
     delay: Any = None                   # DelayModel | text spec | dict | None
     partition_time: Optional[float] = None  # seconds per partition gradient; None = measured
-    comm: CommModel = dataclasses.field(default_factory=CommModel)
+    comm: Any = dataclasses.field(default_factory=CommModel)  # CommModel | CollectiveModel | spec
     broadcast: bool = True              # charge the model broadcast
     decode_time: Any = 0.0              # seconds, or "measured" (CPU time of decide + decode)
     straggler_policy: str = "continue"  # or "cancel"
@@ -104,6 +136,11 @@ class SimConfig:
                 "eval_every must be >= 0 (0: never) and diag_every >= 1")
         if self.error_feedback and self.compress is None:
             bad("error_feedback without compress", "error feedback needs top-kappa compression")
+        if isinstance(self.comm, str):
+            self.comm = parse_comm_model(self.comm)
+        if not isinstance(self.comm, (CommModel, CollectiveModel)):
+            bad(f"comm = {self.comm!r}", "give a CommModel (master), a CollectiveModel or a spec "
+                "such as 'master', 'ring:alpha=10e-6,gbps=25' or 'fitted:comm.json'")
 
 
 @dataclasses.dataclass
@@ -125,8 +162,14 @@ class _Worker:
         self.job: Optional[_Job] = None
         self.latest: int = -1        # newest model version received
         self.done_version: int = -1  # newest version it has computed a step for
+        self.applied: int = 0        # model version it holds (collective model: updates applied)
         self.residual: Optional[torch.Tensor] = None
         self.intervals: list = []    # (start, end) of compute since the last fire
+        self.outbox: list = []       # collective model: messages not announced yet, oldest first
+
+
+# control row of the runtime's agent: CTRL_FIXED = 11 float64 fields + one per ring slot
+_CTRL_FIXED = 11
 
 
 class Simulator:
@@ -150,25 +193,36 @@ class Simulator:
         self.layout = self.grads.layout
         self.d = self.layout.dim
         self.opt = optimizer(task.model.parameters())
-        self.delay: DelayModel = as_delay_model(config.delay)
-        check_workers(self.delay, self.n)
-        check_trace_covers(self.delay, self.n, config.steps)
-        self.comm = config.comm
         self.writer = writer
-        self.model_bytes = self.d * self.X.element_size()
+        self._init_cluster(self.X.element_size())
         if config.partition_time is None:
             self.partition_time = self.grads.measure_partition_time(self._flat())
         else:
             self.partition_time = float(config.partition_time)
+        rng = np.random.default_rng(config.seed + 7919)
+        src = self.test if self.test is not None else (self.X, self.y)
+        vb = rng.choice(len(src[0]), size=min(config.diag_batch, len(src[0])), replace=False)
+        self.val_batch = (src[0][torch.as_tensor(vb)], src[1][torch.as_tensor(vb)])
+        self.snapshots: dict[int, torch.Tensor] = {0: self._flat()}
+        self._grad_cache: dict[int, torch.Tensor] = {}
+        self._val_grad: dict[int, torch.Tensor] = {}
+        self.initial = self._evaluate()
+
+    def _init_cluster(self, element_size: int) -> None:
+        """Everything but gradients: delays, comm model, workers, clock (``self.d`` is set)."""
+        config, scheme = self.cfg, self.scheme
+        self.delay: DelayModel = as_delay_model(config.delay)
+        check_workers(self.delay, self.n)
+        check_trace_covers(self.delay, self.n, config.steps)
+        self.comm = config.comm
+        self.collective = isinstance(self.comm, CollectiveModel)
+        self.element_size = int(element_size)
+        self.model_bytes = self.d * self.element_size
         self.kappa = None if config.compress is None else max(1, int(math.floor(config.compress * self.d)))
         if getattr(scheme, "decoder", None) == "min-error" and self.kappa is None:
             raise ValueError(f"{scheme.name} with decoder='min-error' picks the class whose "
                              "messages lost least to compression; it needs top-kappa compression "
                              "(SimConfig.compress, pgc-hvd simulate --compress 0.05)")
-        rng = np.random.default_rng(config.seed + 7919)
-        src = self.test if self.test is not None else (self.X, self.y)
-        vb = rng.choice(len(src[0]), size=min(config.diag_batch, len(src[0])), replace=False)
-        self.val_batch = (src[0][torch.as_tensor(vb)], src[1][torch.as_tensor(vb)])
         # state
         self.workers = [_Worker(w) for w in range(self.n)]
         from pgc_hvd.schemes.protocol import Scheme as _BaseScheme
@@ -179,9 +233,6 @@ class Simulator:
         self._seq = 0
         self._job_id = 0
         self.version = 0
-        self.snapshots: dict[int, torch.Tensor] = {0: self._flat()}
-        self._grad_cache: dict[int, torch.Tensor] = {}
-        self._val_grad: dict[int, torch.Tensor] = {}
         self.store: dict[tuple[int, int], dict] = {}
         self.records: list[StepRecord] = []
         self.arrival_log: list[tuple[float, int, int]] = []  # (time, worker, step) at the decoder
@@ -192,7 +243,8 @@ class Simulator:
         self.ingress_free = 0.0
         self.last_fire = 0.0
         self.now = 0.0
-        self.initial = self._evaluate()
+        if self.collective:
+            self._init_agents()
 
     # ------------------------------------------------------------------ helpers
     def _flat(self) -> torch.Tensor:
@@ -257,6 +309,9 @@ class Simulator:
         delay = float(self.delay.sample(w.id, v))
         self.delays_seen.append(delay)
         dur = len(evaluate) * self.partition_time + delay
+        if self.collective:  # the worker's local passes over d (module doc)
+            dur += (v - w.applied) * self._apply_seconds + self._form_seconds(len(plan.combine))
+            w.applied = v
         self._job_id += 1
         # ring entries are (G, partition) pairs: the row G[partition] is read when a message is
         # formed (no per-slot tensor views on the hot path)
@@ -275,17 +330,25 @@ class Simulator:
             w.ring_versions[slot] = job.step
         plan, meta = job.plan
         payload, dense, err = self._message(w, plan, meta)
-        nbytes = message_bytes(payload) + (8 if err is not None else 0)
-        self.total_bytes += nbytes
-        send = t
-        if self.comm.serial_ingress:
-            send = max(t, self.ingress_free)
-            self.ingress_free = send + self.comm.cost(nbytes)
+        nbytes = self._message_bytes(payload) + (8 if err is not None else 0)
         arrival = Arrival(w.id, job.step, job.step, None, err,
                           tuple(w.ring_versions[slot] for slot, _ in plan.combine))
-        self._push(send + self.comm.cost(nbytes), "arrive", arrival, payload, dense, nbytes)
+        if self.collective:
+            w.outbox.append({"arrival": arrival, "payload": payload, "dense": dense,
+                             "bytes": nbytes, "ready": t, "sent": False})
+            self._agent_event(w.id, t)
+        else:
+            self.total_bytes += nbytes
+            send = t
+            if self.comm.serial_ingress:
+                send = max(t, self.ingress_free)
+                self.ingress_free = send + self.comm.cost(nbytes)
+            self._push(send + self.comm.cost(nbytes), "arrive", arrival, payload, dense, nbytes)
         if w.latest > w.done_version:
             self._start(w, t)
+
+    def _message_bytes(self, payload) -> int:
+        return message_bytes(payload)
 
     def _slot_rows(self, w: _Worker, slots) -> list:
         """The ring slots' gradient rows; rows from one version are gathered in one pass."""
@@ -359,10 +422,11 @@ class Simulator:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def _fire(self, rnd, decision, t: float, decide_seconds: float = 0.0) -> StepRecord:
+    def _update(self, decision, step: int, decide_seconds: float) -> tuple[float, dict, dict]:
+        """Decode and apply the decision's update (version step + 1); returns (decode seconds,
+        the record's extra entries, evaluation metrics)."""
         from pgc_hvd.metrics.diagnostics import step_diagnostics
 
-        step = rnd.step
         w0 = _time.thread_time()
         g_hat = self._decode(decision)
         if self.cfg.decode_time == "measured":
@@ -388,6 +452,14 @@ class Simulator:
                 grp["lr"] *= 0.5
             extra["lr_halved"] = True
         extra["lr"] = float(self.opt.param_groups[0]["lr"])
+        metrics = {}
+        if self.cfg.eval_every and (step % self.cfg.eval_every == 0 or step == self.cfg.steps - 1):
+            metrics = self._evaluate()
+        return decode_time, extra, metrics
+
+    def _fire(self, rnd, decision, t: float, decide_seconds: float = 0.0) -> StepRecord:
+        step = rnd.step
+        decode_time, extra, metrics = self._update(decision, step, decide_seconds)
         extra["decode_time"] = decode_time
         # busy seconds of each worker in (last_fire, t]
         busy = []
@@ -399,9 +471,6 @@ class Simulator:
             busy.append(b)
             w.intervals = [(s, e) for s, e in w.intervals if e > t]
         self.busy_total += np.array(busy)
-        metrics = {}
-        if self.cfg.eval_every and (step % self.cfg.eval_every == 0 or step == self.cfg.steps - 1):
-            metrics = self._evaluate()
         extra.update({k: v for k, v in metrics.items() if k not in ("train_loss",)})
         extra["grad_evals"] = self.total_evals
         extra["partition_time"] = self.partition_time
@@ -409,19 +478,29 @@ class Simulator:
         used_bytes = sum(self.store[(u.worker, u.step)]["bytes"] for u in decision.uses)
         extra["bytes_used"] = used_bytes
         extra["n_late"] = sum(1 for u in decision.uses if u.step < step)
+        if self.collective:
+            step_bytes = self.total_bytes - self._bytes_at_last_fire
+            extra["control_rounds"] = self._rounds - self._rounds_at_last_fire
+            extra["data_seconds"] = self._data_seconds
+            self._rounds_at_last_fire = self._rounds
+        else:
+            step_bytes = self.total_bytes - self._bytes_at_last_fire + (
+                self.model_bytes * self.n if self.cfg.broadcast else 0)
         rec = StepRecord.from_decision_info(
             step, t, dict(decision.info), step_time=t - self.last_fire, scheme=self.scheme.name,
             n=self.n, s=self.scheme.s, workers_used=[u.worker for u in decision.uses],
             versions=[u.version for u in decision.uses],
             loss=metrics.get("train_loss"),
             accuracy=metrics.get("test_accuracy", metrics.get("train_accuracy")),
-            bytes=self.total_bytes - self._bytes_at_last_fire + (
-                self.model_bytes * self.n if self.cfg.broadcast else 0),
-            busy=busy, extra=extra)
+            bytes=step_bytes, busy=busy, extra=extra)
         self._bytes_at_last_fire = self.total_bytes
         self.last_fire = t
-        # broadcast the new model
-        arrive = t + decode_time + (self.comm.cost(self.model_bytes) if self.cfg.broadcast else 0.0)
+        # broadcast the new model (collective model: every rank holds it at t already; the
+        # decode passes are in the data phase)
+        if self.collective:
+            arrive = t + decode_time
+        else:
+            arrive = t + decode_time + (self.comm.cost(self.model_bytes) if self.cfg.broadcast else 0.0)
         for w in self.workers:
             self._push(arrive, "model", w.id, self.version)
         keep = self.version - max(self.scheme.c, 1) - 1
@@ -429,15 +508,273 @@ class Simulator:
             del self.store[key]
         return rec
 
+    # ------------------------------------------------------------------ collective model
+    def _init_agents(self) -> None:
+        """State of the runtime's agents (module doc, "Collective model")."""
+        cm: CollectiveModel = self.comm
+        self._row_bytes = 8 * (_CTRL_FIXED + max(1, self.scheme.c))
+        self._late_usable = getattr(self.scheme, "table", None) is not None
+        self._apply_seconds = cm.local(3 * self.model_bytes)
+        self._cached: set = set()          # (worker, step) whose payload every rank holds
+        self._phase = "idle"               # idle | collective | data | dormant
+        self._submitted: dict = {}         # rank -> (entry or None, payload bytes) this round
+        self._woke: set = set()            # ranks whose next wait is skipped
+        self._round_id = 0
+        self._last_end = 0.0               # end of the last collective
+        self._wait = cm.poll_interval
+        self._dormant = None               # (end, wait, round cost) while rounds are empty
+        self._rounds = 0
+        self._rounds_at_last_fire = 0
+        self._data_seconds = 0.0
+        self._empty_round = cm.allgather(self.n, [self._row_bytes] * self.n)
+
+    def _form_seconds(self, slots: int) -> float:
+        """Coded accumulation of ``slots`` ring slots, finiteness check, copy to the send
+        buffer (module doc)."""
+        return self.comm.local((slots + 1) * self.model_bytes + 1.25 * self.model_bytes
+                               + 2 * self.model_bytes)
+
+    def _rides(self, entry) -> bool:
+        """Does this message's payload ride with its control row (one-collective steps)?"""
+        cm = self.comm
+        return cm.plane == "allgather" or (cm.plane == "allreduce"
+                                           and entry["bytes"] <= cm.optimistic_below)
+
+    def _agent_event(self, wid: int, t: float) -> None:
+        """A local event on rank ``wid`` (its message became ready) at time t."""
+        if self._phase == "dormant":
+            self._wake_from_dormant(t)
+        if self._phase == "idle" and wid not in self._submitted:
+            self._submit(wid)
+            if len(self._submitted) == self.n:
+                self._start_round(t)
+        else:
+            self._woke.add(wid)
+
+    def _wake_from_dormant(self, t: float) -> None:
+        """Rounds of empty rows ran every ``wait + cost`` since ``end``: find where t falls."""
+        end, wait, cost = self._dormant
+        self._dormant = None
+        period = wait + cost
+        k = max(0, int(math.floor((t - end - wait) / period))) if t > end + wait else -1
+        if k < 0:               # still in the first wait
+            self._enter_idle(end, wait, count=False)
+            return
+        start = end + wait + k * period   # start of the k-th empty round after `end`
+        if t > start + period:            # rounding
+            k += 1
+            start += period
+        self._rounds += k + 1
+        if t <= start + cost:             # inside the (k+1)-th empty round: it ends at start+cost
+            self._phase = "collective"
+            self._round_id += 1
+            self._push(start + cost, "ctl_end", self._round_id, {})
+        else:                             # in the wait after it
+            self._enter_idle(start + cost, wait, count=False)
+
+    def _submit(self, wid: int) -> None:
+        w = self.workers[wid]
+        entry, pbytes = None, 0
+        if w.outbox:
+            entry = w.outbox[0]
+            if (not entry["sent"] and self._rides(entry)
+                    and (entry["arrival"].step >= self._step or self._late_usable)):
+                entry["sent"] = True
+                pbytes = entry["bytes"]
+        self._submitted[wid] = (entry, pbytes)
+
+    def _start_round(self, t: float) -> None:
+        sizes = [self._row_bytes + self._submitted.get(w, (None, 0))[1] for w in range(self.n)]
+        cost = self.comm.allgather(self.n, sizes)
+        self.total_bytes += int(sum(sizes) - min(sizes))
+        self._phase = "collective"
+        self._round_id += 1
+        self._rounds += 1
+        self._push(t + cost, "ctl_end", self._round_id, self._submitted)
+        self._submitted = {}
+
+    def _enter_idle(self, end: float, wait: float, count: bool = True) -> None:
+        """After a collective that did not fire: ranks wait ``wait`` (or not, if woken)."""
+        self._phase = "idle"
+        self._last_end = end
+        self._wait = wait
+        self._round_id += 1
+        self._submitted = {}
+        for wid in sorted(self._woke):
+            self._submit(wid)
+        self._woke.clear()
+        if len(self._submitted) == self.n:
+            self._start_round(end)
+            return
+        if not self._submitted and not any(w.outbox for w in self.workers):
+            self._phase = "dormant"
+            self._dormant = (end, wait, self._empty_round)
+            return
+        self._push(end + wait, "ctl_deadline", self._round_id)
+
+    def _deadline(self, t: float) -> None:
+        for wid in range(self.n):
+            if wid not in self._submitted:
+                self._submit(wid)
+        self._start_round(t)
+
+    def _control_end(self, t: float, rows: dict, rnd):
+        """Offer the round's rows in (ready time, rank) order; the decision or None."""
+        arrivals = []
+        for wid, (entry, pbytes) in rows.items():
+            if entry is None:
+                continue
+            if pbytes:
+                self._cached.add((wid, entry["arrival"].step))
+            arrivals.append((entry["ready"], wid, entry))
+        arrivals.sort(key=lambda x: (x[0], x[1]))
+        decision = None
+        for _, wid, entry in arrivals:
+            arrival = entry["arrival"]
+            self.workers[wid].outbox.remove(entry)
+            self.arrival_log.append((t, wid, arrival.step))
+            self.store[(wid, arrival.step)] = entry
+            w0 = _time.thread_time()
+            decision = rnd.offer(arrival)
+            self._decide_seconds = _time.thread_time() - w0
+            if decision is not None:
+                break
+        if decision is None:
+            decision = rnd.poll()
+        return decision
+
+    def _data_phase(self, decision) -> float:
+        """Seconds from the deciding control round's end to the update on every rank."""
+        cm: CollectiveModel = self.comm
+        n, d4 = self.n, self.model_bytes
+        uses = [(u.worker, u.step) for u in decision.uses]
+        owned = [0] * n          # bytes of each rank's used messages
+        for key in uses:
+            owned[key[0]] += self.store[key]["bytes"]
+        used_bytes = sum(owned)
+        sparse = self.kappa is not None
+        missing = [0] * n
+        for key in uses:
+            if key not in self._cached:
+                missing[key[0]] += self.store[key]["bytes"]
+        if cm.plane in ("allgather", "allgather-2phase") or not any(missing):
+            # old planes (and steps whose payloads all rode along): allgather what is missing,
+            # then every rank decodes sum a_u m_u from the messages
+            moved = cm.allgather(n, missing) if any(missing) else 0.0
+            recv = sum(missing) - min(missing) if any(missing) else 0
+            seconds = moved + cm.local(used_bytes + d4)
+        else:
+            ar_bytes = 2 * (n - 1) / n * d4
+            recv_ag = sum(missing) - min(missing)
+            if sparse and recv_ag <= ar_bytes:    # allgather of the chosen (values, indices)
+                recv = recv_ag
+                seconds = cm.allgather(n, missing) + cm.local(used_bytes + d4)
+            else:                                 # contribution sum a_u m_u, one allreduce
+                recv = int(ar_bytes)
+                seconds = cm.local(max(owned) + d4) + cm.allreduce(n, d4)
+        self.total_bytes += int(recv)
+        self._cached = {k for k in self._cached if k[1] > decision.step
+                        or (self._late_usable and k[1] >= decision.step - max(self.scheme.c, 1))}
+        return seconds
+
+    def _run_collective(self) -> list[StepRecord]:
+        cfg = self.cfg
+        self._bytes_at_last_fire = 0
+        for w in self.workers:
+            self._push(0.0, "model", w.id, 0)
+        self._step = 0
+        rnd = self.scheme.open_round(0)
+        self._decide_seconds = 0.0
+        clock = _Progress(cfg, self.scheme.name)
+        self._start_round(0.0)        # every agent's loop begins with a control round
+        while self._step < cfg.steps:
+            if not self.events:
+                raise RuntimeError(f"{self.scheme.name}: no events left but step {self._step} never fired")
+            t, _, kind, payload = heapq.heappop(self.events)
+            self.now = t
+            if kind == "model":
+                self._on_model(t, *payload)
+            elif kind == "done":
+                wid, jid = payload
+                w = self.workers[wid]
+                if w.job is not None and w.job.id == jid:
+                    self._finish(w, t)
+            elif kind == "ctl_deadline":
+                if payload[0] == self._round_id and self._phase == "idle":
+                    self._deadline(t)
+            elif kind == "ctl_end":
+                rid, rows = payload
+                if rid != self._round_id:
+                    continue
+                self._last_end = t
+                decision = self._control_end(t, rows, rnd)
+                if decision is None:
+                    self._enter_idle(t, self.comm.poll_interval / 4 if rnd.arrived
+                                     else self.comm.poll_interval)
+                else:
+                    self._phase = "data"
+                    self._data_seconds = self._data_phase(decision)
+                    self._round_id += 1
+                    self._push(t + self._data_seconds, "data_end", self._round_id, decision)
+            elif kind == "data_end":
+                rid, decision = payload
+                rec = self._fire(rnd, decision, t, self._decide_seconds)
+                self._decide_seconds = 0.0
+                self._step += 1
+                if self._emit(rec, t, clock):
+                    break
+                rnd = self.scheme.open_round(self._step)
+                # the agent's loop goes straight to the next control round: every rank
+                # submits now
+                self._woke.clear()
+                self._submitted = {}
+                for wid in range(self.n):
+                    self._submit(wid)
+                self._start_round(t)
+        clock.close()
+        return self.records
+
     # ------------------------------------------------------------------ run
+    def _on_model(self, t: float, wid: int, v: int) -> None:
+        w = self.workers[wid]
+        if v <= w.latest:
+            return
+        w.latest = v
+        if w.job is None:
+            self._start(w, t)
+        elif self.cfg.straggler_policy == "cancel":
+            job = w.job
+            w.intervals.append((job.start, t))
+            w.job = None
+            self._start(w, t)
+
+    def _emit(self, rec: StepRecord, t: float, clock: "_Progress") -> bool:
+        """Keep and write a step's record; True when the run stops here."""
+        cfg = self.cfg
+        self.records.append(rec)
+        if self.writer is not None:
+            self.writer.write(rec)
+        step = len(self.records)
+        clock.tick(step, t, rec)
+        if step >= cfg.steps:
+            return True
+        if cfg.stop_at_target and cfg.target_loss is not None and rec.loss is not None \
+                and rec.loss <= cfg.target_loss:
+            return True
+        if cfg.max_time is not None and t >= cfg.max_time:
+            return True
+        return False
+
     def run(self) -> list[StepRecord]:
+        if self.collective:
+            return self._run_collective()
         cfg = self.cfg
         self._bytes_at_last_fire = 0
         for w in self.workers:
             self._push(0.0, "model", w.id, 0)
         rnd = self.scheme.open_round(0)
         step = 0
-        wall0 = last_print = _time.perf_counter()
+        clock = _Progress(cfg, self.scheme.name)
         while step < cfg.steps:
             if not self.events:
                 raise RuntimeError(f"{self.scheme.name}: no events left but step {step} never fired")
@@ -446,18 +783,7 @@ class Simulator:
             decision = None
             decide_seconds = 0.0
             if kind == "model":
-                wid, v = payload
-                w = self.workers[wid]
-                if v <= w.latest:
-                    continue
-                w.latest = v
-                if w.job is None:
-                    self._start(w, t)
-                elif cfg.straggler_policy == "cancel":
-                    job = w.job
-                    w.intervals.append((job.start, t))
-                    w.job = None
-                    self._start(w, t)
+                self._on_model(t, *payload)
             elif kind == "done":
                 wid, jid = payload
                 w = self.workers[wid]
@@ -475,27 +801,32 @@ class Simulator:
             while decision is not None:
                 rec = self._fire(rnd, decision, t, decide_seconds)
                 decide_seconds = 0.0
-                self.records.append(rec)
-                if self.writer is not None:
-                    self.writer.write(rec)
                 step += 1
-                if cfg.progress and (_time.perf_counter() - last_print > 0.5 or step == cfg.steps):
-                    last_print = _time.perf_counter()
-                    bar = "#" * int(20 * step / cfg.steps)
-                    print(f"\r{cfg.label or self.scheme.name:>24} [{bar:<20}] {step}/{cfg.steps} "
-                          f"t={t:9.2f}s loss={rec.loss if rec.loss is not None else float('nan'):.4f} "
-                          f"({_time.perf_counter() - wall0:.0f}s)", end="", file=sys.stderr, flush=True)
-                if step >= cfg.steps:
-                    break
-                if cfg.stop_at_target and cfg.target_loss is not None and rec.loss is not None \
-                        and rec.loss <= cfg.target_loss:
-                    step = cfg.steps
-                    break
-                if cfg.max_time is not None and t >= cfg.max_time:
+                if self._emit(rec, t, clock):
                     step = cfg.steps
                     break
                 rnd = self.scheme.open_round(step)
                 decision = rnd.poll()
-        if cfg.progress:
-            print(file=sys.stderr)
+        clock.close()
         return self.records
+
+
+class _Progress:
+    """The progress bar on stderr (``SimConfig.progress``)."""
+
+    def __init__(self, cfg: SimConfig, name: str):
+        self.cfg, self.name = cfg, name
+        self.wall0 = self.last = _time.perf_counter()
+
+    def tick(self, step: int, t: float, rec: StepRecord) -> None:
+        cfg = self.cfg
+        if cfg.progress and (_time.perf_counter() - self.last > 0.5 or step == cfg.steps):
+            self.last = _time.perf_counter()
+            bar = "#" * int(20 * step / cfg.steps)
+            print(f"\r{cfg.label or self.name:>24} [{bar:<20}] {step}/{cfg.steps} "
+                  f"t={t:9.2f}s loss={rec.loss if rec.loss is not None else float('nan'):.4f} "
+                  f"({_time.perf_counter() - self.wall0:.0f}s)", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.cfg.progress:
+            print(file=sys.stderr)
