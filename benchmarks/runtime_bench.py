@@ -1,23 +1,33 @@
-"""Runtime benchmark: the pgc_hvd step against hvd.DistributedOptimizer, and under stragglers.
+"""Runtime benchmark: the pgc_hvd step against hvd.DistributedOptimizer at real model sizes.
 
-    python benchmarks/runtime_bench.py [--compute 0.2] [--steps-a 25] [--steps-b 60]
-                                      [--json runs/runtime_bench.json]
+    python benchmarks/runtime_bench.py [--models resnet18,resnet50] [--np 2,3,4] [--compute 0.3]
+                                      [--steps 12] [--json runs/runtime_bench.json]
+    python benchmarks/runtime_bench.py --crossover      # the optimistic-threshold crossover
 
-Launches ``horovodrun --gloo`` three times on this machine (np = 2 and np = 4 for part a, np = 4
-for part b) and prints the ratios, all measured in this one invocation (about 3-4 minutes):
+Launches ``horovodrun --gloo`` once per (np, part) on this machine and prints ratios, all
+measured in this one invocation:
 
 a) no stragglers, emulated compute of ``--compute`` seconds per partition evaluated (a sleep, as
-   a GPU's forward/backward would leave the CPU free): time per step of pgc_hvd's ``dgd``,
-   ``pgc-cr``, ``bcgc`` and ``pgc-bcgc`` (s = 1) over ``hvd.DistributedOptimizer``'s, at np = 2
-   and np = 4 (4 ranks share 2 cores here), and PGC-CR with ``control="store"`` (TCPStore control
-   rounds, `pgc_hvd.runtime.control_store`). Target (issue 6): PGC-CR and BCGC within 1.05x at
-   np = 2 (BCGC evaluates c = s + 1 partitions per step, pipelined ``pgc-bcgc`` one).
+   a GPU's forward/backward would leave the CPU free; the real forward/backward of the model on
+   a batch of 2 images of 32x32 runs too, so the gradients are the model's): time per step of
+   pgc_hvd's ``dgd``, ``pgc-cr``, ``bcgc`` and ``pgc-bcgc`` (s = 1) over
+   ``hvd.DistributedOptimizer``'s, and bytes each rank receives per step (rank 0's count: the
+   allreduce's 2 (n-1)/n * 4d, the rows of others in allgathers, control rows) over the ring
+   allreduce's 2 (n-1)/n * 4d. Models: torchvision's ResNet-18 (d = 11,689,512) and ResNet-50
+   (d = 25,557,032), or ``mlp`` (d = 2,242, where only latency shows). Goals (issue 13): dense
+   schemes within 1.05x of Horovod's time at np = 4, ResNet-18, and within 1.1x of the ring
+   allreduce's bytes.
 b) exponential delays with mean = compute time (seeded; the same schedule for every scheme),
-   np = 4, s = 1: PGC-CR's time per step (straggler_policy ``continue`` and ``cancel``) over DGD's (pgc_hvd ``dgd``, and
-   ``hvd.DistributedOptimizer`` sleeping the same delays), and over the expected time of the
-   (n-s)-th fastest worker, compute + E[X_(n-s:n)] with X ~ Exp(mean mu):
-   E[X_(k:n)] = mu * sum_{i=n-k+1}^{n} 1/i (also printed: the same order statistic averaged
-   over the delays actually drawn). Targets: at most 0.6x DGD, within 15% of the order statistic.
+   ``--np-b`` ranks, s = 1, first model: PGC-CR's time per step (straggler_policy ``continue``
+   and ``cancel``) over DGD's (pgc_hvd ``dgd``, and ``hvd.DistributedOptimizer`` sleeping the
+   same delays), and over the (n-s)-th order statistic of the delays actually drawn plus the
+   compute and the allreduce measured in part a (the floor: no scheme can finish a step before
+   n-s ranks have computed and the update has been summed). Goal: PGC-CR within 10% of it.
+
+``--crossover``: time per step of PGC-CR with ``optimistic=True`` (payloads ride with control
+rows: one collective, n payloads) and ``optimistic=False`` (control rows, then one allreduce) at
+np = 2 and 4 over message sizes 1 KB .. 4 MB, emulated compute 20 ms: where the second becomes
+faster is the default of ``pgc_hvd.compress.transport.OPTIMISTIC_BYTES``.
 
 Time per step = (time of the last decision - time of the first measured one) / steps, on rank 0,
 after ``--warmup`` steps (PGC's step 0 evaluates every ring slot).
@@ -35,12 +45,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hvd_launch import run_ranks  # noqa: E402
 
+SCHEMES_A = ("hvd", "dgd", "pgc-cr", "bcgc", "pgc-bcgc")
+RUNS_B = ("dgd", "hvd", "pgc-cr", "pgc-cr:cancel")
+
+
+def build_model(kind: str, width: int = 0):
+    import torch
+    import torch.nn as nn
+    torch.manual_seed(1)
+    if kind == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32 if width else 32, 64), nn.ReLU(),
+                             nn.Linear(64, 2))
+    if kind == "wide":       # d ~= width: one linear layer of the message size wanted
+        return nn.Sequential(nn.Flatten(), nn.Linear(32, max(1, width // 33)))
+    import torchvision
+    return getattr(torchvision.models, kind)(num_classes=1000)
+
 
 # ----------------------------------------------------------------------------- worker (per rank)
 def worker(args) -> None:
     import horovod.torch as hvd
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
 
     import pgc_hvd
@@ -51,23 +76,23 @@ def worker(args) -> None:
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
     g = torch.Generator().manual_seed(0)
-    X = torch.randn(n * 64, 32, generator=g)
-    y = (X[:, 0] > 0).long()
-    loader = PartitionLoader(X, y, n, batch_size=16, seed=0)
+    kind = args.model
+    image = kind not in ("mlp", "wide")
+    X = (torch.randn(n * 8, 3, 32, 32, generator=g) if image else
+         torch.randn(n * 64, 32, generator=g))
+    y = torch.randint(0, 2, (X.shape[0],), generator=g)
+    loader = PartitionLoader(X, y, n, batch_size=2 if image else 16, seed=0)
     compute = args.compute
     delays = Exponential(compute, seed=args.seed) if args.part == "b" else Zero()
     steps, warm = args.steps, args.warmup
-
-    def make_model():
-        torch.manual_seed(1)
-        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
+    d = sum(p.numel() for p in build_model(kind, args.width).parameters())
 
     def barrier(tag):
         hvd.allreduce(torch.zeros(1), name=f"barrier.{tag}")
 
     def run_hvd():
-        m = make_model()
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05),
+        m = build_model(kind, args.width)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
                                        named_parameters=m.named_parameters())
         times = []
         for t in range(steps):
@@ -77,109 +102,161 @@ def worker(args) -> None:
             F.cross_entropy(m(xb), yb).backward()
             opt.step()
             times.append(time.time())
-        return times
+        return times, []
 
     def run_pgc(label):
-        label, _, control = label.partition("@")
+        label, _, opt_mode = label.partition("@")
         scheme, _, policy = label.partition(":")
-        m = make_model()
-        decided = {}
+        m = build_model(kind, args.width)
+        decided, nbytes = {}, {}
+
+        def on_record(r):
+            decided[r.step] = time.time()
+            nbytes[r.step] = r.bytes
+        kw = {} if not opt_mode else {"optimistic": opt_mode == "opt"}
         opt = pgc_hvd.DistributedOptimizer(
-            torch.optim.SGD(m.parameters(), lr=0.05), m.named_parameters(), scheme=scheme,
-            stragglers=0 if scheme == "dgd" else 1, delays=delays, name=f"b-{scheme}-{policy}-{control}",
-            straggler_policy=policy or "continue", control=control or "allgather",
-            on_record=lambda r: decided.__setitem__(r.step, time.time()))
+            torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
+            stragglers=0 if scheme == "dgd" else 1, delays=delays,
+            name=f"b-{scheme}-{policy}-{opt_mode}", straggler_policy=policy or "continue",
+            on_record=on_record, timeout=300, **kw)
         while opt.version < steps:
             for xb, yb in opt.batches(loader):
                 time.sleep(compute)
                 F.cross_entropy(m(xb), yb).backward()
             opt.step()
         opt.close()
-        return [decided[t] for t in range(steps)] if rank == 0 else []
+        if rank != 0:
+            return [], []
+        return [decided[t] for t in range(steps)], [nbytes[t] for t in range(warm, steps)]
 
-    out = {"n": n, "part": args.part, "compute": compute, "steps": steps, "warmup": warm}
-    runs = (["hvd", "dgd", "pgc-cr", "bcgc", "pgc-bcgc", "pgc-cr@store"] if args.part == "a" else
-            ["dgd", "hvd", "pgc-cr", "pgc-cr:cancel", "pgc-cr:cancel@store"])
+    out = {"n": n, "part": args.part, "model": kind, "d": d, "compute": compute,
+           "steps": steps, "warmup": warm}
+    if args.part == "a":
+        runs = SCHEMES_A
+    elif args.part == "b":
+        runs = RUNS_B
+    else:
+        runs = ("pgc-cr@opt", "pgc-cr@two")
     for name in runs:
         barrier(name)
-        times = run_hvd() if name == "hvd" else run_pgc(name)
+        times, nbytes = run_hvd() if name == "hvd" else run_pgc(name)
         if rank == 0:
             out[name] = (times[-1] - times[warm - 1]) / (steps - warm)
-            print(f"[bench np={n} part {args.part}] {name}: "
+            if nbytes:
+                out[f"{name}.bytes"] = sum(nbytes) / len(nbytes)
+            print(f"[bench np={n} part {args.part} {kind}] {name}: "
                   f"{out[name] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
     if args.part == "b":
         import numpy as np
         D = delays.matrix(n, steps)[warm:]           # (steps, n) delays actually drawn
-        k = n - 1                                     # (n-s)-th fastest, s = 1
-        mu = compute
-        out["expected_kth"] = compute + mu * sum(1.0 / i for i in range(n - k + 1, n + 1))
-        out["expected_max"] = compute + mu * sum(1.0 / i for i in range(1, n + 1))
-        out["drawn_kth"] = compute + float(np.sort(D, axis=1)[:, k - 1].mean())
-        out["drawn_max"] = compute + float(D.max(axis=1).mean())
+        out["drawn_kth"] = float(np.sort(D, axis=1)[:, n - 2].mean())   # (n-s)-th, s = 1
+        out["drawn_max"] = float(D.max(axis=1).mean())
     if rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
 
 
 # ----------------------------------------------------------------------------- driver
-def launch(np_, part, args) -> dict:
-    print(f"== np={np_} part {part}", flush=True)
+def launch(np_, part, model, args, steps=None, width=0, compute=None) -> dict:
+    print(f"== np={np_} part {part} model {model}{f' d~{width}' if width else ''}", flush=True)
 
     def echo(line):
         if "[bench " in line:
             print("  " + line.split("<stderr>:")[-1], flush=True)
 
-    return run_ranks(np_, __file__, ["--part", part, "--compute", args.compute, "--steps",
-                                     args.steps_a if part == "a" else args.steps_b,
-                                     "--warmup", args.warmup, "--seed", args.seed],
+    return run_ranks(np_, __file__, ["--part", part, "--compute",
+                                     args.compute if compute is None else compute,
+                                     "--steps", steps or args.steps, "--warmup", args.warmup,
+                                     "--seed", args.seed, "--model", model, "--width", width],
                      args.timeout, on_line=echo)
+
+
+def ring_bytes(n, d):
+    return 2.0 * (n - 1) / n * 4.0 * d
+
+
+def crossover(args) -> dict:
+    sizes = [256, 4096, 16384, 65536, 262144, 1048576]     # parameters (x4 bytes)
+    res = {}
+    for np_ in (2, 4):
+        for w in sizes:
+            r = launch(np_, "x", "wide", args, steps=args.steps + 8, width=w, compute=0.02)
+            res[(np_, w)] = r
+    print(f"\nOptimistic threshold crossover (emulated compute 20 ms, gloo, "
+          f"{os.cpu_count()} cores): PGC-CR time per step")
+    print(f"{'np':>3} {'d':>9} {'bytes':>9} {'optimistic ms':>14} {'two-phase ms':>13} "
+          f"{'ratio':>6}")
+    for (np_, w), r in res.items():
+        print(f"{np_:>3} {r['d']:>9} {4 * r['d']:>9} {r['pgc-cr@opt'] * 1e3:14.1f} "
+              f"{r['pgc-cr@two'] * 1e3:13.1f} {r['pgc-cr@two'] / r['pgc-cr@opt']:6.2f}")
+    return {f"np{k[0]}_w{k[1]}": v for k, v in res.items()}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--compute", type=float, default=0.2, help="emulated seconds per partition")
-    p.add_argument("--steps-a", type=int, default=25)
-    p.add_argument("--steps-b", type=int, default=60)
+    p.add_argument("--models", default="resnet18,resnet50",
+                   help="comma-separated: resnet18, resnet50, mlp")
+    p.add_argument("--np", default="2,3,4", help="rank counts of part a")
+    p.add_argument("--np-b", type=int, default=4, help="rank count of part b (0: skip)")
+    p.add_argument("--compute", type=float, default=0.3, help="emulated seconds per partition")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps-b", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--crossover", action="store_true", help="measure the optimistic threshold")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", default="a", help=argparse.SUPPRESS)
-    p.add_argument("--steps", type=int, default=25, help=argparse.SUPPRESS)
+    p.add_argument("--model", default="resnet18", help=argparse.SUPPRESS)
+    p.add_argument("--width", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
     t0 = time.time()
-    a2, a4, b4 = launch(2, "a", args), launch(4, "a", args), launch(4, "b", args)
+    if args.crossover:
+        out = crossover(args)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        return 0
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    nps = [int(x) for x in args.np.split(",") if x.strip()]
+    a = {(m, k): launch(k, "a", m, args) for m in models for k in nps}
+    b = (launch(args.np_b, "b", models[0], args, steps=args.steps_b)
+         if args.np_b else None)
     c = args.compute
     print(f"\nRuntime benchmark (compute {c * 1e3:.0f} ms per partition, gloo, "
           f"{os.cpu_count()} cores), one run, {time.time() - t0:.0f}s")
-    print("\na) no stragglers: time per step, and ratio to hvd.DistributedOptimizer")
-    cols = ("dgd", "pgc-cr", "bcgc", "pgc-bcgc", "pgc-cr@store")
-    print(f"{'np':>3} {'hvd ms':>8} " + " ".join(f"{c:>14}" for c in cols))
-    for r in (a2, a4):
-        cells = [f"{r[s] * 1e3:6.0f} {r[s] / r['hvd']:5.2f}x" for s in cols]
-        print(f"{r['n']:>3} {r['hvd'] * 1e3:8.0f} " + " ".join(f"{x:>14}" for x in cells))
-    b = b4
-    print(f"\nb) exponential delays, mean {c * 1e3:.0f} ms, np={b['n']}, s=1: time per step")
-    print(f"  dgd (pgc_hvd)          {b['dgd'] * 1e3:7.0f} ms   expected max: "
-          f"{b['expected_max'] * 1e3:.0f} ms (drawn delays: {b['drawn_max'] * 1e3:.0f} ms)")
-    print(f"  hvd.DistributedOptimizer {b['hvd'] * 1e3:5.0f} ms")
-    print(f"  pgc-cr                 {b['pgc-cr'] * 1e3:7.0f} ms   expected (n-s)-th fastest: "
-          f"{b['expected_kth'] * 1e3:.0f} ms (drawn delays: {b['drawn_kth'] * 1e3:.0f} ms)")
-    print(f"  pgc-cr, straggler_policy='cancel' {b['pgc-cr:cancel'] * 1e3:.0f} ms")
-    print(f"  pgc-cr, 'cancel', control='store' {b['pgc-cr:cancel@store'] * 1e3:.0f} ms")
-    for key in ("pgc-cr", "pgc-cr:cancel", "pgc-cr:cancel@store"):
-        print(f"  {key}: / dgd = {b[key] / b['dgd']:.2f}x, / hvd = {b[key] / b['hvd']:.2f}x "
-              f"(target <= 0.6x; the model's own bound: "
-              f"{b['expected_kth'] / b['expected_max']:.2f}x); / expected (n-s)-th = "
-              f"{b[key] / b['expected_kth']:.2f}x (drawn: {b[key] / b['drawn_kth']:.2f}x; "
-              f"target within 15%)")
+    print("\na) no stragglers: time per step / hvd.DistributedOptimizer's; bytes received per "
+          "rank per step / the ring allreduce's 2(n-1)/n 4d")
+    cols = SCHEMES_A[1:]
+    print(f"{'model':>9} {'d':>10} {'np':>3} {'hvd ms':>7} " + " ".join(f"{s:>21}" for s in cols))
+    for (m, k), r in a.items():
+        rb = ring_bytes(k, r["d"])
+        cells = [f"{r[s] * 1e3:5.0f} {r[s] / r['hvd']:5.2f}x {r.get(s + '.bytes', 0) / rb:5.2f}B"
+                 for s in cols]
+        print(f"{m:>9} {r['d']:>10} {k:>3} {r['hvd'] * 1e3:7.0f} "
+              + " ".join(f"{x:>21}" for x in cells))
+    if b is not None:
+        ar = a.get((b["model"], b["n"]))
+        # the floor: (n-s)-th fastest compute + the allreduce part a measured (hvd - compute)
+        comm = max(0.0, ar["hvd"] - c) if ar else 0.0
+        floor = c + b["drawn_kth"] + comm
+        print(f"\nb) exponential delays, mean {c * 1e3:.0f} ms, np={b['n']}, s=1, "
+              f"{b['model']} (d = {b['d']}): time per step")
+        print(f"  hvd.DistributedOptimizer {b['hvd'] * 1e3:6.0f} ms   (compute + max delay "
+              f"drawn + allreduce: {(c + b['drawn_max'] + comm) * 1e3:.0f} ms)")
+        print(f"  dgd (pgc_hvd)            {b['dgd'] * 1e3:6.0f} ms")
+        for key in ("pgc-cr", "pgc-cr:cancel"):
+            print(f"  {key:<24} {b[key] * 1e3:6.0f} ms   / hvd {b[key] / b['hvd']:.2f}x, / dgd "
+                  f"{b[key] / b['dgd']:.2f}x, / floor {b[key] / floor:.2f}x (floor = compute + "
+                  f"(n-s)-th delay drawn + allreduce of part a = {floor * 1e3:.0f} ms; "
+                  f"goal <= 1.10x)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"np2_a": a2, "np4_a": a4, "np4_b": b4},
-                                              indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(
+            {"a": {f"{m}_np{k}": r for (m, k), r in a.items()}, "b": b}, indent=2) + "\n")
     return 0
 
 

@@ -143,9 +143,12 @@ fi
 # ---------------------------------------------------------------- 6. pgc_hvd
 step "6/7 pgc_hvd (CMake build of pgc_hvd._C)"
 STAMP="$VENV/pgc-hvd-build.stamp"
+# the sources of _C, and the list of the package's modules: the editable install ("redirect"
+# mode) maps the modules it saw, so a new module or subpackage needs a reinstall
 src_hash() {
   (cd "$ROOT" && find csrc CMakeLists.txt pyproject.toml -type f -print0 | sort -z \
-     | xargs -0 sha256sum; echo "${PGC_HVD_CUDA_ARCH:-}") | sha256sum | cut -d' ' -f1
+     | xargs -0 sha256sum; find pgc_hvd -name '*.py' | LC_ALL=C sort;
+   echo "${PGC_HVD_CUDA_ARCH:-}") | sha256sum | cut -d' ' -f1
 }
 HASH="$(src_hash)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$HASH" ]] \

@@ -2,17 +2,19 @@
 
 * :func:`DistributedOptimizer` -- wraps a torch optimizer like ``hvd.DistributedOptimizer``; a
   communication agent thread per rank decides every step in a control phase (which ranks are
-  ready; the scheme's rule) and a data phase (one allgather of the chosen messages).
+  ready; the scheme's rule) and a data phase (one allreduce of the ranks' weighted contributions
+  for dense messages, an allgather of sparse top-kappa ones; :mod:`pgc_hvd.compress.transport`).
 * :class:`PartitionLoader` -- the n data partitions and, per step, the batches the scheme asks
   a rank to evaluate.
-* :class:`TopK` -- top-kappa compression of the coded messages.
+* :class:`TopK` -- top-kappa compression of the coded messages (:mod:`pgc_hvd.compress`).
 * :func:`save_checkpoint` / :func:`load_checkpoint` -- model, optimizer, ring, step, RNG, trace.
 """
 
 from pgc_hvd.runtime.agent import AgentError
 from pgc_hvd.runtime.checkpoint import load_checkpoint, save_checkpoint
 from pgc_hvd.runtime.loader import PartitionLoader
-from pgc_hvd.runtime.optimizer import DistributedOptimizer, TopK
+from pgc_hvd.compress import TopK
+from pgc_hvd.runtime.optimizer import DistributedOptimizer
 
 __all__ = ["DistributedOptimizer", "TopK", "PartitionLoader", "AgentError", "save_checkpoint",
            "load_checkpoint"]

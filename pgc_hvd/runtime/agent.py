@@ -1,59 +1,58 @@
 """The communication agent: one thread per rank that takes part in every collective on time.
 
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
-computing (or straggling) cannot be left out of an allgather. So every rank runs this agent,
-which is never blocked by its rank's compute, and the steps are decided by allgathers of
-control rows:
+computing (or straggling) cannot be left out of a collective. So every rank runs this agent,
+which is never blocked by its rank's compute. A step is decided in two phases:
 
-1. **control**: an ``hvd.allgather`` of one control row per rank (``CTRL_*`` fields, float64: the
-   step of the message the rank has ready, the model version it used, when it became ready, its
-   loss, busy seconds, non-finite flag, done and failed flags, the message's compression error
-   ||C(u) - u|| for the minimum-error class decoder, slot versions). The rows reach
-   every rank identically; every rank offers the new arrivals, ordered by ``(ready time, rank)``,
-   to its own copy of the scheme's :class:`~pgc_hvd.schemes.Round` with ``message=None``, so
-   every rank computes the same :class:`~pgc_hvd.schemes.Decision`. Repeated until the scheme's
-   rule fires: ``poll_interval`` seconds apart while no message of the open round is known,
+1. **control**: every rank's control row (:mod:`pgc_hvd.runtime.wire`: the step of the message
+   the rank has ready, the model version it used, when it became ready, its loss, busy seconds,
+   non-finite, done and failed flags, the compression error ||C(u) - u|| for the minimum-error
+   class decoder, slot versions) reaches every rank identically through the control channel
+   (:mod:`pgc_hvd.runtime.channel`: a Horovod allgather, or a TCPStore). Every rank offers the
+   new arrivals, ordered by ``(ready time, rank)``, to its own copy of the scheme's
+   :class:`~pgc_hvd.schemes.Round` with ``message=None``, so every rank computes the same
+   :class:`~pgc_hvd.schemes.Decision`. Repeated until the scheme's rule fires:
+   ``poll_interval`` seconds apart while no message of the open round is known,
    ``poll_interval / 4`` once one is (the same on every rank), and at once after a local event
    (message submitted, rank finished or failed: condition-variable handoff).
-2. **payloads, optimistic (default for CPU tensors; one collective per step)**: a rank sends its
-   message's payload in the *same* allgather as the control row that first shows it ready (one
-   1-D float32 tensor per rank: the control row's float64 words bit-cast, then the payload when
-   ``CTRL_PAYLOAD`` is set; ranks contribute different lengths). Every rank caches the payloads
-   it received, identically; a step that fires on that control round needs no other collective.
-   A message that is already too late to be used (its step has fired, and the scheme ignores
-   past steps) is announced without its payload. Cost: the payloads of ready ranks the decision
-   leaves out move too (at most s per step, when they are ready in the same round).
-3. **data (two-phase mode, and payloads not cached)**: one variable-size ``hvd.allgather`` in
-   which each rank contributes the messages of its own that the decision uses and that the
-   others do not hold yet (zero rows otherwise): dense rows of d floats, or sparse top-kappa rows
-   ``[values | int32 indices bit-cast]``.
+2. **data**: the decided update g_hat = Re sum_{u in uses} a_u D(p_u) is linear in the messages
+   and each use is owned by its sender, so the collective is chosen from the bytes
+   (:func:`pgc_hvd.compress.transport.choose_collective`, the same choice on every rank):
 
-Either way the decision depends only on the control rows (arrival order), never on payloads, and
-every rank decodes the same update ``sum_I a_I m_I`` (uses sorted by (worker, step), so the
-floating-point sum is the same on every rank and in every run) with
-:func:`pgc_hvd.ops.decode_accumulate`.
+   * dense rows: each rank adds its own uses, sum_{u owned} a_u m_u (zeros when it owns none),
+     into a d-vector, and ONE in-place ``hvd.allreduce`` (sum) hands every rank the same update
+     at 2 (n-1)/n * 4d bytes, like ``hvd.DistributedOptimizer``;
+   * sparse top-kappa rows: an allgather of the chosen ranks' rows when that is fewer bytes,
+     else densified into the allreduce;
+   * small rows (optimistic one-collective rounds, :func:`~pgc_hvd.compress.optimistic_default`):
+     a rank's payload rides in the same allgather as the control row that first shows it ready;
+     every rank caches the payloads it received, identically, and a step whose used payloads
+     are all cached decodes with no second collective. A message that is already too late to
+     be used (its step has fired, and the scheme ignores past steps) goes without its payload.
 
-Decoded updates are appended, in step order, to :attr:`CommAgent.updates`; the training thread
-applies the ones it has missed before its next computation. Messages the decision did not use
-are dropped (exact and pipelined schemes; a pipelined worker's ring keeps its partition
-gradients) or stay available while they sit in the scheme's staleness table (bounded staleness).
+   Either way the decision depends only on the control rows (arrival order), never on payloads;
+   cached and gathered payloads are decoded in (worker, step) order, so every rank forms the
+   same floating-point sum, and the allreduce gives every rank the same bits.
 
-Staleness bound (bounded staleness, design note 002): rank 0 may request another bound c
+Decoded updates are kept per step until the training thread has applied them
+(:meth:`CommAgent.take`, :meth:`CommAgent.release_before`): the agent's bookkeeping is bounded
+by how far the slowest local step lags, never by the run's length. Messages the decision did not
+use are dropped (exact and pipelined schemes; a pipelined worker's ring keeps its partition
+gradients) or stay with their owner while they sit in the scheme's staleness table (bounded
+staleness: the owner contributes them when a later decision uses them).
+
+Staleness bound (bounded staleness, docs/control.md): rank 0 may request another bound c
 (:meth:`CommAgent.request_c_bound`, e.g. from the control rule). The request travels in rank 0's
 control rows; every rank sets ``scheme.c_bound`` when a control round shows a value that differs
 from its own, before offering that round's arrivals. The rows are the same on every rank, so the
 change takes effect at the same point of the decision sequence everywhere (``c_changes`` logs
 ``(step, c)``), whatever the ranks' timing.
 
-Control through a key-value store (``channel``, :mod:`pgc_hvd.runtime.control_store`): the
-control rows of step 1 travel through a TCPStore served by rank 0 instead of the allgather (every
-rank reads the same n rows per round, so the decisions are the same); payloads then always move
-in step 3.
-
 Faults: every collective runs asynchronously and is polled with a deadline (``timeout``): a rank
 that died or hung makes the others raise :class:`AgentError` instead of hanging; a rank whose
 training thread failed, or a round that cannot fire any more (every rank either arrived,
-sent a non-finite message, or finished), raises on every rank.
+sent a non-finite message, or finished), raises on every rank; a step not decided within the
+timeout names the ranks it waits for and whether their control rows kept coming.
 
 Replay (``replay=[(worker, step), ...]``, e.g. a simulator's arrival log): arrivals are offered
 in exactly that order while it lasts, whatever the ranks' real timing; with the optimizer's
@@ -68,52 +67,29 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
+from pgc_hvd.compress.codecs import Codec
+from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
+from pgc_hvd.runtime.channel import AgentError, AllgatherChannel, Collectives, wait_for_handle
+from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE, CTRL_ERROR,
+                                  CTRL_FAILED, CTRL_FIXED, CTRL_LOSS, CTRL_PAYLOAD,
+                                  CTRL_READY_STEP, CTRL_READY_TIME, CTRL_VERSION, ctrl_len,
+                                  slot_versions)
 from pgc_hvd.schemes import Arrival, Decision
 
+__all__ = ["AgentError", "CommAgent", "Outgoing", "Update", "wait_for_handle"]
+
 log = logging.getLogger("pgc_hvd.runtime")
-
-# control row fields (float64)
-CTRL_READY_STEP = 0   # step of the oldest message not yet offered, -1 when none
-CTRL_VERSION = 1      # model version that message was computed at
-CTRL_READY_TIME = 2   # time.time() when it became ready (orders arrivals across ranks)
-CTRL_LOSS = 3         # training loss reported with it (nan when none)
-CTRL_BUSY = 4         # cumulative busy seconds of the rank's training thread
-CTRL_BAD_STEP = 5     # newest step whose message held NaN/Inf, -1 when none
-CTRL_DONE = 6         # 1 when the rank's training loop has finished
-CTRL_FAILED = 7       # 1 when the rank's training thread raised
-CTRL_PAYLOAD = 8      # 1 when the message's payload follows this row in the same allgather
-CTRL_C_BOUND = 9      # rank 0 only: the staleness bound c requested for the scheme, -1 = none
-CTRL_ERROR = 10       # ||C(u) - u||, the message's compression error (nan when not sent)
-CTRL_FIXED = 11       # slot versions follow (ring_size entries, -1 padded)
-
-
-def wait_for_handle(hvd, handle, timeout: float) -> bool:
-    """Poll an asynchronous Horovod handle until it completes (True) or ``timeout`` seconds pass
-    (False). Short sleeps first (a small allgather takes 1-3 ms here), then at most 1 ms between
-    polls; a blocking ``synchronize`` could not time out on a hung rank."""
-    deadline = time.monotonic() + timeout
-    sleep = 0.0001
-    while not hvd.poll(handle):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(sleep)
-        sleep = min(sleep * 1.5, 0.001)
-    return True
-
-
-class AgentError(RuntimeError):
-    """A fault the runtime cannot step past (dead/hung rank, failed rank, undecodable step)."""
 
 
 @dataclass
 class Outgoing:
     step: int
     version: int
-    payload: torch.Tensor          # one row: dense d floats, sparse 2k floats, complex 2d floats
+    payload: torch.Tensor          # one payload row of codec.width float32 words
     ready_time: float
     loss: float = math.nan
     slot_versions: tuple = ()
@@ -132,45 +108,48 @@ class Update:
 
 
 class CommAgent:
-    """Runs the control/data protocol for one rank in a background thread (see module doc)."""
+    """Runs the control/data protocol for one rank in a background thread (see module doc).
 
-    def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, payload_width: int,
-                 decode: Callable[[torch.Tensor, list, list], torch.Tensor], device,
+    ``codec`` (:mod:`pgc_hvd.compress.codecs`) says how payload rows look and how weighted rows
+    become the dense update; the agent hands decided :class:`Update` objects back to the
+    training thread (:meth:`take`), it never calls into the optimizer."""
+
+    def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, codec: Codec, device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
                  on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc",
-                 replay: Optional[list] = None, optimistic: Optional[bool] = None,
-                 channel=None):
+                 replay: Optional[list] = None, optimistic: bool = False, channel=None):
         self.hvd = hvd
         self.scheme = scheme
         self.rank = int(rank)
         self.n = scheme.n
         self.d = int(d)
         self.ring_size = int(ring_size)
-        self.width = int(payload_width)
-        self._decode = decode
+        self.codec = codec
+        self.width = int(codec.width)
         self.device = device
         self.poll_interval = float(poll_interval)
         self.timeout = float(timeout)
         self.on_step = on_step
         self.name = name
         self.step = int(start_step)          # the round being decided
-        self.updates: list[Update] = []       # decided updates, self.updates[k].step == first + k
         self.first_step = int(start_step)
+        self._decided = int(start_step)      # number of steps decided (the next round's step)
+        self._updates: dict[int, Update] = {}  # decided, not yet released by the training thread
         self.cond = threading.Condition()
         self.error: Optional[BaseException] = None
         self._outbox: dict[int, Outgoing] = {}
         self._offered: set = set()            # (worker, step) already offered (same on all ranks)
-        self._meta: dict = {}                 # (worker, step) -> (loss, ...) from control rows
-        self._cache: dict = {}                # (worker, step) -> received payload (table schemes)
+        self._meta: dict = {}                 # (worker, step) -> loss from control rows
+        self._cache: dict = {}                # (worker, step) -> payload received with its row
         self._bad_seen: set = set()
         self.bad_log: list[tuple[int, int]] = []
         self._bad_step = -1
         self._busy_total = 0.0
         self._done = False
         self._failed = False
-        self._ops = 0
         self.control_rounds = 0
-        self.bytes_moved = 0
+        self.data_rounds = 0
+        self._bytes_since = 0
         self._busy_prev = [0.0] * self.n
         self._c_request: Optional[int] = None   # rank 0: staleness bound to request
         self.c_changes: list[tuple[int, int]] = []
@@ -178,27 +157,28 @@ class CommAgent:
         # lasts (a message that is ready early waits), then ready-time order
         self._replay = [(int(w), int(k)) for w, k in replay] if replay else []
         self._replay_pos = 0
-        # optimistic one-collective steps (module doc): payloads ride with control rows; CPU
-        # tensors only (control rows live on the CPU; device payloads use the data phase)
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        self.optimistic = (dev.type == "cpu") if optimistic is None else bool(optimistic)
-        if self.optimistic and dev.type != "cpu":
-            raise ValueError("optimistic one-collective steps need CPU payloads")
-        # control rounds through a key-value store (control_store.StoreChannel) instead of the
-        # allgather: payloads cannot ride with the rows there
-        self.channel = channel
-        if channel is not None:
-            if optimistic:
-                raise ValueError("control='store' exchanges control rows through a key-value "
-                                 "store, which cannot carry payloads: leave optimistic unset")
-            self.optimistic = False
-        self.ctrl_len = CTRL_FIXED + self.ring_size          # float64 fields per control row
+        self.ctrl_len = ctrl_len(self.ring_size)       # float64 words per control row
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
+        self.coll = Collectives(hvd, self.rank, name, self.timeout)
+        if channel is None:
+            dev = torch.device(device) if device is not None else torch.device("cpu")
+            if optimistic and dev.type != "cpu":
+                raise ValueError("optimistic one-collective steps need CPU payloads (the control "
+                                 "rows live on the CPU)")
+            channel = AllgatherChannel(self.coll, self.n, self.ctrl_len, self.width,
+                                       carries_payloads=bool(optimistic))
+        elif optimistic:
+            raise ValueError("control='store' exchanges control rows through a key-value "
+                             "store, which cannot carry payloads: leave optimistic unset")
+        self.channel = channel
+        self.optimistic = bool(channel.carries_payloads)
         # can a message for a past step still be used (bounded staleness table)?
         self._late_usable = getattr(scheme, "table", None) is not None
         self._wake = False
-        self.data_rounds = 0
-        self._bytes_since = 0
+        # what the last control round showed (for timeout errors that name ranks)
+        self._last_rows: Optional[list] = None
+        self._last_round_at = time.monotonic()
+        self._round = None
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
@@ -212,6 +192,13 @@ class CommAgent:
 
     def start(self) -> None:
         self._thread.start()
+
+    def restart_at(self, step: int) -> None:
+        """Before :meth:`start`: decide from ``step`` on (a restored checkpoint's version)."""
+        if self._thread.is_alive():
+            raise RuntimeError("restart_at must be called before the agent starts")
+        self.step = self.first_step = self._decided = int(step)
+        self._updates.clear()
 
     def payload_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A fresh ``(packed, payload)`` pair for one message: the training thread writes the
@@ -241,20 +228,34 @@ class CommAgent:
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         with self.cond:
-            while self.error is None and self.decided() <= step:
+            while self.error is None and self._decided <= step:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AgentError(
-                        f"rank {self.rank}: step {step} was not decided within {limit:.0f}s "
-                        f"(timeout); a rank may have died or hung")
+                    raise AgentError(self._not_decided(step, limit))
                 self.cond.wait(min(left, 1.0))
         self._raise_if_failed()
+
+    def _not_decided(self, step: int, limit: float) -> str:
+        """Why ``step`` is not decided after ``limit`` seconds, naming the ranks it waits for."""
+        head = f"rank {self.rank}: step {step} was not decided within {limit:.0f}s (timeout)"
+        rows = self._last_rows
+        quiet = time.monotonic() - self._last_round_at
+        if rows is None or quiet > min(limit / 2, 5.0 + 10 * self.poll_interval):
+            return (f"{head}: no control round has completed for {quiet:.0f}s, so a rank has "
+                    f"died, or its process is frozen (the allgather cannot tell which rank; "
+                    f"control='store' names it)")
+        rnd = self._round
+        arrived = set(rnd.arrived) if rnd is not None else set()
+        waiting = [w for w in range(self.n) if w not in arrived and rows[w][CTRL_DONE] <= 0]
+        return (f"{head}: the open round (step {self.step}) waits for ranks {waiting}, which are "
+                f"alive (their control rows keep coming) but have not delivered a message: they "
+                f"are slower than the timeout (raise timeout=) or their training loop hung")
 
     def wait_decided_beyond(self, step: int, seconds: float) -> bool:
         """Sleep up to ``seconds``, returning early (True) once ``step`` is decided."""
         deadline = time.monotonic() + seconds
         with self.cond:
-            while self.error is None and self.decided() <= step:
+            while self.error is None and self._decided <= step:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -263,19 +264,27 @@ class CommAgent:
 
     def decided(self) -> int:
         """Number of steps decided so far (the next round's step)."""
-        return self.first_step + len(self.updates)
+        return self._decided
 
     def take(self, step: int) -> Update:
+        """The decided update of ``step`` (kept until :meth:`release_before` passes it)."""
         with self.cond:
-            return self.updates[step - self.first_step]
+            try:
+                return self._updates[step]
+            except KeyError:
+                raise KeyError(f"step {step} is not held: decided {self._decided}, held "
+                               f"{sorted(self._updates)[:3]}...") from None
 
     def release_before(self, step: int) -> None:
-        """Drop update tensors older than ``step`` (the training thread applied them)."""
+        """Forget the updates of steps before ``step`` (the training thread applied them)."""
         with self.cond:
-            for k in range(0, max(0, step - self.first_step)):
-                u = self.updates[k]
-                if u is not None and u.flat is not None:
-                    self.updates[k] = Update(u.step, None, u.decision, u.time, u.info)
+            for k in [k for k in self._updates if k < step]:
+                del self._updates[k]
+
+    @property
+    def held_updates(self) -> int:
+        """Decided updates not yet released (bounded by how far this rank lags)."""
+        return len(self._updates)
 
     def finish(self, timeout: Optional[float] = None) -> None:
         """This rank's loop is done: keep serving collectives until every rank is done."""
@@ -301,24 +310,6 @@ class CommAgent:
             raise AgentError(str(self.error)) from self.error
 
     # -- agent thread --------------------------------------------------------
-    def _collective(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
-        self._ops += 1
-        name = f"{self.name}.{kind}.{self._ops}"
-        try:
-            handle = self.hvd.allgather_async(tensor, name=name)
-            if not wait_for_handle(self.hvd, handle, self.timeout):
-                raise AgentError(
-                    f"rank {self.rank}: collective {name} (step {self.step}) got no answer "
-                    f"within {self.timeout:.0f}s: a rank has died or hung; stopping instead "
-                    f"of hanging")
-            return self.hvd.synchronize(handle)
-        except AgentError:
-            raise
-        except Exception as err:
-            raise AgentError(
-                f"rank {self.rank}: collective {name} (step {self.step}) failed: a rank has died "
-                f"or shut down Horovod; stopping ({type(err).__name__}: {err})") from err
-
     def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
         """This rank's control row and, when its payload rides along, the message."""
         row = self._row
@@ -354,42 +345,18 @@ class CommAgent:
         return row, out_with_payload
 
     def _control_round(self) -> tuple[list, dict]:
-        """One control allgather: every rank's control row (as lists of floats) and the payloads
+        """One control exchange: every rank's control row (as lists of floats) and the payloads
         that rode along, ``{(worker, step): payload row}`` (identical on every rank)."""
         row, out = self._control_row()
-        C = self.ctrl_len
-        if self.channel is not None:
-            self._ops += 1
-            return self.channel.exchange(row), {}
-        if not self.optimistic:
-            ctl = self._collective(row.view(1, C), "ctl")
-            return ctl.tolist(), {}
-        words = row.view(torch.float32)                      # 2C float32 words, bit-exact
-        if out is not None:
-            send = out.packed
-            send[: 2 * C].copy_(words)
-        else:
-            send = words
-        got = self._collective(send, "ctl")
-        rows, payloads, off = [], {}, 0
-        for _ in range(self.n):
-            r = got[off: off + 2 * C].clone().view(torch.float64).tolist()
-            off += 2 * C
-            rows.append(r)
-            if r[CTRL_PAYLOAD] > 0:
-                w = len(rows) - 1
-                payloads[(w, int(r[CTRL_READY_STEP]))] = got[off: off + self.width]
-                off += self.width
-        if off != got.numel():
-            raise AgentError(f"rank {self.rank}: control allgather of {got.numel()} words does "
-                             f"not parse ({off} expected): ranks disagree on the message layout")
+        self.coll.step = self.step
+        rows, payloads = self.channel.exchange(row, None if out is None else out.packed)
+        self._bytes_since += 8 * self.ctrl_len * (self.n - 1)
         return rows, payloads
 
     def _run(self) -> None:
         try:
             self._loop()
-            if self.channel is not None:
-                self.channel.close()
+            self.channel.close()
         except BaseException as err:  # surfaced to the training thread
             log.error("pgc_hvd agent on rank %d stopped: %s", self.rank, err)
             with self.cond:
@@ -408,15 +375,17 @@ class CommAgent:
             self._wake = False
 
     def _loop(self) -> None:
-        rnd = self.scheme.open_round(self.step)
+        rnd = self._round = self.scheme.open_round(self.step)
         step_start = time.time()
         n = self.n
         while True:
             ctl, payloads = self._control_round()
             self.control_rounds += 1
+            self._last_rows, self._last_round_at = ctl, time.monotonic()
             for key, p in payloads.items():
                 self._cache[key] = p
-                self._bytes_since += p.numel() * p.element_size()
+                if key[0] != self.rank:
+                    self._bytes_since += p.numel() * p.element_size()
             failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
             if failed:
                 raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
@@ -446,13 +415,12 @@ class CommAgent:
                 if replaying:
                     self._replay_pos += 1
                 row = ctl[w]
-                slots = tuple(int(v) for v in row[CTRL_FIXED:] if v >= 0)
                 self._offered.add((w, k))
                 self._meta[(w, k)] = row[CTRL_LOSS]
                 err = row[CTRL_ERROR]
                 arr = Arrival(w, k, version=int(row[CTRL_VERSION]), message=None,
                               error_norm=None if math.isnan(err) else float(err),
-                              slot_versions=slots or None)
+                              slot_versions=slot_versions(row) or None)
                 decision = rnd.offer(arr)
                 if decision is not None:
                     break  # later arrivals of this batch are offered to the next round
@@ -469,7 +437,8 @@ class CommAgent:
             if self.on_step is not None:
                 self.on_step(update, busy_step)
             with self.cond:
-                self.updates.append(update)
+                self._updates[update.step] = update
+                self._decided += 1
                 self.cond.notify_all()
             self.step += 1
             step_start = update.time
@@ -477,7 +446,7 @@ class CommAgent:
                 old = self.step - 32
                 self._offered = {k for k in self._offered if k[1] >= old}
                 self._meta = {k: v for k, v in self._meta.items() if k[1] >= old}
-            rnd = self.scheme.open_round(self.step)
+            rnd = self._round = self.scheme.open_round(self.step)
 
     def _apply_c_bound(self, c: int) -> None:
         """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
@@ -509,31 +478,48 @@ class CommAgent:
                 f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
                 f"(loop on `optimizer.version < steps`)")
 
+    def _own_payload(self, key) -> torch.Tensor:
+        with self.cond:
+            return self._outbox[key[1]].payload
+
     def _data_phase(self, decision: Decision, step_start: float) -> Update:
-        """Decode the decision's update. Payloads that rode along with control rows are cached
-        (identically on every rank); only the uses missing from the cache (two-phase mode, or a
-        late message of bounded staleness sent without its payload) need the data allgather."""
+        """The decision's update g_hat = Re sum_u a_u D(p_u), through the collective
+        :func:`~pgc_hvd.compress.transport.choose_collective` picks (module doc): payloads
+        cached with their control rows are decoded locally by every rank; the missing ones move
+        in one allreduce of the owners' weighted contributions or one allgather of their rows."""
+        codec = self.codec
         uses = sorted(decision.uses, key=lambda u: (u.worker, u.step))
-        needed = [(u.worker, u.step) for u in uses if (u.worker, u.step) not in self._cache]
+        missing = [u for u in uses if (u.worker, u.step) not in self._cache]
+        kind = choose_collective(sparse=codec.sparse, n=self.n, d=self.d, width=self.width,
+                                 needed=len(missing))
         received: dict = {}
-        if needed:
-            mine = [k for k in needed if k[0] == self.rank]
-            with self.cond:
-                rows = [self._outbox[k[1]].payload for k in mine]
-            send = (torch.stack(rows) if rows else
-                    torch.zeros((0, self.width), dtype=torch.float32, device=self.device))
-            got = self._collective(send, "data")
+        if kind == "allreduce":
+            mine = [u for u in missing if u.worker == self.rank]
+            flat = torch.empty(self.d, dtype=torch.float32, device=self.device)
+            codec.add_weighted(flat, [self._own_payload((u.worker, u.step)) for u in mine],
+                               [u.weight for u in mine])
+            self.coll.allreduce_sum_(flat, "sum")
             self.data_rounds += 1
-            self._bytes_since += got.numel() * got.element_size()
-            order = [k for w in range(self.n) for k in needed if k[0] == w]
-            for i, key in enumerate(order):
-                received[key] = got[i]
-        msgs, weights = [], []
-        for u in uses:
-            key = (u.worker, u.step)
-            msgs.append(self._cache.get(key, received.get(key)))
-            weights.append(u.weight)
-        flat = self._decode(msgs, weights, decision)
+            self._bytes_since += int(allreduce_bytes(self.n, self.d))
+            cached = [u for u in uses if (u.worker, u.step) in self._cache]
+            if cached:
+                codec.add_weighted(flat, [self._cache[(u.worker, u.step)] for u in cached],
+                                   [u.weight for u in cached], accumulate=True)
+        else:
+            if kind == "allgather":
+                mine = [u for u in missing if u.worker == self.rank]
+                rows = [self._own_payload((u.worker, u.step)) for u in mine]
+                send = (torch.stack(rows) if rows else
+                        torch.zeros((0, self.width), dtype=torch.float32, device=self.device))
+                got = self.coll.allgather(send, "data")
+                self.data_rounds += 1
+                self._bytes_since += (got.numel() - send.numel()) * got.element_size()
+                for i, u in enumerate(missing):   # rank order = (worker, step) order
+                    received[(u.worker, u.step)] = got[i]
+            flat = torch.empty(self.d, dtype=torch.float32, device=self.device)
+            rows = [self._cache.get((u.worker, u.step), received.get((u.worker, u.step)))
+                    for u in uses]
+            codec.add_weighted(flat, rows, [u.weight for u in uses])
         now = time.time()
         # keep only what the scheme may use again (bounded staleness table) and payloads of
         # messages not offered yet (shown in a control row after the decision fired); prune
@@ -553,6 +539,7 @@ class CommAgent:
         losses = [x for x in losses if math.isfinite(x)]
         info = {"loss": sum(losses) / len(losses) if losses else None,
                 "step_time": now - step_start, "control_rounds": self.control_rounds,
-                "data_rounds": self.data_rounds, "bytes": int(self._bytes_since)}
+                "data_rounds": self.data_rounds, "bytes": int(self._bytes_since),
+                "collective": kind}
         self._bytes_since = 0
         return Update(decision.step, flat, decision, now, info)

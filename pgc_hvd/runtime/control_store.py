@@ -78,9 +78,12 @@ class StoreChannel:
     def _key(self, k: int, w: int) -> str:
         return f"{self.prefix}/{k}/{w}"
 
-    def exchange(self, row: torch.Tensor) -> list[list[float]]:
-        """Publish this rank's row for the next round; return every rank's row, in rank order."""
-        from pgc_hvd.runtime.agent import AgentError
+    carries_payloads = False   # rows only: payloads move in the data phase
+
+    def exchange(self, row: torch.Tensor, packed=None) -> tuple[list[list[float]], dict]:
+        """Publish this rank's row for the next round; return every rank's row, in rank order
+        (and no payloads: the :mod:`pgc_hvd.runtime.channel` interface)."""
+        from pgc_hvd.runtime.channel import AgentError
 
         k = self.round
         self.round += 1
@@ -92,7 +95,7 @@ class StoreChannel:
             raise AgentError(self._no_answer(k, keys, err)) from err
         if k >= 2:
             self.store.delete_key(self._key(k - 2, self.rank))
-        return [np.frombuffer(v, dtype=np.float64).tolist() for v in got]
+        return [np.frombuffer(v, dtype=np.float64).tolist() for v in got], {}
 
     def _no_answer(self, k: int, keys: list, err: Exception) -> str:
         try:

@@ -99,3 +99,29 @@ def test_topk_compression_across_ranks(horovodrun):
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"topk_k_equals_d_is_dense", "topk_error_feedback_conserves_mass_bit_identical"} <= checks
+
+
+PLANE = HERE / "plane_checks.py"
+
+
+@pytest.mark.multirank
+def test_dense_allreduce_equals_cached_payloads(horovodrun):
+    """Dense messages through ONE allreduce of the ranks' weighted contributions decode the same
+    updates as the payloads cached with the control rows, for gc-cr, pgc-cr, bcgc,
+    bounded-staleness, is-sgd and rs (same replayed arrivals, same decisions); every update and
+    the parameters are bit-identical across ranks."""
+    proc = horovodrun(3, PLANE, "dense", timeout=240)
+    checks, all_ok = _checks(proc, 3)
+    assert all_ok == 3, proc.stdout + proc.stderr
+    assert "allreduce_equals_cached_dense" in checks
+
+
+@pytest.mark.multirank
+def test_sparse_rows_by_allgather_or_densified_and_rs_with_topk(horovodrun):
+    """Top-kappa rows travel by allgather when that is fewer bytes and are densified into the
+    allreduce otherwise; both equal the cached path. Reed-Solomon's complex messages under
+    TopK run in the runtime, and TopK(k=d) equals the dense run."""
+    proc = horovodrun(3, PLANE, "sparse", timeout=240)
+    checks, all_ok = _checks(proc, 3)
+    assert all_ok == 3, proc.stdout + proc.stderr
+    assert {"sparse_allgather_and_densified_equal_cached", "rs_with_topk"} <= checks

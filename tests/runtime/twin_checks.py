@@ -81,26 +81,27 @@ def simulate(scheme_name, train, parts, delay_seed=2, s=1, options=None, compres
 
 
 def run_runtime(scheme_name, train, parts, replay, compression=None, name="rt", spy=None, s=1,
-                options=None):
+                options=None, **opt_kwargs):
     """The real run: every rank evaluates full partitions (as the simulator does)."""
     n = hvd.size()
     task = build_task("softmax", train, seed=0)
     model = task.model
     loader = PartitionLoader(train.X, train.y, n, batch_size=None, partitions=parts)
-    updates, records = {}, []
+    updates, records, decisions = {}, [], []
     opt = pgc_hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), model.named_parameters(),
         scheme=scheme_name, stragglers=s, compression=compression, replay_arrivals=replay,
         scheme_options=options,
-        on_update=lambda t, flat: updates.__setitem__(t, flat.clone()), on_record=records.append,
-        timeout=60, name=name)
+        on_update=lambda t, flat, dec: (updates.__setitem__(t, flat.clone()),
+                                        decisions.append(dec)),
+        on_record=records.append,
+        timeout=60, name=name, **opt_kwargs)
     if spy is not None:
         spy(opt)
     while opt.version < STEPS:
         for xb, yb in opt.batches(loader):
             task.loss(model(xb), yb).backward()
         opt.step()
-    decisions = [u.decision for u in opt.agent.updates]
     opt.close()
     return model, [updates[t] for t in range(STEPS)], records, decisions
 
