@@ -84,3 +84,23 @@ def usage_error(capsys):
         assert err.value.code == 2, f"exit status {err.value.code}, not a usage error"
         return capsys.readouterr().err
     return run
+
+
+@pytest.fixture
+def unusable_runs(tmp_path):
+    """``[(argv after --out, message), ...]``: run folders (and a replay: trace) that pgc-hvd
+    train and simulate must refuse before the run, with the message each gets."""
+    a_file = tmp_path / "file"
+    a_file.write_text("not a folder")
+    (tmp_path / "r" / "records.jsonl").mkdir(parents=True)
+    (tmp_path / "s" / "summary.json").mkdir(parents=True)
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "records.jsonl").write_text('{"step": 0, "time": 0.1}\n')
+    trace = tmp_path / "trace.json"
+    trace.write_text('{"format": "pgc_hvd.delay_trace/1", "delays": [[0, 0, -1.0]]}')
+    return [([str(a_file)], "is a file; --out names the run's folder"),
+            ([str(tmp_path / "r")], "records.jsonl is a folder"),
+            ([str(tmp_path / "s")], "summary.json is a folder"),
+            ([str(tmp_path / "done")], "already holds an earlier run"),
+            ([str(tmp_path / "new"), "--delay", f"replay:{trace}"],
+             "trace.json, entry 0 ([0, 0, -1.0]): the delay must be finite seconds >= 0")]

@@ -121,6 +121,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error(f"--s must be comma-separated integers, got {args.s!r}")
     if not ss:
         p.error(f"--s names no straggler budget: {args.s!r}")
+    if args.n < 1:
+        p.error(f"--n is the number of workers and must be >= 1, got {args.n}")
+    if min(ss) < 0:
+        p.error(f"--s budgets must be >= 0, got {args.s!r}")
     if args.patterns < 1:
         p.error(f"--patterns must be >= 1, got {args.patterns}")
     names = [c.strip() for c in args.codes.split(",") if c.strip()]

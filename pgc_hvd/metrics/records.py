@@ -102,7 +102,7 @@ class RecordWriter:
         """Whether ``path`` is a non-empty file, which the writer refuses to clobber (a CLI can
         ask before any work, to fail fast)."""
         path = Path(path)
-        return path.exists() and path.stat().st_size > 0
+        return path.is_file() and path.stat().st_size > 0
 
     def __init__(self, path: str | os.PathLike, append: bool = False, overwrite: bool = False):
         self.path = Path(path)
@@ -144,19 +144,98 @@ def _restore_nonfinite(x: Any) -> Any:
     return x
 
 
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# the types of the StepRecord fields a reader relies on: (test, what it must be)
+_NUMBER_OR_NONE = (lambda x: x is None or _is_number(x), "a number or null")
+_FIELD_TYPES = {
+    "step": (lambda x: isinstance(x, int) and not isinstance(x, bool), "an int"),
+    "time": (_is_number, "a number"),
+    "step_time": _NUMBER_OR_NONE, "loss": _NUMBER_OR_NONE, "accuracy": _NUMBER_OR_NONE,
+    "max_age": _NUMBER_OR_NONE, "mean_age": _NUMBER_OR_NONE, "bytes": _NUMBER_OR_NONE,
+    "scheme": (lambda x: x is None or isinstance(x, str), "a string or null"),
+    "workers_used": (lambda x: isinstance(x, list) and all(_is_number(v) for v in x),
+                     "a list of worker ids"),
+    "versions": (lambda x: isinstance(x, list) and all(_is_number(v) for v in x),
+                 "a list of versions"),
+    "busy": (lambda x: x is None or (isinstance(x, list) and
+                                     all(v is None or _is_number(v) for v in x)),
+             "a list of seconds or null"),
+    "extra": (lambda x: isinstance(x, dict), "an object"),
+}
+REQUIRED_FIELDS = ("step", "time")
+
+
+def check_record(rec: Any, where: str) -> dict:
+    """``rec`` (one decoded JSON line) if it is a StepRecord: an object with ``step`` and
+    ``time`` whose known fields have their types; else a ValueError naming ``where``."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: a JSON {type(rec).__name__}, not a step record (an object "
+                         f"with {list(REQUIRED_FIELDS)}, ...); is this a records file?")
+    missing = [k for k in REQUIRED_FIELDS if k not in rec]
+    if missing:
+        raise ValueError(f"{where}: not a step record, it lacks {missing} (it has "
+                         f"{sorted(rec)[:6]}); is this a records file?")
+    for key, (ok, what) in _FIELD_TYPES.items():
+        if key in rec and not ok(rec[key]):
+            raise ValueError(f"{where}: field {key!r} is {rec[key]!r}, not {what}")
+    return rec
+
+
 def read_records(path: str | os.PathLike) -> Iterator[dict]:
     """Yield the records of a JSONL file as dicts (a truncated last line is skipped); the
-    non-finite floats the writer stored as "nan" / "inf" / "-inf" come back as floats."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    non-finite floats the writer stored as "nan" / "inf" / "-inf" come back as floats.
+
+    A file that is not UTF-8 text, a damaged line, or a JSON line that is not a step record
+    (:func:`check_record`) raises ValueError naming the file and line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a text file of JSON records (byte {err.start} is not "
+                         "UTF-8)") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a folder, not a records file") from None
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            yield _restore_nonfinite(json.loads(line))
+            rec = _restore_nonfinite(json.loads(line))
         except json.JSONDecodeError as err:
             if i == len(lines) - 1:  # the step in flight when a run died
                 return
             raise ValueError(f"{path}, line {i + 1}: not a JSON record ({err}); the file is "
                              "damaged (only a truncated last line is expected after a crash)"
                              ) from None
+        yield check_record(rec, f"{path}, line {i + 1}")
+
+
+def _writable(path: Path) -> bool:
+    """Whether a file could be written at ``path`` (it, or the nearest folder that exists)."""
+    while not path.exists():
+        path = path.parent
+    return os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0))
+
+
+def check_run_folder(out: str | os.PathLike, overwrite: bool = False, arg: str = "--out") -> None:
+    """ValueError unless folder ``out`` can take a run's ``records.jsonl`` and ``summary.json``:
+    ``out`` is not a file, neither of them is a folder, both can be written, and records.jsonl
+    holds no earlier run (unless ``overwrite``). Changes nothing; a command calls it before the
+    run, so that a run's results are never lost at its end. ``arg`` names the option in the
+    messages."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{arg} {out} is a file; {arg} names the run's folder (records.jsonl and "
+                         "summary.json are written inside it)")
+    for f in (out / "records.jsonl", out / "summary.json"):
+        if f.is_dir():
+            raise ValueError(f"{f} is a folder, so the run could not write it; remove it or "
+                             f"choose another {arg}")
+        if not _writable(f):
+            raise ValueError(f"{f} cannot be written (permissions); choose another {arg}")
+    records = out / "records.jsonl"
+    if RecordWriter.holds_records(records) and not overwrite:
+        raise ValueError(f"{records} already holds an earlier run; choose another {arg} or pass "
+                         "--force to replace it")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -27,14 +28,31 @@ def find_runs(root: Path) -> list[Path]:
     return runs or sorted((root / "records").glob("*.jsonl"))
 
 
+def read_summary(path: Path) -> dict:
+    """A run's summary.json as a dict ({} when there is none); a damaged one (not UTF-8 JSON, not
+    an object, a target_loss that is not a number) is a ValueError naming the file."""
+    if not path.exists():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, IsADirectoryError) as err:
+        raise ValueError(f"{path}: damaged, not a JSON summary ({err}); remove it, or rerun the "
+                         "run, to report from the records alone") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: a JSON {type(summary).__name__}, not the summary object a run "
+                         "writes")
+    target = summary.get("target_loss")
+    if target is not None and (not isinstance(target, (int, float)) or isinstance(target, bool)):
+        raise ValueError(f"{path}: target_loss is {target!r}, not a number")
+    return summary
+
+
 def summarize(records_file: Path, target: float | None) -> dict:
     """One row: a run's records, plus its summary.json when the run has a folder of its own."""
     recs = list(read_records(records_file))
     own_folder = records_file.name == "records.jsonl"
     run = records_file.parent if own_folder else records_file.with_suffix("")
-    summary = {}
-    if own_folder and (run / "summary.json").exists():
-        summary = json.loads((run / "summary.json").read_text())
+    summary = read_summary(run / "summary.json") if own_folder else {}
     if target is None:
         target = summary.get("target_loss", 0.5)
     st = [r["step_time"] for r in recs if r.get("step_time") is not None]
@@ -52,7 +70,7 @@ def summarize(records_file: Path, target: float | None) -> dict:
         # pgc-hvd train writes final_*; pgc-hvd simulate test_accuracy / final_loss
         "final_test_accuracy": summary.get("final_test_accuracy", summary.get("test_accuracy")),
         "final_train_loss": summary.get("final_train_loss", summary.get("final_loss")),
-        "mean_used": statistics.fmean(len(r["workers_used"]) for r in recs) if recs else None,
+        "mean_used": statistics.fmean(len(r.get("workers_used", ())) for r in recs) if recs else None,
         "busy_fraction": statistics.fmean(busy) if busy else None,
         "wall_s": recs[-1]["time"] if recs else None,
         "_records": recs,
@@ -114,12 +132,17 @@ def main(argv=None) -> int:
     p.add_argument("--target-loss", type=float, default=None)
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
+    if args.target_loss is not None and not math.isfinite(args.target_loss):
+        p.error(f"--target-loss must be a finite loss, got {args.target_loss}")
     root = Path(args.run_dir)
     runs = find_runs(root)
     if not runs:
         print(f"pgc-hvd report: no records.jsonl in {root}, its sub-folders or {root / 'records'}")
         return 2
-    rows = [summarize(r, args.target_loss) for r in runs]
+    try:
+        rows = [summarize(r, args.target_loss) for r in runs]
+    except (ValueError, OSError) as err:   # a damaged records file or summary.json, named
+        p.error(str(err))
     text = table(rows)
     print(text)
     (root / "report.md").write_text(text + "\n")

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from pgc_hvd.metrics.records import check_run_folder
 from pgc_hvd.metrics.targets import RUNTIME_WINDOW, first_reaching
 from pgc_hvd.options import parse_options
 
@@ -101,6 +102,23 @@ def main(argv=None) -> int:
         parser.error(str(err))
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
+    if args.progress_every < 1:
+        parser.error(f"--progress-every is a number of steps and must be >= 1, got "
+                     f"{args.progress_every}")
+    if not (math.isfinite(args.compute_time) and args.compute_time >= 0):
+        parser.error(f"--compute-time must be finite seconds >= 0, got {args.compute_time}")
+    if not math.isfinite(args.target_loss):
+        parser.error(f"--target-loss must be a finite loss, got {args.target_loss}")
+    try:
+        # rank 0 writes there; every rank checks (the same folder on one host or a shared one)
+        check_run_folder(args.out, overwrite=args.force)
+    except ValueError as err:
+        parser.error(str(err))
+    from pgc_hvd.sim.delays import check_trace_covers, parse_delay
+    try:
+        delays = parse_delay(args.delay)
+    except (ValueError, OSError) as err:   # a bad spec, or a missing or damaged replay: trace
+        parser.error(f"--delay {args.delay!r}: {err}")
     compression_ratio = None
     if args.compression:
         kind, _, ratio = args.compression.partition(":")
@@ -118,7 +136,6 @@ def main(argv=None) -> int:
     from pgc_hvd.metrics.records import RecordWriter
     from pgc_hvd.models import build_task
     from pgc_hvd.runtime import DistributedOptimizer, PartitionLoader, TopK
-    from pgc_hvd.sim.delays import check_trace_covers, parse_delay
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     hvd.init()
@@ -132,7 +149,6 @@ def main(argv=None) -> int:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     loader = PartitionLoader(train.X, train.y, n, batch_size=args.batch_size,
                              iid=not args.non_iid, seed=args.seed, device=device)
-    delays = parse_delay(args.delay)
     check_trace_covers(delays, n, args.steps)
     compression = None if compression_ratio is None else TopK(compression_ratio)
     writer = None
@@ -223,7 +239,12 @@ def main(argv=None) -> int:
                             "control_lowered": sum(a["direction"] == "lower" for a in acts),
                             "final_lr": opt.param_groups[0]["lr"], "final_c": opt.staleness_bound,
                             "diag_seconds_rank0": ctl.diag_seconds})
-        (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=2) + "\n")
+        text = json.dumps(to_jsonable(summary), indent=2) + "\n"
+        try:
+            (out / "summary.json").write_text(text)
+        except OSError as err:   # checked before the run; still, never lose the summary
+            print(f"[{args.scheme}] could not write {out / 'summary.json'} ({err}); the summary "
+                  f"follows:\n{text}", file=sys.stderr, flush=True)
         ttt = summary["time_to_target_s"]
         print(f"[{args.scheme}] done: {summary['time_per_step_s'] * 1e3:.1f} ms/step, time to "
               f"loss {args.target_loss}: {'not reached' if ttt is None else f'{ttt:.2f}s'}, "

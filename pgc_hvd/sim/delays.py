@@ -401,6 +401,19 @@ def parse_delay(text: str) -> DelayModel:
 # ---------------------------------------------------------------------------------------------
 # traces
 
+def _trace_entry(entry: Any, where: str) -> tuple[int, int, float]:
+    """One ``[worker, step, seconds]`` trace entry, checked (see :meth:`DelayTrace.load`)."""
+    if not isinstance(entry, list) or len(entry) != 3:
+        raise ValueError(f"{where}: an entry must be [worker, step, seconds]")
+    w, t, v = entry
+    for name, x in (("worker", w), ("step", t)):
+        if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+            raise ValueError(f"{where}: the {name} must be an int >= 0")
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{where}: the delay must be finite seconds >= 0")
+    return w, t, float(v)
+
+
 class DelayTrace:
     """A recorded schedule: (worker, step) -> seconds, with the spec of the model it came from."""
 
@@ -440,10 +453,33 @@ class DelayTrace:
 
     @classmethod
     def load(cls, path: os.PathLike) -> "DelayTrace":
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
-        if d.get("format") != TRACE_FORMAT:
-            raise ValueError(f"{path}: not a delay trace (format {d.get('format')!r})")
-        return cls({(int(w), int(t)): float(v) for w, t, v in d["delays"]}, d.get("model"))
+        """Read a trace :meth:`save` wrote, checking all of it: JSON text, the format tag, and
+        every entry a ``[worker, step, seconds]`` with worker and step ints >= 0 and seconds
+        finite and >= 0. Anything else is a ValueError naming the file and the line or entry
+        (a trace is never read as something else, e.g. a NaN or negative delay as 0)."""
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {err.lineno} column {err.colno}: not JSON "
+                             f"({err.msg}); the delay trace is damaged") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not a JSON delay trace (byte {err.start} is not UTF-8)"
+                             ) from None
+        fmt = d.get("format") if isinstance(d, dict) else None
+        if fmt != TRACE_FORMAT:
+            raise ValueError(f"{path}: not a delay trace (format {fmt!r}, expected "
+                             f"{TRACE_FORMAT!r}); write traces with --save-trace / "
+                             f"DelayTrace.save")
+        if not isinstance(d.get("delays"), list):
+            raise ValueError(f"{path}: a delay trace needs a 'delays' list of [worker, step, "
+                             f"seconds] entries, found {type(d.get('delays')).__name__}")
+        delays = {}
+        for i, entry in enumerate(d["delays"]):
+            w, t, v = _trace_entry(entry, f"{path}, entry {i} ({entry!r})")
+            if (w, t) in delays:
+                raise ValueError(f"{path}, entry {i}: worker {w}, step {t} appears twice")
+            delays[(w, t)] = v
+        return cls(delays, d.get("model"))
 
     def span(self) -> tuple[list[int], int]:
         """The workers the trace holds (ascending) and its last step (-1 when empty)."""

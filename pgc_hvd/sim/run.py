@@ -22,7 +22,7 @@ import torch
 
 from pgc_hvd.data import load_dataset, partition, standardize, train_test_split
 from pgc_hvd.metrics.diagnostics import delay_histogram
-from pgc_hvd.metrics.records import RecordWriter, to_jsonable
+from pgc_hvd.metrics.records import RecordWriter, check_run_folder, to_jsonable
 from pgc_hvd.models import build_task, default_model
 from pgc_hvd.options import parse_options
 from pgc_hvd.schemes import get_scheme
@@ -188,10 +188,12 @@ def main(argv=None) -> int:
     if a.compress is not None and not 0 < a.compress <= 1:
         p.error(f"--compress is the top-kappa fraction kappa/d and must lie in (0, 1], got "
                 f"{a.compress}")
-    records = Path(a.out) / "records.jsonl"
-    if RecordWriter.holds_records(records) and not a.force:
-        p.error(f"{records} already holds an earlier run; choose another --out or pass --force "
-                "to replace it")
+    try:
+        check_run_folder(a.out, overwrite=a.force)
+    except ValueError as err:
+        p.error(str(err))
+    if a.save_trace and Path(a.save_trace).is_dir():
+        p.error(f"--save-trace {a.save_trace} is a folder; name the trace file to write")
     torch.set_num_threads(a.threads)
     try:
         opts = parse_options(a.option, "--option")
@@ -199,7 +201,10 @@ def main(argv=None) -> int:
     except ValueError as err:
         p.error(str(err))
     from .delays import Recording, parse_delay
-    delay = Recording(parse_delay(a.delay))
+    try:
+        delay = Recording(parse_delay(a.delay))
+    except (ValueError, OSError) as err:   # a bad spec, or a missing or damaged replay: trace
+        p.error(f"--delay {a.delay!r}: {err}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     data = prepare_data(a.dataset, root=a.data_dir, seed=a.seed) if a.data_dir else None

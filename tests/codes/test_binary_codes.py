@@ -255,6 +255,9 @@ def test_decode_input_is_checked():
     (["--codes", "rs:strid=1"], "does not take option"),
     (["--s", ""], "names no straggler budget"),
     (["--patterns", "0"], "--patterns must be >= 1"),
+    (["--n", "-3"], "--n is the number of workers and must be >= 1"),
+    (["--n", "0"], "--n is the number of workers and must be >= 1"),
+    (["--s", "2,-1"], "--s budgets must be >= 0"),
 ])
 def test_report_usage_errors(usage_error, argv, message):
     from pgc_hvd.codes.report import main

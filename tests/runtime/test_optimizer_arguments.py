@@ -3,6 +3,8 @@ here without Horovod ranks) and the train command's own checks."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pgc_hvd.runtime.optimizer import TopK, _check_arguments
@@ -60,9 +62,29 @@ def test_bad_topk(kwargs, message):
     (["--compression", "topk:0"], "topk:RATIO"),
     (["--compression", "topk:abc"], "topk:RATIO"),
     (["--compression", "gzip:0.1"], "topk:RATIO"),
+    (["--progress-every", "0"], "--progress-every is a number of steps and must be >= 1"),
+    (["--compute-time", "-1"], "--compute-time must be finite seconds >= 0"),
+    (["--compute-time", "nan"], "--compute-time must be finite seconds >= 0"),
+    (["--target-loss", "nan"], "--target-loss must be a finite loss"),
+    (["--target-loss", "inf"], "--target-loss must be a finite loss"),
+    (["--delay", "replay:no-such-trace.json"], "--delay 'replay:no-such-trace.json'"),
 ])
 def test_train_rejects_bad_values_before_starting(tmp_path, usage_error, bad, message):
     assert message in usage_error(train_main, ["--out", str(tmp_path)] + bad)
+
+
+def test_train_checks_its_out_folder_and_trace_before_the_run(unusable_runs, usage_error):
+    """A file as --out, records.jsonl or summary.json that are folders, an earlier run, and a
+    damaged --delay replay: trace are usage errors before Horovod starts."""
+    for argv, message in unusable_runs:
+        assert message in usage_error(train_main, ["--out"] + argv)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write a read-only file")
+def test_train_refuses_an_unwritable_summary_before_the_run(tmp_path, usage_error):
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "summary.json").chmod(0o444)
+    assert "summary.json cannot be written" in usage_error(train_main, ["--out", str(tmp_path)])
 
 
 def test_partition_loader_checks():

@@ -97,3 +97,17 @@ def test_simulate_reads_cifar10_from_data_dir(tmp_path):
                  "--out", str(out)]) == 0
     assert len(list(read_records(out / "records.jsonl"))) == 2
     torch.set_num_threads(1)
+
+
+def test_simulate_checks_its_out_folder_and_trace_before_the_run(tmp_path, unusable_runs,
+                                                                usage_error):
+    """The same checks as pgc-hvd train (one helper, check_run_folder): a file as --out, a
+    records.jsonl or summary.json that is a folder, an earlier run, a damaged replay: trace."""
+    for argv, message in unusable_runs:
+        assert message in usage_error(main, ["simulate", "--n", "4", "--s", "1", "--out"] + argv)
+    (tmp_path / "t.json").write_text('{"format": "pgc_hvd.delay_trace/1", "delays": [[0, 0,')
+    assert "--delay" in usage_error(main, ["simulate", "--out", str(tmp_path / "x"), "--delay",
+                                           f"replay:{tmp_path / 't.json'}"])
+    assert "--save-trace" in usage_error(main, ["simulate", "--out", str(tmp_path / "x"),
+                                                "--save-trace", str(tmp_path)])
+    assert not (tmp_path / "x").exists()

@@ -105,3 +105,44 @@ def test_trace_too_short_or_narrow_for_the_run_is_refused_up_front():
     check_trace_covers(Replay(trace, fallback=Zero()), 6, 50)      # the fallback fills gaps
     with pytest.raises(ValueError, match="the trace is empty"):
         check_trace_covers(Replay(DelayTrace()), 1, 1)
+
+
+TRACE_FORMAT = "pgc_hvd.delay_trace/1"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"format": "pgc_hvd.delay_trace/1",\n "delays": [[0, 0, 1.0]', r"line 2 column \d+: not JSON"),
+    ("[[0, 0, 1.0]]", "not a delay trace \\(format None"),
+    ('{"format": "other/2", "delays": []}', "not a delay trace \\(format 'other/2'"),
+    (f'{{"format": "{TRACE_FORMAT}"}}', "needs a 'delays' list"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": {{"0": 1}}}}', "needs a 'delays' list"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0, 0, 1.0], [1, 0]]}}',
+     r"entry 1 \(\[1, 0\]\): an entry must be \[worker, step, seconds\]"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0, 0, 1.0], 7]}}', "entry 1 \\(7\\)"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0, "a", 1.0]]}}', "entry 0 .*step must be an int"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0.5, 0, 1.0]]}}', "entry 0 .*worker must be an int"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[-1, 0, 1.0]]}}', "entry 0 .*worker must be an int >= 0"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0, 0, 1.0], [1, 0, -0.5]]}}',
+     "entry 1 .*delay must be finite seconds >= 0"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0, 0, NaN]]}}', "entry 0 .*finite seconds"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0, 0, Infinity]]}}', "entry 0 .*finite seconds"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0, 0, "1"]]}}', "entry 0 .*finite seconds"),
+    (f'{{"format": "{TRACE_FORMAT}", "delays": [[0, 0, 1.0], [0, 0, 2.0]]}}',
+     "entry 1: worker 0, step 0 appears twice"),
+])
+def test_a_damaged_trace_is_refused_naming_file_and_entry(tmp_path, text, message):
+    """Bad JSON, wrong structure, missing keys, and negative, NaN or infinite delays: a
+    ValueError naming the file and the line or entry, when the trace is loaded."""
+    path = tmp_path / "trace.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"trace\.json[,:] .*" + message):
+        DelayTrace.load(path)
+    with pytest.raises(ValueError, match="trace.json"):
+        parse_delay(f"replay:{path}")
+
+
+def test_a_binary_trace_is_refused(tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match=r"trace\.json: not a JSON delay trace"):
+        DelayTrace.load(path)
