@@ -421,6 +421,11 @@ class DelayTrace:
                  model: Optional[dict] = None):
         self.delays: dict[tuple[int, int], float] = {
             (int(w), int(t)): float(v) for (w, t), v in (delays or {}).items()}
+        bad = next(((k, v) for k, v in self.delays.items() if not (math.isfinite(v) and v >= 0)),
+                   None)
+        if bad is not None:
+            raise ValueError(f"delay trace: worker {bad[0][0]}, step {bad[0][1]} has delay "
+                             f"{bad[1]}; delays must be finite seconds >= 0")
         self.model = model
 
     def __len__(self) -> int:

@@ -146,3 +146,9 @@ def test_a_binary_trace_is_refused(tmp_path):
     path.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match=r"trace\.json: not a JSON delay trace"):
         DelayTrace.load(path)
+
+
+def test_a_trace_built_in_memory_is_checked_too():
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="worker 1, step 2 has delay .*finite seconds >= 0"):
+            DelayTrace({(0, 0): 0.5, (1, 2): bad})
