@@ -51,6 +51,8 @@ import numpy as np
 import torch
 
 import pgc_hvd.ops as ops
+from pgc_hvd.compress import TopK, make_codec, optimistic_default
+from pgc_hvd.compress.codecs import DenseCodec, ResidualMemory
 from pgc_hvd.options import is_count
 from pgc_hvd.runtime.agent import AgentError, CommAgent, Outgoing
 from pgc_hvd.flat_layout import FlatLayout
@@ -72,32 +74,8 @@ def _takes_three(fn) -> bool:
     return pos >= 3
 
 
-@dataclass(frozen=True)
-class TopK:
-    """Top-kappa compression of the coded message: keep ``ratio * d`` entries (or ``k``)."""
-
-    ratio: float = 0.01
-    k: Optional[int] = None
-    error_feedback: bool = True
-    method: str = "exact"
-
-    def __post_init__(self) -> None:
-        if self.k is None and not (isinstance(self.ratio, (int, float)) and 0 < self.ratio <= 1):
-            raise ValueError(f"TopK: ratio = {self.ratio!r}; the fraction kappa/d of entries kept "
-                             "must lie in (0, 1], e.g. 0.01")
-        if self.k is not None and not is_count(self.k):
-            raise ValueError(f"TopK: k = {self.k!r}; give an int >= 1 entries, or None to use "
-                             "ratio")
-        if self.method not in ("exact", "threshold"):
-            raise ValueError(f"TopK: method = {self.method!r}; use 'exact' or 'threshold'")
-
-    def kappa(self, d: int) -> int:
-        k = self.k if self.k is not None else int(math.ceil(self.ratio * d))
-        return max(1, min(int(k), d))
-
-
 def _check_arguments(n: int, *, stragglers, compression, delays, records, timeout, poll_interval,
-                     on_record, on_update, replay_arrivals, scheme_options):
+                     on_record, on_update, replay_arrivals, scheme_options, optimistic=None):
     """Type and range checks of DistributedOptimizer's arguments, before any collective, each
     error naming the argument. Returns (s as an int, delays as a DelayModel or None); a delay
     spec string (``"exp:mean=0.1,seed=1"``) is parsed as the simulator's ``--delay``."""
@@ -115,6 +93,9 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
     if compression is not None and not isinstance(compression, TopK):
         raise TypeError(f"compression must be None (dense messages) or pgc_hvd.runtime.TopK(...), "
                         f"got {compression!r}; Horovod's hvd.Compression does not apply here")
+    if optimistic is not None and not isinstance(optimistic, bool):
+        raise TypeError(f"optimistic must be None (by message size), True or False, got "
+                        f"{optimistic!r}")
     if isinstance(delays, str):
         delays = parse_delay(delays)
     if delays is not None and not callable(getattr(delays, "sample", None)):
@@ -159,7 +140,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         stragglers, delays = _check_arguments(
             self.n, stragglers=stragglers, compression=compression, delays=delays,
             records=records, timeout=timeout, poll_interval=poll_interval, on_record=on_record,
-            on_update=on_update, replay_arrivals=replay_arrivals, scheme_options=scheme_options)
+            on_update=on_update, replay_arrivals=replay_arrivals, scheme_options=scheme_options,
+            optimistic=optimistic)
         params = [p for g in self.param_groups for p in g["params"]]
         if named_parameters is not None:
             named = list(named_parameters)
@@ -175,7 +157,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         scheme_options = dict(scheme_options or {})
         if control not in ("allgather", "store"):
             raise ValueError(f"control must be 'allgather' or 'store', got {control!r}")
-        self._pgc_check_config(str(scheme), int(stragglers), scheme_options, compression, control)
+        self._pgc_check_config(str(scheme), int(stragglers), scheme_options, compression, control,
+                               name=name, optimistic=optimistic, replay=replay_arrivals)
         from pgc_hvd.schemes import get_scheme
         self.scheme = get_scheme(scheme, self.n, int(stragglers), **scheme_options)
         self._pgc_delays = delays
@@ -213,8 +196,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_ring = [lay.zeros() for _ in range(nslots)]
         self._pgc_slot_versions = [-1] * L
         self._pgc_msg = lay.zeros() if not self._pgc_complex else None
-        self._pgc_residual = (lay.zeros() if isinstance(compression, TopK) and
-                              compression.error_feedback else None)
+        d = lay.numel
+        memory = (ResidualMemory(d, lay.device) if isinstance(compression, TopK) and
+                  compression.error_feedback and not self._pgc_complex else None)
+        self._pgc_codec = make_codec(d, compression, complex_messages=self._pgc_complex,
+                                     memory=memory)
+        self._pgc_residual = None if memory is None else memory.residual
         self._pgc_plan = None
         self._pgc_done_slots: set = set()
         self._pgc_target = None
@@ -224,23 +211,20 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_compute_start = None
         self._pgc_closed = False
         self._pgc_t0 = time.time()
-        d = lay.numel
-        if isinstance(compression, TopK):
-            width = 2 * compression.kappa(d)
-        elif self._pgc_complex:
-            width = 2 * d
-        else:
-            width = d
-        self._pgc_width = width
+        self._pgc_width = width = self._pgc_codec.width
+        if optimistic is None:   # small payloads ride with the control rows (compress.transport)
+            optimistic = control == "allgather" and optimistic_default(
+                self._pgc_codec.payload_bytes, torch.device(lay.device).type == "cpu")
+        self._pgc_optimistic = bool(optimistic)
         channel = None
         if control == "store":
             from pgc_hvd.runtime.control_store import StoreChannel
             channel = StoreChannel.create(hvd, self.rank, self.n, name, timeout)
         self._pgc_agent = CommAgent(
-            hvd, self.scheme, self.rank, d, max(L, self.scheme.c), payload_width=width, decode=self._pgc_decode,
+            hvd, self.scheme, self.rank, d, max(L, self.scheme.c), codec=self._pgc_codec,
             device=lay.device, timeout=timeout, poll_interval=poll_interval,
             on_step=self._pgc_record_step if (self.rank == 0) else None, name=name, replay=replay,
-            optimistic=optimistic, channel=channel)
+            optimistic=self._pgc_optimistic, channel=channel)
         # bounded staleness: the bound c it was built with (set_staleness_bound may lower it)
         c0 = getattr(self.scheme, "c_bound", None)
         self._pgc_c0 = None if c0 is None else int(c0)
@@ -249,29 +233,63 @@ class _PGCOptimizer(torch.optim.Optimizer):
                            for p in lay.params]
 
     # -- construction checks ----------------------------------------------------
-    def _pgc_check_config(self, scheme, s, options, compression, control="allgather"):
-        """Every rank compares (scheme, s, options, compression, parameter layout); a mismatch
-        raises the same clear error on every rank before any scheme is built."""
-        hvd = self._pgc_hvd
-        desc = repr((scheme.lower(), s, sorted(options.items()), repr(compression), control))
-        mine = torch.tensor([[zlib.crc32(desc.encode()), s] + self._pgc_layout.signature()],
-                            dtype=torch.float64)
-        handle = hvd.allgather_async(mine, name="pgc.config")
-        deadline = time.monotonic() + self._pgc_timeout
-        while not hvd.poll(handle):
-            if time.monotonic() > deadline:
-                raise AgentError(f"rank {self.rank}: ranks did not all construct the "
-                                 f"DistributedOptimizer within {self._pgc_timeout:.0f}s")
-            time.sleep(0.001)
-        allrows = hvd.synchronize(handle)
-        bad = [r for r in range(self.n) if not torch.equal(allrows[r], allrows[0])]
+    def _pgc_check_config(self, scheme, s, options, compression, control="allgather", *,
+                          name="pgc", optimistic=None, replay=None):
+        """Every rank compares everything that must agree across ranks before any scheme is built
+        (:func:`pgc_hvd.runtime.consistency.optimizer_fingerprint`: scheme, s, options,
+        compression, control, name, optimistic, replayed arrivals, the optimizer class and every
+        hyper-parameter of every param group, the parameters' dtypes, device kind and shapes);
+        a mismatch raises the same ValueError on every rank, naming each field that differs, the
+        ranks that differ from rank 0 and their values. The collectives are named
+        ``pgc.config.*`` whatever ``name`` is, so a different ``name`` is reported, not waited
+        on. Local checks that need no collective come first (:meth:`_pgc_check_dtypes`)."""
+        from pgc_hvd.compress.transport import optimistic_threshold
+        from pgc_hvd.runtime import consistency
+
+        self._pgc_name = str(name)
+        self._pgc_loader_fps: list = []   # loader fingerprints already compared (batches())
+        self._pgc_last_loader = None      # the loader last passed to batches() (checked)
+        self._pgc_bad_checked = 0         # bad_log entries already looked at (_pgc_check_params)
+        self._pgc_grad_bufs: dict = {}    # param id -> update buffer in the parameter's dtype
+        self._pgc_got_grad = False        # a gradient reached the current partition's slot
+        self._pgc_check_dtypes()
+        # the effective optimistic setting follows from the payload size (the same on every rank
+        # once the rest agrees) and PGC_HVD_OPTIMISTIC_BYTES (per rank)
+        opt_field = (bool(optimistic) if optimistic is not None else
+                     f"by payload size (at most {optimistic_threshold()} bytes, "
+                     f"PGC_HVD_OPTIMISTIC_BYTES)")
+        fp = consistency.optimizer_fingerprint(
+            type(self).__bases__[0], self.param_groups, self._pgc_layout.params, scheme=scheme,
+            stragglers=s, options=options, compression=compression, control=control,
+            name=str(name), optimistic=opt_field, replay=replay)
+        rows = consistency.gather_fingerprints(
+            self._pgc_hvd, fp, name="pgc.config", timeout=self._pgc_timeout, rank=self.rank,
+            what="the construction check of DistributedOptimizer (every rank must construct it)")
+        diffs = consistency.fingerprint_differences(rows)
+        if diffs:
+            raise ValueError(consistency.mismatch_message(
+                diffs, what="pgc_hvd.DistributedOptimizer",
+                fix=f"Every rank must build the optimizer with the same arguments, "
+                    f"hyper-parameters and model: compute them from the same configuration, not "
+                    f"from the rank (world size {self.n})."))
+
+    def _pgc_check_dtypes(self) -> None:
+        """Parameters must be real floating point. fp16, bf16 and fp64 parameters work: the ring,
+        the coded messages and the decoded update are fp32 (the kernels' dtype; gradients are
+        added into the fp32 ring slots as they arrive), and the update is cast to each
+        parameter's dtype when it is applied (:meth:`_pgc_apply`), so an fp64 gradient is
+        rounded to fp32 on its way, an fp16/bf16 one is not rounded further. Complex
+        parameters have no fp32 ring form: refused here, before any collective."""
+        bad = [(i, p.dtype) for i, p in enumerate(self._pgc_layout.params)
+               if not p.dtype.is_floating_point]
         if bad:
-            rows = {r: allrows[r].tolist() for r in range(self.n)}
-            raise ValueError(
-                f"pgc_hvd.DistributedOptimizer: ranks {bad} were built with a different scheme, "
-                f"stragglers, options, compression, control or model than rank 0 (per rank [config hash, "
-                f"s, #tensors, d]: {rows}); every rank must pass the same arguments. This rank "
-                f"has scheme={scheme!r}, stragglers={s}, options={options}, world size {self.n}")
+            names = getattr(self, "_pgc_names", {})
+            which = ", ".join(f"{names.get(id(self._pgc_layout.params[i]), f'#{i}')} "
+                              f"({str(dt).replace('torch.', '')})" for i, dt in bad[:5])
+            raise TypeError(f"pgc_hvd.DistributedOptimizer: parameters {which} are not real "
+                            f"floating point; the ring and messages are fp32 vectors. Use "
+                            f"float32, float16, bfloat16 or float64 parameters (e.g. keep real "
+                            f"and imaginary parts as two real parameters)")
 
     # -- data side ---------------------------------------------------------------
     @property
@@ -327,14 +345,60 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     def batches(self, loader):
         """Yield the batch of every partition the scheme wants this rank to evaluate now, with
-        the gradient target set to its ring slot (run forward + backward on each)."""
+        the gradient target set to its ring slot (run forward + backward on each).
+
+        A batch whose loop body runs no backward (``continue``) leaves its slot without a
+        gradient: :meth:`step` then refuses ("slots ... got no gradient") instead of sending a
+        zero gradient for it. The first time a loader is seen its partitioning is compared
+        across ranks (:meth:`_pgc_check_loader`)."""
+        self._pgc_check_loader(loader)
         plan = self.work_plan
         for partition, slot in plan.evaluate:
             if self._pgc_overtaken():
                 return  # straggler_policy="cancel": this step fired without us
             self.begin_partition(slot)
+            self._pgc_got_grad = False
             yield loader.batch(partition, self.version)
-            self.end_partition()
+            if self._pgc_got_grad:
+                self.end_partition()
+            else:  # no backward reached the slot: it stays missing, step() names it
+                self._pgc_target = None
+                self._pgc_target_slot = None
+
+    def _pgc_check_loader(self, loader) -> None:
+        """Compare the loader's partitioning across ranks
+        (:func:`pgc_hvd.runtime.consistency.loader_fingerprint`: class, n, seed, batch size,
+        partitions, samples and labels of a PartitionLoader) the first time this loader object
+        is passed to :meth:`batches`, and again whenever a loader with a partitioning not
+        compared before is passed: one collective on the training thread, so every rank must
+        pass its loaders in the same order; the same loader again costs nothing. A mismatch
+        raises the same ValueError on every rank naming the field and the ranks."""
+        if loader is self._pgc_last_loader:
+            return
+        from pgc_hvd.runtime import consistency
+        from pgc_hvd.runtime.loader import PartitionLoader
+
+        n_parts = loader.n if isinstance(loader, PartitionLoader) else None
+        if n_parts is not None and n_parts != self.n:
+            raise ValueError(f"pgc_hvd: the loader splits the data into n = {n_parts} partitions "
+                             f"but {self.scheme.name} runs on {self.n} ranks, one partition per "
+                             f"rank: build it with n=hvd.size()")
+        fp = consistency.loader_fingerprint(loader)
+        if fp not in self._pgc_loader_fps:
+            k = len(self._pgc_loader_fps)
+            rows = consistency.gather_fingerprints(
+                self._pgc_hvd, fp, name=f"{self._pgc_name}.loader.{k}",
+                timeout=self._pgc_timeout, rank=self.rank,
+                what=f"the comparison of loader {k} across ranks at its first batches() (every "
+                     f"rank must iterate optimizer.batches(loader) with its loaders in the same "
+                     f"order)")
+            diffs = consistency.fingerprint_differences(rows)
+            if diffs:
+                raise ValueError(consistency.mismatch_message(
+                    diffs, what="pgc_hvd: optimizer.batches(loader)", hint=consistency.LOADER_HINT,
+                    fix="Build the loader from the same data and arguments on every rank."))
+            self._pgc_loader_fps.append(fp)
+        self._pgc_last_loader = loader
 
     def _pgc_overtaken(self) -> bool:
         """straggler_policy="cancel": has the step this rank is computing been decided without
@@ -355,7 +419,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
                     f"of the work plan was evaluated; call optimizer.step() first")
             self.begin_partition(todo[0])
             self._pgc_implicit = True
-        self._pgc_layout.view(self._pgc_target, p).add_(p.grad)
+        self._pgc_layout.view(self._pgc_target, p).add_(p.grad)  # fp16/bf16/fp64 into fp32
+        self._pgc_got_grad = True
         p.grad = None
 
     # -- the step ------------------------------------------------------------------
@@ -376,10 +441,13 @@ class _PGCOptimizer(torch.optim.Optimizer):
             upto = self._pgc_replay_next()
             self._pgc_agent.wait_for(self.version if upto is None else upto - 1)
             self._pgc_apply_decided(upto)
-        except AgentError:
-            raise
+        except AgentError as err:
+            better = self._pgc_explain(err)
+            if better is err:
+                raise
+            raise better from err
         except BaseException:
-            self._pgc_agent.fail()
+            self._pgc_fail()
             raise
         return ret
 
@@ -398,10 +466,16 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 f"no gradient; iterate `for batch in optimizer.batches(loader)` (or use "
                 f"optimizer.partition(slot)) and run backward on each batch")
         t = self.version
+        packed = payload = None
         if self._pgc_complex:
             msg = sum(self._pgc_ring[sl].to(torch.complex64) * c for sl, c in plan.combine)
         elif self._pgc_ring_mode:
-            msg = self._pgc_msg
+            if isinstance(self._pgc_codec, DenseCodec):
+                # the dense payload row is the message: form it in place (one pass over d)
+                packed, payload = self._pgc_agent.payload_buffer()
+                msg = payload
+            else:
+                msg = self._pgc_msg
             ops.coded_accumulate(msg, [self._pgc_ring[sl] for sl, _ in plan.combine],
                                     [float(c) for _, c in plan.combine])
         else:
@@ -421,7 +495,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if not finite:
             self._pgc_agent.report_bad(t, self._pgc_busy)
             return
-        packed, payload = self._pgc_agent.payload_buffer()
+        if payload is None:
+            packed, payload = self._pgc_agent.payload_buffer()
         error_norm = self._pgc_payload(msg, payload)
         slot_versions = tuple(self._pgc_slot_versions[sl] for sl, _ in plan.combine)
         self._pgc_agent.submit(Outgoing(t, t, payload, time.time(),
@@ -430,45 +505,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
                                self._pgc_busy)
 
     def _pgc_payload(self, msg: torch.Tensor, out: torch.Tensor) -> float:
-        """Write the message's payload row into ``out`` (one copy, no temporaries for dense).
+        """Write the message's payload row into ``out`` through the codec
+        (:mod:`pgc_hvd.compress.codecs`; no copy when ``out`` already is the dense message).
         Returns ||C(u) - u||, the compression error the minimum-error class decoder ranks the
         classes by, when the scheme uses that decoder (nan otherwise: it costs a pass over d)."""
-        comp = self._pgc_compression
-        if isinstance(comp, TopK):
-            k = comp.kappa(msg.numel())
-            if self._pgc_residual is not None:
-                values, idx = ops.error_feedback_compress(msg, self._pgc_residual, k, comp.method,
-                                                          index_dtype=torch.int32)
-            else:
-                values, idx = ops.topk_compress(msg, k, comp.method, index_dtype=torch.int32)
-            out[:k].copy_(values)
-            out[k:].copy_(idx.view(torch.float32))
-            if getattr(self.scheme, "decoder", None) == "min-error":
-                return ops.compression_error_norm(msg, values, self._pgc_residual)
-        elif self._pgc_complex:
-            out.copy_(torch.view_as_real(msg).reshape(-1))
-        else:
-            out.copy_(msg)
-        return math.nan
-
-    def _pgc_decode(self, msgs, weights, decision) -> torch.Tensor:
-        d = self._pgc_layout.numel
-        out = self._pgc_layout.zeros()
-        if not msgs:
-            return out
-        if isinstance(self._pgc_compression, TopK):
-            k = self._pgc_width // 2
-            pairs = [(m[:k], m[k:].contiguous().view(torch.int32)) for m in msgs]
-            ops.decode_accumulate(out, pairs, [float(w) for w in weights], accumulate=False)
-            return out
-        if self._pgc_complex:
-            acc = torch.zeros(d, dtype=torch.complex64, device=out.device)
-            for m, w in zip(msgs, weights):
-                acc += torch.view_as_complex(m.view(d, 2)) * complex(w)
-            return acc.real.contiguous()
-        dense = [m.to(out.device) for m in msgs]
-        ops.decode_accumulate(out, dense, [float(w) for w in weights], accumulate=False)
-        return out
+        return self._pgc_codec.encode(
+            msg, out, error_norm=getattr(self.scheme, "decoder", None) == "min-error")
 
     def _pgc_replay_next(self) -> Optional[int]:
         """Replay: the next step this rank computes after the current one (None: not replaying)."""
@@ -490,10 +532,111 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_plan = None
         self._pgc_cancelled = False
         self._pgc_compute_start = time.monotonic()
+        self._pgc_check_params()
+
+    def _pgc_check_params(self) -> None:
+        """Stop every rank when this rank's parameters are non-finite.
+
+        The decoded updates are finite (non-finite messages are never used) and the same on
+        every rank, so parameters that hold NaN/Inf on one rank were changed outside the
+        optimizer (code that runs on one rank only, a hardware fault). Such a rank's messages
+        are non-finite at every later step: left to itself it would be a straggler for good,
+        use up the budget s, and end the run with ranks that differ (an inf model on rank 0 is
+        the one evaluated and saved). The run is stopped, not repaired: copying the others'
+        parameters would need a collective every rank joins at the same point, which the
+        agent's protocol does not have mid-step, and it would hide the fault (a bug in the
+        training script, or hardware) that made them non-finite; the ranks still hold a good
+        copy, so the run restarts from a checkpoint.
+
+        Cost: nothing per step. Only when a control round showed a non-finite message of this
+        rank (``bad_log``) does it look at its parameters, one pass over d: a message that is
+        non-finite because the loss was (a transient fault, the message is left out as a
+        straggler's) finds finite parameters and training goes on. The error names the rank,
+        the step of its first non-finite message and the parameters; this rank's agent tells
+        the others (``fail``), whose :class:`AgentError` names the rank and that step too
+        (:meth:`_pgc_explain`)."""
+        log = self._pgc_agent.bad_log
+        if len(log) == self._pgc_bad_checked:
+            return
+        new = log[self._pgc_bad_checked:]
+        self._pgc_bad_checked += len(new)
+        mine = [k for w, k in new if w == self.rank]
+        if not mine:
+            return
+        bad = [(i, p) for i, p in enumerate(self._pgc_layout.params)
+               if not bool(torch.isfinite(p).all())]
+        if not bad:
+            return
+        names = getattr(self, "_pgc_names", {})
+        which = ", ".join(
+            f"{names.get(id(p), f'#{i}')} ({int((~torch.isfinite(p)).sum())} of {p.numel()})"
+            for i, p in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        if not self._pgc_closed:
+            self._pgc_fail()
+        from pgc_hvd.runtime.consistency import NonFiniteParameters
+        raise NonFiniteParameters(
+            f"pgc_hvd: rank {self.rank}'s parameters hold NaN/Inf at step {min(mine)} (entries "
+            f"non-finite: {which}); its messages from step {min(mine)} on were non-finite and "
+            f"left out. The decoded updates are finite and the same on every rank, so something "
+            f"outside the optimizer changed this rank's parameters (code that runs on one rank "
+            f"only, a hardware fault). Every rank stops: restart from a checkpoint saved when "
+            f"the ranks agreed.")
+
+    def _pgc_fail(self) -> None:
+        """The training thread raised: tell the other ranks, and wait (at most ``timeout``)
+        until this rank's agent has stopped on the control round that shows it, so that the
+        others stop with an error naming this rank even when this process exits right after
+        (an exiting process shuts Horovod down, which the others would only see as a rank that
+        died)."""
+        agent = self._pgc_agent
+        agent.fail()
+        if not self._pgc_started:
+            return
+        deadline = time.monotonic() + self._pgc_timeout
+        with agent.cond:
+            while agent.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                agent.cond.wait(min(left, 0.05))
+
+    def _pgc_explain(self, err: AgentError) -> AgentError:
+        """``err`` with what this rank knows about its cause: a rank that failed right after
+        its messages turned non-finite (:meth:`_pgc_check_params`: its parameters are); the
+        same error when there is nothing to add."""
+        import re
+
+        m = re.search(r"rank\(s\) \[([\d, ]+)\] failed", str(err))
+        if m is None:
+            return err
+        notes = []
+        for w in (int(x) for x in m.group(1).split(",")):
+            steps = sorted({k for v, k in self._pgc_agent.bad_log if v == w})
+            if not steps or w == self.rank:
+                continue
+            first = len(steps) - 1       # start of the last run of non-finite messages
+            while first > 0 and steps[first] - steps[first - 1] <= 2:
+                first -= 1
+            notes.append(f"rank {w} stopped right after its messages from step {steps[first]} on "
+                         f"held NaN/Inf: a rank whose parameters became non-finite stops every "
+                         f"rank (rank {w}'s own error names the parameters)")
+        if not notes:
+            return err
+        return type(err)(f"{err}; " + "; ".join(notes))
 
     def _pgc_apply(self, flat: torch.Tensor) -> None:
+        """Apply one decoded update (fp32) with the user's optimizer rule. Parameters of another
+        dtype (fp16, bf16, fp64) get the update cast to their dtype, in a buffer kept per
+        parameter (no allocation per step; fp32 parameters take views of ``flat``)."""
         lay = self._pgc_layout
+        bufs = self._pgc_grad_bufs
         for p, v in lay.views(flat):
+            if p.dtype != v.dtype:
+                buf = bufs.get(id(p))
+                if buf is None:
+                    buf = bufs[id(p)] = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                buf.copy_(v)
+                v = buf
             p.grad = v
         super(self.__class__, self).step()
         for p in lay.params:
@@ -504,18 +647,50 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_apply_decided()
 
     def close(self) -> None:
-        """End of training on this rank: serve collectives until every rank is done."""
+        """End of training on this rank: serve collectives until every rank is done, apply the
+        updates decided after this rank's loop ended, and compare the parameters across ranks.
+
+        Every rank's agent stops at the same control round (the first that shows every rank
+        done), so every rank has the same decisions; applying the ones it has not applied yet
+        leaves every rank at the same final ``version`` and, the updates being identical, the
+        same parameters (so saving after ``close()`` is safe). That is then checked: each rank
+        allgathers ``[version, digest]`` (int64; a 63-bit BLAKE2b digest of its parameters'
+        bits, one pass over d, :func:`pgc_hvd.runtime.consistency.tensors_digest`), and any
+        disagreement raises :class:`AgentError` on every rank naming the ranks that differ from
+        the majority."""
         if self._pgc_closed:
             return
         self._pgc_closed = True
-        if not self._pgc_started:
-            self._pgc_agent.start()
-            self._pgc_started = True
-        self._pgc_agent.finish()
-        for h in self._pgc_hooks:
-            h.remove()
-        if self._pgc_records is not None and hasattr(self._pgc_records, "close"):
-            self._pgc_records.close()
+        try:
+            if not self._pgc_started:
+                self._pgc_agent.start()
+                self._pgc_started = True
+            try:
+                self._pgc_agent.finish()
+            except AgentError as err:
+                better = self._pgc_explain(err)
+                if better is err:
+                    raise
+                raise better from err
+            from pgc_hvd.runtime import consistency
+
+            fault = None
+            try:
+                self._pgc_apply_decided()
+            except consistency.NonFiniteParameters as err:
+                fault = err   # raised after the comparison, which the other ranks wait for
+            differ = consistency.compare_digests(
+                self._pgc_hvd, self.version, consistency.tensors_digest(self._pgc_layout.params),
+                name=f"{self._pgc_name}.close", timeout=self._pgc_timeout, rank=self.rank)
+            if fault is not None:
+                raise fault
+            if differ is not None:
+                raise AgentError(differ)
+        finally:
+            for h in self._pgc_hooks:
+                h.remove()
+            if self._pgc_records is not None and hasattr(self._pgc_records, "close"):
+                self._pgc_records.close()
 
     @property
     def staleness_bound(self) -> Optional[int]:
@@ -566,6 +741,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         dec = update.decision
         info = dict(dec.info)
         extra = {"control_rounds": update.info.get("control_rounds"),
+                 "collective": update.info.get("collective"),
                  "arrived": list(dec.arrived),
                  "nonfinite_ranks": [w for w, k in self._pgc_agent.bad_log if k == dec.step],
                  "gpu": gpu_stats()}
@@ -630,7 +806,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         agent = self._pgc_agent
-        agent.step = agent.first_step = self.version
+        agent.restart_at(self.version)
         self._pgc_plan = None
 
 
@@ -683,10 +859,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             and starts the newest model; the model of the paper's analysis, where every worker
             starts every step and s(t, i) >= t - c + 1. It cannot interrupt a forward/backward
             pass in progress.
-        optimistic: one-collective steps (default: on for CPU parameters): a rank's payload
-            travels in the same allgather as the control row that first shows it ready, so a
-            step that fires on that control round needs no data allgather (every rank then
-            receives every current-step payload, also the ones the decision leaves out).
+        optimistic: one-collective steps: a rank's payload travels in the same allgather as
+            the control row that first shows it ready, so a step that fires on that control
+            round needs no second collective (every rank then receives every current-step
+            payload, also the ones the decision leaves out: n payloads). Default (None): on for
+            CPU payload rows of at most ``pgc_hvd.compress.transport.OPTIMISTIC_BYTES``
+            (``PGC_HVD_OPTIMISTIC_BYTES``), where latency dominates; off above it, where the
+            step is decided on control rows alone and dense messages move in ONE allreduce of
+            the ranks' weighted contributions (2 (n-1)/n * 4d bytes per rank, as Horovod's),
+            sparse ones in an allgather of the chosen rows (:mod:`pgc_hvd.compress.transport`).
         control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
             Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;

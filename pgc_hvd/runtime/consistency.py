@@ -1,0 +1,263 @@
+"""What must agree across ranks, and the cheap collectives that check it.
+
+Every rank applies the same sequence of decoded updates, so the ranks' parameters stay
+bit-identical only if every rank starts from the same parameters and turns an update into a step
+the same way. This module holds the pieces :class:`pgc_hvd.DistributedOptimizer` uses to check
+that, each once (at construction, at the first ``batches()`` of a loader, at ``close()``), never
+per step:
+
+- :func:`optimizer_fingerprint`, :func:`loader_fingerprint`: the settings that must agree, as an
+  ordered ``{field: JSON value}`` dict (the optimizer class and every hyper-parameter of every
+  param group, scheme, s, options, compression, control, name, optimistic, the parameters'
+  dtypes, device kind and shapes; the loader's n, seed, batch size and partitions);
+- :func:`gather_fingerprints`: every rank's dict on every rank (one allgather of the lengths,
+  one of the UTF-8 JSON bytes; a few hundred bytes, polled with the timeout);
+- :func:`fingerprint_differences` and :func:`mismatch_message`: the fields whose values differ
+  from rank 0's and the ranks that hold them;
+- :func:`tensors_digest` and :func:`compare_digests`: a 63-bit BLAKE2b digest of the
+  parameters' bits (one pass over d, at ``close()`` only), allgathered as one int64 per rank with
+  the model version, so that no run ends with ranks that disagree.
+
+Only tensor collectives are used (``hvd.broadcast_object`` hangs with this Horovod build).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import zlib
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from pgc_hvd.runtime.agent import AgentError
+
+
+class NonFiniteParameters(AgentError):
+    """This rank's parameters hold NaN/Inf while the decoded updates are finite: they were
+    changed outside the optimizer; every rank stops (``DistributedOptimizer._pgc_check_params``)."""
+
+#: why a field must agree, appended to the error when it differs
+HINTS = {
+    "name": "it names the collectives: ranks with different names would wait for each other "
+            "until the timeout",
+    "optimistic": "it decides whether payloads ride in the control allgather: the ranks' "
+                  "rows would not parse",
+    "control": "every rank must exchange control rows through the same channel",
+    "optimizer class": "every rank must turn a decoded update into the same step",
+    "parameter dtypes": "cast the model the same way on every rank (model.to(dtype))",
+    "device kind": "put the model on the same kind of device on every rank",
+    "parameter shapes": "build the same model on every rank",
+}
+LOADER_HINT = ("build the loader with the same data, seed and batch_size on every rank: gradient "
+               "coding recovers the full gradient only if the replicas of a partition evaluate "
+               "the same samples")
+
+
+def canonical(value):
+    """A JSON-able form of a setting that is equal on two ranks exactly when the setting is
+    (floats keep every bit through ``repr``; tensors become lists, or a digest when large;
+    objects whose repr holds a memory address are named by their class)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if np.isfinite(value) else repr(value)
+    if isinstance(value, (np.integer, np.floating)):
+        return canonical(value.item())
+    if torch.is_tensor(value):
+        t = value.detach().cpu()
+        if t.numel() <= 16:
+            return {"tensor": [canonical(x) for x in t.reshape(-1).tolist()],
+                    "dtype": str(t.dtype)}
+        return {"tensor_digest": tensors_digest([t]), "dtype": str(t.dtype),
+                "shape": list(t.shape)}
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, torch.dtype):
+        return str(value)
+    r = repr(value)
+    if " at 0x" in r:
+        return f"<{type(value).__module__}.{type(value).__qualname__}>"
+    return r
+
+
+def _runs(items: Sequence[str]) -> str:
+    """Run-length form, in order: ``float16 x2, float32 x4``."""
+    out, prev, k = [], None, 0
+    for it in list(items) + [None]:
+        if it == prev:
+            k += 1
+            continue
+        if prev is not None:
+            out.append(f"{prev} x{k}")
+        prev, k = it, 1
+    return ", ".join(out)
+
+
+def optimizer_fingerprint(optimizer_class: type, param_groups: Sequence[dict],
+                          params: Sequence[torch.Tensor], *, scheme: str, stragglers: int,
+                          options: dict, compression, control: str, name: str,
+                          optimistic: bool, replay: Optional[Sequence] = None) -> dict:
+    """The ordered ``{field: value}`` of everything that must agree across ranks for the
+    ranks' parameters to stay identical (module doc). ``params`` are the parameters in the flat
+    layout's order; ``optimistic`` is the effective value (None resolved)."""
+    fp = {
+        "scheme": scheme.lower(), "stragglers": int(stragglers),
+        "scheme_options": canonical(dict(options)), "compression": repr(compression),
+        "control": control, "name": name, "optimistic": optimistic,
+        "replay_arrivals": (None if not replay else
+                            f"{len(replay)} arrivals, crc32 "
+                            f"{zlib.crc32(repr([tuple(map(int, a)) for a in replay]).encode())}"),
+        "optimizer class": f"{optimizer_class.__module__}.{optimizer_class.__qualname__}",
+        "param_groups (parameters per group)": [len(g["params"]) for g in param_groups],
+    }
+    for i, g in enumerate(param_groups):
+        for key in sorted(k for k in g if k != "params"):
+            fp[f"param_groups[{i}][{key!r}]"] = canonical(g[key])
+    fp["parameter dtypes"] = _runs([str(p.dtype).replace("torch.", "") for p in params])
+    fp["device kind"] = sorted({p.device.type for p in params})
+    shapes = repr([tuple(p.shape) for p in params]).encode()
+    fp["parameter shapes"] = (f"{len(params)} tensors, d = {sum(p.numel() for p in params)}, "
+                              f"shapes crc32 {zlib.crc32(shapes)}")
+    return fp
+
+
+def loader_fingerprint(loader) -> dict:
+    """The partitioning a loader serves, as far as it is known: every loader's class and its
+    ``n``, ``seed`` and ``batch_size`` when it has them; for a
+    :class:`~pgc_hvd.runtime.loader.PartitionLoader` also the number, shape and dtype of the
+    samples and CRC32s of the partitions' indices and of the labels (one pass over the indices
+    and labels, not over the samples)."""
+    cls = type(loader)
+    fp = {"loader class": f"{cls.__module__}.{cls.__qualname__}"}
+    for key in ("n", "seed", "batch_size"):
+        if hasattr(loader, key):
+            fp[f"loader {key}"] = canonical(getattr(loader, key))
+    parts = getattr(loader, "partitions", None)
+    if parts is not None:
+        crc = 0
+        for p in parts:
+            crc = zlib.crc32(np.ascontiguousarray(np.asarray(p, dtype=np.int64)).tobytes(), crc)
+        fp["loader partitions"] = f"{len(parts)} partitions of sizes crc32 " \
+            f"{zlib.crc32(repr([len(p) for p in parts]).encode())}, indices crc32 {crc}"
+    X, y = getattr(loader, "X", None), getattr(loader, "y", None)
+    if torch.is_tensor(X):
+        fp["loader samples"] = f"{tuple(X.shape)} {str(X.dtype).replace('torch.', '')}"
+    if torch.is_tensor(y):
+        fp["loader labels"] = f"{len(y)} labels, digest {tensors_digest([y])}"
+    return fp
+
+
+def _wait(hvd, handle, timeout: float, what: str, rank: int):
+    from pgc_hvd.runtime.agent import wait_for_handle
+
+    if not wait_for_handle(hvd, handle, timeout):
+        raise AgentError(f"rank {rank}: {what} got no answer within {timeout:.0f}s: the other "
+                         f"ranks did not reach it (a rank died, hung, or runs a different "
+                         f"training script)")
+    return hvd.synchronize(handle)
+
+
+def gather_fingerprints(hvd, fingerprint: dict, *, name: str, timeout: float, rank: int,
+                        what: str) -> list[dict]:
+    """Every rank's ``fingerprint`` on every rank, in rank order: two allgathers (the byte
+    lengths as int64, then the UTF-8 JSON bytes as uint8; Horovod concatenates rows of different
+    lengths), each polled with ``timeout``."""
+    raw = json.dumps(fingerprint).encode()
+    mine = torch.tensor([len(raw)], dtype=torch.int64)
+    lens = _wait(hvd, hvd.allgather_async(mine, name=f"{name}.len"), timeout, what, rank)
+    data = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
+    got = _wait(hvd, hvd.allgather_async(data, name=f"{name}.json"), timeout, what, rank)
+    out, off, buf = [], 0, got.numpy().tobytes()
+    for k in lens.tolist():
+        out.append(json.loads(buf[off:off + k].decode()))
+        off += k
+    return out
+
+
+_ABSENT = "<absent>"
+
+
+def fingerprint_differences(rows: Sequence[dict]) -> list[tuple[str, list[int], dict]]:
+    """``[(field, ranks whose value differs from rank 0's, {rank: value})]`` for every field on
+    which the ranks do not all agree, in rank 0's field order (fields only other ranks have
+    last)."""
+    fields = list(rows[0])
+    for r in rows[1:]:
+        fields += [f for f in r if f not in fields]
+    out = []
+    for f in fields:
+        vals = [json.dumps(r.get(f, _ABSENT), sort_keys=True) for r in rows]
+        if len(set(vals)) > 1:
+            bad = [r for r, v in enumerate(vals) if v != vals[0]]
+            out.append((f, bad, {r: row.get(f, _ABSENT) for r, row in enumerate(rows)}))
+    return out
+
+
+def _short(v, width: int = 90) -> str:
+    s = v if isinstance(v, str) else json.dumps(v)
+    return s if len(s) <= width else s[:width - 3] + "..."
+
+
+def mismatch_message(diffs, *, what: str, fix: str, hints: Optional[dict] = None,
+                     hint: Optional[str] = None) -> str:
+    """One error for every rank: per differing field, the ranks that differ from rank 0 and the
+    values (rank 0's first, then each differing rank's)."""
+    hints = HINTS if hints is None else hints
+    parts = []
+    shown_max = 4
+    for field, bad, vals in diffs[:shown_max]:
+        shown = "; ".join(f"rank {r}: {_short(vals[r])}" for r in [0] + bad[:4])
+        more = f"; and {len(bad) - 4} more ranks" if len(bad) > 4 else ""
+        why = hints.get(field) or hint
+        parts.append(f"ranks {bad} were built with a different {field} than rank 0 "
+                     f"({shown}{more}){'' if not why else f' ({why})'}")
+    if len(diffs) > shown_max:
+        parts.append(f"and {len(diffs) - shown_max} more fields differ: "
+                     + ", ".join(f for f, _, _ in diffs[shown_max:shown_max + 12])
+                     + (", ..." if len(diffs) > shown_max + 12 else ""))
+    return f"{what}: " + "; ".join(parts) + f". {fix}"
+
+
+def tensors_digest(tensors: Iterable[torch.Tensor]) -> int:
+    """A 63-bit BLAKE2b digest of the tensors' bits, in order (dtype-exact: a parameter that
+    differs in one bit, or -0.0 against 0.0, gives another digest). One pass over the data (a
+    device tensor is copied to the host once)."""
+    h = hashlib.blake2b(digest_size=8)
+    for t in tensors:
+        t = t.detach().reshape(-1).contiguous()
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).cpu().numpy().tobytes())
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def compare_digests(hvd, version: int, digest: int, *, name: str, timeout: float,
+                    rank: int) -> Optional[str]:
+    """Allgather ``[version, digest]`` (int64) from every rank; returns None when every rank
+    holds the same, else an error message naming the ranks that differ from the majority (ties:
+    from rank 0's group) and every rank's version."""
+    mine = torch.tensor([[int(version), int(digest)]], dtype=torch.int64)
+    rows = _wait(hvd, hvd.allgather_async(mine, name=name), timeout,
+                 "close()'s comparison of the parameters across ranks", rank).tolist()
+    keys = [tuple(r) for r in rows]
+    if len(set(keys)) == 1:
+        return None
+    groups: dict = {}
+    for r, k in enumerate(keys):
+        groups.setdefault(k, []).append(r)
+    ordered = sorted(groups.values(), key=lambda rs: (-len(rs), rs[0]))
+    ref = ordered[0]
+    odd = sorted(r for rs in ordered[1:] for r in rs)
+    versions = [k[0] for k in keys]
+    what = ("hold parameters that differ from" if len(set(versions)) == 1 else
+            "end at a different model version or with different parameters than")
+    return (f"pgc_hvd: after close(), ranks {odd} {what} ranks {ref} (model version per rank "
+            f"{versions}; parameter digests {[hex(k[1]) for k in keys]}): every rank applied "
+            f"the same decoded updates, so something outside the optimizer changed the "
+            f"parameters of some ranks (code that runs on one rank only, a different model or "
+            f"initialisation without hvd.broadcast_parameters, a hardware fault). Do not save or "
+            f"evaluate this model; restart from a checkpoint saved when the ranks agreed.")

@@ -1,0 +1,80 @@
+"""Multi-rank tests of issue 15's consistency faults (each launches audit_checks.py under
+horovodrun): non-finite parameters on one rank, ranks that differ at close(), a rank that stops
+early, settings that must agree across ranks, fp16/bf16/fp64 models, a skipped backward."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "audit_checks.py"
+
+
+def _checks(proc):
+    lines = proc.stdout.splitlines()
+    return ({line.split("CHECK ", 1)[1].split(" ok")[0] for line in lines
+             if "CHECK " in line and " ok rank=0" in line},
+            sum("ALL OK rank=" in line for line in lines))
+
+
+def _clear_errors(proc, np_):
+    clear = {int(m.group(1)): m.group(2) for m in
+             re.finditer(r"CLEAR-ERROR rank=(\d+): (.*)", proc.stdout)}
+    assert "NO-ERROR" not in proc.stdout, proc.stdout + proc.stderr
+    assert sorted(clear) == list(range(np_)), proc.stdout + proc.stderr
+    return clear
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("bad", [0, 1])
+def test_nonfinite_parameters_stop_every_rank_naming_rank_and_step(horovodrun, bad):
+    """Item 1: a rank whose parameters became inf at step 10 stops the run on every rank; its own
+    error names the parameter, every rank's error names the rank and the step."""
+    proc = horovodrun(3, SCRIPT, "nonfinite", bad, timeout=180, check=False)
+    clear = _clear_errors(proc, 3)
+    for r, msg in clear.items():
+        assert f"rank {bad}" in msg and "step 10" in msg, (r, msg)
+    assert "0.weight" in clear[bad] and "NaN/Inf" in clear[bad], clear[bad]
+
+
+@pytest.mark.multirank
+def test_close_compares_parameters_across_ranks(horovodrun):
+    """Item 1: parameters that differ (finite) at close() raise on every rank, naming rank 2."""
+    proc = horovodrun(3, SCRIPT, "diverged", timeout=180, check=False)
+    clear = _clear_errors(proc, 3)
+    for r, msg in clear.items():
+        assert "ranks [2]" in msg and "differ" in msg, (r, msg)
+
+
+@pytest.mark.multirank
+def test_early_stop_catches_up_at_close_and_mixed_precision(horovodrun):
+    """Item 2: a rank that leaves its loop early ends at the others' version and parameters after
+    close(). Item 5: fp16, bf16 and fp64 models train (fp32 messages, update cast to the
+    parameter's dtype) and dgd matches the fp32 run within the dtype's rounding."""
+    proc = horovodrun(3, SCRIPT, "clean", timeout=300)
+    checks, all_ok = _checks(proc)
+    assert all_ok == 3, proc.stdout + proc.stderr
+    assert {"early_stop_catches_up_at_close", "dtypes_fp16_bf16_fp64"} <= checks
+
+
+@pytest.mark.multirank
+def test_settings_that_must_agree_are_compared_and_named(horovodrun):
+    """Item 3: lr, momentum, weight decay, betas, optimizer class, param groups, name,
+    optimistic, control, parameter dtype and the loader's seed and batch size: a rank that differs
+    gets a ValueError on every rank naming the field and ranks [1]."""
+    proc = horovodrun(3, SCRIPT, "config", timeout=240)
+    checks, all_ok = _checks(proc)
+    assert all_ok == 3, proc.stdout + proc.stderr
+    assert {"config_fields_named", "loader_partitioning_compared"} <= checks
+
+
+@pytest.mark.multirank
+def test_skipped_backward_in_batches_is_refused(horovodrun):
+    """Item 7: a batches() body that skips backward is 'got no gradient' on that rank (not a
+    zero gradient) and stops every rank."""
+    proc = horovodrun(3, SCRIPT, "skipped", timeout=180, check=False)
+    clear = _clear_errors(proc, 3)
+    assert "got no gradient" in clear[1], clear[1]
+    for r in (0, 2):
+        assert "rank(s) [1]" in clear[r] or "rank 1" in clear[r], clear[r]
