@@ -81,32 +81,40 @@ def worker(args) -> None:
 
     def clocks(pairs):
         """(start, end) of every repetition on every rank -> per repetition max(end) - max(start)."""
+        counter[0] += 1
         mine = torch.tensor(pairs, dtype=torch.float64).reshape(1, -1, 2)
         allp = hvd.allgather(mine, name=f"mc.clock.{counter[0]}")  # (n, reps, 2)
         return (allp[:, :, 1].max(dim=0).values - allp[:, :, 0].max(dim=0).values).tolist()
 
-    rows = []
-    for k in range(3):  # warm-up: first collectives set up gloo's pairs
+    for k in range(10):  # warm-up: the first collectives set up gloo's pairs and buffers
         timed("allreduce", torch.ones(16))
         timed("allgather", torch.ones(16))
+    cases = []
     for size in sizes_upto(args.max_floats):
-        reps = args.reps if size <= (1 << 20) else max(3, args.reps // 2)
         nbytes = 4 * size
-        cases = [("allreduce", "all", torch.ones(size), nbytes),
-                 ("allgather", "all", torch.ones(size), (n - 1) * nbytes),
-                 ("allgather", "one", torch.ones(size if rank == 0 else 0), nbytes)]
-        for kind, pattern, tensor, received in cases:
-            pairs = [timed(kind, tensor) for _ in range(reps)]
-            times = clocks(pairs)
-            rows.append({"n": n, "kind": kind, "pattern": pattern, "floats": size,
-                         "bytes": nbytes, "model_bytes": received,
-                         "median": statistics.median(times), "times": times})
-            if rank == 0:
-                print(f"[measure np={n}] {kind:9s} {pattern:3s} {nbytes:>10d} B: "
-                      f"median {statistics.median(times) * 1e3:9.3f} ms over {reps}",
-                      file=sys.stderr, flush=True)
+        cases += [("allreduce", "all", size, torch.ones(size), nbytes),
+                  ("allgather", "all", size, torch.ones(size), (n - 1) * nbytes),
+                  ("allgather", "one", size, torch.ones(size if rank == 0 else 0), nbytes)]
+    # repetitions round-robin over the cases, so that a burst of load from other jobs on the
+    # shared cores hits every size alike instead of all repetitions of one size
+    pairs = {i: [] for i in range(len(cases))}
+    for r in range(args.reps):
+        for i, (kind, _, size, tensor, _) in enumerate(cases):
+            if size > (1 << 20) and r >= max(3, args.reps // 2):
+                continue  # fewer repetitions above 4 MB (they take the time)
+            pairs[i].append(timed(kind, tensor))
+    rows = []
+    for i, (kind, pattern, size, tensor, received) in enumerate(cases):
+        times = clocks(pairs[i])
+        rows.append({"n": n, "kind": kind, "pattern": pattern, "floats": size,
+                     "bytes": 4 * size, "model_bytes": received,
+                     "median": statistics.median(times), "times": times})
+        if rank == 0:
+            print(f"[measure np={n}] {kind:9s} {pattern:3s} {4 * size:>10d} B: "
+                  f"median {statistics.median(times) * 1e3:9.3f} ms over {len(times)}",
+                  file=sys.stderr, flush=True)
     # local memory pass: every rank at once (the runtime's ranks share the cores too)
-    d = min(args.max_floats, 1 << 22)
+    d = 1 << 24  # 64 MB per vector: beyond the caches, as the runtime's d-float buffers
     x, y = torch.ones(d), torch.ones(d)
     hvd.allreduce(torch.zeros(1), name="mc.barrier.local")
     ts = []
@@ -140,8 +148,8 @@ def fit_document(results: list, reps: int, note: str = "") -> dict:
             "command": "python benchmarks/measure_collectives.py " + " ".join(sys.argv[1:]),
             "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                         "python": platform.python_version()},
-            "statistic": f"median over {reps} repetitions (3+ for sizes above 4 MB) of "
-                         "max(end) - max(start) over ranks",
+            "statistic": f"median over {reps} repetitions ({max(3, reps // 2)} above 4 MB), "
+                         "taken round-robin over the sizes, of max(end) - max(start) over ranks",
             "note": note,
             "fits": fits, "all": fit_network(everything),
             "local": {"pass_beta": statistics.median(pass_s),

@@ -41,8 +41,11 @@ Data planes (``plane``):
     issue 13's plane (DESIGN.md, "The data plane"): control rows only; after the decision every
     rank contributes sum_{u owned by it} a_u m_u (zeros when it owns none) to ONE ring allreduce
     of d float32. Sparse top-kappa messages are allgathered as (values, int32 indices) by the
-    chosen ranks, or densified and allreduced when that moves fewer bytes. Messages of at most
-    ``optimistic_below`` bytes ride with the control rows as in ``"allgather"``.
+    chosen ranks, or densified and allreduced when that moves fewer bytes (the runtime's rule,
+    :func:`pgc_hvd.compress.transport.choose_collective`). Messages of at most
+    ``optimistic_below`` bytes (default: the runtime's
+    :data:`~pgc_hvd.compress.transport.OPTIMISTIC_BYTES`) ride with the control rows as in
+    ``"allgather"``.
 
 ``message_bytes(payload)`` counts the bytes of a real message: a dense tensor's storage, or a
 sparse top-kappa pair (values, indices) as values + indices storage (int32 indices in the
@@ -61,6 +64,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
+
+from pgc_hvd.compress.transport import OPTIMISTIC_BYTES
 
 PLANES = ("allgather", "allgather-2phase", "allreduce")
 FIT_FORMAT = "pgc_hvd.comm_fit/1"
@@ -153,7 +158,7 @@ class CollectiveModel:
     plane: str = "allreduce"
     poll_interval: float = 0.002
     pass_beta: float = 0.0
-    optimistic_below: int = 0
+    optimistic_below: int = OPTIMISTIC_BYTES
     source: str = ""
 
     def __post_init__(self) -> None:

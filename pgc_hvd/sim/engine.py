@@ -71,6 +71,7 @@ import numpy as np
 import torch
 
 import pgc_hvd.ops as ops
+from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
 from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
 from pgc_hvd.schemes import Arrival, Scheme
@@ -479,7 +480,8 @@ class Simulator:
         extra["bytes_used"] = used_bytes
         extra["n_late"] = sum(1 for u in decision.uses if u.step < step)
         if self.collective:
-            step_bytes = self.total_bytes - self._bytes_at_last_fire
+            step_bytes = int(self._recv.max())
+            self._recv[:] = 0.0
             extra["control_rounds"] = self._rounds - self._rounds_at_last_fire
             extra["data_seconds"] = self._data_seconds
             self._rounds_at_last_fire = self._rounds
@@ -527,6 +529,7 @@ class Simulator:
         self._rounds_at_last_fire = 0
         self._data_seconds = 0.0
         self._empty_round = cm.allgather(self.n, [self._row_bytes] * self.n)
+        self._recv = np.zeros(self.n)      # bytes each rank received since the last update
 
     def _form_seconds(self, slots: int) -> float:
         """Coded accumulation of ``slots`` ring slots, finiteness check, copy to the send
@@ -558,19 +561,22 @@ class Simulator:
         period = wait + cost
         k = max(0, int(math.floor((t - end - wait) / period))) if t > end + wait else -1
         if k < 0:               # still in the first wait
-            self._enter_idle(end, wait, count=False)
+            self._enter_idle(end, wait)
             return
         start = end + wait + k * period   # start of the k-th empty round after `end`
         if t > start + period:            # rounding
             k += 1
             start += period
         self._rounds += k + 1
+        each = (self.n - 1) * self._row_bytes * (k + 1)
+        self._recv += each
+        self.total_bytes += int(each)
         if t <= start + cost:             # inside the (k+1)-th empty round: it ends at start+cost
             self._phase = "collective"
             self._round_id += 1
             self._push(start + cost, "ctl_end", self._round_id, {})
         else:                             # in the wait after it
-            self._enter_idle(start + cost, wait, count=False)
+            self._enter_idle(start + cost, wait)
 
     def _submit(self, wid: int) -> None:
         w = self.workers[wid]
@@ -586,14 +592,25 @@ class Simulator:
     def _start_round(self, t: float) -> None:
         sizes = [self._row_bytes + self._submitted.get(w, (None, 0))[1] for w in range(self.n)]
         cost = self.comm.allgather(self.n, sizes)
-        self.total_bytes += int(sum(sizes) - min(sizes))
+        self._received(allgather=sizes)
         self._phase = "collective"
         self._round_id += 1
         self._rounds += 1
         self._push(t + cost, "ctl_end", self._round_id, self._submitted)
         self._submitted = {}
 
-    def _enter_idle(self, end: float, wait: float, count: bool = True) -> None:
+    def _received(self, allgather=None, each: float = 0.0) -> None:
+        """Count the bytes every rank receives in a collective: an allgather of ``sizes`` (each
+        rank receives all but its own), or ``each`` bytes per rank (allreduce)."""
+        if allgather is not None:
+            total = sum(allgather)
+            self._recv += total - np.asarray(allgather, dtype=float)
+            self.total_bytes += int(total - min(allgather))
+        else:
+            self._recv += each
+            self.total_bytes += int(each)
+
+    def _enter_idle(self, end: float, wait: float) -> None:
         """After a collective that did not fire: ranks wait ``wait`` (or not, if woken)."""
         self._phase = "idle"
         self._last_end = end
@@ -648,31 +665,34 @@ class Simulator:
         cm: CollectiveModel = self.comm
         n, d4 = self.n, self.model_bytes
         uses = [(u.worker, u.step) for u in decision.uses]
-        owned = [0] * n          # bytes of each rank's used messages
-        for key in uses:
-            owned[key[0]] += self.store[key]["bytes"]
-        used_bytes = sum(owned)
+        used_bytes = sum(self.store[key]["bytes"] for key in uses)
         sparse = self.kappa is not None
-        missing = [0] * n
+        missing = [0] * n        # bytes of each rank's used messages not every rank holds
         for key in uses:
             if key not in self._cached:
                 missing[key[0]] += self.store[key]["bytes"]
-        if cm.plane in ("allgather", "allgather-2phase") or not any(missing):
-            # old planes (and steps whose payloads all rode along): allgather what is missing,
-            # then every rank decodes sum a_u m_u from the messages
-            moved = cm.allgather(n, missing) if any(missing) else 0.0
-            recv = sum(missing) - min(missing) if any(missing) else 0
-            seconds = moved + cm.local(used_bytes + d4)
+        if cm.plane in ("allgather", "allgather-2phase"):
+            # the planes before issue 13: allgather what is missing, then every rank decodes
+            # sum a_u m_u from the messages
+            seconds = cm.local(used_bytes + d4)
+            if any(missing):
+                seconds += cm.allgather(n, missing)
+                self._received(allgather=missing)
         else:
-            ar_bytes = 2 * (n - 1) / n * d4
-            recv_ag = sum(missing) - min(missing)
-            if sparse and recv_ag <= ar_bytes:    # allgather of the chosen (values, indices)
-                recv = recv_ag
+            # issue 13's plane, with the runtime's own rule (pgc_hvd.compress.transport)
+            needed = sum(1 for key in uses if key not in self._cached)
+            width = max(1, self.store[uses[0]]["bytes"] // 4) if uses else 1
+            kind = choose_collective(sparse=sparse, n=n, d=self.d, width=width, needed=needed)
+            cached = sum(self.store[key]["bytes"] for key in uses if key in self._cached)
+            if kind == "cached":
+                seconds = cm.local(used_bytes + d4)
+            elif kind == "allgather":      # the chosen (values, indices) rows
                 seconds = cm.allgather(n, missing) + cm.local(used_bytes + d4)
-            else:                                 # contribution sum a_u m_u, one allreduce
-                recv = int(ar_bytes)
-                seconds = cm.local(max(owned) + d4) + cm.allreduce(n, d4)
-        self.total_bytes += int(recv)
+                self._received(allgather=missing)
+            else:                          # each rank's sum a_u m_u, ONE allreduce
+                seconds = (cm.local(max(missing) + d4) + cm.allreduce(n, d4)
+                           + (cm.local(cached + d4) if cached else 0.0))
+                self._received(each=allreduce_bytes(n, self.d) * self.element_size / 4)
         self._cached = {k for k in self._cached if k[1] > decision.step
                         or (self._late_usable and k[1] >= decision.step - max(self.scheme.c, 1))}
         return seconds
