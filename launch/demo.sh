@@ -73,10 +73,11 @@ mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 START=$(date +%s)
 for scheme in $SCHEMES; do
-  echo "== $scheme: $NP ranks, s=1, $STEPS steps, SGD lr $LR momentum $MOMENTUM, compute" \
+  S=1; [[ $scheme == dgd ]] && S=0   # dgd waits for every rank: it takes s = 0 only
+  echo "== $scheme: $NP ranks, s=$S, $STEPS steps, SGD lr $LR momentum $MOMENTUM, compute" \
        "${COMPUTE}s/partition, delays $DELAY"
   timeout 300 "$HVDRUN" --gloo -np "$NP" -H "localhost:$NP" "$PY" -m pgc_hvd train \
-      --scheme "$scheme" --stragglers 1 --dataset digits --model cnn --steps "$STEPS" \
+      --scheme "$scheme" --stragglers "$S" --dataset digits --model cnn --steps "$STEPS" \
       --batch-size 32 --lr "$LR" --momentum "$MOMENTUM" --compute-time "$COMPUTE" \
       --delay "$DELAY" --target-loss "$TARGET" --progress-every 50 \
       --out "$OUT/$scheme" --force 2>"$OUT/$scheme.stderr.log" \

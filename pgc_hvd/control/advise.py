@@ -111,7 +111,8 @@ def observations(run_dir: Path, partition_time: Optional[float] = None) -> dict:
         raise ValueError(f"{rec_path}: no records with per-rank busy seconds")
     n, scheme_name, s = recs[0]["n"], recs[0]["scheme"], recs[0]["s"]
     from pgc_hvd.schemes import get_scheme
-    sch = get_scheme(scheme_name, n, s)
+    # dgd takes s = 0 only; records written before it refused s > 0 may say s = 1
+    sch = get_scheme(scheme_name, n, 0 if scheme_name == "dgd" else s)
     k = np.array([[max(1, len(sch.work_plan(w, r["step"]).evaluate)) for w in range(n)] for r in recs], float)
     busy = np.array([r["busy"] for r in recs], dtype=float)
     all_wait = all(len(r["workers_used"]) == n for r in recs)

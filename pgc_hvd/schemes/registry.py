@@ -44,7 +44,11 @@ def scheme_options(name: str) -> list[str]:
 
 
 def get_scheme(name: str, n: int, s: int, **options) -> Scheme:
-    """Build scheme ``name`` for n workers and straggler budget s (see module docs)."""
+    """Build scheme ``name`` for n workers and straggler budget s (see module docs).
+
+    Every scheme uses the s it is given; ``dgd``, which waits for all n workers, takes s = 0
+    only (a larger s is a ValueError, not silently ignored; see
+    :class:`~pgc_hvd.schemes.synchronous.DGD`)."""
     key = str(name).lower().replace("_", "-")
     if key not in SCHEMES:
         raise ValueError(f"unknown scheme {name!r}; valid names: {', '.join(SCHEMES)}")

@@ -83,7 +83,11 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
     ``control``, e.g. ``{"knob": "c", "high": 1.0, "every": 2}``) for schemes that use stale
     gradients (bounded staleness, PGC); exact schemes run without it. ``records_path``: where the
     records go (one JSON line per step); an existing non-empty file there is refused unless
-    ``overwrite=True``. Every argument is checked before that file is opened."""
+    ``overwrite=True``. Every argument is checked before that file is opened.
+
+    ``scheme="dgd"`` runs with s = 0 whatever ``s`` is: the papers' experiments run DGD, which
+    waits for every worker, beside the schemes of budget s, and this is the one place that
+    accepts it; its records and summary say s = 0 (``get_scheme("dgd", n, s)`` refuses s > 0)."""
     from pgc_hvd.control.rule import ControlConfig, adaptive_default
     if adaptive_default(scheme, adaptive):
         from pgc_hvd.control.sim import SimController
@@ -93,7 +97,8 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
         config.setdefault("diag_cost", True)
     tr, te = data if data is not None else prepare_data(dataset, seed=seed)
     task = build_task(model or default_model(tr), tr, seed=seed, zero_init=zero_init, dtype=dtype)
-    sch = get_scheme(scheme, n, s, **(scheme_options or {}))
+    baseline = isinstance(scheme, str) and scheme.lower() == "dgd"
+    sch = get_scheme(scheme, n, 0 if baseline else s, **(scheme_options or {}))
     parts = partition(tr.y, n, iid=iid, sizes=sizes, seed=seed)
     cfg = SimConfig(steps=steps, delay=delay, seed=seed, **config)
     sim = Simulator(sch, task, tr, parts, make_optimizer(optimizer), cfg, test=te)

@@ -107,8 +107,9 @@ def test_decisions_are_deterministic_serialisable_and_ignore_message_contents():
     for name in SCHEMES:
         if name in NEEDS_DIVISIBLE:
             continue
-        a = get_scheme(name, n, s).decide(2, [Arrival(int(w), 2, 2, rng.standard_normal(3)) for w in order])
-        b = get_scheme(name, n, s).decide(2, [Arrival(int(w), 2, 2, None) for w in order])
+        s_ = 0 if name == "dgd" else s      # dgd takes s = 0 only
+        a = get_scheme(name, n, s_).decide(2, [Arrival(int(w), 2, 2, rng.standard_normal(3)) for w in order])
+        b = get_scheme(name, n, s_).decide(2, [Arrival(int(w), 2, 2, None) for w in order])
         if name == "bounded-staleness":
             # its table fills from step-2 arrivals: shards are all present after n arrivals
             assert a is not None
@@ -180,3 +181,17 @@ def test_invalid_scheme_parameters():
     with pytest.raises(ValueError, match="c in"):
         get_scheme("is-gc", 6, 2, c=0)
     assert get_scheme("gmds", 6, 2, seed=3).code.seed == 3
+
+
+def test_dgd_refuses_a_straggler_budget_it_would_ignore():
+    """dgd waits for all n workers: s > 0 is an error naming the alternatives, not silently
+    dropped; is-sgd, its subclass, uses s. The experiment level (simulate) runs dgd beside
+    schemes of budget s with s = 0, and says so in its summary."""
+    with pytest.raises(ValueError, match=r"dgd waits for all n=6 workers.*s=1 would be ignored.*"
+                                         r"pass s=0.*is-sgd"):
+        get_scheme("dgd", 6, 1)
+    assert get_scheme("dgd", 6, 0).wait_for == 6
+    assert get_scheme("is-sgd", 6, 2).wait_for == 4
+    from pgc_hvd.sim.run import simulate
+    recs, summary = simulate("dgd", 4, 1, model="softmax", steps=2, partition_time=0.1)
+    assert summary["s"] == 0 and all(r.s == 0 and len(r.workers_used) == 4 for r in recs)

@@ -28,6 +28,7 @@ def digits():
 def run(digits, name, n=N, s=S, steps=STEPS, delay=None, model="softmax", **cfg):
     tr, te = digits
     task = build_task(model, tr, seed=0)
+    s = 0 if name == "dgd" else s     # dgd takes s = 0 only (it waits for every worker)
     scheme = get_scheme(name, n, s, **OPTIONS.get(name, {}))
     config = SimConfig(steps=steps, delay=delay if delay is not None else Exponential(1.0, seed=1),
                        partition_time=0.5, **cfg)

@@ -61,6 +61,7 @@ def test_minibatch_rows_are_gradients_on_the_drawn_samples(digits, model):
 def _run(digits, name, n=6, s=1, steps=8, delay="none", **cfg):
     tr, te = digits
     task = build_task("softmax", tr, seed=0)
+    s = 0 if name == "dgd" else s     # dgd takes s = 0 only (it waits for every worker)
     sim = Simulator(get_scheme(name, n, s), task, tr, partition(tr.y, n, seed=0),
                     lambda p: torch.optim.SGD(p, lr=0.5), SimConfig(steps=steps, delay=delay,
                                                                     partition_time=0.5, **cfg),
