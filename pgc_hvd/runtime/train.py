@@ -28,8 +28,9 @@ from pgc_hvd.options import parse_options
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pgc-hvd train", description=__doc__.split("\n\n")[0])
     p.add_argument("--scheme", default="pgc-cr")
-    p.add_argument("--stragglers", "--straggler-budget", dest="s", type=int, default=1,
-                   help="straggler budget s (not `--s`: horovodrun would take it for its own)")
+    p.add_argument("--stragglers", "--straggler-budget", dest="s", type=int, default=None,
+                   help="straggler budget s (default 1; dgd, which waits for every rank, takes 0 "
+                        "only; not `--s`: horovodrun would take it for its own)")
     p.add_argument("--dataset", default="digits")
     p.add_argument("--data-dir", default=None, help="local folder for cifar10 / imagefolder")
     p.add_argument("--model", default="cnn")
@@ -102,6 +103,13 @@ def main(argv=None) -> int:
         parser.error(str(err))
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
+    dgd = args.scheme.lower() == "dgd"
+    if args.s is None:
+        args.s = 0 if dgd else 1
+    elif dgd and args.s != 0:
+        parser.error(f"--stragglers {args.s}: dgd waits for every rank and tolerates no "
+                     "stragglers; pass --stragglers 0 (or leave it out), or choose a scheme that "
+                     "uses s (is-sgd, pgc-cr, bcgc, gc-cr)")
     if args.progress_every < 1:
         parser.error(f"--progress-every is a number of steps and must be >= 1, got "
                      f"{args.progress_every}")

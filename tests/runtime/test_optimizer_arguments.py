@@ -63,6 +63,7 @@ def test_bad_topk(kwargs, message):
     (["--compression", "topk:abc"], "topk:RATIO"),
     (["--compression", "gzip:0.1"], "topk:RATIO"),
     (["--progress-every", "0"], "--progress-every is a number of steps and must be >= 1"),
+    (["--scheme", "dgd", "--stragglers", "1"], "--stragglers 1: dgd waits for every rank"),
     (["--compute-time", "-1"], "--compute-time must be finite seconds >= 0"),
     (["--compute-time", "nan"], "--compute-time must be finite seconds >= 0"),
     (["--target-loss", "nan"], "--target-loss must be a finite loss"),
