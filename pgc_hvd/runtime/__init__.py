@@ -7,14 +7,15 @@
 * :class:`PartitionLoader` -- the n data partitions and, per step, the batches the scheme asks
   a rank to evaluate.
 * :class:`TopK` -- top-kappa compression of the coded messages (:mod:`pgc_hvd.compress`).
-* :func:`save_checkpoint` / :func:`load_checkpoint` -- model, optimizer, ring, step, RNG, trace.
+* :func:`save_checkpoint` / :func:`load_checkpoint` -- model, optimizer, ring, step, RNG, trace;
+  a restore is checked in full and agreed by every rank, or refused with :class:`CheckpointError`.
 """
 
 from pgc_hvd.runtime.agent import AgentError
-from pgc_hvd.runtime.checkpoint import load_checkpoint, save_checkpoint
+from pgc_hvd.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pgc_hvd.runtime.loader import PartitionLoader
 from pgc_hvd.compress import TopK
 from pgc_hvd.runtime.optimizer import DistributedOptimizer
 
 __all__ = ["DistributedOptimizer", "TopK", "PartitionLoader", "AgentError", "save_checkpoint",
-           "load_checkpoint"]
+           "load_checkpoint", "CheckpointError"]
