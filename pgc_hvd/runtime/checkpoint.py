@@ -13,8 +13,8 @@ never reads it).
 Restoring is all or nothing, on every rank: :func:`load_checkpoint` reads and checks the whole
 file first (a torch checkpoint with the keys :func:`save_checkpoint` writes; scheme, n, s and
 rank of this run; the shapes of the model's tensors, the ring buffers and the error-feedback
-residual; the optimizer's parameter groups), then the ranks compare, in one small collective,
-the step each read. Only when every rank's file passed and all hold the same step does any rank
+residual; the optimizer's parameter groups), then the ranks compare, in one small polled
+allgather, the step each read (a second carries the problems' texts when a rank refuses). Only when every rank's file passed and all hold the same step does any rank
 change its model and optimizer; otherwise every rank raises the same :class:`CheckpointError`
 naming each rank's file and problem, and nothing was changed.
 """
@@ -77,7 +77,8 @@ def save_checkpoint(path, model: torch.nn.Module, optimizer, extra: dict | None 
 
 def read_checkpoint(file) -> dict:
     """The state dict in checkpoint ``file``, or a CheckpointError naming the file (missing,
-    empty, truncated or damaged, not a checkpoint of :func:`save_checkpoint`)."""
+    empty, truncated or damaged, not a checkpoint of :func:`save_checkpoint`). The file is
+    unpickled (the RNG states are Python objects): read only checkpoints you trust."""
     file = os.fspath(file)
     if not os.path.isfile(file):
         what = "is a folder" if os.path.isdir(file) else "does not exist"
