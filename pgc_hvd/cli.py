@@ -26,7 +26,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("advise",): ("pgc_hvd.control.advise", "main",
                   "advise RUN_DIR: fit delays per rank, simulate schemes and s, rank them"),
     ("experiment",): ("pgc_hvd.sim.experiments", "main",
-                      "the papers' experiments: pgc, bcgc, staleness [--quick] --out DIR"),
+                      "experiments: pgc, bcgc, staleness (the papers'), scale [--quick] --out DIR"),
 }
 
 

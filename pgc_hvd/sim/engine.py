@@ -160,6 +160,7 @@ class _Worker:
         self.id = wid
         self.ring: list = []
         self.ring_versions: list = []
+        self.unfilled: int = 0       # ring slots never filled
         self.job: Optional[_Job] = None
         self.latest: int = -1        # newest model version received
         self.done_version: int = -1  # newest version it has computed a step for
@@ -287,7 +288,9 @@ class Simulator:
     @staticmethod
     def _plan_meta(plan) -> dict:
         coefs = [c for _, c in plan.combine]
-        return {"slots": [slot for slot, _ in plan.combine], "coefs": coefs,
+        slots = [slot for slot, _ in plan.combine]
+        return {"slots": slots, "coefs": coefs,
+                "whole_ring": slots == list(range(plan.ring_size)),
                 "complex": any(isinstance(c, complex) for c in coefs),
                 "float_coefs": None if any(isinstance(c, complex) for c in coefs)
                 else [float(c) for c in coefs]}
@@ -298,8 +301,9 @@ class Simulator:
         if not w.ring:
             w.ring = [None] * plan.ring_size
             w.ring_versions = [-1] * plan.ring_size
+            w.unfilled = plan.ring_size
         evaluate = plan.evaluate
-        if any(w.ring[slot] is None for slot, _ in plan.combine):
+        if w.unfilled and any(w.ring[slot] is None for slot, _ in plan.combine):
             evaluate = list(evaluate)
             done = {slot for _, slot in evaluate}
             for slot, _ in plan.combine:  # a ring slot never filled (e.g. warm-up cancelled)
@@ -327,16 +331,22 @@ class Simulator:
         w.intervals.append((job.start, job.end))
         G, evaluate = job.evaluate
         for p, slot in evaluate:
+            if w.ring[slot] is None:
+                w.unfilled -= 1
             w.ring[slot] = (G, p)
             w.ring_versions[slot] = job.step
         plan, meta = job.plan
         payload, dense, err = self._message(w, plan, meta)
         nbytes = self._message_bytes(payload) + (8 if err is not None else 0)
-        arrival = Arrival(w.id, job.step, job.step, None, err,
-                          tuple(w.ring_versions[slot] for slot, _ in plan.combine))
+        if meta is not None and meta["whole_ring"]:
+            versions = tuple(w.ring_versions)
+        else:
+            versions = tuple(w.ring_versions[slot] for slot, _ in plan.combine)
+        arrival = Arrival(w.id, job.step, job.step, None, err, versions)
         if self.collective:
             w.outbox.append({"arrival": arrival, "payload": payload, "dense": dense,
                              "bytes": nbytes, "ready": t, "sent": False})
+            self._outbox_ranks.add(w.id)
             self._agent_event(w.id, t)
         else:
             self.total_bytes += nbytes
@@ -519,7 +529,9 @@ class Simulator:
         self._apply_seconds = cm.local(3 * self.model_bytes)
         self._cached: set = set()          # (worker, step) whose payload every rank holds
         self._phase = "idle"               # idle | collective | data | dormant
-        self._submitted: dict = {}         # rank -> (entry or None, payload bytes) this round
+        self._submitted: dict = {}         # rank -> (entry or None, payload bytes) this round;
+                                           # a rank not in it at the round's start shows nothing
+        self._outbox_ranks: set = set()    # ranks with a message not announced yet
         self._woke: set = set()            # ranks whose next wait is skipped
         self._round_id = 0
         self._last_end = 0.0               # end of the last collective
@@ -590,7 +602,9 @@ class Simulator:
         self._submitted[wid] = (entry, pbytes)
 
     def _start_round(self, t: float) -> None:
-        sizes = [self._row_bytes + self._submitted.get(w, (None, 0))[1] for w in range(self.n)]
+        sizes = [self._row_bytes] * self.n
+        for wid, (_, pbytes) in self._submitted.items():
+            sizes[wid] += pbytes
         cost = self.comm.allgather(self.n, sizes)
         self._received(allgather=sizes)
         self._phase = "collective"
@@ -623,14 +637,16 @@ class Simulator:
         if len(self._submitted) == self.n:
             self._start_round(end)
             return
-        if not self._submitted and not any(w.outbox for w in self.workers):
+        if not self._submitted and not self._outbox_ranks:
             self._phase = "dormant"
             self._dormant = (end, wait, self._empty_round)
             return
         self._push(end + wait, "ctl_deadline", self._round_id)
 
     def _deadline(self, t: float) -> None:
-        for wid in range(self.n):
+        """The others' wait ends: every rank has submitted (ranks with nothing to show need no
+        entry in ``_submitted``)."""
+        for wid in self._outbox_ranks:
             if wid not in self._submitted:
                 self._submit(wid)
         self._start_round(t)
@@ -648,7 +664,10 @@ class Simulator:
         decision = None
         for _, wid, entry in arrivals:
             arrival = entry["arrival"]
-            self.workers[wid].outbox.remove(entry)
+            box = self.workers[wid].outbox
+            box.remove(entry)
+            if not box:
+                self._outbox_ranks.discard(wid)
             self.arrival_log.append((t, wid, arrival.step))
             self.store[(wid, arrival.step)] = entry
             w0 = _time.thread_time()
@@ -748,7 +767,7 @@ class Simulator:
                 # submits now
                 self._woke.clear()
                 self._submitted = {}
-                for wid in range(self.n):
+                for wid in self._outbox_ranks:
                     self._submit(wid)
                 self._start_round(t)
         clock.close()

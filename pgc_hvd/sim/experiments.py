@@ -1,5 +1,6 @@
 """The papers' experiments on the simulator: ``pgc-hvd experiment {pgc,bcgc,staleness} [--quick]
---out DIR``. Each writes into DIR one ``records/<run>.jsonl`` per run, ``summary.json`` (one
+--out DIR``, and ``scale`` (:mod:`pgc_hvd.sim.scale`: predicted time per step of the Horovod
+runtime at n = 8..1024 under the alpha-beta model of its collectives, ``--comm-fit PATH``). Each writes into DIR one ``records/<run>.jsonl`` per run, ``summary.json`` (one
 entry per scheme and setting with the table's figures), ``table.md`` and ``plot.png``.
 
 * ``pgc``  (PGC paper, Figs. 6-10): n = 12, s in {1, 2, 3}, exponential delays of mean 1 and 2
@@ -382,7 +383,12 @@ def _plot_staleness(path, curves, rows):
     plt.close(fig)
 
 
-EXPERIMENTS = {"pgc": exp_pgc, "bcgc": exp_bcgc, "staleness": exp_staleness}
+def exp_scale(out: Path, quick: bool, **opts) -> tuple[list, str]:
+    from .scale import exp_scale as run
+    return run(out, quick, **opts)
+
+
+EXPERIMENTS = {"pgc": exp_pgc, "bcgc": exp_bcgc, "staleness": exp_staleness, "scale": exp_scale}
 
 
 def main(argv=None) -> int:
@@ -397,8 +403,24 @@ def main(argv=None) -> int:
     p.add_argument("--datasets", default=None,
                    help="bcgc only: comma-separated datasets (digits, breast_cancer); default all "
                         "(--quick: digits)")
+    p.add_argument("--comm-fit", default=None, metavar="PATH",
+                   help="scale only: alpha-beta fitted by benchmarks/measure_collectives.py "
+                        "(default: docs/figures/comm_fit.json of this checkout)")
     a = p.parse_args(argv)
     opts = {}
+    if a.comm_fit is not None:
+        if a.name != "scale":
+            p.error("--comm-fit applies to the scale experiment only")
+        if not Path(a.comm_fit).is_file():
+            p.error(f"--comm-fit {a.comm_fit}: no such file; measure one with `python "
+                    f"benchmarks/measure_collectives.py --np 2,3,4 --out {a.comm_fit}`")
+        opts["comm_fit"] = Path(a.comm_fit)
+    elif a.name == "scale":
+        from .scale import DEFAULT_FIT
+        if not DEFAULT_FIT.is_file():
+            p.error(f"scale needs a fitted comm model: {DEFAULT_FIT} is missing; pass --comm-fit "
+                    f"PATH (measure one with `python benchmarks/measure_collectives.py --np 2,3,4 "
+                    f"--out PATH`)")
     if a.datasets:
         if a.name != "bcgc":
             p.error("--datasets applies to the bcgc experiment only")

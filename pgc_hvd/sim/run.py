@@ -165,8 +165,18 @@ def main(argv=None) -> int:
     p.add_argument("--save-trace", default=None, help="write the delay trace (JSON) here")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--partition-time", type=float, default=None, help="seconds per partition; default: measured")
-    p.add_argument("--alpha", type=float, default=5e-4)
-    p.add_argument("--bandwidth", type=float, default=30e6, help="bytes per second")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="master model: seconds per message (default 5e-4)")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help="master model: bytes per second (default 30e6)")
+    p.add_argument("--comm-model", default=None, metavar="SPEC",
+                   help="master[:alpha=..,bandwidth=..] (default), or the Horovod runtime's "
+                        "collectives: ring:alpha=SECONDS,gbps=GBIT (or beta=, bandwidth=) or "
+                        "fitted:PATH (benchmarks/measure_collectives.py); see pgc_hvd.sim.comm")
+    p.add_argument("--plane", default=None, choices=["allgather", "allgather-2phase", "allreduce"],
+                   help="collective models: the runtime's data plane (default allreduce)")
+    p.add_argument("--poll-interval", type=float, default=None,
+                   help="collective models: seconds between control rounds (default 0.002)")
     p.add_argument("--compress", type=float, default=None, help="top-kappa fraction, e.g. 0.05")
     p.add_argument("--batch-size", type=int, default=None,
                    help="minibatch per partition gradient (seeded by step); default: full partition")
@@ -193,6 +203,23 @@ def main(argv=None) -> int:
     if a.compress is not None and not 0 < a.compress <= 1:
         p.error(f"--compress is the top-kappa fraction kappa/d and must lie in (0, 1], got "
                 f"{a.compress}")
+    from .comm import CollectiveModel, parse_comm_model
+    if a.comm_model is not None and (a.alpha is not None or a.bandwidth is not None):
+        p.error("--alpha/--bandwidth set the master model; with --comm-model put them in the spec "
+                "(master:alpha=..,bandwidth=.. or ring:alpha=..,gbps=..)")
+    try:
+        comm = (parse_comm_model(a.comm_model) if a.comm_model is not None else
+                CommModel(5e-4 if a.alpha is None else a.alpha,
+                          30e6 if a.bandwidth is None else a.bandwidth))
+        if isinstance(comm, CollectiveModel):
+            comm = comm.replace(**{k: v for k, v in (("plane", a.plane),
+                                                     ("poll_interval", a.poll_interval))
+                                   if v is not None})
+        elif a.plane is not None or a.poll_interval is not None:
+            p.error("--plane and --poll-interval apply to collective comm models (--comm-model "
+                    "ring:... or fitted:PATH), not to the master model")
+    except ValueError as err:
+        p.error(f"--comm-model: {err}")
     try:
         check_run_folder(a.out, overwrite=a.force)
     except ValueError as err:
@@ -216,7 +243,7 @@ def main(argv=None) -> int:
     recs, summary = simulate(a.scheme, a.n, a.s, a.dataset, a.model, a.optimizer, delay, a.steps,
                              iid=not a.non_iid, seed=a.seed, scheme_options=opts, data=data,
                              records_path=out / "records.jsonl", partition_time=a.partition_time,
-                             comm=CommModel(a.alpha, a.bandwidth), compress=a.compress,
+                             comm=comm, compress=a.compress,
                              error_feedback=a.error_feedback, straggler_policy=a.policy,
                              batch_size=a.batch_size, adaptive=a.adaptive,
                              control=control, overwrite=a.force,

@@ -1,0 +1,184 @@
+"""``pgc-hvd experiment scale``: predicted time per step at n = 8 .. 1024 (issue 13, item 5).
+
+    pgc-hvd experiment scale --out runs/exp_scale [--comm-fit docs/figures/comm_fit.json]
+
+Time-only simulation (:class:`pgc_hvd.sim.timing.TimingSimulator`: the delays, the collective
+comm model and the schemes' decision rules; no gradients) of the Horovod runtime's step for
+
+* n = 8, 16, 64, 256, 1024 workers, s = max(1, n // 16) for PGC-CR (DGD: s = 0);
+* d = 11,689,512 (ResNet-18) and 25,557,032 (ResNet-50) float32 parameters, dense messages;
+* compute ``PARTITION_TIME`` = 0.2 s per partition (PGC-CR and DGD evaluate one per step;
+  PGC-CR's warm-up step 0 evaluates its c = s + 1, so the first ``WARMUP`` steps are not
+  counted) plus an injected delay per (worker, step): exponential with mean 0.2 s, or
+  log-normal with the same mean (sigma = 1, mu = ln 0.2 - 1/2);
+* two links: **measured**, the alpha-beta fitted on this machine (``--comm-fit``, a JSON of
+  ``benchmarks/measure_collectives.py``; at an n it was not measured at, the fit over every n
+  it was), and **datacentre**, a stated 25 Gb/s link with 10 us latency and a GPU-memory local
+  pass (1 TB/s): ``ring:alpha=10e-6,gbps=25,pass_beta=1e-12``;
+* two data planes: **old**, ``allgather`` (each ready rank's dense message rides with its
+  control row: every rank receives n-s..n messages of 4d bytes per step), and **new**,
+  ``allreduce`` (decision on control rows, then ONE ring allreduce of 4d bytes);
+* ``hvd``: plain ``hvd.DistributedOptimizer`` for reference, computed, not simulated:
+  max_w(compute + delay) + the SGD update's local pass + allreduce(n, 4d) per step, averaged
+  over the same delays.
+
+Control rounds poll every 2 ms (the runtime's default); the straggler policy is ``continue``.
+Each configuration runs ``STEPS`` steps (``--quick``: n = 8, 16 and 6 steps); the delays of a
+(n, delay model) are drawn once and replayed by every scheme, link and plane. Writes
+``summary.json``, ``table.md`` and ``plot.png`` (time per step against n; PGC-CR / DGD).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from pgc_hvd.schemes import get_scheme
+
+from .comm import CollectiveModel, load_fit, parse_comm_model
+from .delays import DelayTrace, Exponential, LogNormal, Replay
+from .engine import SimConfig
+from .timing import TimingSimulator, time_per_step
+
+NS = (8, 16, 64, 256, 1024)
+MODELS = (("resnet18", 11_689_512), ("resnet50", 25_557_032))
+PARTITION_TIME = 0.2
+STEPS, WARMUP = 23, 3
+DATACENTRE = "ring:alpha=10e-6,gbps=25,pass_beta=1e-12"
+PLANES = (("old", "allgather"), ("new", "allreduce"))
+DEFAULT_FIT = Path(__file__).resolve().parents[2] / "docs" / "figures" / "comm_fit.json"
+
+
+def delay_models(mean: float = PARTITION_TIME) -> dict:
+    """The two delay models, with the same mean."""
+    sigma = 1.0
+    return {"exp": Exponential(mean, seed=1),
+            "lognormal": LogNormal(math.log(mean) - sigma ** 2 / 2, sigma, seed=1)}
+
+
+def stragglers(n: int) -> int:
+    return max(1, n // 16)
+
+
+def links(comm_fit: Optional[Path]) -> dict:
+    path = Path(comm_fit) if comm_fit is not None else DEFAULT_FIT
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path}: no fitted comm model; measure one with `python benchmarks/"
+            f"measure_collectives.py --np 2,3,4 --out {path}` (about a minute) or pass "
+            f"--comm-fit PATH")
+    return {"measured": load_fit(path), "datacentre": parse_comm_model(DATACENTRE)}
+
+
+def hvd_time_per_step(D: np.ndarray, n: int, d: int, cm: CollectiveModel) -> float:
+    """Plain Horovod: every step waits for the slowest rank, then one allreduce (module doc)."""
+    per = PARTITION_TIME + D[WARMUP:].max(axis=1)
+    return float(per.mean() + cm.local(12 * d) + cm.allreduce(n, 4 * d))
+
+
+def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None) -> tuple[list, str]:
+    ns = NS[:2] if quick else NS
+    steps = 6 if quick else STEPS
+    models = MODELS[:1] if quick else MODELS
+    nets = links(comm_fit)
+    rows = []
+    t_all = time.perf_counter()
+    for delay_name, model in delay_models().items():
+        for n in ns:
+            trace = DelayTrace.from_model(model, n, steps + 1)
+            D = np.array([[trace[(w, t)] for w in range(n)] for t in range(steps + 1)])
+            for link, cm0 in nets.items():
+                for mname, d in models:
+                    row = {"delay": delay_name, "n": n, "s": stragglers(n), "link": link,
+                           "model": mname, "d": d, "steps": steps, "warmup": WARMUP,
+                           "comm": cm0.describe(n)}
+                    t0 = time.perf_counter()
+                    for plane_name, plane in PLANES:
+                        cm = cm0.replace(plane=plane)
+                        for scheme, s in (("dgd", 0), ("pgc-cr", stragglers(n))):
+                            cfg = SimConfig(steps=steps, delay=Replay(trace),
+                                            partition_time=PARTITION_TIME, comm=cm,
+                                            diagnostics=False, eval_every=0)
+                            recs = TimingSimulator(get_scheme(scheme, n, s), d, cfg).run()
+                            key = f"{scheme}_{plane_name}"
+                            row[key] = time_per_step(recs, WARMUP)
+                            row[key + "_mb"] = float(np.mean([r.bytes for r in recs[WARMUP:]])) / 1e6
+                    row["hvd"] = hvd_time_per_step(D, n, d, cm0)
+                    for plane_name, _ in PLANES:
+                        row[f"ratio_{plane_name}"] = row[f"pgc-cr_{plane_name}"] / row[f"dgd_{plane_name}"]
+                    row["pgc_new_vs_hvd"] = row["pgc-cr_new"] / row["hvd"]
+                    row["seconds"] = time.perf_counter() - t0
+                    rows.append(row)
+                    print(f"[scale] {delay_name:9s} n={n:5d} {link:10s} {mname}: "
+                          f"PGC-CR/DGD old {row['ratio_old']:.3f} new {row['ratio_new']:.3f} "
+                          f"({row['seconds']:.1f} s)", file=sys.stderr, flush=True)
+    _plot(out / "plot.png", rows, ns)
+    cols = [("delays", "delay"), ("n", "n"), ("s", "s"), ("link", "link"), ("model", "model"),
+            ("DGD old (s)", "dgd_old"), ("PGC-CR old (s)", "pgc-cr_old"),
+            ("DGD new (s)", "dgd_new"), ("PGC-CR new (s)", "pgc-cr_new"), ("hvd (s)", "hvd"),
+            ("PGC-CR/DGD old", "ratio_old"), ("PGC-CR/DGD new", "ratio_new"),
+            ("PGC-CR new / hvd", "pgc_new_vs_hvd"),
+            ("MB/step old", "pgc-cr_old_mb"), ("MB/step new", "pgc-cr_new_mb")]
+    from .experiments import _table
+    head = (f"time per step (s) predicted by the time-only simulator: compute {PARTITION_TIME} s "
+            f"per partition + delays of mean {PARTITION_TIME} s, {steps - WARMUP} steps after "
+            f"{WARMUP} of warm-up, s = max(1, n // 16); links: measured = "
+            f"{nets['measured'].source} (fit over every n measured where n was not), "
+            f"datacentre = {DATACENTRE}; old plane = allgather of ready ranks' messages with the "
+            f"control rows, new = control rows then one allreduce; MB/step: the most any rank "
+            f"received per PGC-CR step; {time.perf_counter() - t_all:.0f} s to compute\n\n")
+    return rows, head + _table(rows, cols)
+
+
+def _plot(path: Path, rows: list, ns) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    links_ = sorted({r["link"] for r in rows}, reverse=True)
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(len(links_), len(models) + 1, figsize=(4.6 * (len(models) + 1),
+                                                                    3.8 * len(links_)),
+                             squeeze=False)
+    for i, link in enumerate(links_):
+        for j, model in enumerate(models):
+            ax = axes[i, j]
+            sel = [r for r in rows if r["link"] == link and r["model"] == model
+                   and r["delay"] == "exp"]
+            x = [r["n"] for r in sel]
+            for key, style, label in (("dgd_old", "C0--", "DGD, old plane"),
+                                      ("pgc-cr_old", "C1--", "PGC-CR, old plane"),
+                                      ("dgd_new", "C0-", "DGD, new plane"),
+                                      ("pgc-cr_new", "C1-", "PGC-CR, new plane"),
+                                      ("hvd", "k:", "hvd.DistributedOptimizer")):
+                ax.plot(x, [r[key] for r in sel], style, marker="o", ms=3, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("n")
+            ax.set_ylabel("time per step (s)")
+            ax.set_title(f"{link}, {model} (d = {sel[0]['d'] / 1e6:.1f}M), exp delays",
+                         fontsize=9)
+            ax.legend(fontsize=6)
+        ax = axes[i, -1]
+        for k, (model, delay) in enumerate((m, dl) for m in models for dl in ("exp", "lognormal")):
+            sel = [r for r in rows if r["link"] == link and r["model"] == model
+                   and r["delay"] == delay]
+            x = [r["n"] for r in sel]
+            ax.plot(x, [r["ratio_new"] for r in sel], f"C{k}-", marker="o", ms=3,
+                    label=f"new, {model}, {delay}")
+            ax.plot(x, [r["ratio_old"] for r in sel], f"C{k}--", marker="x", ms=3,
+                    label=f"old, {model}, {delay}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("n")
+        ax.set_ylabel("PGC-CR / DGD time per step")
+        ax.set_title(f"{link}: PGC-CR / DGD", fontsize=9)
+        ax.legend(fontsize=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
