@@ -85,6 +85,34 @@ __all__ = ["AgentError", "CommAgent", "Outgoing", "Update", "wait_for_handle"]
 log = logging.getLogger("pgc_hvd.runtime")
 
 
+class BufferPool:
+    """Recycles flat float32 buffers of one size per size. A fresh buffer of tens of MB is
+    mmap'ed by the allocator and page-faulted (zeroed by the kernel) at its first write, every
+    step, which cost as much as a pass over it; the payload rows and decoded updates therefore
+    come from here and go back when the agent is done with them. At most ``keep`` free
+    buffers of each size are held, so memory stays bounded."""
+
+    def __init__(self, device, keep: int = 4):
+        self.device, self.keep = device, int(keep)
+        self._free: dict[int, list] = {}
+        self._lock = threading.Lock()
+
+    def get(self, numel: int) -> torch.Tensor:
+        with self._lock:
+            free = self._free.get(int(numel))
+            if free:
+                return free.pop()
+        return torch.empty(int(numel), dtype=torch.float32, device=self.device)
+
+    def put(self, buf: Optional[torch.Tensor]) -> None:
+        if buf is None or buf._base is not None or not buf.is_contiguous():
+            return   # views are not ours to recycle
+        with self._lock:
+            free = self._free.setdefault(buf.numel(), [])
+            if len(free) < self.keep:
+                free.append(buf)
+
+
 @dataclass
 class Outgoing:
     step: int
@@ -96,6 +124,7 @@ class Outgoing:
     packed: Optional[torch.Tensor] = None  # [control words | payload] (payload is a view of it)
     error_norm: float = math.nan   # ||C(u) - u|| when the scheme's decoder needs it
     sent: bool = False             # its payload already went out with a control row
+    consumed: bool = False         # its buffer became a decoded update (in-place contribution)
 
 
 @dataclass
@@ -135,6 +164,7 @@ class CommAgent:
         self.first_step = int(start_step)
         self._decided = int(start_step)      # number of steps decided (the next round's step)
         self._updates: dict[int, Update] = {}  # decided, not yet released by the training thread
+        self._applied = int(start_step)      # the training thread's version (release_before)
         self.cond = threading.Condition()
         self.error: Optional[BaseException] = None
         self._outbox: dict[int, Outgoing] = {}
@@ -160,6 +190,7 @@ class CommAgent:
         self.ctrl_len = ctrl_len(self.ring_size)       # float64 words per control row
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
         self.coll = Collectives(hvd, self.rank, name, self.timeout)
+        self.pool = BufferPool(device)
         if channel is None:
             dev = torch.device(device) if device is not None else torch.device("cpu")
             if optimistic and dev.type != "cpu":
@@ -179,6 +210,8 @@ class CommAgent:
         self._last_rows: Optional[list] = None
         self._last_round_at = time.monotonic()
         self._round = None
+        self._ended_at: Optional[int] = None    # the version the first finished rank ended at
+        self._newest = [-1] * self.n             # newest step each rank has shown a message for
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
@@ -197,7 +230,7 @@ class CommAgent:
         """Before :meth:`start`: decide from ``step`` on (a restored checkpoint's version)."""
         if self._thread.is_alive():
             raise RuntimeError("restart_at must be called before the agent starts")
-        self.step = self.first_step = self._decided = int(step)
+        self.step = self.first_step = self._decided = self._applied = int(step)
         self._updates.clear()
 
     def payload_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,8 +238,8 @@ class CommAgent:
         payload (``width`` floats, a view of ``packed``) and submits ``Outgoing(...,
         packed=packed)``; the agent fills the control words in front when it sends."""
         head = 2 * self.ctrl_len if self.optimistic else 0
-        packed = torch.empty(head + self.width, dtype=torch.float32, device=self.device)
-        return packed, packed[head:]
+        packed = self.pool.get(head + self.width)
+        return packed, (packed[head:] if head else packed)
 
     def submit(self, out: Outgoing, busy_total: float) -> None:
         with self.cond:
@@ -240,6 +273,11 @@ class CommAgent:
         head = f"rank {self.rank}: step {step} was not decided within {limit:.0f}s (timeout)"
         rows = self._last_rows
         quiet = time.monotonic() - self._last_round_at
+        if self._ended_at is not None and step >= self._ended_at:
+            return (f"{head}: a rank's training loop ended at version {self._ended_at}, and no "
+                    f"step from there on is decided. Every rank must run the same number of "
+                    f"updates: loop on `while optimizer.version < steps`, not on a count of "
+                    f"step() calls")
         if rows is None or quiet > min(limit / 2, 5.0 + 10 * self.poll_interval):
             return (f"{head}: no control round has completed for {quiet:.0f}s, so a rank has "
                     f"died, or its process is frozen (the allgather cannot tell which rank; "
@@ -276,10 +314,12 @@ class CommAgent:
                                f"{sorted(self._updates)[:3]}...") from None
 
     def release_before(self, step: int) -> None:
-        """Forget the updates of steps before ``step`` (the training thread applied them)."""
+        """Forget the updates of steps before ``step`` (the training thread applied them); their
+        buffers are recycled, so an ``on_update`` callback that keeps one must clone it."""
         with self.cond:
             for k in [k for k in self._updates if k < step]:
-                del self._updates[k]
+                self.pool.put(self._updates.pop(k).flat)
+            self._applied = max(self._applied, int(step))
 
     @property
     def held_updates(self) -> int:
@@ -337,7 +377,8 @@ class CommAgent:
                 row[CTRL_LOSS] = math.nan
             row[CTRL_BUSY] = self._busy_total
             row[CTRL_BAD_STEP] = self._bad_step
-            row[CTRL_DONE] = 1.0 if self._done else 0.0
+            # done: 1 + the version the rank's loop ended at (no step at or past it is decided)
+            row[CTRL_DONE] = 1.0 + self._applied if self._done else 0.0
             row[CTRL_FAILED] = 1.0 if self._failed else 0.0
             row[CTRL_PAYLOAD] = 0.0 if out_with_payload is None else 1.0
             if self.rank == 0 and self._c_request is not None:
@@ -393,6 +434,20 @@ class CommAgent:
             if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
                 return
             self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
+            for w in range(n):
+                self._newest[w] = max(self._newest[w], int(ctl[w][CTRL_READY_STEP]))
+            ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
+            if ended and self.step >= min(ended) and not any(
+                    ctl[w][CTRL_DONE] <= 0 and self._newest[w] >= self.step for w in range(n)):
+                # a rank's loop ended at or before this step, and no rank still training has
+                # computed it: it is not needed (every rank loops on `optimizer.version <
+                # steps`), and deciding it (a bounded-staleness round can fire from its table,
+                # or on a late message) would move every rank past the version its loop
+                # stopped at. A rank still training that computes it makes it needed again
+                # (a rank that left its loop early catches up at close()).
+                self._ended_at = min(ended)
+                self._idle(hurry=False)
+                continue
             for w in range(n):
                 b = int(ctl[w][CTRL_BAD_STEP])
                 if b >= 0 and (w, b) not in self._bad_seen:
@@ -482,6 +537,24 @@ class CommAgent:
         with self.cond:
             return self._outbox[key[1]].payload
 
+    def _contribution(self, mine: list, keep: set) -> torch.Tensor:
+        """This rank's sum_{u owned} a_u D(p_u) as a dense fp32 d-vector (zeros when it owns
+        none). A single dense use that no later decision needs is scaled in place, and its
+        buffer becomes the update (no copy, no new buffer)."""
+        codec = self.codec
+        if (len(mine) == 1 and not codec.sparse and not codec.complex
+                and (mine[0].worker, mine[0].step) not in keep):
+            with self.cond:
+                out = self._outbox[mine[0].step]
+            if out.packed is not None and out.payload.data_ptr() == out.packed.data_ptr() \
+                    and out.packed.numel() == self.d:
+                out.consumed = True
+                return out.payload.mul_(float(mine[0].weight))
+        flat = self.pool.get(self.d)
+        codec.add_weighted(flat, [self._own_payload((u.worker, u.step)) for u in mine],
+                           [u.weight for u in mine])
+        return flat
+
     def _data_phase(self, decision: Decision, step_start: float) -> Update:
         """The decision's update g_hat = Re sum_u a_u D(p_u), through the collective
         :func:`~pgc_hvd.compress.transport.choose_collective` picks (module doc): payloads
@@ -493,11 +566,12 @@ class CommAgent:
         kind = choose_collective(sparse=codec.sparse, n=self.n, d=self.d, width=self.width,
                                  needed=len(missing))
         received: dict = {}
+        # what the scheme may use again (bounded staleness table): kept, by owner and in caches
+        table = getattr(self.scheme, "table", None)
+        keep = {(e[0], e[1]) for e in table if e is not None} if table is not None else set()
         if kind == "allreduce":
             mine = [u for u in missing if u.worker == self.rank]
-            flat = torch.empty(self.d, dtype=torch.float32, device=self.device)
-            codec.add_weighted(flat, [self._own_payload((u.worker, u.step)) for u in mine],
-                               [u.weight for u in mine])
+            flat = self._contribution(mine, keep)
             self.coll.allreduce_sum_(flat, "sum")
             self.data_rounds += 1
             self._bytes_since += int(allreduce_bytes(self.n, self.d))
@@ -516,16 +590,14 @@ class CommAgent:
                 self._bytes_since += (got.numel() - send.numel()) * got.element_size()
                 for i, u in enumerate(missing):   # rank order = (worker, step) order
                     received[(u.worker, u.step)] = got[i]
-            flat = torch.empty(self.d, dtype=torch.float32, device=self.device)
+            flat = self.pool.get(self.d)
             rows = [self._cache.get((u.worker, u.step), received.get((u.worker, u.step)))
                     for u in uses]
             codec.add_weighted(flat, rows, [u.weight for u in uses])
         now = time.time()
-        # keep only what the scheme may use again (bounded staleness table) and payloads of
-        # messages not offered yet (shown in a control row after the decision fired); prune
-        # own outbox
-        table = getattr(self.scheme, "table", None)
-        keep = {(e[0], e[1]) for e in table if e is not None} if table is not None else set()
+        # keep only what the scheme may use again and payloads of messages not offered yet
+        # (shown in a control row after the decision fired); prune own outbox, recycling the
+        # buffers of the messages it no longer needs
         for key, m in received.items():
             if key in keep:
                 self._cache[key] = m
@@ -534,7 +606,9 @@ class CommAgent:
         with self.cond:
             for k in list(self._outbox):
                 if (self.rank, k) in self._offered and (self.rank, k) not in keep:
-                    del self._outbox[k]
+                    gone = self._outbox.pop(k)
+                    if not gone.consumed:
+                        self.pool.put(gone.packed)
         losses = [self._meta.get((u.worker, u.step), math.nan) for u in uses]
         losses = [x for x in losses if math.isfinite(x)]
         info = {"loss": sum(losses) / len(losses) if losses else None,

@@ -74,6 +74,17 @@ def _takes_three(fn) -> bool:
     return pos >= 3
 
 
+def _all_finite(x: torch.Tensor) -> bool:
+    """Whether every entry of ``x`` is finite, in one read of x and no allocation: any NaN or
+    Inf entry makes the sum NaN or Inf; a finite sum proves them all finite. Only a sum that
+    overflowed (or a real NaN/Inf) is checked entry by entry."""
+    total = float(x.sum()) if not x.is_complex() else complex(x.sum())
+    if (math.isfinite(total) if isinstance(total, float)
+            else math.isfinite(total.real) and math.isfinite(total.imag)):
+        return True
+    return bool(torch.isfinite(x).all())
+
+
 def _check_arguments(n: int, *, stragglers, compression, delays, records, timeout, poll_interval,
                      on_record, on_update, replay_arrivals, scheme_options, optimistic=None):
     """Type and range checks of DistributedOptimizer's arguments, before any collective, each
@@ -491,8 +502,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             self._pgc_busy += time.monotonic() - self._pgc_compute_start
             return
         self._pgc_busy += time.monotonic() - self._pgc_compute_start
-        finite = bool(torch.isfinite(msg).all())
-        if not finite:
+        if not _all_finite(msg):
             self._pgc_agent.report_bad(t, self._pgc_busy)
             return
         if payload is None:
@@ -651,9 +661,14 @@ class _PGCOptimizer(torch.optim.Optimizer):
         updates decided after this rank's loop ended, and compare the parameters across ranks.
 
         Every rank's agent stops at the same control round (the first that shows every rank
-        done), so every rank has the same decisions; applying the ones it has not applied yet
-        leaves every rank at the same final ``version`` and, the updates being identical, the
-        same parameters (so saving after ``close()`` is safe). That is then checked: each rank
+        done), so every rank has the same decisions. The ranks then agree on the final version
+        V = max_r version_r, the furthest any rank got in its loop
+        (:func:`pgc_hvd.runtime.consistency.final_version`, one int64 allgather), and each rank
+        applies the decided updates it has not applied yet up to V: a rank that left its loop
+        early catches up; a step decided after every rank had left (bounded staleness decides
+        one from its stale table alone) was applied by no rank and is left out. Every rank ends
+        at version V with, the updates being identical, the same parameters (so saving after
+        ``close()`` is safe). That is then checked: each rank
         allgathers ``[version, digest]`` (int64; a 63-bit BLAKE2b digest of its parameters'
         bits, one pass over d, :func:`pgc_hvd.runtime.consistency.tensors_digest`), and any
         disagreement raises :class:`AgentError` on every rank naming the ranks that differ from
@@ -674,9 +689,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 raise better from err
             from pgc_hvd.runtime import consistency
 
+            target = consistency.final_version(
+                self._pgc_hvd, self.version, name=f"{self._pgc_name}.close.version",
+                timeout=self._pgc_timeout, rank=self.rank)
             fault = None
             try:
-                self._pgc_apply_decided()
+                self._pgc_apply_decided(upto=target)
             except consistency.NonFiniteParameters as err:
                 fault = err   # raised after the comparison, which the other ranks wait for
             differ = consistency.compare_digests(
@@ -811,7 +829,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
-                         scheme: str = "pgc-cr", stragglers: int = 1, compression: Any = None,
+                         scheme: str = "pgc-cr", stragglers: Optional[int] = None,
+                         compression: Any = None,
                          *, delays=None, records=None, scheme_options: Optional[dict] = None,
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
@@ -824,7 +843,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         named_parameters: ``model.named_parameters()`` (checked to cover the optimizer's).
         scheme: any name of :func:`pgc_hvd.schemes.get_scheme` (``dgd``, ``pgc-cr``, ``bcgc``,
             ``gc-cr``, ``bounded-staleness``, ...); n = ``hvd.size()``.
-        stragglers: the straggler budget s.
+        stragglers: the straggler budget s; default (None): 0 for ``dgd`` (it waits for every
+            rank), 1 for every other scheme.
         compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback).
         delays: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
             simulator's delay models and traces, :mod:`pgc_hvd.sim.delays`) or a spec string in
@@ -839,7 +859,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             :class:`~pgc_hvd.runtime.agent.AgentError` (a rank died or hung).
         poll_interval: seconds between control rounds while waiting.
         on_update: ``on_update(step, flat_update)`` is called on the training thread with every
-            decoded update (the flat vector handed to the user's optimizer) before it is applied.
+            decoded update (the flat vector handed to the user's optimizer) before it is applied;
+            its buffer is recycled after the step, so clone it to keep it.
             A callable that takes three positional arguments is called as
             ``on_update(step, flat_update, decision)`` with the step's
             :class:`~pgc_hvd.schemes.protocol.Decision` (messages used, their versions,
@@ -879,6 +900,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     """
     if hvd is None:
         import horovod.torch as hvd
+    if stragglers is None:
+        stragglers = 0 if str(scheme).lower() == "dgd" else 1
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_PGCOptimizer.__dict__))
     return cls(optimizer, named_parameters, scheme, stragglers, compression, delays, records,
