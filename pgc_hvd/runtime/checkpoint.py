@@ -2,7 +2,7 @@
 
 Every rank saves its own file (``{path}.rank{r}``: ring buffers and RNG states differ per rank).
 Save when every rank has applied the same updates (e.g. after ``optimizer.close()``, or after
-``optimizer.synchronize()`` at a step every rank reached) and restore before the first step.
+``optimizer.apply_decided()`` at a step every rank reached) and restore before the first step.
 
 Saving is atomic and durable: the state goes to ``{file}.tmp``, which is fsync'ed and renamed
 over ``{file}``, and the folder is fsync'ed, so a crash leaves the previous checkpoint or the new

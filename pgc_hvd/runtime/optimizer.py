@@ -137,22 +137,54 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
     return s, delays
 
 
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """The keyword arguments of :func:`DistributedOptimizer` (its docstring says what each
+    means), in one object. :meth:`checked` validates them for a world of n ranks before any
+    collective (:func:`_check_arguments`), parses a delay spec string, and returns the config
+    the optimizer is built from."""
+
+    scheme: str = "pgc-cr"
+    stragglers: int = 1
+    compression: Any = None
+    delays: Any = None
+    records: Any = None
+    scheme_options: Optional[dict] = None
+    timeout: float = 60.0
+    poll_interval: float = 0.002
+    name: str = "pgc"
+    on_record: Any = None
+    on_update: Any = None
+    replay_arrivals: Any = None
+    straggler_policy: str = "continue"
+    optimistic: Optional[bool] = None
+    control: str = "allgather"
+
+    def checked(self, n: int) -> "RuntimeConfig":
+        s, delays = _check_arguments(
+            n, stragglers=self.stragglers, compression=self.compression, delays=self.delays,
+            records=self.records, timeout=self.timeout, poll_interval=self.poll_interval,
+            on_record=self.on_record, on_update=self.on_update,
+            replay_arrivals=self.replay_arrivals, scheme_options=self.scheme_options,
+            optimistic=self.optimistic)
+        return dataclasses.replace(self, stragglers=s, delays=delays)
+
+
 class _PGCOptimizer(torch.optim.Optimizer):
     """Methods copied into the dynamic subclass of the user's optimizer class."""
 
-    def __init__(self, optimizer, named_parameters, scheme, stragglers, compression, delays,
-                 records, scheme_options, timeout, poll_interval, hvd, name, on_record,
-                 on_update=None, replay_arrivals=None, straggler_policy="continue",
-                 optimistic=None, control="allgather"):
+    def __init__(self, optimizer, named_parameters, config: RuntimeConfig, hvd):
         super(self.__class__, self).__init__(optimizer.param_groups)
         self.load_state_dict(optimizer.state_dict())
         self._pgc_hvd = hvd
         self.rank, self.n = hvd.rank(), hvd.size()
-        stragglers, delays = _check_arguments(
-            self.n, stragglers=stragglers, compression=compression, delays=delays,
-            records=records, timeout=timeout, poll_interval=poll_interval, on_record=on_record,
-            on_update=on_update, replay_arrivals=replay_arrivals, scheme_options=scheme_options,
-            optimistic=optimistic)
+        self._pgc_config = config = config.checked(self.n)
+        (scheme, stragglers, compression, delays, records, scheme_options, timeout, poll_interval,
+         name, on_record, on_update, replay_arrivals, straggler_policy, optimistic, control) = (
+            config.scheme, config.stragglers, config.compression, config.delays, config.records,
+            config.scheme_options, config.timeout, config.poll_interval, config.name,
+            config.on_record, config.on_update, config.replay_arrivals, config.straggler_policy,
+            config.optimistic, config.control)
         params = [p for g in self.param_groups for p in g["params"]]
         if named_parameters is not None:
             named = list(named_parameters)
@@ -652,9 +684,23 @@ class _PGCOptimizer(torch.optim.Optimizer):
         for p in lay.params:
             p.grad = None
 
-    def synchronize(self) -> None:
-        """Apply every update decided so far (no new message)."""
+    def apply_decided(self) -> None:
+        """Apply every update decided so far (no new message), e.g. before saving a checkpoint
+        at a step every rank has reached."""
         self._pgc_apply_decided()
+
+    def synchronize(self) -> None:
+        """Refused: Horovod's ``synchronize()`` waits for the gradients' allreduce and leaves the
+        averaged gradients in ``p.grad`` for the user to inspect or clip before
+        ``step()`` under ``skip_synchronize()``. Here no averaged gradient exists before
+        ``step()``: the update is decoded from the coded messages of the n - s fastest ranks
+        after this rank has sent its own, and applied inside ``step()``."""
+        raise RuntimeError(
+            "pgc_hvd.DistributedOptimizer.synchronize(): there is no averaged gradient to wait "
+            "for before step() -- the update is decoded from the fastest ranks' coded messages "
+            "inside step(). Call step() (it sends, waits for the decision and applies it); to "
+            "apply the updates decided so far without sending (e.g. before saving a "
+            "checkpoint), call apply_decided()")
 
     def close(self) -> None:
         """End of training on this rank: serve collectives until every rank is done, apply the
@@ -904,6 +950,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         stragglers = 0 if str(scheme).lower() == "dgd" else 1
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_PGCOptimizer.__dict__))
-    return cls(optimizer, named_parameters, scheme, stragglers, compression, delays, records,
-               scheme_options, timeout, poll_interval, hvd, name, on_record, on_update,
-               replay_arrivals, straggler_policy, optimistic, control)
+    config = RuntimeConfig(
+        scheme=scheme, stragglers=stragglers, compression=compression, delays=delays,
+        records=records, scheme_options=scheme_options, timeout=timeout,
+        poll_interval=poll_interval, name=name, on_record=on_record, on_update=on_update,
+        replay_arrivals=replay_arrivals, straggler_policy=straggler_policy, optimistic=optimistic,
+        control=control)
+    return cls(optimizer, named_parameters, config, hvd)
