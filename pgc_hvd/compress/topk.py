@@ -63,11 +63,11 @@ def parse_compression(spec: Optional[str]) -> Optional[TopK]:
     an example of the right spelling."""
     if spec is None or str(spec).strip().lower() in ("", "none"):
         return None
-    example = "e.g. topk:0.01 or topk:0.01,ef=0,method=threshold"
+    example = ("use topk:RATIO[,ef=0|1][,method=exact|threshold] (or topk:k=COUNT,...), e.g. "
+               "topk:0.01 or topk:0.01,ef=0,method=threshold")
     kind, sep, rest = str(spec).partition(":")
     if kind.strip().lower() != "topk" or not sep or not rest:
-        raise ValueError(f"compression {spec!r}: use 'none' or topk:RATIO[,ef=0|1]"
-                         f"[,method=exact|threshold], {example}")
+        raise ValueError(f"compression {spec!r}: use 'none' or a top-kappa spec; {example}")
     parts = [p.strip() for p in rest.split(",")]
     kw: dict = {}
     head = parts[0]
@@ -87,7 +87,7 @@ def parse_compression(spec: Optional[str]) -> Optional[TopK]:
         if key == "ef":
             if value not in ("0", "1"):
                 raise ValueError(f"compression {spec!r}: ef={value!r}; use ef=0 (no error "
-                                 f"feedback) or ef=1")
+                                 f"feedback) or ef=1; {example}")
             kw["error_feedback"] = value == "1"
         elif key == "method":
             kw["method"] = value.strip()
@@ -99,4 +99,7 @@ def parse_compression(spec: Optional[str]) -> Optional[TopK]:
                              f"{example}")
     if "ratio" in kw and not (math.isfinite(kw["ratio"]) and 0 < kw["ratio"] <= 1):
         raise ValueError(f"compression {spec!r}: the ratio kappa/d must lie in (0, 1]; {example}")
-    return TopK(**kw)
+    try:
+        return TopK(**kw)
+    except ValueError as err:
+        raise ValueError(f"compression {spec!r}: {err}; {example}") from None

@@ -42,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-time", type=float, default=0.0,
                    help="emulated extra compute seconds per partition evaluated")
     p.add_argument("--non-iid", action="store_true", help="partitions sorted by label")
-    p.add_argument("--compression", default=None, help="topk:RATIO (sparse messages, error feedback)")
+    p.add_argument("--compression", default=None, metavar="SPEC",
+                   help="none (default) or topk:RATIO[,ef=0|1][,method=exact|threshold] (also "
+                        "topk:k=COUNT): sparse top-kappa messages, error feedback unless ef=0; "
+                        "the spelling of pgc-hvd simulate")
     p.add_argument("--target-loss", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0)
@@ -127,23 +130,18 @@ def main(argv=None) -> int:
         delays = parse_delay(args.delay)
     except (ValueError, OSError) as err:   # a bad spec, or a missing or damaged replay: trace
         parser.error(f"--delay {args.delay!r}: {err}")
-    compression_ratio = None
-    if args.compression:
-        kind, _, ratio = args.compression.partition(":")
-        try:
-            compression_ratio = float(ratio or 0.01)
-        except ValueError:
-            compression_ratio = float("nan")
-        if kind != "topk" or not 0 < compression_ratio <= 1:
-            parser.error(f"--compression {args.compression!r}: use topk:RATIO with RATIO, the "
-                         "fraction of entries kept, in (0, 1], e.g. topk:0.01")
+    from pgc_hvd.compress import parse_compression
+    try:
+        compression = parse_compression(args.compression)
+    except ValueError as err:
+        parser.error(f"--compression: {err}")
     import horovod.torch as hvd
     import torch
 
     from pgc_hvd.data import load_dataset, train_test_split
     from pgc_hvd.metrics.records import RecordWriter
     from pgc_hvd.models import build_task
-    from pgc_hvd.runtime import DistributedOptimizer, PartitionLoader, TopK
+    from pgc_hvd.runtime import DistributedOptimizer, PartitionLoader
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     hvd.init()
@@ -158,7 +156,6 @@ def main(argv=None) -> int:
     loader = PartitionLoader(train.X, train.y, n, batch_size=args.batch_size,
                              iid=not args.non_iid, seed=args.seed, device=device)
     check_trace_covers(delays, n, args.steps)
-    compression = None if compression_ratio is None else TopK(compression_ratio)
     writer = None
     if rank == 0:
         try:

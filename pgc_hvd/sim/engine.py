@@ -71,6 +71,7 @@ import numpy as np
 import torch
 
 import pgc_hvd.ops as ops
+from pgc_hvd.compress.topk import TopK
 from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
 from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
@@ -87,7 +88,10 @@ from pgc_hvd.ops.reference import topk_compress_ref as _topk_ref
 @dataclasses.dataclass
 class SimConfig:
     """Engine settings (see module docstring). ``compress``: fraction kappa/d of entries kept by
-    top-kappa (kappa = floor(compress * d)), None for dense messages."""
+    top-kappa (kappa = max(1, floor(compress * d)), :meth:`pgc_hvd.compress.TopK.kappa`, the
+    runtime's rule), None for dense messages. ``error_feedback``: None (default) means on when
+    compressing, as :class:`pgc_hvd.compress.TopK`'s default in the runtime; the papers'
+    experiments pass False (they compress coded messages without memory)."""
 
     steps: int = 100
     delay: Any = None                   # DelayModel | text spec | dict | None
@@ -98,7 +102,7 @@ class SimConfig:
     straggler_policy: str = "continue"  # or "cancel"
     compress: Optional[float] = None
     batch_size: Optional[int] = None    # minibatch of each partition gradient (None: full partition)
-    error_feedback: bool = False
+    error_feedback: Optional[bool] = None
     eval_every: int = 1
     diagnostics: bool = True
     diag_batch: int = 128
@@ -114,6 +118,11 @@ class SimConfig:
     seed: int = 0
     progress: bool = False
     label: str = ""
+
+    @property
+    def uses_error_feedback(self) -> bool:
+        """Whether compressed messages keep an error-feedback residual (None: as TopK, on)."""
+        return self.compress is not None and self.error_feedback is not False
 
     def __post_init__(self) -> None:
         def bad(what: str, fix: str) -> None:
@@ -135,6 +144,9 @@ class SimConfig:
         if self.eval_every < 0 or self.diag_every < 1:
             bad(f"eval_every = {self.eval_every}, diag_every = {self.diag_every}",
                 "eval_every must be >= 0 (0: never) and diag_every >= 1")
+        if self.error_feedback not in (None, True, False):
+            bad(f"error_feedback = {self.error_feedback!r}", "give None (on when compressing), "
+                "True or False")
         if self.error_feedback and self.compress is None:
             bad("error_feedback without compress", "error feedback needs top-kappa compression")
         if isinstance(self.comm, str):
@@ -220,11 +232,12 @@ class Simulator:
         self.collective = isinstance(self.comm, CollectiveModel)
         self.element_size = int(element_size)
         self.model_bytes = self.d * self.element_size
-        self.kappa = None if config.compress is None else max(1, int(math.floor(config.compress * self.d)))
+        self.kappa = (None if config.compress is None else
+                      TopK(config.compress).kappa(self.d))
         if getattr(scheme, "decoder", None) == "min-error" and self.kappa is None:
             raise ValueError(f"{scheme.name} with decoder='min-error' picks the class whose "
                              "messages lost least to compression; it needs top-kappa compression "
-                             "(SimConfig.compress, pgc-hvd simulate --compress 0.05)")
+                             "(SimConfig.compress, pgc-hvd simulate --compression topk:0.05)")
         # state
         self.workers = [_Worker(w) for w in range(self.n)]
         from pgc_hvd.schemes.protocol import Scheme as _BaseScheme
@@ -386,16 +399,19 @@ class Simulator:
             return dense, dense, None
         if dense.is_complex() or dense.dtype != torch.float32:
             # the compiled kernels are fp32; complex (RS: by modulus) and fp64 use the reference
-            if self.cfg.error_feedback:
-                raise ValueError("error feedback is implemented for real fp32 messages only")
+            if self.cfg.uses_error_feedback:
+                raise ValueError("error feedback is implemented for real fp32 messages only: "
+                                 "compress complex (RS) or fp64 messages with error_feedback="
+                                 "False (--compression topk:R,ef=0)")
             vals, idx = _topk_ref(dense, self.kappa)
-        elif self.cfg.error_feedback:
+        elif self.cfg.uses_error_feedback:
             if w.residual is None:
                 w.residual = torch.zeros(self.d)
             vals, idx = ops.error_feedback_compress(dense, w.residual, self.kappa, index_dtype=torch.int32)
         else:
             vals, idx = ops.topk_compress(dense, self.kappa, index_dtype=torch.int32)
-        err = ops.compression_error_norm(dense, vals, w.residual if self.cfg.error_feedback else None)
+        err = ops.compression_error_norm(dense, vals,
+                                         w.residual if self.cfg.uses_error_feedback else None)
         return (vals, idx.to(torch.int32)), dense, err
 
     # ------------------------------------------------------------------ decoder

@@ -250,7 +250,8 @@ def exp_bcgc(out: Path, quick: bool, datasets=None) -> tuple[list, str]:
                 _log(f"[bcgc] {label}")
                 recs, summ = simulate(scheme, n, s, data=data, model=model, optimizer=opt,
                                       delay=FixedStragglers(n, s, 0.1, seed=s), steps=steps,
-                                      zero_init=True, compress=comp, partition_time=ptime,
+                                      zero_init=True, compress=comp, error_feedback=False,
+                                      partition_time=ptime,
                                       scheme_options=opts,
                                       decode_time="measured", straggler_policy="cancel",
                                       overwrite=True, records_path=out / "records" / f"{label}.jsonl",
@@ -268,7 +269,8 @@ def exp_bcgc(out: Path, quick: bool, datasets=None) -> tuple[list, str]:
                 _log(f"[bcgc] {label}")
                 recs, summ = simulate(scheme, n, s, data=data, model=model, optimizer=opt,
                                       delay=FixedStragglers(n, s, 0.1, seed=s), steps=steps,
-                                      zero_init=True, compress=0.05, iid=iid,
+                                      zero_init=True, compress=0.05, error_feedback=False,
+                                      iid=iid,
                                       scheme_options={"decoder": "min-error"}, partition_time=ptime,
                                       decode_time="measured", straggler_policy="cancel",
                                       overwrite=True, records_path=out / "records" / f"{label}.jsonl",

@@ -177,10 +177,12 @@ def main(argv=None) -> int:
                    help="collective models: the runtime's data plane (default allreduce)")
     p.add_argument("--poll-interval", type=float, default=None,
                    help="collective models: seconds between control rounds (default 0.002)")
-    p.add_argument("--compress", type=float, default=None, help="top-kappa fraction, e.g. 0.05")
+    p.add_argument("--compression", default=None, metavar="SPEC",
+                   help="none (default) or topk:RATIO[,ef=0|1][,method=exact|threshold]: "
+                        "top-kappa of every coded message, error feedback on unless ef=0 (the "
+                        "spelling of pgc-hvd train; pgc_hvd.compress.parse_compression)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="minibatch per partition gradient (seeded by step); default: full partition")
-    p.add_argument("--error-feedback", action="store_true")
     p.add_argument("--non-iid", action="store_true", help="partitions sorted by label")
     p.add_argument("--policy", default="continue", choices=["continue", "cancel"])
     p.add_argument("--adaptive", action="store_true",
@@ -200,9 +202,14 @@ def main(argv=None) -> int:
         p.error("--control sets options of the control rule: it needs --adaptive")
     if a.steps < 1:
         p.error(f"--steps must be >= 1, got {a.steps}")
-    if a.compress is not None and not 0 < a.compress <= 1:
-        p.error(f"--compress is the top-kappa fraction kappa/d and must lie in (0, 1], got "
-                f"{a.compress}")
+    from pgc_hvd.compress import parse_compression
+    try:
+        topk = parse_compression(a.compression)
+    except ValueError as err:
+        p.error(f"--compression: {err}")
+    if topk is not None and topk.k is not None:
+        p.error(f"--compression {a.compression!r}: the simulator takes a ratio (topk:RATIO), "
+                f"not a count of entries")
     from .comm import CollectiveModel, parse_comm_model
     if a.comm_model is not None and (a.alpha is not None or a.bandwidth is not None):
         p.error("--alpha/--bandwidth set the master model; with --comm-model put them in the spec "
@@ -243,8 +250,9 @@ def main(argv=None) -> int:
     recs, summary = simulate(a.scheme, a.n, a.s, a.dataset, a.model, a.optimizer, delay, a.steps,
                              iid=not a.non_iid, seed=a.seed, scheme_options=opts, data=data,
                              records_path=out / "records.jsonl", partition_time=a.partition_time,
-                             comm=comm, compress=a.compress,
-                             error_feedback=a.error_feedback, straggler_policy=a.policy,
+                             comm=comm, compress=None if topk is None else topk.ratio,
+                             error_feedback=None if topk is None else topk.error_feedback,
+                             straggler_policy=a.policy,
                              batch_size=a.batch_size, adaptive=a.adaptive,
                              control=control, overwrite=a.force,
                              progress=True)

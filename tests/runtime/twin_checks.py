@@ -72,7 +72,8 @@ def simulate(scheme_name, train, parts, delay_seed=2, s=1, options=None, compres
     task = build_task("softmax", train, seed=0)
     cfg = SimConfig(steps=STEPS, partition_time=0.3, diagnostics=False, eval_every=0,
                     delay=Exponential(1.0, seed=delay_seed)
-                    + LongStraggler(0.15, 2.0, 4.0, seed=delay_seed), compress=compress)
+                    + LongStraggler(0.15, 2.0, 4.0, seed=delay_seed), compress=compress,
+                    error_feedback=False)
     sim = RecordingSimulator(get_scheme(scheme_name, n, s, **(options or {})), task, train, parts,
                              lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM), cfg)
     sim.decoded = []
@@ -119,7 +120,7 @@ def check_twin(scheme_name, s=1, options=None, compress=None, tag="", spy=None):
     skips = sum(b > a + 1 for ks in per_worker.values() for a, b in zip(ks, ks[1:]))
     assert skips >= 1 and all(len(r.workers_used) < hvd.size() for r in srecs[1:]), (log, skips)
 
-    # the simulator's kappa, without error feedback (as the simulator's default)
+    # the simulator's kappa, without error feedback (as the simulator was configured)
     compression = None if sim.kappa is None else TopK(k=sim.kappa, error_feedback=False)
     name = f"twin-{scheme_name}{tag}"
     model, updates, rrecs, decisions = run_runtime(scheme_name, train, parts, log,

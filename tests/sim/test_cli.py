@@ -11,7 +11,7 @@ from pgc_hvd.metrics.records import read_records
 
 def test_simulate_cli_writes_records_trace_and_replays(tmp_path, capsys):
     args = ["simulate", "--scheme", "bcgc", "--n", "6", "--s", "2", "--steps", "4",
-            "--partition-time", "0.5", "--delay", "exp:mean=1,seed=2", "--compress", "0.1"]
+            "--partition-time", "0.5", "--delay", "exp:mean=1,seed=2", "--compression", "topk:0.1,ef=0"]
     assert main(args + ["--out", str(tmp_path / "a"), "--save-trace", str(tmp_path / "t.json")]) == 0
     first = list(read_records(tmp_path / "a" / "records.jsonl"))
     assert len(first) == 4 and first[0]["scheme"] == "bcgc"
@@ -56,8 +56,12 @@ def test_simulate_refuses_to_replace_an_earlier_run(tmp_path, usage_error):
 
 @pytest.mark.parametrize("bad, message", [
     (["--steps", "0"], "--steps must be >= 1"),
-    (["--compress", "0"], "must lie in (0, 1]"),
-    (["--compress", "1.5"], "must lie in (0, 1]"),
+    (["--compression", "topk:0"], "must lie in (0, 1]"),
+    (["--compression", "topk:1.5"], "must lie in (0, 1]"),
+    (["--compression", "topk:0.1,ef=2"], "ef=0"),
+    (["--compression", "topk:0.1,foo=1"], "unknown option"),
+    (["--compression", "gzip"], "use 'none' or a top-kappa spec"),
+    (["--compression", "topk:k=5"], "takes a ratio"),
     (["--threads", "0"], "--threads must be >= 1"),
 ])
 def test_simulate_rejects_bad_values_before_writing(tmp_path, usage_error, bad, message):
