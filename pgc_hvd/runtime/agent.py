@@ -198,7 +198,7 @@ class CommAgent:
                                  "rows live on the CPU)")
             channel = AllgatherChannel(self.coll, self.n, self.ctrl_len, self.width,
                                        carries_payloads=bool(optimistic))
-        elif optimistic:
+        elif optimistic and not channel.carries_payloads:
             raise ValueError("control='store' exchanges control rows through a key-value "
                              "store, which cannot carry payloads: leave optimistic unset")
         self.channel = channel

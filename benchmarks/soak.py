@@ -1,0 +1,99 @@
+"""Soak benchmark: does anything grow with the run's length? (issue 15, item 4)
+
+    python benchmarks/soak.py [--np 4] [--steps 20000] [--scheme pgc-cr] [--every 1000]
+
+Trains a tiny model (d = 2,242) for ``--steps`` steps on ``--np`` gloo ranks (no emulated
+compute: every step is protocol only) and prints, every ``--every`` steps, rank 0's resident
+set size (VmRSS), the agent's held decided updates, and the time per step over the last window.
+Flat RSS and flat time per step from the first window to the last mean the per-step bookkeeping
+is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hvd_launch import run_ranks  # noqa: E402
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def worker(args) -> None:
+    import horovod.torch as hvd
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import pgc_hvd
+    from pgc_hvd.runtime import PartitionLoader
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n * 64, 32, generator=g)
+    y = (X[:, 0] > 0).long()
+    loader = PartitionLoader(X, y, n, batch_size=16, seed=0)
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05),
+                                       m.named_parameters(), scheme=args.scheme, timeout=120)
+    rows, t_last, v_last = [], time.time(), 0
+    while opt.version < args.steps:
+        for xb, yb in opt.batches(loader):
+            F.cross_entropy(m(xb), yb).backward()
+        opt.step()
+        if rank == 0 and opt.version - v_last >= args.every:
+            now = time.time()
+            rows.append({"step": opt.version, "rss_mb": round(rss_mb(), 1),
+                         "ms_per_step": round((now - t_last) / (opt.version - v_last) * 1e3, 2),
+                         "held_updates": opt.agent.held_updates})
+            print(f"[soak] {rows[-1]}", file=sys.stderr, flush=True)
+            t_last, v_last = now, opt.version
+    opt.close()
+    if rank == 0:
+        print("RESULT " + json.dumps({"n": n, "scheme": args.scheme, "rows": rows}), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", type=int, default=4)
+    p.add_argument("--steps", type=int, default=20000)
+    p.add_argument("--every", type=int, default=1000)
+    p.add_argument("--scheme", default="pgc-cr")
+    p.add_argument("--timeout", type=float, default=7200)
+    p.add_argument("--json", default=None)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+
+    def echo(line):
+        if "[soak]" in line:
+            print("  " + line.split("<stderr>:")[-1], flush=True)
+    res = run_ranks(args.np, __file__, ["--steps", args.steps, "--every", args.every,
+                                        "--scheme", args.scheme], args.timeout, on_line=echo)
+    rows = res["rows"]
+    first, last = rows[0], rows[-1]
+    print(f"\nSoak, np={res['n']}, {res['scheme']}, {last['step']} steps: RSS "
+          f"{first['rss_mb']:.1f} -> {last['rss_mb']:.1f} MB, time per step "
+          f"{first['ms_per_step']:.2f} -> {last['ms_per_step']:.2f} ms (first and last window "
+          f"of {args.every} steps), held updates at the end {last['held_updates']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The agent's bookkeeping is bounded: 100k decisions through the real CommAgent (a world of one
+rank, LoopbackChannel, so no Horovod is needed) leave every container it keeps at a size that
+does not depend on the number of steps, and the decided updates are released as applied."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pgc_hvd.compress import DenseCodec
+from pgc_hvd.runtime.agent import CommAgent, Outgoing
+from pgc_hvd.runtime.channel import LoopbackChannel
+from pgc_hvd.runtime.wire import ctrl_len
+from pgc_hvd.schemes import get_scheme
+
+STEPS = 100_000
+
+
+def sizes(agent: CommAgent) -> dict:
+    return {"offered": len(agent._offered), "meta": len(agent._meta), "cache": len(agent._cache),
+            "outbox": len(agent._outbox), "updates": agent.held_updates,
+            "pool": sum(len(v) for v in agent.pool._free.values()),
+            "bad_log": len(agent.bad_log), "c_changes": len(agent.c_changes)}
+
+
+def test_bookkeeping_is_bounded_over_100k_decisions():
+    d = 8
+    scheme = get_scheme("dgd", 1, 0)
+    agent = CommAgent(None, scheme, 0, d, 1, codec=DenseCodec(d), device="cpu",
+                      poll_interval=0.001, timeout=30, optimistic=True,
+                      channel=LoopbackChannel(ctrl_len(1), d))
+    agent.start()
+    seen, times = {}, {}
+    t0 = time.perf_counter()
+    for t in range(STEPS):
+        packed, payload = agent.payload_buffer()
+        payload.fill_(float(t % 7))
+        agent.submit(Outgoing(t, t, payload, time.time(), packed=packed), 0.0)
+        agent.wait_for(t)
+        upd = agent.take(t)
+        assert upd.step == t and float(upd.flat[0]) == float(t % 7)   # weight 1/n = 1
+        agent.release_before(t + 1)
+        if t in (1_000, 10_000, STEPS - 1):
+            seen[t] = sizes(agent)
+            times[t] = time.perf_counter() - t0
+    agent.finish()
+    assert agent.decided() == STEPS
+    # every container is as small after 100k steps as after 1k (none grows with the run)
+    for key, value in seen[STEPS - 1].items():
+        assert value <= max(seen[1_000][key], 1) + 64, (key, seen)
+    assert seen[STEPS - 1]["updates"] == 0
+    print(f"\nagent bookkeeping: {seen[STEPS - 1]}; seconds at step 1k / 10k / 100k: "
+          f"{times[1_000]:.1f} / {times[10_000]:.1f} / {times[STEPS - 1]:.1f}")
