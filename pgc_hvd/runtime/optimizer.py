@@ -19,6 +19,15 @@ Per step t (= the rank's model version, the number of updates it has applied):
    the steps that fired without it -- and returns. Training loops run
    ``while opt.version < steps``.
 
+Consistency (:mod:`pgc_hvd.runtime.consistency`; each check once, none per step): construction
+compares across ranks everything that must agree (optimizer class, every hyper-parameter of every
+param group, scheme, s, options, compression, control, name, optimistic, the parameters' dtypes,
+device kind and shapes) and the first :meth:`batches` of a loader its partitioning, each mismatch
+a ValueError on every rank naming the field, the ranks and their values; a rank whose parameters
+turn non-finite stops every rank (:meth:`_pgc_check_params`); :meth:`close` brings every rank to
+the same final version and compares the parameters' digests. fp16, bf16 and fp64 parameters
+train with fp32 ring, messages and updates, the update cast to each parameter's dtype.
+
 Example::
 
     import horovod.torch as hvd, pgc_hvd
