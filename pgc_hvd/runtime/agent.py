@@ -280,7 +280,7 @@ class CommAgent:
                     f"step() calls")
         if rows is None or quiet > min(limit / 2, 5.0 + 10 * self.poll_interval):
             return (f"{head}: no control round has completed for {quiet:.0f}s, so a rank has "
-                    f"died, or its process is frozen (the allgather cannot tell which rank; "
+                    f"died or hung (its process is frozen; the allgather cannot tell which rank, "
                     f"control='store' names it)")
         rnd = self._round
         arrived = set(rnd.arrived) if rnd is not None else set()

@@ -1,0 +1,123 @@
+"""Where a pgc_hvd step's time goes, per phase, on each rank (issue 13).
+
+    python benchmarks/step_profile.py [--np 4] [--model resnet18] [--schemes dgd,pgc-cr]
+                                      [--compute 0.3] [--steps 12] [--poll 0.002]
+
+For each scheme, one ``horovodrun --gloo`` job trains torchvision's ``--model`` (batch 2 of
+32x32 images, plus ``--compute`` seconds of emulated compute per partition) and times, per step
+and rank (medians after 3 warm-up steps):
+
+* ``compute``: the user's loop body (sleep, forward, backward; the gradient hooks copy each
+  p.grad into its ring slot);
+* ``send``: forming the coded message in its payload row (coded accumulation over the ring),
+  the finite check, compression if any, handing it to the agent;
+* ``wait``: from the message's hand-off until the step's update is ready (control rounds --
+  every rank's row by a tiny allgather until the scheme fires -- then the data phase);
+* ``data``: the agent's data phase (the rank's weighted contribution, the allreduce or
+  allgather, the decode);
+* ``apply``: the user's optimizer rule on the decoded update;
+* ``rounds``: control rounds per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hvd_launch import run_ranks  # noqa: E402
+from runtime_bench import build_model  # noqa: E402
+
+
+def worker(args) -> None:
+    import horovod.torch as hvd
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    import pgc_hvd
+    from pgc_hvd.runtime import PartitionLoader
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n * 8, 3, 32, 32, generator=g)
+    y = torch.randint(0, 2, (X.shape[0],), generator=g)
+    loader = PartitionLoader(X, y, n, batch_size=2, seed=0)
+    scheme = args.scheme
+    m = build_model(args.model)
+    opt = pgc_hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
+        stragglers=0 if scheme == "dgd" else 1, timeout=300, poll_interval=args.poll,
+        name=f"prof-{scheme}")
+    agent = opt.agent
+    T = {k: [] for k in ("compute", "send", "wait", "data", "apply", "rounds")}
+
+    def timed(obj, attr, key, record=None):
+        real = getattr(obj, attr)
+
+        def run(*a):
+            t0 = time.perf_counter()
+            out = real(*a)
+            T[key].append(time.perf_counter() - t0)
+            if record is not None:
+                record(out)
+            return out
+        setattr(obj, attr, run)
+    timed(agent, "_data_phase", "data", lambda u: T["rounds"].append(u.info["control_rounds"]))
+    timed(opt, "_pgc_send", "send")
+    timed(opt, "_pgc_apply", "apply")
+    timed(agent, "wait_for", "wait")
+    while opt.version < args.steps:
+        t0 = time.perf_counter()
+        for xb, yb in opt.batches(loader):
+            time.sleep(args.compute)
+            F.cross_entropy(m(xb), yb).backward()
+        T["compute"].append(time.perf_counter() - t0)
+        opt.step()
+    opt.close()
+    med = {k: float(np.median(v[3:])) * 1e3 for k, v in T.items() if k != "rounds" and v[3:]}
+    med["rounds"] = float(np.diff(T["rounds"])[3:].mean())
+    allv = hvd.allgather(torch.tensor([[med[k] for k in sorted(med)]], dtype=torch.float64),
+                         name="prof.gather")
+    if rank == 0:
+        print("RESULT " + json.dumps({"scheme": scheme, "n": n, "keys": sorted(med),
+                                      "ranks": allv.tolist()}), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", type=int, default=4)
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--schemes", default="dgd,pgc-cr")
+    p.add_argument("--compute", type=float, default=0.3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--poll", type=float, default=0.002)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--scheme", default="dgd", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    print(f"Step profile, np={args.np}, {args.model}, compute {args.compute * 1e3:.0f} ms, poll "
+          f"{args.poll * 1e3:.0f} ms: medians per rank, ms (rounds: control rounds per step)")
+    for sch in args.schemes.split(","):
+        r = run_ranks(args.np, __file__, ["--scheme", sch, "--model", args.model, "--compute",
+                                          args.compute, "--steps", args.steps, "--poll",
+                                          args.poll], args.timeout)
+        keys = r["keys"]
+        order = ["compute", "send", "wait", "data", "apply", "rounds"]
+        print(f"\n{sch}:  " + "  ".join(f"{k:>8}" for k in ["rank"] + order))
+        for rk, row in enumerate(r["ranks"]):
+            v = dict(zip(keys, row))
+            print("      " + "  ".join([f"{rk:>8}"] + [f"{v[k]:8.1f}" for k in order]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
