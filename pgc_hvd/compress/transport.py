@@ -11,7 +11,8 @@ rank receives per step (n ranks, d entries, payload rows of w float32 words, U u
   Chosen for sparse top-kappa rows when that is fewer bytes than the allreduce
   (2 kappa U < 2 (n-1)/n d words), else they are densified into the allreduce.
 * ``"cached"``: every used payload already reached every rank with the control rows (optimistic
-  one-collective steps, for small messages, see :func:`optimistic_default`): no collective.
+  one-collective steps, for small messages, see :func:`optimistic_default`): no collective;
+  every ready rank's payload then reaches every rank, n payloads of 4 w bytes.
 
 The choice depends only on the decision, the codec and n, which every rank has identically, so
 every rank picks the same collective.
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import os
 
-#: payload rows up to this many bytes ride with the control rows (one collective per step) by
-#: default; above it the step is decided on control rows alone and the data move in the
-#: allreduce/allgather. Measured crossover: docs/benchmarks.md ("Optimistic threshold"),
-#: ``benchmarks/runtime_bench.py --crossover``. ``PGC_HVD_OPTIMISTIC_BYTES`` overrides.
-OPTIMISTIC_BYTES = 65536
+#: payloads ride with the control rows (one collective per step) by default while the n payloads
+#: a rank then receives, n * 4 w bytes, are at most this many; above it the step is decided on
+#: control rows alone and the data move in the allreduce / allgather. Measured crossover
+#: (``benchmarks/runtime_bench.py --crossover``, docs/benchmarks.md): at np = 4 the one
+#: collective is 1.09-1.15x faster up to 1 MB payloads and 0.80x at 4 MB; at np = 2 the two are
+#: within 5% from 256 KB to 4 MB. ``PGC_HVD_OPTIMISTIC_BYTES`` overrides.
+OPTIMISTIC_BYTES = 4 * 1024 * 1024
 
 
 def optimistic_threshold() -> int:
@@ -37,17 +40,17 @@ def optimistic_threshold() -> int:
         value = int(raw)
     except ValueError:
         raise ValueError(f"PGC_HVD_OPTIMISTIC_BYTES={raw!r}: give a number of bytes (>= 0), "
-                         f"e.g. 65536") from None
+                         f"e.g. 4194304") from None
     if value < 0:
         raise ValueError(f"PGC_HVD_OPTIMISTIC_BYTES={raw!r}: give a number of bytes >= 0")
     return value
 
 
-def optimistic_default(payload_bytes: int, on_cpu: bool) -> bool:
-    """Whether payloads ride with control rows by default: CPU payloads of at most
-    :func:`optimistic_threshold` bytes (latency dominates there; above it, every ready rank's
-    payload reaching every rank costs n payloads of bytes where the allreduce costs two)."""
-    return bool(on_cpu) and int(payload_bytes) <= optimistic_threshold()
+def optimistic_default(payload_bytes: int, on_cpu: bool, n: int = 1) -> bool:
+    """Whether payloads ride with control rows by default: CPU payloads whose n copies a rank
+    receives, n * ``payload_bytes``, are at most :func:`optimistic_threshold` bytes (latency
+    dominates there; above it, n payloads cost more than the allreduce's two)."""
+    return bool(on_cpu) and int(n) * int(payload_bytes) <= optimistic_threshold()
 
 
 def allreduce_bytes(n: int, d: int) -> float:

@@ -266,7 +266,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_width = width = self._pgc_codec.width
         if optimistic is None:   # small payloads ride with the control rows (compress.transport)
             optimistic = control == "allgather" and optimistic_default(
-                self._pgc_codec.payload_bytes, torch.device(lay.device).type == "cpu")
+                self._pgc_codec.payload_bytes, torch.device(lay.device).type == "cpu", self.n)
         self._pgc_optimistic = bool(optimistic)
         channel = None
         if control == "store":
@@ -308,7 +308,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         # the effective optimistic setting follows from the payload size (the same on every rank
         # once the rest agrees) and PGC_HVD_OPTIMISTIC_BYTES (per rank)
         opt_field = (bool(optimistic) if optimistic is not None else
-                     f"by payload size (at most {optimistic_threshold()} bytes, "
+                     f"by payload size (n payloads at most {optimistic_threshold()} bytes, "
                      f"PGC_HVD_OPTIMISTIC_BYTES)")
         fp = consistency.optimizer_fingerprint(
             type(self).__bases__[0], self.param_groups, self._pgc_layout.params, scheme=scheme,
@@ -939,8 +939,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             the control row that first shows it ready, so a step that fires on that control
             round needs no second collective (every rank then receives every current-step
             payload, also the ones the decision leaves out: n payloads). Default (None): on for
-            CPU payload rows of at most ``pgc_hvd.compress.transport.OPTIMISTIC_BYTES``
-            (``PGC_HVD_OPTIMISTIC_BYTES``), where latency dominates; off above it, where the
+            CPU payload rows while n of them are at most
+            ``pgc_hvd.compress.transport.OPTIMISTIC_BYTES`` (4 MiB, measured;
+            ``PGC_HVD_OPTIMISTIC_BYTES``), where latency dominates; off above it, where the
             step is decided on control rows alone and dense messages move in ONE allreduce of
             the ranks' weighted contributions (2 (n-1)/n * 4d bytes per rank, as Horovod's),
             sparse ones in an allgather of the chosen rows (:mod:`pgc_hvd.compress.transport`).

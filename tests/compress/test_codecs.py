@@ -127,6 +127,7 @@ def test_optimistic_threshold_is_overridable_and_checked(monkeypatch):
     monkeypatch.delenv("PGC_HVD_OPTIMISTIC_BYTES", raising=False)
     t = optimistic_threshold()
     assert optimistic_default(t, True) and not optimistic_default(t + 1, True)
+    assert optimistic_default(t // 4, True, n=4) and not optimistic_default(t // 4 + 1, True, 4)
     assert not optimistic_default(10, False)          # device payloads never ride along
     monkeypatch.setenv("PGC_HVD_OPTIMISTIC_BYTES", "0")
     assert not optimistic_default(4, True)
