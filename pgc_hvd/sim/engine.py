@@ -48,7 +48,8 @@ every collective costed by the alpha-beta model:
   step that fires needs no more; ``allgather-2phase``: after the decision, an allgather of the
   chosen ranks' messages; ``allreduce``: after the decision one ring allreduce of 4d bytes
   (dense) or, for top-kappa messages, the allgather of the chosen (values, indices) when it
-  receives fewer bytes than the allreduce (else densify + allreduce). Decoding reads the used
+  receives fewer bytes than the allreduce (else densify + allreduce); small messages (n copies
+  at most ``optimistic_below`` bytes) ride with the rows as on ``allgather``. Decoding reads the used
   messages and writes d floats (``pass_beta``); the allreduce plane's contribution reads the
   rank's own uses and writes d floats.
 * The update is every rank's at the end of the data phase: the step's record has that time, and
@@ -566,10 +567,12 @@ class Simulator:
                                + 2 * self.model_bytes)
 
     def _rides(self, entry) -> bool:
-        """Does this message's payload ride with its control row (one-collective steps)?"""
+        """Does this message's payload ride with its control row (one-collective steps)? Old
+        plane: always. New plane: while the n copies a rank receives, n * bytes, are at most
+        ``optimistic_below`` (the runtime's rule, ``compress.transport.optimistic_default``)."""
         cm = self.comm
         return cm.plane == "allgather" or (cm.plane == "allreduce"
-                                           and entry["bytes"] <= cm.optimistic_below)
+                                           and self.n * entry["bytes"] <= cm.optimistic_below)
 
     def _agent_event(self, wid: int, t: float) -> None:
         """A local event on rank ``wid`` (its message became ready) at time t."""

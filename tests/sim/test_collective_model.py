@@ -178,7 +178,7 @@ def test_master_model_is_unchanged_by_the_time_only_simulator(digits):
 
 def _dgd_step(plane, n=4, d=250_000, T=0.5, poll=0.002):
     cm = parse_comm_model("ring:alpha=2e-4,beta=1e-9,pass_beta=1e-11", plane=plane,
-                          poll_interval=poll)
+                          poll_interval=poll, optimistic_below=0)
     recs = time_steps(get_scheme("dgd", n, 0), d=d, steps=6, partition_time=T, comm=cm)
     return cm, recs
 
@@ -320,3 +320,15 @@ def test_simulate_command_takes_a_collective_model(tmp_path, capsys):
             main(["--steps", "2", "--out", str(tmp_path / "bad"), *argv])
         assert e.value.code == 2
         assert msg in capsys.readouterr().err
+
+
+def test_new_plane_lets_small_messages_ride_with_the_control_rows():
+    """The runtime's rule: payloads ride while the n copies a rank receives fit in
+    optimistic_below bytes; then a step needs no allreduce."""
+    def run(limit):
+        cm = parse_comm_model("ring:alpha=2e-4,beta=1e-9", plane="allreduce",
+                              optimistic_below=limit)
+        return time_steps(get_scheme("dgd", 4, 0), d=1000, steps=4, partition_time=0.1, comm=cm)
+    ride, apart = run(4 * 4000), run(4 * 4000 - 1)
+    assert all(r.extra["data_seconds"] < 1e-6 for r in ride)          # decode only
+    assert all(r.extra["data_seconds"] > 6 * 2e-4 for r in apart)     # + the allreduce
