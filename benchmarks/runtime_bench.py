@@ -20,9 +20,10 @@ a) no stragglers, emulated compute of ``--compute`` seconds per partition evalua
 b) exponential delays with mean = compute time (seeded; the same schedule for every scheme),
    ``--np-b`` ranks, s = 1, first model: PGC-CR's time per step (straggler_policy ``continue``
    and ``cancel``) over DGD's (pgc_hvd ``dgd``, and ``hvd.DistributedOptimizer`` sleeping the
-   same delays), and over the (n-s)-th order statistic of the delays actually drawn plus the
-   compute and the allreduce measured in part a (the floor: no scheme can finish a step before
-   n-s ranks have computed and the update has been summed). Goal: PGC-CR within 10% of it.
+   same delays), and over its floor: its own time per step without stragglers (part a, same np
+   and model) plus the (n-s)-th order statistic of the delays actually drawn (a step cannot end
+   before n-s ranks have slept their delays and then done a straggler-free step's work). Goal:
+   PGC-CR within 10% of it. Horovod's own floor is its part-a step plus the largest delay.
 
 ``--crossover``: time per step of PGC-CR with ``optimistic=True`` (payloads ride with control
 rows: one collective, n payloads) and ``optimistic=False`` (control rows, then one allreduce) at
@@ -191,6 +192,37 @@ def crossover(args) -> dict:
     return {f"np{k[0]}_w{k[1]}": v for k, v in res.items()}
 
 
+def report(a: dict, b, c: float, seconds: float) -> None:
+    """Print the tables of part a (``{(model, np): result}``) and part b."""
+    print(f"\nRuntime benchmark (compute {c * 1e3:.0f} ms per partition, gloo, "
+          f"{os.cpu_count()} cores), one run, {seconds:.0f}s")
+    print("\na) no stragglers: time per step / hvd.DistributedOptimizer's; bytes received per "
+          "rank per step / the ring allreduce's 2(n-1)/n 4d")
+    cols = SCHEMES_A[1:]
+    print(f"{'model':>9} {'d':>10} {'np':>3} {'hvd ms':>7} " + " ".join(f"{s:>21}" for s in cols))
+    for (m, k), r in a.items():
+        rb = ring_bytes(k, r["d"])
+        cells = [f"{r[s] * 1e3:5.0f} {r[s] / r['hvd']:5.2f}x {r.get(s + '.bytes', 0) / rb:5.2f}B"
+                 for s in cols]
+        print(f"{m:>9} {r['d']:>10} {k:>3} {r['hvd'] * 1e3:7.0f} "
+              + " ".join(f"{x:>21}" for x in cells))
+    if b is None:
+        return
+    ar = a.get((b["model"], b["n"]))
+    print(f"\nb) exponential delays, mean {c * 1e3:.0f} ms, np={b['n']}, s=1, "
+          f"{b['model']} (d = {b['d']}): time per step; floor = the scheme's part-a step + the "
+          f"(n-s)-th delay drawn (Horovod: + the largest)")
+    hvd_floor = ar["hvd"] + b["drawn_max"] if ar else float("nan")
+    print(f"  hvd.DistributedOptimizer {b['hvd'] * 1e3:6.0f} ms   / floor "
+          f"{b['hvd'] / hvd_floor:.2f}x ({hvd_floor * 1e3:.0f} ms)")
+    print(f"  dgd (pgc_hvd)            {b['dgd'] * 1e3:6.0f} ms")
+    for key in ("pgc-cr", "pgc-cr:cancel"):
+        floor = (ar["pgc-cr"] if ar else float("nan")) + b["drawn_kth"]
+        print(f"  {key:<24} {b[key] * 1e3:6.0f} ms   / hvd {b[key] / b['hvd']:.2f}x, / dgd "
+              f"{b[key] / b['dgd']:.2f}x, / floor {b[key] / floor:.2f}x ({floor * 1e3:.0f} ms; "
+              f"goal <= 1.10x)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="resnet18,resnet50",
@@ -205,6 +237,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--crossover", action="store_true", help="measure the optimistic threshold")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--report", default=None, metavar="JSON",
+                   help="print the tables of an earlier run's --json file instead of running")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", default="a", help=argparse.SUPPRESS)
     p.add_argument("--model", default="resnet18", help=argparse.SUPPRESS)
@@ -214,6 +248,11 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     t0 = time.time()
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        a = {(r["model"], r["n"]): r for r in saved["a"].values()}
+        report(a, saved["b"], next(iter(a.values()))["compute"], time.time() - t0)
+        return 0
     if args.crossover:
         out = crossover(args)
         if args.json:
@@ -225,34 +264,7 @@ def main(argv=None) -> int:
     a = {(m, k): launch(k, "a", m, args) for m in models for k in nps}
     b = (launch(args.np_b, "b", models[0], args, steps=args.steps_b)
          if args.np_b else None)
-    c = args.compute
-    print(f"\nRuntime benchmark (compute {c * 1e3:.0f} ms per partition, gloo, "
-          f"{os.cpu_count()} cores), one run, {time.time() - t0:.0f}s")
-    print("\na) no stragglers: time per step / hvd.DistributedOptimizer's; bytes received per "
-          "rank per step / the ring allreduce's 2(n-1)/n 4d")
-    cols = SCHEMES_A[1:]
-    print(f"{'model':>9} {'d':>10} {'np':>3} {'hvd ms':>7} " + " ".join(f"{s:>21}" for s in cols))
-    for (m, k), r in a.items():
-        rb = ring_bytes(k, r["d"])
-        cells = [f"{r[s] * 1e3:5.0f} {r[s] / r['hvd']:5.2f}x {r.get(s + '.bytes', 0) / rb:5.2f}B"
-                 for s in cols]
-        print(f"{m:>9} {r['d']:>10} {k:>3} {r['hvd'] * 1e3:7.0f} "
-              + " ".join(f"{x:>21}" for x in cells))
-    if b is not None:
-        ar = a.get((b["model"], b["n"]))
-        # the floor: (n-s)-th fastest compute + the allreduce part a measured (hvd - compute)
-        comm = max(0.0, ar["hvd"] - c) if ar else 0.0
-        floor = c + b["drawn_kth"] + comm
-        print(f"\nb) exponential delays, mean {c * 1e3:.0f} ms, np={b['n']}, s=1, "
-              f"{b['model']} (d = {b['d']}): time per step")
-        print(f"  hvd.DistributedOptimizer {b['hvd'] * 1e3:6.0f} ms   (compute + max delay "
-              f"drawn + allreduce: {(c + b['drawn_max'] + comm) * 1e3:.0f} ms)")
-        print(f"  dgd (pgc_hvd)            {b['dgd'] * 1e3:6.0f} ms")
-        for key in ("pgc-cr", "pgc-cr:cancel"):
-            print(f"  {key:<24} {b[key] * 1e3:6.0f} ms   / hvd {b[key] / b['hvd']:.2f}x, / dgd "
-                  f"{b[key] / b['dgd']:.2f}x, / floor {b[key] / floor:.2f}x (floor = compute + "
-                  f"(n-s)-th delay drawn + allreduce of part a = {floor * 1e3:.0f} ms; "
-                  f"goal <= 1.10x)")
+    report(a, b, args.compute, time.time() - t0)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(

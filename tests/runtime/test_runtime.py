@@ -53,12 +53,17 @@ def test_dead_rank_stops_others_with_clear_error(horovodrun, mode):
 def test_hung_rank_stops_others_with_clear_error(horovodrun, kind):
     """A rank that hangs without dying (whole process frozen under pgc-cr; only its training
     thread under dgd) makes the others stop with a clear error after the configured timeout
-    (5 s) instead of hanging."""
+    (5 s) instead of hanging; the error names the rank the step waits for and says it is alive
+    when its control rows kept coming, or that no control round completed when they did not."""
     proc = horovodrun(3, SCRIPT, f"hung-{kind}", timeout=120, check=False)
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
     assert {l.split("rank=")[1].split()[0] for l in clear} == {"0", "1"}
     assert all("hung" in l and "timeout" in l for l in clear), clear
+    if kind == "thread":   # rank 2's rows keep coming: it is named, and known alive
+        assert all("waits for ranks [2]" in l and "alive" in l for l in clear), clear
+    else:                  # a frozen process stops every collective: the ranks say so
+        assert all("no control round has completed" in l for l in clear), clear
     # stopped within the configured timeout of its last completed step (wide margin: 2 cores)
     after = [float(l.split(" after ")[1].split("s ")[0]) for l in clear]
     assert all(4.0 <= a < 15.0 for a in after), clear
