@@ -6,7 +6,8 @@ Trains a tiny model (d = 2,242) for ``--steps`` steps on ``--np`` gloo ranks (no
 compute: every step is protocol only) and prints, every ``--every`` steps, rank 0's resident
 set size (VmRSS), the agent's held decided updates, and the time per step over the last window.
 Flat RSS and flat time per step from the first window to the last mean the per-step bookkeeping
-is bounded.
+is bounded. ``--tracemalloc``: rank 0 also compares Python-heap snapshots taken after the first
+window and at the end, and prints the allocation sites that grew most (slower).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def worker(args) -> None:
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05),
                                        m.named_parameters(), scheme=args.scheme, timeout=120)
     rows, t_last, v_last = [], time.time(), 0
+    snap = None
+    if args.tracemalloc and rank == 0:
+        import tracemalloc
+        tracemalloc.start(8)
     while opt.version < args.steps:
         for xb, yb in opt.batches(loader):
             F.cross_entropy(m(xb), yb).backward()
@@ -60,9 +65,17 @@ def worker(args) -> None:
                          "held_updates": opt.agent.held_updates})
             print(f"[soak] {rows[-1]}", file=sys.stderr, flush=True)
             t_last, v_last = now, opt.version
+            if args.tracemalloc and snap is None:
+                snap = tracemalloc.take_snapshot()
+    grew = []
+    if snap is not None:
+        for st in tracemalloc.take_snapshot().compare_to(snap, "lineno")[:5]:
+            grew.append(f"{st.size_diff / 1024:+.1f} KiB ({st.count_diff:+d} blocks) "
+                        f"{st.traceback.format()[-1].strip()}")
     opt.close()
     if rank == 0:
-        print("RESULT " + json.dumps({"n": n, "scheme": args.scheme, "rows": rows}), flush=True)
+        print("RESULT " + json.dumps({"n": n, "scheme": args.scheme, "rows": rows,
+                                      "heap_growth": grew}), flush=True)
 
 
 def main(argv=None) -> int:
@@ -73,6 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--scheme", default="pgc-cr")
     p.add_argument("--timeout", type=float, default=7200)
     p.add_argument("--json", default=None)
+    p.add_argument("--tracemalloc", action="store_true", help="Python-heap growth sites")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -83,13 +97,16 @@ def main(argv=None) -> int:
         if "[soak]" in line:
             print("  " + line.split("<stderr>:")[-1], flush=True)
     res = run_ranks(args.np, __file__, ["--steps", args.steps, "--every", args.every,
-                                        "--scheme", args.scheme], args.timeout, on_line=echo)
+                                        "--scheme", args.scheme]
+                    + (["--tracemalloc"] if args.tracemalloc else []), args.timeout, on_line=echo)
     rows = res["rows"]
     first, last = rows[0], rows[-1]
     print(f"\nSoak, np={res['n']}, {res['scheme']}, {last['step']} steps: RSS "
           f"{first['rss_mb']:.1f} -> {last['rss_mb']:.1f} MB, time per step "
           f"{first['ms_per_step']:.2f} -> {last['ms_per_step']:.2f} ms (first and last window "
           f"of {args.every} steps), held updates at the end {last['held_updates']}")
+    for line in res.get("heap_growth", []):
+        print(f"  Python heap, last window against the first: {line}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
     return 0
