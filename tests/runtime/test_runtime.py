@@ -63,7 +63,8 @@ def test_hung_rank_stops_others_with_clear_error(horovodrun, kind):
     if kind == "thread":   # rank 2's rows keep coming: it is named, and known alive
         assert all("waits for ranks [2]" in l and "alive" in l for l in clear), clear
     else:                  # a frozen process stops every collective: the ranks say so
-        assert all("no control round has completed" in l for l in clear), clear
+        assert all("no control round has completed" in l or "got no answer" in l
+                   for l in clear), clear
     # stopped within the configured timeout of its last completed step (wide margin: 2 cores)
     after = [float(l.split(" after ")[1].split("s ")[0]) for l in clear]
     assert all(4.0 <= a < 15.0 for a in after), clear
