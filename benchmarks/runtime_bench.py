@@ -63,6 +63,20 @@ def build_model(kind: str, width: int = 0):
     return getattr(torchvision.models, kind)(num_classes=1000)
 
 
+def build_loader(kind: str, n: int):
+    """The benchmark's seeded data: n partitions of 8 images of 32x32 (batches of 2) for the
+    torchvision models, of 64 vectors of 32 (batches of 16) for ``mlp`` and ``wide``."""
+    import torch
+
+    from pgc_hvd.runtime import PartitionLoader
+    g = torch.Generator().manual_seed(0)
+    image = kind not in ("mlp", "wide")
+    X = (torch.randn(n * 8, 3, 32, 32, generator=g) if image else
+         torch.randn(n * 64, 32, generator=g))
+    y = torch.randint(0, 2, (X.shape[0],), generator=g)
+    return PartitionLoader(X, y, n, batch_size=2 if image else 16, seed=0)
+
+
 # ----------------------------------------------------------------------------- worker (per rank)
 def worker(args) -> None:
     import horovod.torch as hvd
@@ -70,19 +84,13 @@ def worker(args) -> None:
     import torch.nn.functional as F
 
     import pgc_hvd
-    from pgc_hvd.runtime import PartitionLoader
     from pgc_hvd.sim.delays import Exponential, Zero
 
     torch.set_num_threads(1)
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
-    g = torch.Generator().manual_seed(0)
     kind = args.model
-    image = kind not in ("mlp", "wide")
-    X = (torch.randn(n * 8, 3, 32, 32, generator=g) if image else
-         torch.randn(n * 64, 32, generator=g))
-    y = torch.randint(0, 2, (X.shape[0],), generator=g)
-    loader = PartitionLoader(X, y, n, batch_size=2 if image else 16, seed=0)
+    loader = build_loader(kind, n)
     compute = args.compute
     delays = Exponential(compute, seed=args.seed) if args.part == "b" else Zero()
     steps, warm = args.steps, args.warmup

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hvd_launch import run_ranks  # noqa: E402
-from runtime_bench import build_model  # noqa: E402
+from runtime_bench import build_loader, build_model  # noqa: E402
 
 
 def worker(args) -> None:
@@ -39,15 +39,11 @@ def worker(args) -> None:
     import torch.nn.functional as F
 
     import pgc_hvd
-    from pgc_hvd.runtime import PartitionLoader
 
     torch.set_num_threads(1)
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
-    g = torch.Generator().manual_seed(0)
-    X = torch.randn(n * 8, 3, 32, 32, generator=g)
-    y = torch.randint(0, 2, (X.shape[0],), generator=g)
-    loader = PartitionLoader(X, y, n, batch_size=2, seed=0)
+    loader = build_loader(args.model, n)
     scheme = args.scheme
     m = build_model(args.model)
     opt = pgc_hvd.DistributedOptimizer(

@@ -161,7 +161,6 @@ class CommAgent:
         self.on_step = on_step
         self.name = name
         self.step = int(start_step)          # the round being decided
-        self.first_step = int(start_step)
         self._decided = int(start_step)      # number of steps decided (the next round's step)
         self._updates: dict[int, Update] = {}  # decided, not yet released by the training thread
         self._applied = int(start_step)      # the training thread's version (release_before)
@@ -230,7 +229,7 @@ class CommAgent:
         """Before :meth:`start`: decide from ``step`` on (a restored checkpoint's version)."""
         if self._thread.is_alive():
             raise RuntimeError("restart_at must be called before the agent starts")
-        self.step = self.first_step = self._decided = self._applied = int(step)
+        self.step = self._decided = self._applied = int(step)
         self._updates.clear()
 
     def payload_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:

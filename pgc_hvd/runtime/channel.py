@@ -81,6 +81,16 @@ class Collectives:
         return self._run(kind, lambda nm: hvd.allreduce_async_(tensor, name=nm, op=hvd.Sum))
 
 
+def _packed(row: torch.Tensor, packed: Optional[torch.Tensor], length: int) -> torch.Tensor:
+    """The float32 tensor a rank sends: its row's float64 words bit-cast (2 ``length`` words),
+    written in front of the payload when ``packed`` carries one."""
+    words = row.view(torch.float32)
+    if packed is None:
+        return words
+    packed[: 2 * length].copy_(words)
+    return packed
+
+
 class AllgatherChannel:
     """Control rows by Horovod allgather; payloads may ride along (``carries_payloads``)."""
 
@@ -93,13 +103,7 @@ class AllgatherChannel:
         if not self.carries_payloads:
             got = self.coll.allgather(row.view(1, self.length), "ctl")
             return got.tolist(), {}
-        words = row.view(torch.float32)          # 2 length float32 words, bit-exact
-        if packed is not None:
-            packed[: 2 * self.length].copy_(words)
-            send = packed
-        else:
-            send = words
-        got = self.coll.allgather(send, "ctl")
+        got = self.coll.allgather(_packed(row, packed, self.length), "ctl")
         try:
             return parse_packed(got, self.n, self.length, self.width)
         except WireError as err:
@@ -120,11 +124,8 @@ class LoopbackChannel:
         self.length, self.width = int(length), int(width)
 
     def exchange(self, row: torch.Tensor, packed: Optional[torch.Tensor] = None):
-        words = row.view(torch.float32)
-        if packed is None:
-            return parse_packed(words.clone(), 1, self.length, self.width)
-        packed[: 2 * self.length].copy_(words)
-        return parse_packed(packed.clone(), 1, self.length, self.width)
+        return parse_packed(_packed(row, packed, self.length).clone(), 1, self.length,
+                            self.width)
 
     def close(self) -> None:
         pass

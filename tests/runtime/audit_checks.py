@@ -77,6 +77,18 @@ def clear(err):
     print(f"CLEAR-ERROR rank={hvd.rank()}: {type(err).__name__}: {msg}", flush=True)
 
 
+def must_fail(run, errors=(AgentError,)):
+    """Run ``run()``, which must raise one of ``errors``: print CLEAR-ERROR and exit 0 when it
+    does, NO-ERROR and exit 1 when it returns (os._exit: the other ranks may be gone)."""
+    try:
+        run()
+    except errors as err:
+        clear(err)
+        os._exit(0)
+    print(f"NO-ERROR rank={hvd.rank()}", flush=True)
+    os._exit(1)
+
+
 def build(m, name, scheme="pgc-cr", s=1, lr=0.1, momentum=0.0, **kw):
     base = torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum)
     return pgc_hvd.DistributedOptimizer(base, m.named_parameters(), scheme=scheme,
@@ -97,7 +109,8 @@ def check_nonfinite_parameters(bad):
     m = model()
     loader = data(hvd.size())
     opt = build(m, "nonfinite")
-    try:
+
+    def run():
         while opt.version < 40:
             if r == bad and opt.version == 10:
                 with torch.no_grad():
@@ -106,11 +119,7 @@ def check_nonfinite_parameters(bad):
                 loss_of(m, xb, yb).backward()
             opt.step()
         opt.close()
-    except (AgentError, RuntimeError) as err:
-        clear(err)
-        os._exit(0)
-    print(f"NO-ERROR rank={r}", flush=True)
-    os._exit(1)
+    must_fail(run, (AgentError, RuntimeError))
 
 
 # -- item 1: parameters compared at close() ----------------------------------------------------
@@ -121,7 +130,8 @@ def check_diverged():
     m = model()
     loader = data(hvd.size())
     opt = build(m, "diverged")
-    try:
+
+    def run():
         while opt.version < 10:
             if r == 2 and opt.version == 5:
                 with torch.no_grad():
@@ -130,11 +140,7 @@ def check_diverged():
                 loss_of(m, xb, yb).backward()
             opt.step()
         opt.close()
-    except AgentError as err:
-        clear(err)
-        os._exit(0)
-    print(f"NO-ERROR rank={r}", flush=True)
-    os._exit(1)
+    must_fail(run, (AgentError,))
 
 
 # -- item 2: close() applies the updates decided after this rank's loop ended -----------------
@@ -304,7 +310,8 @@ def check_skipped_backward(scheme="pgc-cr"):
     m = model()
     loader = data(hvd.size())
     opt = build(m, "skipped", scheme=scheme)
-    try:
+
+    def run():
         while opt.version < 12:
             for xb, yb in opt.batches(loader):
                 if r == 1 and opt.version == 3:
@@ -312,11 +319,7 @@ def check_skipped_backward(scheme="pgc-cr"):
                 loss_of(m, xb, yb).backward()
             opt.step()
         opt.close()
-    except (AgentError, RuntimeError) as err:
-        clear(err)
-        os._exit(0)
-    print(f"NO-ERROR rank={r}", flush=True)
-    os._exit(1)
+    must_fail(run, (AgentError, RuntimeError))
 
 
 def main():
