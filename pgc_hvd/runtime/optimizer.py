@@ -404,6 +404,14 @@ class _PGCOptimizer(torch.optim.Optimizer):
         zero gradient for it. The first time a loader is seen its partitioning is compared
         across ranks (:meth:`_pgc_check_loader`)."""
         self._pgc_check_loader(loader)
+        if getattr(loader, "_pgc_bound", None) is not self:
+            bind = getattr(loader, "bind", None)
+            if callable(bind):  # lets a prefetching loader foresee the (partition, step) pairs
+                bind(self.scheme, self.rank)
+            try:
+                loader._pgc_bound = self
+            except AttributeError:
+                pass
         plan = self.work_plan
         for partition, slot in plan.evaluate:
             if self._pgc_overtaken():
@@ -692,6 +700,24 @@ class _PGCOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).step()
         for p in lay.params:
             p.grad = None
+
+    def start_at(self, version: int) -> None:
+        """Before the first step: continue from model version ``version`` with an empty ring
+        (every slot is evaluated afresh at its first use, the warm-up rule of
+        :attr:`work_plan`), e.g. a world re-formed with another n whose ranks all hold the same
+        parameters at that version. Every rank must pass the same version."""
+        if self._pgc_started:
+            raise RuntimeError("start_at must be called before the first step()")
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        self.version = int(version)
+        for b in self._pgc_ring:
+            b.zero_()
+        self._pgc_slot_versions = [-1] * len(self._pgc_slot_versions)
+        if self._pgc_residual is not None:
+            self._pgc_residual.zero_()
+        self._pgc_agent.restart_at(self.version)
+        self._pgc_plan = None
 
     def apply_decided(self) -> None:
         """Apply every update decided so far (no new message), e.g. before saving a checkpoint
