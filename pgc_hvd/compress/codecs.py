@@ -262,7 +262,8 @@ class Fp16Codec(Codec):
         if msg.numel() != self.d or out.numel() != self.width:
             raise ValueError(f"Fp16Codec(d={self.d}): got a message of {msg.numel()} entries "
                              f"and a payload row of {out.numel()} words ({self.width} expected)")
-        amax = float(torch.linalg.vector_norm(msg, float("inf")))
+        lo, hi = torch.aminmax(msg)           # one pass; NaN propagates
+        amax = max(-float(lo), float(hi))
         if not math.isfinite(amax):
             raise ValueError("Fp16Codec.encode: the message holds NaN/Inf; report it as a "
                              "non-finite message (CommAgent.report_bad) instead of encoding it")
@@ -285,6 +286,27 @@ class Fp16Codec(Codec):
                               [float(w) * float(p[0]) for p, w in zip(rows, weights)],
                               accumulate=accumulate, check_finite=False)
         return out
+
+    def add_weighted_narrow(self, out16: torch.Tensor, payloads: Sequence[torch.Tensor],
+                            weights: Sequence, scratch: Optional[torch.Tensor] = None
+                            ) -> torch.Tensor:
+        """``out16 = fp16(sum_u weights[u] D(p_u))``, a rank's contribution to the fp16
+        allreduce. One payload (the usual case): one pass, fp16(a scale fp16(m)) rounded once
+        from fp32; several: summed in fp32 into ``scratch`` (a d-vector), then rounded."""
+        if not payloads:
+            return out16.zero_()
+        if len(payloads) == 1:
+            p = payloads[0].to(out16.device)
+            return torch.mul(self.values(p), float(weights[0]) * float(p[0]), out=out16)
+        if scratch is None:
+            scratch = torch.empty(self.d, dtype=torch.float32, device=out16.device)
+        return out16.copy_(self.add_weighted(scratch, payloads, weights))
+
+
+def fp16_finite(x: torch.Tensor) -> bool:
+    """Whether an fp16 tensor holds no inf/NaN (max and min, two fast passes)."""
+    return bool(x.numel() == 0 or (math.isfinite(float(torch.amax(x)))
+                                   and math.isfinite(float(torch.amin(x)))))
 
 
 _WIRE_DTYPES = (torch.float32, torch.float16)

@@ -88,7 +88,7 @@ from typing import Callable, Optional
 
 import torch
 
-from pgc_hvd.compress.codecs import Codec, DenseCodec
+from pgc_hvd.compress.codecs import Codec, DenseCodec, fp16_finite
 from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
 from pgc_hvd.runtime.channel import AgentError, AllgatherChannel, Collectives, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE, CTRL_ERROR,
@@ -597,28 +597,36 @@ class CommAgent:
                            [u.weight for u in mine])
         return flat
 
-    def _allreduce_narrow_(self, flat: torch.Tensor) -> bool:
-        """Sum the fp32 contributions ``flat`` over ranks through an allreduce in the codec's
-        narrow ``wire_dtype`` (fp16: half the bytes): flat <- fp32(sum_r fp16(flat_r)).
+    def _allreduce_narrow(self, mine: list, keep: set) -> tuple[torch.Tensor, bool]:
+        """The sum over ranks of the contributions through an allreduce in the codec's narrow
+        ``wire_dtype`` (fp16: half the bytes): fp32(sum_r fp16(c_r)), c_r = this rank's
+        sum_{u owned} a_u D(p_u) (:meth:`~pgc_hvd.compress.codecs.Fp16Codec.add_weighted_narrow`).
 
-        Returns False when that sum is not finite (an fp16 partial sum passed 65504): the
-        allreduce gives every rank the same bits, so every rank sees it, and every rank then
-        repeats the sum in fp32 from its kept fp32 contribution (one more allreduce, this step
-        only), so an overflowed sum is never applied."""
-        narrow = self.pool.get(self.d, self.codec.wire_dtype)
+        Returns ``(update, fell_back)``. When the summed fp16 vector is not finite (a partial sum
+        passed 65504) every rank sees it, the allreduce having given every rank the same bits,
+        and every rank repeats the sum in fp32 from its contributions (the payloads are still in
+        its outbox): one more allreduce, this step only; an overflowed sum is never applied."""
+        codec = self.codec
+        payloads = [self._own_payload((u.worker, u.step)) for u in mine]
+        weights = [u.weight for u in mine]
+        narrow = self.pool.get(self.d, codec.wire_dtype)
         try:
-            narrow.copy_(flat)
+            scratch = self.pool.get(self.d) if len(mine) > 1 else None
+            codec.add_weighted_narrow(narrow, payloads, weights, scratch)
+            self.pool.put(scratch)
             self.coll.allreduce_sum_(narrow, "sum16")
-            if math.isfinite(float(torch.linalg.vector_norm(narrow, float("inf")))):
+            if fp16_finite(narrow):
+                flat = self.pool.get(self.d)
                 flat.copy_(narrow)
-                return True
+                return flat, False
         finally:
             self.pool.put(narrow)
         if self.rank == 0:
             log.warning("step %d: the fp16 allreduce of the contributions overflowed (a sum "
                         "beyond 65504); repeated in fp32 for this step", self.step)
+        flat = self._contribution(mine, keep)
         self.coll.allreduce_sum_(flat, "sum")
-        return False
+        return flat, True
 
     def _used_metrics(self, uses) -> dict:
         """The user metrics of the messages a decision used, from their control rows (the same
@@ -657,11 +665,11 @@ class CommAgent:
         fallback = False
         if kind == "allreduce":
             mine = [u for u in missing if u.worker == self.rank]
-            flat = self._contribution(mine, keep)
             if codec.wire_dtype == torch.float32:
+                flat = self._contribution(mine, keep)
                 self.coll.allreduce_sum_(flat, "sum")
             else:
-                fallback = not self._allreduce_narrow_(flat)
+                flat, fallback = self._allreduce_narrow(mine, keep)
             self.data_rounds += 1
             self._bytes_since += int(allreduce_bytes(self.n, self.d, codec.wire_itemsize))
             if fallback:

@@ -136,3 +136,29 @@ def test_agent_decodes_cached_fp16_rows():
             agent.release_before(t + 1)
     finally:
         agent.finish()
+
+
+def test_narrow_contribution_is_rounded_once_and_overflow_shows():
+    from pgc_hvd.compress.codecs import fp16_finite
+    d = 33
+    codec = fp16_codec(d)
+    g = torch.Generator().manual_seed(3)
+    msgs = [torch.randn(d, generator=g) for _ in range(3)]
+    rows = []
+    for m in msgs:
+        rows.append(torch.empty(codec.width))
+        codec.encode(m, rows[-1])
+    out16 = torch.empty(d, dtype=torch.float16)
+    codec.add_weighted_narrow(out16, rows[:1], [0.3])
+    assert torch.equal(out16, (msgs[0].half().double() * 0.3).float().half())
+    codec.add_weighted_narrow(out16, rows, [0.3, -1.5, 2.0])
+    want = sum(w * m.half().float() for w, m in zip([0.3, -1.5, 2.0], msgs)).half()
+    assert torch.allclose(out16.float(), want.float(), rtol=2 ** -10, atol=2 ** -20)
+    assert torch.equal(codec.add_weighted_narrow(out16, [], []), torch.zeros(d).half())
+    assert fp16_finite(out16)
+    codec.encode(torch.full((d,), 60000.0), rows[0])
+    codec.add_weighted_narrow(out16, rows[:1], [2.0])          # 120000 > 65504
+    assert not fp16_finite(out16)
+    out16[:] = 1.0
+    out16[4] = float("nan")
+    assert not fp16_finite(out16)
