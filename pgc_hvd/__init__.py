@@ -17,7 +17,7 @@ the same ``schemes``, which use ``codes`` (linear algebra) and ``ops`` (the comp
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "DistributedOptimizer"]
+__all__ = ["__version__", "DistributedOptimizer", "CodedLoader"]
 
 
 def __getattr__(name):
@@ -26,4 +26,8 @@ def __getattr__(name):
         from pgc_hvd.runtime.optimizer import DistributedOptimizer
 
         return DistributedOptimizer
+    if name == "CodedLoader":
+        from pgc_hvd.data.coded_loader import CodedLoader
+
+        return CodedLoader
     raise AttributeError(f"module 'pgc_hvd' has no attribute {name!r}")

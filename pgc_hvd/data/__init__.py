@@ -5,7 +5,15 @@
     parts = partition(ds.y, n=100, iid=False, seed=0)    # sorted by label, equal sizes
     parts = partition(len(ds), n=12, sizes=[2, 1] * 6)   # i.i.d., unequal (weights)
 
-See :mod:`pgc_hvd.data.datasets` and :mod:`pgc_hvd.data.partition` for the details.
+A torch map-style dataset (torchvision's ``CIFAR10``, ``ImageFolder``, a user's own) as the
+partitions of a run, through a torch DataLoader with workers and prefetching::
+
+    loader = CodedLoader(dataset, n=hvd.size(), batch_size=32, num_workers=2)
+    for xb, yb in optimizer.batches(loader): ...
+
+See :mod:`pgc_hvd.data.datasets`, :mod:`pgc_hvd.data.partition` and
+:mod:`pgc_hvd.data.coded_loader` for the details. Importing this package does not load torch
+(``CodedLoader`` loads it on first use).
 """
 
 from .datasets import (Dataset, ImageFolder, LOADERS, load_breast_cancer, load_cifar10,
@@ -16,4 +24,12 @@ from .partition import label_histogram, partition, partition_sizes
 __all__ = ["Dataset", "ImageFolder", "LOADERS", "load_dataset", "load_digits",
            "load_breast_cancer", "load_wine", "load_iris", "make_generated", "load_cifar10",
            "load_image_folder", "standardize", "train_test_split", "partition",
-           "partition_sizes", "label_histogram"]
+           "partition_sizes", "label_histogram", "CodedLoader"]
+
+
+def __getattr__(name):
+    if name == "CodedLoader":   # lazy: pgc_hvd.data stays free of torch
+        from .coded_loader import CodedLoader
+
+        return CodedLoader
+    raise AttributeError(f"module 'pgc_hvd.data' has no attribute {name!r}")
