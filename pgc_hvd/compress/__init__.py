@@ -7,11 +7,12 @@
 * :mod:`~pgc_hvd.compress.transport`: which collective carries a step's messages, from the bytes.
 """
 
-from pgc_hvd.compress.codecs import (Codec, ComplexCodec, DenseCodec, Fp16Codec, ResidualMemory,
-                                     SparseCodec, SparseComplexCodec, from_horovod, make_codec)
+from pgc_hvd.compress.codecs import (Codec, ComplexCodec, DenseCodec, Fp16Codec, Fp16SparseCodec,
+                                     ResidualMemory, SparseCodec, SparseComplexCodec, from_horovod,
+                                     make_codec)
 from pgc_hvd.compress.topk import TopK, parse_compression
 from pgc_hvd.compress.transport import allreduce_bytes, choose_collective, optimistic_default
 
 __all__ = ["TopK", "parse_compression", "Codec", "DenseCodec", "ComplexCodec", "SparseCodec",
-           "SparseComplexCodec", "Fp16Codec", "ResidualMemory", "make_codec", "from_horovod",
-           "choose_collective", "optimistic_default", "allreduce_bytes"]
+           "SparseComplexCodec", "Fp16Codec", "Fp16SparseCodec", "ResidualMemory", "make_codec",
+           "from_horovod", "choose_collective", "optimistic_default", "allreduce_bytes"]

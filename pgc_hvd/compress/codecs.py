@@ -19,6 +19,7 @@ codec                         width     row
 :class:`SparseCodec`          2 kappa   [values | int32 indices bit-cast]
 :class:`SparseComplexCodec`   3 kappa   [Re values | Im values | int32 indices]
 :class:`Fp16Codec`            1+⌈d/2⌉   [scale | fp16(m / scale), 2 per word]
+:class:`Fp16SparseCodec`      1+⌈κ/2⌉+κ [scale | fp16(values / scale) | int32 indices]
 ============================  ========  ===========================================
 
 fp16 wire (:class:`Fp16Codec`, ``make_codec(..., wire_dtype=torch.float16)``, Horovod's
@@ -79,6 +80,16 @@ class Codec:
     @property
     def payload_bytes(self) -> int:
         return 4 * self.width
+
+    def add_weighted_narrow(self, out16: torch.Tensor, payloads: Sequence[torch.Tensor],
+                            weights: Sequence, scratch: Optional[torch.Tensor] = None
+                            ) -> torch.Tensor:
+        """``out16 = narrow(Re sum_u weights[u] D(p_u))``: a rank's contribution to an allreduce
+        in ``wire_dtype``, summed in fp32 (into ``scratch``, a d-vector, when given), then
+        rounded once."""
+        if scratch is None:
+            scratch = torch.empty(self.d, dtype=torch.float32, device=out16.device)
+        return out16.copy_(self.add_weighted(scratch, payloads, weights))
 
     @property
     def wire_itemsize(self) -> int:
@@ -287,9 +298,7 @@ class Fp16Codec(Codec):
                               accumulate=accumulate, check_finite=False)
         return out
 
-    def add_weighted_narrow(self, out16: torch.Tensor, payloads: Sequence[torch.Tensor],
-                            weights: Sequence, scratch: Optional[torch.Tensor] = None
-                            ) -> torch.Tensor:
+    def add_weighted_narrow(self, out16, payloads, weights, scratch=None):
         """``out16 = fp16(sum_u weights[u] D(p_u))``, a rank's contribution to the fp16
         allreduce. One payload (the usual case): one pass, fp16(a scale fp16(m)) rounded once
         from fp32; several: summed in fp32 into ``scratch`` (a d-vector), then rounded."""
@@ -301,6 +310,71 @@ class Fp16Codec(Codec):
         if scratch is None:
             scratch = torch.empty(self.d, dtype=torch.float32, device=out16.device)
         return out16.copy_(self.add_weighted(scratch, payloads, weights))
+
+
+class Fp16SparseCodec(SparseCodec):
+    """Real top-kappa messages with fp16 values (``TopK`` + ``wire_dtype=torch.float16``):
+    ``width`` = 1 + ceil(kappa/2) + kappa float32 words, 6 kappa + 4 bytes instead of 8 kappa::
+
+        [ scale (fp32) | fp16(values / scale), two per word | int32 indices ]
+
+    The kappa values are the top-kappa of m (+ e) as :class:`SparseCodec` selects them, then
+    rounded to fp16 as :class:`Fp16Codec` rounds (scale 1 within the fp16 range, else the power
+    of two that brings them in). With error feedback the rounding error goes into the memory
+    too, e[I] = v - D(fp16 v), so residual + D(payload) = m + old residual still holds (to
+    fp32 rounding) and the rounding is compensated in later steps like the dropped entries.
+    Densified into the allreduce, the contributions are summed in fp16 (``wire_dtype``), with
+    the fp32 fallback on overflow described in :class:`Fp16Codec`."""
+
+    def __init__(self, d: int, topk: TopK, memory: Optional[ResidualMemory] = None):
+        super().__init__(d, topk, memory)
+        self.half_words = (self.kappa + 1) // 2
+        self.width = 1 + self.half_words + self.kappa
+        self.wire_dtype = torch.float16
+
+    def split(self, p):
+        k, h = self.kappa, self.half_words
+        return (p[1: 1 + h].view(torch.float16)[:k],
+                p[1 + h:].contiguous().view(torch.int32))
+
+    def encode(self, msg, out, *, error_norm=False):
+        k, h = self.kappa, self.half_words
+        res = None if self.memory is None else self.memory.residual
+        if res is not None:
+            values, idx = ops.error_feedback_compress(msg, res, k, self.topk.method,
+                                                      index_dtype=torch.int32)
+        else:
+            values, idx = ops.topk_compress(msg, k, self.topk.method, index_dtype=torch.int32)
+        lo, hi = torch.aminmax(values)
+        amax = max(-float(lo), float(hi))
+        if not math.isfinite(amax):
+            raise ValueError("Fp16SparseCodec.encode: the message holds NaN/Inf; report it as "
+                             "a non-finite message (CommAgent.report_bad) instead")
+        scale = Fp16Codec.scale_for(amax)
+        out[0] = scale
+        out[h] = 0.0                    # the padding half when kappa is odd
+        half = out[1: 1 + h].view(torch.float16)[:k]
+        half.copy_(values if scale == 1.0 else values * (1.0 / scale))
+        out[1 + h:].copy_(idx.view(torch.float32))
+        sent = half.float().mul_(scale)
+        rounding = values - sent
+        if res is not None:
+            res.index_add_(0, idx.long(), rounding)
+            return ops.compression_error_norm(msg, values, res) if error_norm else math.nan
+        if not error_norm:
+            return math.nan
+        dropped = ops.compression_error_norm(msg, values)
+        return math.hypot(dropped, float(torch.linalg.vector_norm(rounding,
+                                                                  dtype=torch.float64)))
+
+    def add_weighted(self, out, payloads, weights, *, accumulate=False):
+        if not payloads:
+            return out if accumulate else out.zero_()
+        rows = [p.to(out.device) for p in payloads]
+        ops.decode_accumulate(out, [self.split(p) for p in rows],
+                              [float(w) * float(p[0]) for p, w in zip(rows, weights)],
+                              accumulate=accumulate, check_finite=False)
+        return out
 
 
 def fp16_finite(x: torch.Tensor) -> bool:
@@ -318,22 +392,22 @@ def make_codec(d: int, compression: Optional[TopK], *, complex_messages: bool,
     """The codec for messages of d entries under ``compression`` (None: dense).
 
     ``wire_dtype``: None or ``torch.float32`` (default, fp32 payloads and allreduce) or
-    ``torch.float16`` (:class:`Fp16Codec`: dense real messages only; the value
-    :func:`pgc_hvd.compress.from_horovod` returns for ``hvd.Compression.fp16``)."""
+    ``torch.float16`` (the value :func:`pgc_hvd.compress.from_horovod` returns for
+    ``hvd.Compression.fp16``): :class:`Fp16Codec` for dense real messages,
+    :class:`Fp16SparseCodec` (fp16 values, int32 indices) with ``TopK``; not for complex
+    (Reed-Solomon) messages."""
     if wire_dtype is not None and wire_dtype not in _WIRE_DTYPES:
         raise ValueError(f"wire_dtype={wire_dtype!r}: use torch.float32 (default) or "
                          f"torch.float16 (fp16 messages, like hvd.Compression.fp16)")
     if wire_dtype == torch.float16:
-        if compression is not None:
-            raise ValueError("fp16 messages (wire_dtype=torch.float16, hvd.Compression.fp16) "
-                             "apply to dense messages only, not with top-kappa compression "
-                             f"({compression!r}): use one or the other (TopK rows already "
-                             "move 2 kappa words instead of d)")
+        if compression is not None and not isinstance(compression, TopK):
+            raise TypeError(f"compression must be None or pgc_hvd.compress.TopK(...), got "
+                            f"{compression!r}")
         if complex_messages:
             raise ValueError("fp16 messages (wire_dtype=torch.float16, hvd.Compression.fp16) "
                              "apply to real codes only; the Reed-Solomon scheme (rs) sends "
                              "complex messages: use wire_dtype=torch.float32 with it")
-        return Fp16Codec(d)
+        return Fp16Codec(d) if compression is None else Fp16SparseCodec(d, compression, memory)
     if compression is None:
         return ComplexCodec(d) if complex_messages else DenseCodec(d)
     if not isinstance(compression, TopK):

@@ -611,7 +611,7 @@ class CommAgent:
         weights = [u.weight for u in mine]
         narrow = self.pool.get(self.d, codec.wire_dtype)
         try:
-            scratch = self.pool.get(self.d) if len(mine) > 1 else None
+            scratch = self.pool.get(self.d) if len(mine) > 1 or codec.sparse else None
             codec.add_weighted_narrow(narrow, payloads, weights, scratch)
             self.pool.put(scratch)
             self.coll.allreduce_sum_(narrow, "sum16")

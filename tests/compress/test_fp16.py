@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgc_hvd.compress import (DenseCodec, Fp16Codec, TopK, allreduce_bytes, from_horovod,
+from pgc_hvd.compress import (DenseCodec, Fp16Codec, Fp16SparseCodec, ResidualMemory, TopK, allreduce_bytes, from_horovod,
                               make_codec, optimistic_default)
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.runtime.channel import LoopbackChannel
@@ -83,9 +83,62 @@ def test_bytes_are_halved():
     assert not optimistic_default(DenseCodec(500_000).payload_bytes, True, 4)
 
 
+def sparse_dense(codec, row, d):
+    """D(p) of an Fp16SparseCodec row, in float64, from the layout's definition."""
+    k, h = codec.kappa, (codec.kappa + 1) // 2
+    vals = row[1: 1 + h].view(torch.float16)[:k].double() * float(row[0])
+    x = torch.zeros(d, dtype=torch.float64)
+    x.index_add_(0, row[1 + h:].contiguous().view(torch.int32).long(), vals)
+    return x
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 300), st.floats(0.01, 1.0), st.booleans(), st.integers(0, 2**31 - 1))
+def test_sparse_fp16_is_topk_then_the_fp16_cast(d, ratio, ef, seed):
+    from pgc_hvd.ops.reference import topk_compress_ref
+    g = torch.Generator().manual_seed(seed)
+    topk = TopK(ratio, error_feedback=ef)
+    memory = ResidualMemory(d) if ef else None
+    codec = make_codec(d, topk, complex_messages=False, memory=memory,
+                       wire_dtype=torch.float16)
+    k = codec.kappa
+    assert codec.width == 1 + (k + 1) // 2 + k and codec.payload_bytes <= 6 * k + 8
+    rows, weights, want = [], [], torch.zeros(d, dtype=torch.float64)
+    for _ in range(3):
+        msg = torch.randn(d, generator=g)
+        old = None if memory is None else memory.residual.clone()
+        a = msg if old is None else msg + old
+        row = torch.full((codec.width,), float("nan"))
+        err = codec.encode(msg, row, error_norm=True)
+        assert torch.isfinite(row[: 1 + (k + 1) // 2]).all() and float(row[0]) == 1.0
+        vals, idx = codec.split(row)
+        rv, ri = topk_compress_ref(a, k, index_dtype=torch.int32)
+        assert torch.equal(idx.sort().values, ri.sort().values)
+        assert torch.equal(vals.float(), a[idx.long()].half().float())
+        dec = sparse_dense(codec, row, d)
+        if memory is not None:   # the fp16 rounding goes into the memory: nothing is lost
+            assert torch.allclose(dec + memory.residual.double(), a.double(), atol=1e-6)
+            assert err == pytest.approx(float(memory.residual.double().norm()), rel=1e-6)
+        else:
+            assert err == pytest.approx(float((dec - a.double()).norm()), rel=1e-5, abs=1e-9)
+        w = float(torch.randn((), generator=g))
+        rows.append(row)
+        weights.append(w)
+        want += w * dec
+    out = torch.full((d,), 3.0)
+    codec.add_weighted(out, rows, weights)
+    assert torch.allclose(out.double(), want, atol=1e-5, rtol=1e-5)
+    out16 = torch.empty(d, dtype=torch.float16)
+    codec.add_weighted_narrow(out16, rows, weights)
+    assert torch.equal(out16, out.half())
+
+
 def test_fp16_refuses_topk_complex_and_other_dtypes_with_the_fix():
-    with pytest.raises(ValueError, match="dense messages only"):
-        make_codec(10, TopK(0.5), complex_messages=False, wire_dtype=torch.float16)
+    assert isinstance(make_codec(10, TopK(0.5), complex_messages=False,
+                                 wire_dtype=torch.float16), Fp16SparseCodec)
+    with pytest.raises(ValueError, match="Reed-Solomon"):
+        make_codec(10, TopK(0.5, error_feedback=False), complex_messages=True,
+                   wire_dtype=torch.float16)
     with pytest.raises(ValueError, match="Reed-Solomon"):
         make_codec(10, None, complex_messages=True, wire_dtype=torch.float16)
     with pytest.raises(ValueError, match="torch.float16"):

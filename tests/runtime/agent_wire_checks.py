@@ -6,7 +6,9 @@
                                           #   within fp16 tolerance (allreduce) or fp32 (cached),
                                           #   is bit-identical across ranks, the allreduce bytes
                                           #   are half the fp32 run's; an fp16 sum past 65504
-                                          #   falls back to fp32 for that step and stays finite
+                                          #   falls back to fp32 for that step and stays finite;
+                                          #   top-kappa rows with fp16 values by allgather and
+                                          #   densified into the fp16 allreduce
     python agent_wire_checks.py metrics   # -np 3, rank 2 slow every other message: every rank gets
                                           #   the same info["metrics"] per step, the mean of the used
                                           #   ranks' submitted values
@@ -23,7 +25,7 @@ import time
 import horovod.torch as hvd
 import torch
 
-from pgc_hvd.compress import DenseCodec, allreduce_bytes, make_codec
+from pgc_hvd.compress import DenseCodec, TopK, allreduce_bytes, make_codec
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.schemes import get_scheme
 
@@ -88,10 +90,21 @@ def submitted_metrics(rank: int, t: int) -> tuple:
     return (rank + t / 100.0, -float(rank), math.nan if rank == 1 else 1.0 + rank * t)
 
 
-def want_update(decision, d, big=False) -> torch.Tensor:
+def want_update(decision, d, big=False, codec=None) -> torch.Tensor:
+    """Re sum_u a_u D(p_u) in float64: D(p_u) = fp16(m_u), or for a sparse codec (no error
+    feedback, so any rank can re-encode any rank's message) the decoded fp16 top-kappa row."""
     want = torch.zeros(d, dtype=torch.float64)
     for u in decision.uses:
-        want += float(u.weight) * message(u.worker, u.step, d, big).half().double()
+        m = message(u.worker, u.step, d, big)
+        if codec is None:
+            x = m.half().double()
+        else:
+            row = torch.empty(codec.width)
+            codec.encode(m, row)
+            vals, idx = codec.split(row)
+            x = torch.zeros(d, dtype=torch.float64)
+            x.index_add_(0, idx.long(), vals.double() * float(row[0]))
+        want += float(u.weight) * x
     return want
 
 
@@ -165,6 +178,26 @@ def check_fp16():
         print(f"INFO fp16: allreduce bytes/step {b16[0]} vs fp32 {b32[0]}; fallback on "
               f"{fell}/{STEPS} overflowing steps", flush=True)
     ok("fp16_overflow_falls_back_to_fp32")
+    # sparse fp16 rows (fp16 values, int32 indices): by allgather (small kappa), exact in the
+    # rows; densified into the fp16 allreduce (large kappa), within fp16 tolerance
+    for tag, k, kind, tol in (("small", 8, "allgather", 1e-6), ("large", d // 2, "allreduce",
+                                                                 2e-3)):
+        codec = make_codec(d, TopK(k=k, error_feedback=False), complex_messages=False,
+                           wire_dtype=torch.float16)
+        runs = drive(codec, d, f"sp16{tag}", optimistic=False)
+        for t, (flat, dec, info) in enumerate(runs):
+            assert info["collective"] == kind, (tag, info)
+            want = want_update(dec, d, codec=codec)
+            rel = float((flat.double() - want).norm() / want.norm())
+            assert rel < tol, f"sparse fp16 {tag} step {t}: relative error {rel:.2e}"
+            same_on_all_ranks(flat, f"sp16{tag}.{t}")
+        b = data_bytes(runs, n, ctl)
+        if kind == "allgather":
+            assert all(x % (4 * codec.width) == 0 for x in b) and sum(b) > 0, b
+            assert 4 * codec.width <= 6 * k + 8
+        else:
+            assert all(x == int(allreduce_bytes(n, d, 2)) for x in b), b
+    ok("fp16_sparse_allgather_and_densified")
 
 
 def check_metrics():

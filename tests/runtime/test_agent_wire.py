@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).resolve().parent / "agent_wire_checks.py"
 def test_fp16_messages_decode_sum_of_fp16_rows_identically_with_half_the_bytes(horovodrun):
     proc = horovodrun(3, SCRIPT, "fp16", timeout=240)
     for name in ("fp16_allreduce_path", "fp16_optimistic_path",
-                 "fp16_overflow_falls_back_to_fp32"):
+                 "fp16_overflow_falls_back_to_fp32", "fp16_sparse_allgather_and_densified"):
         assert proc.stdout.count(f"CHECK {name} ok") == 3, proc.stdout
 
 
