@@ -35,11 +35,13 @@ which is never blocked by its rank's compute. A step is decided in two phases:
    same floating-point sum, and the allreduce gives every rank the same bits.
 
 fp16 messages (:class:`~pgc_hvd.compress.codecs.Fp16Codec`, ``codec.wire_dtype`` float16):
-payload rows hold fp16 entries (2d + 4 bytes), so the optimistic rows and the allgather move half
-the bytes, and the allreduce of the contributions runs in fp16 (2 (n-1)/n * 2d bytes) and is
-widened back to fp32; a sum that overflows fp16 (> 65504, seen identically on every rank as a
-non-finite result) is repeated in fp32 for that step, never applied (``info["fp16_fallback"]``).
-``Update.info["bytes"]`` counts what really moved.
+payload rows hold fp16 entries (2d + 4 bytes for dense rows; 6 kappa + 4 for top-kappa rows,
+:class:`~pgc_hvd.compress.codecs.Fp16SparseCodec`), so payloads riding with the control rows and
+the data allgather move half the bytes (three quarters for top-kappa rows), and the allreduce of
+the contributions runs in fp16 (2 (n-1)/n * 2d bytes) and is widened back to fp32; a sum that
+overflows fp16 (> 65504, seen identically on every rank as a non-finite result) is repeated in
+fp32 for that step, never applied (``info["fp16_fallback"]``). ``Update.info["bytes"]`` counts
+what really moved.
 
 User metrics (``metrics=k``, default 0): every message carries k float64 values in its control
 row (``Outgoing(..., metrics=(x_1, ..., x_k))``, e.g. accuracy, a loss term), beside its loss.
@@ -111,7 +113,7 @@ class BufferPool:
 
     def __init__(self, device, keep: int = 4):
         self.device, self.keep = device, int(keep)
-        self._free: dict[int, list] = {}
+        self._free: dict[tuple, list] = {}   # (numel, dtype) -> free buffers
         self._lock = threading.Lock()
 
     def get(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -673,6 +675,7 @@ class CommAgent:
             self.data_rounds += 1
             self._bytes_since += int(allreduce_bytes(self.n, self.d, codec.wire_itemsize))
             if fallback:
+                self.data_rounds += 1
                 self._bytes_since += int(allreduce_bytes(self.n, self.d))
             cached = [u for u in uses if (u.worker, u.step) in self._cache]
             if cached:
