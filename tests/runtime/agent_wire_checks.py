@@ -9,9 +9,10 @@
                                           #   falls back to fp32 for that step and stays finite;
                                           #   top-kappa rows with fp16 values by allgather and
                                           #   densified into the fp16 allreduce
-    python agent_wire_checks.py metrics   # -np 3, rank 2 slow every other message: every rank gets
-                                          #   the same info["metrics"] per step, the mean of the used
-                                          #   ranks' submitted values
+    python agent_wire_checks.py metrics   # -np 3, rank 2 slow every other message, control
+                                          #   rows by allgather and by TCPStore: every rank gets
+                                          #   the same info["metrics"] per step, the mean of the
+                                          #   used ranks' submitted values
 
 Each check prints "CHECK <name> ok rank=<r>"; a failure raises (non-zero exit).
 """
@@ -52,15 +53,19 @@ def same_on_all_ranks(x: torch.Tensor, tag: str) -> None:
 
 
 def drive(codec, d, name, *, optimistic, slow=None, delay=0.0, metrics=0, big=False,
-          scheme="gc-cr", s=1, compute=0.0):
+          scheme="gc-cr", s=1, compute=0.0, store=False):
     """Every rank submits its message of the step it is at (after ``compute`` seconds; the
     ``slow`` rank after ``delay`` seconds on every other message, at once on the others) and
     takes the decided updates; a rank
     that fell behind continues at the newest decided step, as the optimizer does."""
     n, rank = hvd.size(), hvd.rank()
+    channel = None
+    if store:   # control rows through the TCPStore (rows only: no optimistic payloads)
+        from pgc_hvd.runtime.control_store import StoreChannel
+        channel = StoreChannel.create(hvd, rank, n, name, 60)
     agent = CommAgent(hvd, get_scheme(scheme, n, s), rank, d, 1, codec=codec, device="cpu",
                       poll_interval=0.002, timeout=60, name=name, optimistic=optimistic,
-                      metrics=metrics)
+                      metrics=metrics, channel=channel)
     agent.start()
     got, t, sent = [], 0, 0
     try:
@@ -201,11 +206,16 @@ def check_fp16():
 
 
 def check_metrics():
+    check_metrics_run("allgather", store=False)
+    check_metrics_run("store", store=True)
+
+
+def check_metrics_run(tag, store):
     n = hvd.size()
     d = 64
     k = 3
-    runs = drive(DenseCodec(d), d, "metrics", optimistic=True, slow=n - 1, delay=0.1,
-                 metrics=k, compute=0.03)
+    runs = drive(DenseCodec(d), d, f"metrics-{tag}", optimistic=not store, slow=n - 1,
+                 delay=0.1, metrics=k, compute=0.03, store=store)
     without_slow = 0
     table = []
     for t, (_, dec, info) in enumerate(runs):
@@ -227,14 +237,14 @@ def check_metrics():
     assert without_slow > 0, "rank n-1 was slowed but every step used it"
     assert without_slow < STEPS, "rank n-1 is on time every other message but no step used it"
     flat = torch.tensor([x for row in table for x in row], dtype=torch.float64)
-    got = hvd.allgather(flat.reshape(1, -1), name="metrics.same")
+    got = hvd.allgather(flat.reshape(1, -1), name=f"metrics.same.{tag}")
     for r in range(1, n):
         assert torch.equal(torch.nan_to_num(got[0], nan=-7.25),
                            torch.nan_to_num(got[r], nan=-7.25)), f"rank {r} metrics differ"
     if hvd.rank() == 0:
-        print(f"INFO metrics: {without_slow}/{STEPS} steps decided without the slowed rank",
-              flush=True)
-    ok("metrics_identical_and_mean_of_used")
+        print(f"INFO metrics ({tag}): {without_slow}/{STEPS} steps decided without the slowed "
+              f"rank", flush=True)
+    ok(f"metrics_identical_and_mean_of_used_{tag}")
 
 
 def pytest_approx(x, rel=1e-12):

@@ -20,4 +20,6 @@ def test_fp16_messages_decode_sum_of_fp16_rows_identically_with_half_the_bytes(h
 @pytest.mark.multirank
 def test_metrics_are_the_mean_of_the_used_ranks_and_identical_everywhere(horovodrun):
     proc = horovodrun(3, SCRIPT, "metrics", timeout=240)
-    assert proc.stdout.count("CHECK metrics_identical_and_mean_of_used ok") == 3, proc.stdout
+    for channel in ("allgather", "store"):
+        assert proc.stdout.count(f"CHECK metrics_identical_and_mean_of_used_{channel} ok") == 3, \
+            proc.stdout
