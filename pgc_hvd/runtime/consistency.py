@@ -104,11 +104,13 @@ def _runs(items: Sequence[str]) -> str:
 def optimizer_fingerprint(optimizer_class: type, param_groups: Sequence[dict],
                           params: Sequence[torch.Tensor], *, scheme: str, stragglers: int,
                           options: dict, compression, control: str, name: str,
-                          optimistic: bool, replay: Optional[Sequence] = None) -> dict:
+                          optimistic: bool, replay: Optional[Sequence] = None,
+                          extra: Optional[dict] = None) -> dict:
     """The ordered ``{field: value}`` of everything that must agree across ranks for the
     ranks' parameters to stay identical (module doc). ``params`` are the parameters in the flat
     layout's order; ``optimistic`` is the effective value (None resolved)."""
     fp = {
+        **{k: canonical(v) for k, v in (extra or {}).items()},
         "scheme": scheme.lower(), "stragglers": int(stragglers),
         "scheme_options": canonical(dict(options)), "compression": repr(compression),
         "control": control, "name": name, "optimistic": optimistic,

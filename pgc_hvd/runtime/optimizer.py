@@ -201,6 +201,7 @@ class RuntimeConfig:
     control: str = "allgather"
     backward_passes_per_step: int = 1
     op_scale: float = 1.0
+    wire_dtype: Optional[str] = None     # "float16": dense messages travel as fp16
 
     def checked(self, n: int) -> "RuntimeConfig":
         s, delays = _check_arguments(
@@ -292,8 +293,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
         d = lay.numel
         memory = (ResidualMemory(d, lay.device) if isinstance(compression, TopK) and
                   compression.error_feedback and not self._pgc_complex else None)
+        wire = None if config.wire_dtype is None else getattr(torch, config.wire_dtype)
         self._pgc_codec = make_codec(d, compression, complex_messages=self._pgc_complex,
-                                     memory=memory)
+                                     memory=memory, wire_dtype=wire)
         self._pgc_residual = None if memory is None else memory.residual
         self._pgc_plan = None
         self._pgc_done_slots: set = set()
@@ -312,6 +314,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_own_only = None          # the scheme always asks for this rank's partition
         self._pgc_hp_digest = 0            # running digest of applied hyper-parameters
         self._pgc_last_update = None
+        self.catch_up_steps = 0            # step() calls that applied an update decided without
+        #                                    this rank's message, computing nothing
         self._pgc_busy = 0.0
         self._pgc_compute_start = None
         self._pgc_closed = False
@@ -366,7 +370,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
         fp = consistency.optimizer_fingerprint(
             type(self).__bases__[0], self.param_groups, self._pgc_layout.params, scheme=scheme,
             stragglers=s, options=options, compression=compression, control=control,
-            name=str(name), optimistic=opt_field, replay=replay)
+            name=str(name), optimistic=opt_field, replay=replay,
+            extra={"wire dtype": self._pgc_config.wire_dtype or "float32",
+                   "op (update factor)": self._pgc_config.op_scale,
+                   "backward_passes_per_step": self._pgc_config.backward_passes_per_step})
         rows = consistency.gather_fingerprints(
             self._pgc_hvd, fp, name="pgc.config", timeout=self._pgc_timeout, rank=self.rank,
             what="the construction check of DistributedOptimizer (every rank must construct it)")
@@ -401,6 +408,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def work_plan(self):
         """The scheme's WorkPlan for this rank at its current step (= ``version``)."""
         if self._pgc_plan is None:
+            if not self._pgc_started:
+                self._pgc_adopt_broadcast_version()
             plan = self.scheme.work_plan(self.rank, self.version)
             evaluated = {sl for _, sl in plan.evaluate}
             unfilled = [sl for sl, _ in plan.combine
@@ -520,7 +529,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 self._pgc_target_slot = None
             elif i + 1 < len(evaluate):
                 self.end_partition()
-            # the last partition's gradient stays in p.grad until step()
+            elif self._pgc_sentinel is not None and self._pgc_sentinel.grad is not None:
+                # the last partition's gradient stays in p.grad until step(); what the loop
+                # body did to it (clipping) is in; a change after the loop is checked there
+                self._pgc_grad_version = self._pgc_sentinel.grad._version
 
     def _pgc_zero_grads(self) -> None:
         """p.grad = zeros (one flat buffer, viewed per parameter): a GradScaler's inf check in an
@@ -711,6 +723,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             if self._pgc_computes:
                 self._pgc_send(loss)
             else:
+                self.catch_up_steps += 1
                 self._pgc_discard_gradients()
             self._pgc_agent.wait_for(self.version)
         except AgentError as err:
@@ -728,11 +741,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         (one int64 allgather), start the agent."""
         from pgc_hvd.runtime import consistency
 
-        g0 = self.param_groups[0]
-        if _VERSION_KEY in g0:
-            v = int(round(float(g0.pop(_VERSION_KEY))))
-            if v != self.version:
-                self.start_at(v)
+        self._pgc_adopt_broadcast_version()
         versions = consistency.gather_versions(
             self._pgc_hvd, self.version, name=f"{self._pgc_name}.start.version",
             timeout=self._pgc_timeout, rank=self.rank)
@@ -749,6 +758,15 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 f"step")
         self._pgc_agent.start()
         self._pgc_started = True
+
+    def _pgc_adopt_broadcast_version(self) -> None:
+        """Before the first step: ``hvd.broadcast_optimizer_state`` wrote rank 0's version into
+        ``param_groups[0]["pgc_version"]`` (see :meth:`state_dict`); continue from it."""
+        g0 = self.param_groups[0]
+        if _VERSION_KEY in g0:
+            v = int(round(float(g0.pop(_VERSION_KEY))))
+            if v != self.version:
+                self.start_at(v)
 
     def _pgc_discard_gradients(self) -> None:
         """A rank that catches up computes nothing: a gradient its loop computed anyway (its
@@ -768,8 +786,14 @@ class _PGCOptimizer(torch.optim.Optimizer):
         the zero gradients, as Horovod's does (the same on every rank), and sends nothing."""
         import sys
 
-        caller = sys._getframe(2).f_code
-        if not _is_horovod_broadcast_state(caller):
+        frame, hops = sys._getframe(2), 0
+        while frame is not None and hops < 4:   # through torch's step wrappers
+            if _is_horovod_broadcast_state(frame.f_code):
+                break
+            frame, hops = frame.f_back, hops + 1
+        else:
+            return False
+        if frame is None:
             return False
         super(self.__class__, self).step()
         for p in self._pgc_layout.params:
@@ -920,7 +944,13 @@ class _PGCOptimizer(torch.optim.Optimizer):
         """The user's optimizer rule on ``p.grad`` (the decoded update), then ``version += 1``;
         the hyper-parameters it was applied with enter a running digest that :meth:`close`
         compares across ranks."""
-        super(self.__class__, self).step()
+        # a GradScaler's grad_scale / found_inf are this optimizer's (the ring was unscaled),
+        # not the user's rule's: torch's SGD/Adam would apply them to the decoded update
+        amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
+        try:
+            super(self.__class__, self).step()
+        finally:
+            self.__dict__.update(amp)
         for p in self._pgc_layout.params:
             p.grad = None
         self._pgc_synced = False
@@ -1409,7 +1439,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     """
     if hvd is None:
         import horovod.torch as hvd
-    compression = _horovod_compression(compression)
+    compression, wire_dtype = _horovod_compression(compression)
     op_scale = _horovod_op(hvd, op, gradient_predivide_factor)
     _horovod_fusion_options(hvd, backward_passes_per_step, num_groups, groups, sparse_as_dense,
                             process_set)
@@ -1422,18 +1452,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         records=records, scheme_options=scheme_options, timeout=timeout,
         poll_interval=poll_interval, name=name, on_record=on_record, on_update=on_update,
         replay_arrivals=replay_arrivals, straggler_policy=straggler_policy, optimistic=optimistic,
-        control=control, backward_passes_per_step=backward_passes_per_step, op_scale=op_scale)
+        control=control, backward_passes_per_step=backward_passes_per_step, op_scale=op_scale,
+        wire_dtype=wire_dtype)
     return cls(optimizer, named_parameters, config, hvd)
 
 
 def _horovod_compression(compression):
-    """Horovod's compression classes as pgc_hvd's: ``hvd.Compression.none`` -> None (dense),
-    ``hvd.Compression.fp16`` -> dense messages with a float16 wire format; pgc_hvd's
-    :class:`TopK` as it is; anything else is refused naming what works."""
+    """``(compression, wire dtype name)``: Horovod's ``hvd.Compression.none`` -> dense fp32,
+    ``hvd.Compression.fp16`` -> dense messages with a float16 wire format
+    (:func:`pgc_hvd.compress.from_horovod`); pgc_hvd's :class:`TopK` as it is (fp32 values);
+    anything else is refused naming what works."""
     if compression is None or isinstance(compression, TopK):
-        return compression
+        return compression, None
     from pgc_hvd.compress import from_horovod
-    return from_horovod(compression)
+    wire = from_horovod(compression)
+    return None, (None if wire == torch.float32 else str(wire).replace("torch.", ""))
 
 
 def _horovod_op(hvd, op, predivide) -> float:
