@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgc_hvd.compress import (DenseCodec, Fp16Codec, Fp16SparseCodec, ResidualMemory, TopK, allreduce_bytes, from_horovod,
-                              make_codec, optimistic_default)
+from pgc_hvd.compress import (DenseCodec, Fp16Codec, Fp16SparseCodec, ResidualMemory, TopK,
+                              allreduce_bytes, from_horovod, make_codec, optimistic_default)
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.runtime.channel import LoopbackChannel
 from pgc_hvd.runtime.wire import ctrl_len

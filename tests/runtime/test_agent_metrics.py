@@ -9,7 +9,6 @@ import math
 import time
 
 import pytest
-import torch
 
 from pgc_hvd.compress import DenseCodec
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
