@@ -11,17 +11,18 @@ partitions of a run, through a torch DataLoader with workers and prefetching::
     loader = CodedLoader(dataset, n=hvd.size(), batch_size=32, num_workers=2)
     for xb, yb in optimizer.batches(loader): ...
 
-See :mod:`pgc_hvd.data.datasets`, :mod:`pgc_hvd.data.partition` and
-:mod:`pgc_hvd.data.coded_loader` for the details. Importing this package does not load torch
+See :mod:`pgc_hvd.data.datasets`, :mod:`pgc_hvd.data.partition`,
+:mod:`pgc_hvd.data.coded_loader` and :mod:`pgc_hvd.data.vision` (torchvision's CIFAR10 and
+ImageFolder from a local folder) for the details. Importing this package does not load torch
 (``CodedLoader`` loads it on first use).
 """
 
-from .datasets import (Dataset, ImageFolder, LOADERS, load_breast_cancer, load_cifar10,
+from .datasets import (Dataset, LOADERS, load_breast_cancer, load_cifar10,
                        load_dataset, load_digits, load_image_folder, load_iris, load_wine,
                        make_generated, standardize, train_test_split)
 from .partition import label_histogram, partition, partition_sizes
 
-__all__ = ["Dataset", "ImageFolder", "LOADERS", "load_dataset", "load_digits",
+__all__ = ["Dataset", "LOADERS", "load_dataset", "load_digits",
            "load_breast_cancer", "load_wine", "load_iris", "make_generated", "load_cifar10",
            "load_image_folder", "standardize", "train_test_split", "partition",
            "partition_sizes", "label_histogram", "CodedLoader"]
