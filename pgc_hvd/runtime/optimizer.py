@@ -202,6 +202,7 @@ class RuntimeConfig:
     backward_passes_per_step: int = 1
     op_scale: float = 1.0
     wire_dtype: Optional[str] = None     # "float16": dense messages travel as fp16
+    metrics: tuple = ()                  # names of the user metrics step(metrics=) carries
 
     def checked(self, n: int) -> "RuntimeConfig":
         s, delays = _check_arguments(
@@ -333,7 +334,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
             hvd, self.scheme, self.rank, d, max(L, self.scheme.c), codec=self._pgc_codec,
             device=lay.device, timeout=timeout, poll_interval=poll_interval,
             on_step=self._pgc_record_step if (self.rank == 0) else None, name=name, replay=replay,
-            optimistic=self._pgc_optimistic, channel=channel)
+            optimistic=self._pgc_optimistic, channel=channel,
+            metrics=len(config.metrics))
         # bounded staleness: the bound c it was built with (set_staleness_bound may lower it)
         c0 = getattr(self.scheme, "c_bound", None)
         self._pgc_c0 = None if c0 is None else int(c0)
@@ -373,7 +375,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
             name=str(name), optimistic=opt_field, replay=replay,
             extra={"wire dtype": self._pgc_config.wire_dtype or "float32",
                    "op (update factor)": self._pgc_config.op_scale,
-                   "backward_passes_per_step": self._pgc_config.backward_passes_per_step})
+                   "backward_passes_per_step": self._pgc_config.backward_passes_per_step,
+                   "metrics (names)": list(self._pgc_config.metrics)})
         rows = consistency.gather_fingerprints(
             self._pgc_hvd, fp, name="pgc.config", timeout=self._pgc_timeout, rank=self.rank,
             what="the construction check of DistributedOptimizer (every rank must construct it)")
@@ -631,7 +634,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 f"{[q for q, _ in plan.evaluate]} at step {self.version} (the partitions rotate "
                 f"or are replicated), which your own DataLoader does not know: the run would "
                 f"train on the wrong data. Feed the dataset through the scheme: `loader = "
-                f"pgc_hvd.data.CodedLoader(dataset, batch_size=..., num_workers=...)` (any "
+                f"pgc_hvd.data.CodedLoader(dataset, n=hvd.size(), batch_size=..., num_workers=...)` (any "
                 f"torch Dataset) and `for xb, yb in optimizer.batches(loader): ...backward()`; "
                 f"or use scheme='dgd' / 'is-sgd', which keep one shard per rank")
         todo = [sl for _, sl in plan.evaluate if sl not in self._pgc_done_slots]
@@ -666,7 +669,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
         After :meth:`synchronize` (the decoded update already sits in ``p.grad``, perhaps
         clipped), ``step()`` applies ``p.grad``. ``loss`` (a float) travels in the control row
-        (:attr:`metrics` shows the decided step's mean)."""
+        and ``metrics`` (``{name: float}`` for the names given at construction) travel in the
+        control row; :attr:`metrics` shows the decided step's means on every rank."""
         ret = None
         if closure is not None:
             with torch.enable_grad():
@@ -683,12 +687,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
                     "pgc_hvd: step() under skip_synchronize() without synchronize() first: call "
                     "optimizer.synchronize() (it sends this rank's message and puts the decoded "
                     "update in p.grad), then step() under skip_synchronize()")
-            self._pgc_exchange(loss)
+            self._pgc_exchange(loss, metrics)
             self._pgc_load_update()
         self._pgc_apply_grads()
         return ret
 
-    def synchronize(self, loss=None) -> None:
+    def synchronize(self, loss=None, metrics=None) -> None:
         """Horovod's ``synchronize()``: send this rank's message (if it computes at this step),
         wait until the step is decided, and put the decoded update -- the averaged gradient the
         step applies, the same bits on every rank -- into ``p.grad`` (in each parameter's dtype).
@@ -699,7 +703,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             raise RuntimeError("pgc_hvd optimizer is closed")
         if self._pgc_synced:
             return
-        self._pgc_exchange(loss)
+        self._pgc_exchange(loss, metrics)
         self._pgc_load_update()
         self._pgc_synced = True
 
@@ -713,15 +717,16 @@ class _PGCOptimizer(torch.optim.Optimizer):
         finally:
             self._pgc_skip_sync = False
 
-    def _pgc_exchange(self, loss) -> None:
+    def _pgc_exchange(self, loss, metrics=None) -> None:
         """Send this rank's message for step ``version`` if it computes at this step (else drop
         any gradient the loop computed anyway), then wait until the step is decided."""
         if not self._pgc_started:
             self._pgc_start()
         try:
             self.work_plan
+            values = self._pgc_metric_values(metrics)
             if self._pgc_computes:
-                self._pgc_send(loss)
+                self._pgc_send(loss, values)
             else:
                 self.catch_up_steps += 1
                 self._pgc_discard_gradients()
@@ -800,7 +805,44 @@ class _PGCOptimizer(torch.optim.Optimizer):
             p.grad = None
         return True
 
-    def _pgc_send(self, loss) -> None:
+    def _pgc_metric_values(self, metrics) -> tuple:
+        """``step(metrics={name: value})`` as the k floats of the control row (NaN for a name
+        not given); unknown names or non-numbers are refused."""
+        names = self._pgc_config.metrics
+        if metrics is None:
+            return (math.nan,) * len(names) if names else ()
+        if not isinstance(metrics, dict):
+            raise TypeError(f"metrics must be a dict {{name: float}}, got {metrics!r}")
+        unknown = sorted(set(metrics) - set(names))
+        if unknown:
+            raise ValueError(f"step(metrics=...) names {unknown}, not declared: pass "
+                             f"metrics={sorted(set(names) | set(unknown))} to "
+                             f"DistributedOptimizer (the control rows are sized for them)")
+        try:
+            return tuple(float(metrics.get(k, math.nan)) for k in names)
+        except (TypeError, ValueError):
+            raise TypeError(f"metrics values must be numbers, got {metrics!r}") from None
+
+    @property
+    def metrics(self) -> dict:
+        """What the control rows said about the last update this rank applied, the same on
+        every rank without a collective: ``step``, ``loss`` (the mean of the losses sent with
+        the messages the decision used), each declared user metric's mean over those messages
+        (NaN where none carried it), and ``ranks`` (whose messages were used). A per-batch
+        ``hvd.allreduce`` of the loss would wait for every rank and put them back in lockstep,
+        which is the straggler tolerance lost; read this instead. Empty before the first
+        update."""
+        upd = self._pgc_last_update
+        if upd is None:
+            return {}
+        info = upd.info
+        out = {"step": upd.step, "loss": info.get("loss"),
+               "ranks": sorted({u.worker for u in upd.decision.uses})}
+        for name, v in zip(self._pgc_config.metrics, info.get("metrics", ())):
+            out[name] = v
+        return out
+
+    def _pgc_send(self, loss, metrics: tuple = ()) -> None:
         plan = self.work_plan
         if self._pgc_target_slot is not None:   # the last partition's gradient is in p.grad
             self._pgc_check_grad_untouched(plan)
@@ -851,7 +893,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         slot_versions = tuple(self._pgc_slot_versions[sl] for sl, _ in plan.combine)
         self._pgc_agent.submit(Outgoing(t, t, payload, time.time(),
                                         math.nan if loss is None else float(loss),
-                                        slot_versions, packed=packed, error_norm=error_norm),
+                                        slot_versions, packed=packed, error_norm=error_norm,
+                                        metrics=metrics),
                                self._pgc_busy)
 
     def _pgc_end_pending(self) -> None:
@@ -1359,7 +1402,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = "allgather",
-                         name: str = "pgc", hvd=None):
+                         name: str = "pgc", metrics=(), hvd=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     Args:
@@ -1428,6 +1471,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             step is decided on control rows alone and dense messages move in ONE allreduce of
             the ranks' weighted contributions (2 (n-1)/n * 4d bytes per rank, as Horovod's),
             sparse ones in an allgather of the chosen rows (:mod:`pgc_hvd.compress.transport`).
+        metrics: names of small user metrics (e.g. ``["accuracy"]``) that ``step(metrics=
+            {"accuracy": a})`` sends in the control row; :attr:`metrics` gives every rank the
+            decided step's means (and the loss's) with no extra collective.
         control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
             Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
@@ -1453,8 +1499,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         poll_interval=poll_interval, name=name, on_record=on_record, on_update=on_update,
         replay_arrivals=replay_arrivals, straggler_policy=straggler_policy, optimistic=optimistic,
         control=control, backward_passes_per_step=backward_passes_per_step, op_scale=op_scale,
-        wire_dtype=wire_dtype)
+        wire_dtype=wire_dtype, metrics=_metric_names(metrics))
     return cls(optimizer, named_parameters, config, hvd)
+
+
+def _metric_names(metrics) -> tuple:
+    if isinstance(metrics, str) or not all(isinstance(m, str) and m for m in metrics):
+        raise TypeError(f"metrics must be a list of metric names (str), e.g. ['accuracy'], got "
+                        f"{metrics!r}")
+    if len(set(metrics)) != len(tuple(metrics)) or {"step", "loss", "ranks"} & set(metrics):
+        raise ValueError(f"metrics {list(metrics)}: names must be distinct and not 'step', "
+                         f"'loss' or 'ranks'")
+    return tuple(metrics)
 
 
 def _horovod_compression(compression):

@@ -19,6 +19,8 @@
                                          #   goes on from the saved version
     python habits_checks.py own_loader   # -np 2: a backward outside batches() (the user's own
                                          #   DataLoader) trains under dgd, is refused under pgc-cr
+    python habits_checks.py metrics      # -np 3: opt.metrics: the decided step's mean loss and
+                                         #   a user metric, the same on every rank
     python habits_checks.py diverge      # -np 3: an lr set from a rank-local value: close()
                                          #   names the parameters and the hyper-parameters
 
@@ -442,6 +444,43 @@ def check_own_loader():
     ok("own_loader_pgc_refused")
 
 
+def check_metrics():
+    """The decided step's mean loss and a user metric, read on every rank without a collective,
+    equal the mean over the messages the decision used of what their ranks sent."""
+    n, steps = hvd.size(), 10
+    loader = data(n)
+    m = model()
+    opt = wrap(m, name="met", metrics=["acc"])
+    sent = torch.full((steps, 2), float("nan"), dtype=torch.float64)
+    seen = []
+    for i in range(steps):
+        loss = acc = None
+        for xb, yb in opt.batches(loader):
+            out = m(xb)
+            batch_loss = F.cross_entropy(out, yb)
+            batch_loss.backward()
+            loss = float(batch_loss)
+            acc = float((out.argmax(1) == yb).float().mean())
+        if opt.computes or loss is not None:
+            sent[i] = torch.tensor([loss, acc], dtype=torch.float64)
+            opt.step(loss=loss, metrics={"acc": acc})
+        else:
+            opt.step()
+        got = opt.metrics
+        assert got["step"] == i, got
+        seen.append((got["loss"], got["acc"], tuple(got["ranks"])))
+    opt.close()
+    rows = hvd.allgather(torch.tensor([[v for l, a, _ in seen for v in (l, a)]],
+                                      dtype=torch.float64), name="met.seen")
+    assert bool((rows == rows[0]).all()), "ranks read different metrics"
+    sent_all = hvd.allgather(sent.reshape(1, -1), name="met.sent").reshape(n, steps, 2)
+    for i, (l, a, ranks) in enumerate(seen):
+        want = sent_all[list(ranks), i].mean(0)
+        assert abs(want[0] - l) < 1e-9 and abs(want[1] - a) < 1e-9, (i, ranks, want, l, a)
+    same_on_all_ranks(m, "met")
+    ok("metrics_from_control_rows")
+
+
 def check_diverge():
     n = hvd.size()
     loader = data(n)
@@ -467,7 +506,7 @@ def main():
     hvd.init()
     {"schedulers": check_schedulers, "clipping": check_clipping, "amp": check_amp,
      "surface": check_surface, "broadcast": check_broadcast, "own_loader": check_own_loader,
-     "diverge": check_diverge}[sys.argv[1]]()
+     "diverge": check_diverge, "metrics": check_metrics}[sys.argv[1]]()
 
 
 if __name__ == "__main__":

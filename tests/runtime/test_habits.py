@@ -93,3 +93,11 @@ def test_rank_local_learning_rate_is_named_at_close(horovodrun):
     assert _checks(proc, 3) >= {"rank_local_lr_named"}, proc.stdout + proc.stderr
     errors = _clear_errors(proc)
     assert len(errors) == 3 and all("hyper-parameters" in e for e in errors), errors
+
+
+@pytest.mark.multirank
+def test_metrics_read_from_the_control_rows(horovodrun):
+    """opt.metrics: the decided step's mean loss and a user metric, the same on every rank and
+    equal to the mean over the used messages of what their ranks sent, with no collective."""
+    proc = horovodrun(3, SCRIPT, "metrics", timeout=180)
+    assert _checks(proc, 3) >= {"metrics_from_control_rows"}, proc.stdout + proc.stderr
