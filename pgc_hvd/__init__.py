@@ -30,4 +30,12 @@ def __getattr__(name):
         from pgc_hvd.data.coded_loader import CodedLoader
 
         return CodedLoader
+    if name in _SUBPACKAGES:   # `pgc_hvd.data.CodedLoader` after a bare `import pgc_hvd`
+        import importlib
+
+        return importlib.import_module(f"pgc_hvd.{name}")
     raise AttributeError(f"module 'pgc_hvd' has no attribute {name!r}")
+
+
+_SUBPACKAGES = ("codes", "compress", "control", "data", "metrics", "models", "ops", "runtime",
+                "schemes", "sim")

@@ -8,16 +8,22 @@ is one worker of the scheme (n = ``hvd.size()``).
 Per step t (= the rank's model version, the number of updates it has applied):
 
 1. the scheme's work plan says which partitions to evaluate into which ring slots
-   (:meth:`batches` yields their batches; gradient hooks copy each backward pass into its flat
-   slot as it runs and clear ``p.grad``);
+   (:meth:`batches` yields their batches; each partition's gradient accumulates in ``p.grad``
+   as usual -- clipping or a GradScaler's ``unscale_`` after ``backward()`` act on it -- and
+   moves into its flat ring slot when the partition ends);
 2. :meth:`step` forms the coded message m_j = sum_l b_{j,l} g_l from the ring
    (:func:`pgc_hvd.ops.coded_accumulate`; GC accumulates slot by slot with
-   :func:`pgc_hvd.ops.add_slot`), optionally compresses it (top-kappa, error feedback), checks
-   it is finite, and hands it to the rank's :class:`~pgc_hvd.runtime.agent.CommAgent`;
-3. it then waits until step t is decided (by the n-s fastest ranks, or the scheme's rule) and
-   applies, in order, every decoded update it has not applied yet -- a straggler catches up on
-   the steps that fired without it -- and returns. Training loops run
-   ``while opt.version < steps``.
+   :func:`pgc_hvd.ops.add_slot`), optionally compresses it (top-kappa, error feedback; fp16
+   wire), checks it is finite, and hands it to the rank's
+   :class:`~pgc_hvd.runtime.agent.CommAgent`;
+3. it waits until step t is decided (by the n-s fastest ranks, or the scheme's rule) and
+   applies ONE update, update t. A rank that is behind (step t was decided without it)
+   computes nothing at that step (:attr:`computes` is False, :meth:`batches` yields nothing)
+   and applies the next decided update at once. So the i-th ``step()`` call applies update i on
+   every rank: loops of N calls end at version N everywhere, and what a loop does per
+   iteration (a scheduler's ``step()``, an lr from the loop counter, clipping between
+   :meth:`synchronize` and ``step()`` under :meth:`skip_synchronize`) happens at the same
+   update on every rank (docs/from_horovod.md).
 
 Consistency (:mod:`pgc_hvd.runtime.consistency`; each check once, none per step): construction
 compares across ranks everything that must agree (optimizer class, every hyper-parameter of every
@@ -36,12 +42,12 @@ Example::
                                        named_parameters=model.named_parameters(),
                                        scheme="pgc-cr", stragglers=1)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    loader = pgc_hvd.runtime.PartitionLoader(x, y, n=hvd.size(), batch_size=32)
-    while opt.version < steps:
+    loader = pgc_hvd.data.CodedLoader(dataset, n=hvd.size(), batch_size=32, num_workers=2)
+    for step in range(steps):
         for xb, yb in opt.batches(loader):
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
-        opt.step(loss=loss.item())
+        opt.step()
     opt.close()
 """
 
@@ -301,7 +307,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_plan = None
         self._pgc_done_slots: set = set()
         self._pgc_target_slot = None       # the slot whose gradient accumulates in p.grad
-        self._pgc_implicit = False         # ... started by a backward outside batches()
         self._pgc_computes = True          # this rank sends a message at step `version`
         self._pgc_synced = False           # synchronize() put update `version` in p.grad
         self._pgc_skip_sync = False        # inside skip_synchronize()
@@ -484,7 +489,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_slot_versions[slot] = self.version
         self._pgc_done_slots.add(slot)
         self._pgc_target_slot = None
-        self._pgc_implicit = False
         self._pgc_sentinel = None
 
     @contextlib.contextmanager
@@ -643,7 +647,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 f"pgc_hvd: a backward pass ran at step {self.version} after every partition "
                 f"of the work plan was evaluated; call optimizer.step() first")
         self.begin_partition(todo[0])
-        self._pgc_implicit = True
 
     def _pgc_own_partition_only(self) -> bool:
         """Does the scheme ask this rank for exactly its own partition at every step? (Checked
@@ -779,7 +782,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         for p in self._pgc_layout.params:
             p.grad = None
         self._pgc_target_slot = None
-        self._pgc_implicit = False
         self._pgc_sentinel = None
         self._pgc_busy += time.monotonic() - self._pgc_compute_start
 
@@ -904,8 +906,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             self.end_partition()
         else:
             self._pgc_target_slot = None
-            self._pgc_implicit = False
-
+    
     def _pgc_check_grad_untouched(self, plan) -> None:
         """Where a step evaluates several partitions (GC, BCGC, PGC's warm-up), only the last
         one's gradient is still in p.grad after the loop: a change made to it there (clipping,
