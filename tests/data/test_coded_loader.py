@@ -147,6 +147,15 @@ def test_a_straight_run_is_prefetched_and_memory_stays_bounded():
     ld.close()
 
 
+def test_no_sample_is_read_before_its_batch():
+    """A million-sample dataset: building the loader reads no sample, a batch reads its own."""
+    ds = Counting(10 ** 6)
+    ld = CodedLoader(ds, n=4, batch_size=8, iid=False)
+    assert ds.reads == 0 and len(ld) == 31250
+    ld.batch(3, 10 ** 5)
+    assert ds.reads == 8
+
+
 def test_pin_memory_and_device_are_accepted_on_cpu():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # torch warns that no accelerator is there to pin for
