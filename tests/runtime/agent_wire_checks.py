@@ -147,6 +147,21 @@ def check_fp16():
     assert all(b == int(allreduce_bytes(n, d, 2)) for b in b16), b16
     assert all(b == int(allreduce_bytes(n, d, 4)) for b in b32), b32
     assert abs(sum(b16) / sum(b32) - 0.5) < 1e-3, (sum(b16), sum(b32))
+    # bounded staleness: a rank may own several uses (older messages from the scheme's table),
+    # summed in fp32 then rounded once into the fp16 allreduce
+    several = 0
+    for t, (flat, dec, info) in enumerate(drive(f16, d, "bs16", optimistic=False,
+                                                scheme="bounded-staleness", slow=n - 1,
+                                                delay=0.05, compute=0.01)):
+        want = want_update(dec, d)
+        rel = float((flat.double() - want).norm() / max(float(want.norm()), 1e-30))
+        assert rel < 2e-3, f"fp16 bounded-staleness step {t}: relative error {rel:.2e}"
+        same_on_all_ranks(flat, f"bs16.{t}")
+        owners = [u.worker for u in dec.uses]
+        several += len(owners) > len(set(owners))
+    if hvd.rank() == 0:
+        print(f"INFO fp16 bounded-staleness: {several}/{STEPS} steps with a rank owning several "
+              f"uses", flush=True)
     ok("fp16_allreduce_path")
     # the optimistic path: payloads ride with the control rows and decode in fp32
     c16 = drive(f16, d, "c16", optimistic=True)
