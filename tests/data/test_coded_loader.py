@@ -168,6 +168,23 @@ def test_pin_memory_and_device_are_accepted_on_cpu():
         ld.close()
 
 
+def test_from_dataloader_keeps_its_settings_and_replaces_its_sampler():
+    def collate(samples):
+        return torch.stack([x for x, _ in samples]) * 0 + 7, [y for _, y in samples]
+    dl = torch.utils.data.DataLoader(Counting(40), batch_size=5, shuffle=True, num_workers=2,
+                                     prefetch_factor=3, collate_fn=collate)
+    ld = CodedLoader.from_dataloader(dl, n=2, seed=4)
+    assert (ld.batch_size, ld.num_workers, ld.seed) == (5, 2, 4)
+    assert ld.dataloader.prefetch_factor == 3
+    x, y = ld.batch(1, 0)
+    assert torch.all(x == 7) and isinstance(y, list) and len(y) == 5
+    ld.close()
+    bare = torch.utils.data.DataLoader(Counting(40), batch_sampler=[[0, 1]])
+    with pytest.raises(ValueError, match="pass batch_size=B"):
+        CodedLoader.from_dataloader(bare, n=2)
+    assert CodedLoader.from_dataloader(bare, n=2, batch_size=4).batch_size == 4
+
+
 def test_set_epoch_and_len():
     ld = CodedLoader(Counting(31), n=3, batch_size=3, sizes=[1, 1, 1])
     assert len(ld) == 3                       # partitions of 11, 10, 10 samples
