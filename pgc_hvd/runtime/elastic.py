@@ -256,6 +256,7 @@ class ElasticState(_horovod_state_base()):
         except AgentError as err:   # the new world broke during the construction check
             self._world_broke(err)
             raise
+        _check_timeouts(self.opt)
         if getattr(self.opt, "n", n) != n:
             raise ValueError(f"make_optimizer built an optimizer for n={self.opt.n} in a world of "
                              f"{n} ranks")
@@ -387,6 +388,21 @@ class ElasticState(_horovod_state_base()):
         os.makedirs(os.path.dirname(os.path.abspath(self.events)), exist_ok=True)
         with open(self.events, "a") as f:
             f.write(json.dumps(rec) + "\n")
+
+
+def _check_timeouts(opt) -> None:
+    """The optimizer's ``timeout`` must exceed gloo's: a dead rank must reach the survivors as
+    Horovod's error (the world re-forms), not as pgc_hvd's timeout first (which ends the
+    survivor's process, and Horovod then drops its host too)."""
+    gloo = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30"))
+    mine = getattr(opt, "_pgc_timeout", None)
+    if mine is not None and mine <= gloo:
+        raise ValueError(
+            f"pgc_hvd elastic: the optimizer's timeout ({mine:g} s) must be longer than "
+            f"HOROVOD_GLOO_TIMEOUT_SECONDS ({gloo:g} s), so that a dead rank reaches the others "
+            f"as Horovod's HorovodInternalError (the world re-forms) and not as pgc_hvd's "
+            f"timeout (which stops the run): pass DistributedOptimizer(..., timeout={gloo * 2:g}) "
+            f"in make_optimizer, or lower HOROVOD_GLOO_TIMEOUT_SECONDS")
 
 
 def _cpu(obj):
