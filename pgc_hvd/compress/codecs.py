@@ -383,9 +383,13 @@ class Fp16SparseCodec(SparseCodec):
 
 
 def fp16_finite(x: torch.Tensor) -> bool:
-    """Whether an fp16 tensor holds no inf/NaN (max and min, two fast passes)."""
-    return bool(x.numel() == 0 or (math.isfinite(float(torch.amax(x)))
-                                   and math.isfinite(float(torch.amin(x)))))
+    """Whether an fp16 tensor holds no inf/NaN: its min and max are finite (one pass, NaN
+    propagates; ~1 ms at d = 11.7M here, where ``isfinite().all()`` and an inf-norm take
+    60-90 ms)."""
+    if x.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(x)
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
 _WIRE_DTYPES = (torch.float32, torch.float16)
