@@ -562,9 +562,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if loader is self._pgc_last_loader:
             return
         from pgc_hvd.runtime import consistency
-        from pgc_hvd.runtime.loader import PartitionLoader
 
-        n_parts = loader.n if isinstance(loader, PartitionLoader) else None
+        n_parts = getattr(loader, "n", None)
         if n_parts is not None and n_parts != self.n:
             raise ValueError(f"pgc_hvd: the loader splits the data into n = {n_parts} partitions "
                              f"but {self.scheme.name} runs on {self.n} ranks, one partition per "
@@ -1129,6 +1128,27 @@ class _PGCOptimizer(torch.optim.Optimizer):
         """Apply every update decided so far (no new message), e.g. before saving a checkpoint
         at a step every rank has reached."""
         self._pgc_apply_decided()
+
+    def abandon(self, join_timeout: float = 5.0) -> int:
+        """Leave this optimizer without any collective, when its world is gone (a rank died and
+        Horovod's elastic mode re-forms the world, :mod:`pgc_hvd.runtime.elastic`): wait up to
+        ``join_timeout`` seconds for the agent thread to stop (its next collective fails),
+        apply every update it decided (the same on every survivor), remove the gradient hooks
+        and mark the optimizer closed. Returns the version reached."""
+        thread = self._pgc_agent._thread
+        if thread.is_alive():
+            thread.join(join_timeout)
+        try:
+            self._pgc_apply_decided()
+        except Exception as err:   # e.g. the non-finite check: keep the version reached
+            import logging
+            logging.getLogger("pgc_hvd.runtime").warning(
+                "pgc_hvd: applying the abandoned world's decided updates stopped: %s", err)
+        for h in self._pgc_hooks:
+            h.remove()
+        self._pgc_hooks = []
+        self._pgc_closed = True
+        return int(self.version)
 
     def close(self) -> None:
         """End of training on this rank: serve collectives until every rank is done, apply the
