@@ -382,6 +382,13 @@ def _check_timeouts(opt) -> None:
     """The optimizer's ``timeout`` must exceed gloo's: a dead rank must reach the survivors as
     Horovod's error (the world re-forms), not as pgc_hvd's timeout first (which ends the
     survivor's process, and Horovod then drops its host too)."""
+    control = getattr(getattr(opt, "_pgc_config", None), "control", "allgather")
+    if control != "allgather":
+        raise ValueError(
+            f"pgc_hvd elastic: control={control!r} exchanges the control rows through a store "
+            f"served by rank 0, outside Horovod, so a dead rank is not seen as Horovod's error "
+            f"(and a dead rank 0 takes the store with it); use the default control='allgather' "
+            f"in make_optimizer")
     gloo = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30"))
     mine = getattr(opt, "_pgc_timeout", None)
     if mine is not None and mine <= gloo:
