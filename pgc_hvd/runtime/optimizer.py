@@ -262,7 +262,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         from pgc_hvd.schemes import get_scheme
         self.scheme = get_scheme(scheme, self.n, int(stragglers), **scheme_options)
         self._pgc_delays = delays
-        self.version = 0
+        self._pgc_started = False
+        self._pgc_version = 0
         self._pgc_on_record = on_record
         self._pgc_on_update = on_update
         # on_update(step, flat) (original form) or on_update(step, flat, decision): decided once
@@ -344,7 +345,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         # bounded staleness: the bound c it was built with (set_staleness_bound may lower it)
         c0 = getattr(self.scheme, "c_bound", None)
         self._pgc_c0 = None if c0 is None else int(c0)
-        self._pgc_started = False
         self._pgc_hooks = [p.register_post_accumulate_grad_hook(self._pgc_grad_hook)
                            for p in lay.params]
 
@@ -410,6 +410,27 @@ class _PGCOptimizer(torch.optim.Optimizer):
                             f"floating point; the ring and messages are fp32 vectors. Use "
                             f"float32, float16, bfloat16 or float64 parameters (e.g. keep real "
                             f"and imaginary parts as two real parameters)")
+
+    @property
+    def version(self) -> int:
+        """The model version: the number of decided updates this rank has applied (= the step it
+        computes next). Before the first step, a version that ``hvd.broadcast_optimizer_state``
+        brought from rank 0 (:meth:`state_dict`) is taken on first read."""
+        if not self._pgc_started and _VERSION_KEY in self.param_groups[0]:
+            self._pgc_adopt_broadcast_version()
+        return self._pgc_version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._pgc_version = int(value)
+
+    @property
+    def current_partition(self) -> Optional[int]:
+        """The partition whose gradient the backward passes now accumulate (inside
+        :meth:`batches`' loop body; None outside), e.g. to seed dropout by (partition, step)."""
+        slot = self._pgc_target_slot
+        return None if slot is None else dict(
+            (sl, q) for q, sl in self.work_plan.evaluate).get(slot)
 
     # -- data side ---------------------------------------------------------------
     @property
@@ -801,9 +822,14 @@ class _PGCOptimizer(torch.optim.Optimizer):
             return False
         if frame is None:
             return False
+        # the zero-gradient step must not move the parameters (weight decay would, on the ranks
+        # that had no state, e.g. all but rank 0 on a resume): they are put back
+        keep = [p.detach().clone() for p in self._pgc_layout.params]
         super(self.__class__, self).step()
-        for p in self._pgc_layout.params:
-            p.grad = None
+        with torch.no_grad():
+            for p, k in zip(self._pgc_layout.params, keep):
+                p.copy_(k)
+                p.grad = None
         return True
 
     def _pgc_metric_values(self, metrics) -> tuple:
