@@ -217,15 +217,10 @@ def main(args):
         checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=False)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-    # optimizer state first: on a rank whose optimizer has no state yet (all but rank 0 when
-    # resuming), hvd.broadcast_optimizer_state creates it by a step on zero gradients, which
-    # weight decay turns into a change of the parameters (lr * wd * p) on those ranks only;
-    # broadcasting the parameters afterwards undoes it (Horovod's order, parameters first, would
-    # leave the ranks with different parameters, which opt.close() reports)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    # Horovod's order; the other ranks take rank 0's version from the optimizer-state broadcast
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     if resume_from_epoch > 0:
-        optimizer.work_plan   # takes the broadcast version now (else at the first step)
         expected = resume_from_epoch * len(train_loader)
         if optimizer.version != expected:
             raise RuntimeError(f"{checkpoint_path} holds version {optimizer.version}, not "

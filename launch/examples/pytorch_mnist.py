@@ -239,11 +239,10 @@ def main(args):
         train_loader.set_epoch(epoch)
         for batch_idx in range(len(train_loader)):
             losses, accs = [], []
-            # the partitions this rank evaluates now (none while it catches up); batches()
-            # first in the zip, so that it runs to its end
-            for (data, target), (partition, _) in zip(optimizer.batches(train_loader),
-                                                      optimizer.work_plan.evaluate):
-                torch.manual_seed(partition_seed(args.seed, partition, optimizer.version))
+            # the partitions this rank evaluates now (none while it catches up)
+            for data, target in optimizer.batches(train_loader):
+                torch.manual_seed(partition_seed(args.seed, optimizer.current_partition,
+                                                 optimizer.version))
                 with torch.autocast(amp_device, dtype=amp_dtype, enabled=scaler is not None):
                     output = model(data)
                     loss = F.nll_loss(output, target)
