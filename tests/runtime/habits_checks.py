@@ -491,6 +491,19 @@ def check_metrics():
 def check_diverge():
     n = hvd.size()
     loader = data(n)
+    # rank 1's loop makes 3 step() calls fewer: close() names the versions and catches it up
+    m = model()
+    opt = wrap(m, name="short")
+    train_steps(m, opt, loader, 9 if hvd.rank() == 1 else 12)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.close()
+    text = " ".join(str(w.message) for w in caught)
+    assert "ended at different versions" in text and "1: 9" in text, text
+    assert opt.version == 12 and opt.loop_end_versions[1] == 9, opt.loop_end_versions
+    same_on_all_ranks(m, "short")
+    ok("different_step_counts_named")
+
     m = model()
     opt = wrap(m, name="div")
     for i in range(8):
