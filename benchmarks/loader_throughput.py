@@ -2,6 +2,7 @@
 
     python benchmarks/loader_throughput.py [--images 4096] [--size 32] [--batch 32] [--n 4]
                                            [--workers 2] [--reps 9] [--scheme pgc-cr]
+                                           [--paired 80]
 
 Writes an ImageFolder of ``--images`` random ``--size`` x ``--size`` JPEGs (10 classes) to a
 temporary folder, then, in one process, times one epoch of rank 0's batches, ``--reps`` times
@@ -19,7 +20,9 @@ each is a warm-up (worker start). Prints the median images/s of each and coded /
 whole epochs (what a training loop waits for: the plain iterator restarts each epoch, the coded
 one runs on), after each epoch's first batch (the pipelines' steady rate) and per CPU second of
 the main process and the loader's worker processes (the cost, which a shared machine's load
-does not change), and one JSON line (``RESULT {...}``).
+does not change), and one JSON line (``RESULT {...}``). Then (``--paired``) the steady rate
+without epoch restarts: alternating 12-batch windows of the coded loader and of a plain
+DataLoader over an endless stream of random batches, the median of the paired ratios.
 """
 
 from __future__ import annotations
@@ -46,6 +49,48 @@ def write_folder(root: Path, images: int, size: int, classes: int = 10, seed: in
         Image.fromarray(arr).save(folder / f"{i}.jpg", quality=90)
 
 
+class EndlessBatches:
+    """A batch_sampler: endless seeded random batches of ``batch`` indices of ``size``."""
+
+    def __init__(self, size: int, batch: int):
+        self.size, self.batch = size, batch
+
+    def __iter__(self):
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        while True:
+            yield rng.integers(0, self.size, self.batch).tolist()
+
+
+def paired_windows(ds, coded, scheme, a) -> dict:
+    """Steady rates without epoch restarts: ``a.paired`` pairs of 12-batch windows, a plain
+    DataLoader over an endless stream of batches then the coded loader going on from its last
+    step; the median and quartiles of the per-pair rate ratios coded / plain (pairing cancels
+    the drift of a shared machine's load)."""
+    from torch.utils.data import DataLoader
+
+    plain = iter(DataLoader(ds, batch_sampler=EndlessBatches(len(ds), a.batch),
+                            num_workers=a.workers))
+    next(plain)
+    step = (a.reps + 1) * len(coded)
+    ratios = []
+    for _ in range(a.paired):
+        t = time.perf_counter()
+        for _ in range(12):
+            next(plain)
+        plain_s = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(12):
+            for part, _ in scheme.work_plan(0, step).evaluate:
+                coded.batch(part, step)
+            step += 1
+        ratios.append(plain_s / (time.perf_counter() - t))
+    ratios.sort()
+    q = len(ratios) // 4
+    return {"median": statistics.median(ratios), "q1": ratios[q], "q3": ratios[-1 - q]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=4096)
@@ -55,6 +100,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--scheme", default="pgc-cr")
+    p.add_argument("--paired", type=int, default=80, metavar="PAIRS",
+                   help="then PAIRS alternating 12-batch windows against a plain DataLoader "
+                        "over an endless batch stream (0: skip)")
     a = p.parse_args(argv)
 
     import psutil
@@ -133,6 +181,7 @@ def main(argv=None) -> int:
             print(f"epoch {e}: plain {rates['plain'][-1]:7.0f} img/s (after its first batch "
                   f"{rates['plain_steady'][-1]:7.0f})   coded {rates['coded'][-1]:7.0f} img/s "
                   f"({rates['coded_steady'][-1]:7.0f})", flush=True)
+        paired = paired_windows(ds, coded, scheme, a) if a.paired else None
         coded.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
     for name, (images, seconds) in cpu.items():   # CPU times tick in 10 ms: summed, not per epoch
@@ -148,6 +197,11 @@ def main(argv=None) -> int:
           f"{med['plain_per_cpu_s']:.0f}, coded {med['coded_per_cpu_s']:.0f}); load average "
           f"{load[0]:.2f} at the end, {os.cpu_count()} cores; coded loader {coded.stats}",
           flush=True)
+    if paired:
+        print(f"paired windows of 12 batches, coded / a plain DataLoader over an endless stream "
+              f"of batches (no epoch restarts): median {paired['median']:.3f}, quartiles "
+              f"{paired['q1']:.3f}-{paired['q3']:.3f} over {a.paired} pairs", flush=True)
+        ratios["paired_steady"] = paired["median"]
     print("RESULT " + json.dumps({"args": vars(a), "median": med, "ratios": ratios,
                                   "rates": rates, "stats": coded.stats,
                                   "loadavg_1m": load[0]}), flush=True)
