@@ -640,13 +640,16 @@ class CommAgent:
         chunk = -(-d // n) if self.narrow_reduce == "alltoall" else d
         narrow = self.pool.get(chunk * n if self.narrow_reduce == "alltoall" else d,
                                codec.wire_dtype)
+        spare: list = []                           # back to the pool once the sum is read
         try:
             scratch = self.pool.get(d) if len(mine) > 1 or codec.sparse else None
             codec.add_weighted_narrow(narrow[:d], payloads, weights, scratch)
             self.pool.put(scratch)
             if self.narrow_reduce == "alltoall":
                 narrow[d:].zero_()
-                got = self.coll.alltoall(narrow, "a2a16").view(n, chunk)
+                recv = self.pool.get(n * chunk, codec.wire_dtype)
+                spare.append(recv)
+                got = self.coll.alltoall(narrow, "a2a16", out=recv).view(n, chunk)
                 acc = self.pool.get(chunk)
                 acc.copy_(got[0])
                 for j in range(1, n):
@@ -654,7 +657,9 @@ class CommAgent:
                 mine16 = narrow[:chunk]            # reused: the alltoall's input is done with
                 mine16.copy_(acc)
                 self.pool.put(acc)
-                summed = self.coll.allgather(mine16, "ag16")[:d]
+                gathered = self.pool.get(n * chunk, codec.wire_dtype)
+                spare.append(gathered)
+                summed = self.coll.allgather(mine16, "ag16", out=gathered)[:d]
                 self.data_rounds += 1          # two collectives
                 nbytes = int(alltoall_reduce_bytes(n, d, codec.wire_itemsize))
             else:
@@ -666,7 +671,8 @@ class CommAgent:
                 flat.copy_(summed)
                 return flat, False, nbytes
         finally:
-            self.pool.put(narrow)
+            for buf in [narrow] + spare:
+                self.pool.put(buf)
         if self.rank == 0:
             log.warning("step %d: the fp16 sum of the contributions overflowed (beyond 65504); "
                         "repeated in fp32 for this step", self.step)
