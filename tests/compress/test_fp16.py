@@ -215,3 +215,15 @@ def test_narrow_contribution_is_rounded_once_and_overflow_shows():
     out16[:] = 1.0
     out16[4] = float("nan")
     assert not fp16_finite(out16)
+
+
+def test_output_taking_entry_points_are_found_by_signature():
+    """The fp16 sum's alltoall/allgather write into recycled buffers through Horovod's
+    output-taking entry points when they have the expected parameters; otherwise (another
+    Horovod, or none) the public calls are used."""
+    from pgc_hvd.runtime.channel import _output_entry_points
+    assert _output_entry_points(None) is None
+    assert _output_entry_points(math) is None
+    hvd = pytest.importorskip("horovod.torch")
+    eps = _output_entry_points(hvd)
+    assert eps is not None and set(eps) == {"allgather", "alltoall", "process_set"}
