@@ -84,7 +84,8 @@ def main(scheme: str, folder: str, steps: int, mismatch: bool = False) -> None:
     for k, ((_, l0), (a1, l1)) in enumerate(zip(before, after)):
         assert a1 > 0.8 and l1 < l0, (f"{scheme}: shard {k} was not trained (accuracy {a1:.2f}, "
                                       f"loss {l0:.3f} -> {l1:.3f})")
-    assert stats["prefetched"] > 0, f"{scheme}: no batch came from the workers: {stats}"
+    if rank != n - 1:   # the slowed rank may jump past its prefetch window at every step
+        assert stats["prefetched"] > 0, f"{scheme}: no batch came from the workers: {stats}"
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     h = int(hashlib.sha256(flat.double().numpy().tobytes()).hexdigest()[:12], 16)
     hashes = hvd.allgather(torch.tensor([h], dtype=torch.int64), name=f"hash.{scheme}")
