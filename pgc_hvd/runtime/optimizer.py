@@ -522,7 +522,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     def batches(self, loader):
         """Yield the batch of every partition the scheme wants this rank to evaluate now, with
-        the gradient target set to its ring slot (run forward + backward on each).
+        the gradient target set to its ring slot (run forward + backward on each). ``loader``:
+        :class:`pgc_hvd.CodedLoader` for any torch Dataset (torchvision's ``CIFAR10`` /
+        ``ImageFolder``, DataLoader workers and prefetching), or
+        :class:`~pgc_hvd.runtime.PartitionLoader` for in-memory tensors.
 
         Nothing is yielded while this rank catches up on steps decided without it
         (:attr:`computes`): each ``step()`` then applies one more decided update. The gradient of
