@@ -326,8 +326,10 @@ class CommAgent:
         if self._ended_at is not None and step >= self._ended_at:
             return (f"{head}: a rank's training loop ended at version {self._ended_at}, and no "
                     f"step from there on is decided. Every rank must run the same number of "
-                    f"updates: loop on `while optimizer.version < steps`, not on a count of "
-                    f"step() calls")
+                    f"updates: give every rank's loop the same number of step() calls (each "
+                    f"applies one update), e.g. `for i in range(steps)` or `while "
+                    f"optimizer.version < steps`, not a loop that ends on time or on local "
+                    f"data")
         if rows is None or quiet > min(limit / 2, 5.0 + 10 * self.poll_interval):
             return (f"{head}: no control round has completed for {quiet:.0f}s, so a rank has "
                     f"died or hung (its process is frozen; the allgather cannot tell which rank, "
@@ -588,7 +590,7 @@ class CommAgent:
                 f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
                 f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
                 f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
-                f"(loop on `optimizer.version < steps`)")
+                f"(give every rank the same number of step() calls)")
 
     def _own_payload(self, key) -> torch.Tensor:
         with self.cond:
