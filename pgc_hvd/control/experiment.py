@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pgc_hvd.sim.delays import Heterogeneous, LogNormal, LongStraggler
+from pgc_hvd.delays import Heterogeneous, LogNormal, LongStraggler
 from pgc_hvd.metrics.targets import first_reaching
 from pgc_hvd.sim.run import prepare_data, simulate
 

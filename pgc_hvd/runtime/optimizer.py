@@ -101,7 +101,7 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
     spec string (``"exp:mean=0.1,seed=1"``) is parsed as the simulator's ``--delay``."""
     import operator
 
-    from pgc_hvd.sim.delays import check_workers, parse_delay
+    from pgc_hvd.delays import check_workers, parse_delay
 
     if isinstance(stragglers, bool):
         raise TypeError("stragglers must be an int (the straggler budget s), got a bool")
@@ -928,7 +928,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             rank), 1 for every other scheme.
         compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback).
         delays: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
-            simulator's delay models and traces, :mod:`pgc_hvd.sim.delays`) or a spec string in
+            simulator's delay models and traces, :mod:`pgc_hvd.delays`) or a spec string in
             the simulator's ``--delay`` syntax (``"exp:mean=0.1,seed=1"``); slept on the
             compute side of this rank.
         records: a :class:`~pgc_hvd.metrics.records.RecordWriter` (rank 0 writes one StepRecord

@@ -1,5 +1,5 @@
 """Single-process simulator: n virtual workers and one decoder in virtual time.
 
-* :mod:`pgc_hvd.sim.delays`: seeded straggler delay models and delay traces (shared with the
+* :mod:`pgc_hvd.delays`: seeded straggler delay models and delay traces (shared with the
   Horovod runtime's straggler injection).
 """

@@ -79,7 +79,7 @@ from pgc_hvd.options import is_count
 from pgc_hvd.schemes import Arrival, Scheme
 
 from .comm import CollectiveModel, CommModel, message_bytes, parse_comm_model
-from .delays import DelayModel, Zero, as_delay_model, check_trace_covers, check_workers
+from pgc_hvd.delays import DelayModel, Zero, as_delay_model, check_trace_covers, check_workers
 from .gradients import PartitionGradients
 
 # complex (RS) and fp64 messages: the compiled kernels are fp32, so those use the reference

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
+from pgc_hvd.delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
 from pgc_hvd.metrics.records import to_jsonable
 from pgc_hvd.metrics.targets import first_reaching
 

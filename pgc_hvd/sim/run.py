@@ -239,7 +239,7 @@ def main(argv=None) -> int:
         control = parse_options(a.control, "--control")
     except ValueError as err:
         p.error(str(err))
-    from .delays import Recording, parse_delay
+    from pgc_hvd.delays import Recording, parse_delay
     try:
         delay = Recording(parse_delay(a.delay))
     except (ValueError, OSError) as err:   # a bad spec, or a missing or damaged replay: trace

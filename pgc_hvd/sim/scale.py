@@ -41,7 +41,7 @@ import numpy as np
 from pgc_hvd.schemes import get_scheme
 
 from .comm import CollectiveModel, load_fit, parse_comm_model
-from .delays import DelayTrace, Exponential, LogNormal, Replay
+from pgc_hvd.delays import DelayTrace, Exponential, LogNormal, Replay
 from .engine import SimConfig
 from .timing import TimingSimulator, time_per_step
 

@@ -8,7 +8,7 @@ import torch
 
 from pgc_hvd.control.advise import advise, fit_delays, format_report
 from pgc_hvd.control.decomposition import DecompositionProbe
-from pgc_hvd.sim.delays import DelayTrace, Exponential, LogNormal
+from pgc_hvd.delays import DelayTrace, Exponential, LogNormal
 from pgc_hvd.sim.run import prepare_data, simulate
 
 

@@ -235,7 +235,7 @@ def test_control_rounds_follow_the_poll_interval():
 def test_pgc_fires_on_the_first_control_round_that_shows_n_minus_s():
     """PGC-CR, one rank much slower every step: the step fires without it, at the end of the
     control round that shows the (n-s)-th message."""
-    from pgc_hvd.sim.delays import Heterogeneous, Constant
+    from pgc_hvd.delays import Heterogeneous, Constant
     cm = parse_comm_model("ring:alpha=1e-4,beta=0", poll_interval=0.004)
     delay = Heterogeneous(Constant(0.1), [0, 0, 0, 50])
     recs = time_steps(get_scheme("pgc-cr", 4, 1), d=1000, steps=5, partition_time=0.2,

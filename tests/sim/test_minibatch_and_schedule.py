@@ -10,7 +10,7 @@ import torch
 from pgc_hvd.data import load_dataset, partition, train_test_split
 from pgc_hvd.models import build_task
 from pgc_hvd.schemes import get_scheme
-from pgc_hvd.sim.delays import FixedStragglers
+from pgc_hvd.delays import FixedStragglers
 from pgc_hvd.sim.engine import SimConfig, Simulator
 from pgc_hvd.sim.gradients import PartitionGradients
 
