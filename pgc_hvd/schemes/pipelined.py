@@ -36,14 +36,14 @@ from .rounds import FirstKRound
 from .validation import check_scheme_n_s
 
 
-class PGCFR(BinaryGCScheme):
+class PGCFRScheme(BinaryGCScheme):
     name = "pgc-fr"
     code_name = "fr"
     pipelined = True
     default_decoder = "n-s"
 
 
-class PGCBCGC(BinaryGCScheme):
+class PGCBCGCScheme(BinaryGCScheme):
     name = "pgc-bcgc"
     code_name = "bcgc"
     pipelined = True
@@ -52,13 +52,13 @@ class PGCBCGC(BinaryGCScheme):
         super().__init__(n, s, decoder=decoder, recovery=recovery)
 
 
-class NaivePGCCR(LinearGCScheme):
+class NaivePGCCRScheme(LinearGCScheme):
     name = "pgc-cr-naive"
     code_name = "cr"
     pipelined = True
 
 
-class PGCCR(Scheme):
+class PGCCRScheme(Scheme):
     name = "pgc-cr"
     exact = False
     pipelined = True

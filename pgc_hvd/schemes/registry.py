@@ -4,28 +4,29 @@ from __future__ import annotations
 
 import inspect
 
-from .bounded_staleness import BoundedStaleness
-from .coded import BCGCScheme, CyclicMDSScheme, GCCR, GCFR, GFRCScheme, GMDSScheme, RSScheme
-from .ignore_straggler import ISGC
-from .pipelined import NaivePGCCR, PGCBCGC, PGCCR, PGCFR
+from .bounded_staleness import BoundedStalenessScheme
+from .coded import (BCGCScheme, CyclicMDSScheme, GCCRScheme, GCFRScheme, GFRCScheme, GMDSScheme,
+                    RSScheme)
+from .ignore_straggler import ISGCScheme
+from .pipelined import NaivePGCCRScheme, PGCBCGCScheme, PGCCRScheme, PGCFRScheme
 from .protocol import Scheme
-from .synchronous import DGD, ISSGD
+from .synchronous import DGDScheme, ISSGDScheme
 
 SCHEMES = {
-    "dgd": DGD,
-    "is-sgd": ISSGD,
-    "gc-fr": GCFR,
-    "gc-cr": GCCR,
-    "is-gc": ISGC,
-    "pgc-fr": PGCFR,
-    "pgc-cr": PGCCR,
-    "pgc-cr-naive": NaivePGCCR,
+    "dgd": DGDScheme,
+    "is-sgd": ISSGDScheme,
+    "gc-fr": GCFRScheme,
+    "gc-cr": GCCRScheme,
+    "is-gc": ISGCScheme,
+    "pgc-fr": PGCFRScheme,
+    "pgc-cr": PGCCRScheme,
+    "pgc-cr-naive": NaivePGCCRScheme,
     "bcgc": BCGCScheme,
     "gfrc": GFRCScheme,
     "gmds": GMDSScheme,
     "rs": RSScheme,
-    "pgc-bcgc": PGCBCGC,
-    "bounded-staleness": BoundedStaleness,
+    "pgc-bcgc": PGCBCGCScheme,
+    "bounded-staleness": BoundedStalenessScheme,
     "cyclic-mds": CyclicMDSScheme,
 }
 

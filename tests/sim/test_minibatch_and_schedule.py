@@ -83,11 +83,12 @@ def test_cached_work_plans_equal_the_schemes_plans(digits, name):
     sim, _ = _run(digits, name, steps=2)
     for w in range(sim.n):
         for step in range(9):
-            plan, meta = sim._plan(w, step)
+            ring = sim.workers[w].ring
+            plan = ring.plan(step)
             ref = sim.scheme.work_plan(w, step)
             assert (plan.evaluate, plan.combine, plan.slot_partitions) == \
                    (ref.evaluate, ref.combine, ref.slot_partitions)
-            assert meta is None or meta["slots"] == [slot for slot, _ in ref.combine]
+            assert ring.form(plan).slots == tuple(slot for slot, _ in ref.combine)
 
 
 @pytest.mark.parametrize("name", ["bcgc", "gfrc"])
