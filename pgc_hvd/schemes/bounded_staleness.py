@@ -55,6 +55,7 @@ class BoundedStalenessScheme(Scheme):
     pipelined = False
     late_usable = True                  # late arrivals refresh the table
     staleness_bound_adjustable = True   # the control rule may lower c between steps
+    uses_stale_gradients = True         # table entries of age < c
     round_type = _TableRound
 
     def __init__(self, n: int, s: int, r: Optional[int] = None, c: Optional[int] = None,

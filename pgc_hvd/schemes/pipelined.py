@@ -40,6 +40,7 @@ class PGCFRScheme(BinaryGCScheme):
     name = "pgc-fr"
     code_name = "fr"
     pipelined = True
+    uses_stale_gradients = True
     default_decoder = "n-s"
 
 
@@ -47,6 +48,7 @@ class PGCBCGCScheme(BinaryGCScheme):
     name = "pgc-bcgc"
     code_name = "bcgc"
     pipelined = True
+    uses_stale_gradients = True
 
     def __init__(self, n: int, s: int, decoder: str | None = None, recovery: str = "class"):
         super().__init__(n, s, decoder=decoder, recovery=recovery)
@@ -56,12 +58,14 @@ class NaivePGCCRScheme(LinearGCScheme):
     name = "pgc-cr-naive"
     code_name = "cr"
     pipelined = True
+    uses_stale_gradients = True
 
 
 class PGCCRScheme(Scheme):
     name = "pgc-cr"
     exact = False
     pipelined = True
+    uses_stale_gradients = True
     round_type = FirstKRound
 
     def __init__(self, n: int, s: int):

@@ -340,8 +340,9 @@ class Scheme:
     * staleness: :attr:`staleness_bound` (the bound c on the age t - v of the entries a
       decision uses, None when the scheme has none), :attr:`staleness_bound_adjustable`
       (whether it may be lowered during training: the control rule's knob "c"),
-      :attr:`uses_stale_gradients` (whether decisions can use gradients of older models: the
-      control rule runs only then), :attr:`lookback`.
+      ``uses_stale_gradients`` (a class attribute: whether decisions can use gradients of an
+      older model than their step's -- the pipelined schemes' rings, bounded staleness' table;
+      the control rule runs only then), :attr:`lookback`.
     * decoding: :attr:`needs_error_norms` (the decoder reads every arrival's compression error
       ||C(g^_i) - g^_i||); :meth:`can_fire` (whether an open round can still fire).
 
@@ -357,6 +358,7 @@ class Scheme:
     late_usable = False
     staleness_bound: Optional[int] = None
     staleness_bound_adjustable = False
+    uses_stale_gradients = False
     round_type: type = Round
 
     def __init__(self, n: int, s: int):
@@ -405,12 +407,6 @@ class Scheme:
         staleness: the messages in its table). Engines keep these and may drop the others once
         their step has fired."""
         return set()
-
-    @property
-    def uses_stale_gradients(self) -> bool:
-        """Whether a decision can use gradients of an older model than its step's: the
-        pipelined schemes' rings and schemes with a staleness bound."""
-        return self.pipelined or self.staleness_bound is not None
 
     @property
     def lookback(self) -> int:

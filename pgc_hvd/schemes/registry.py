@@ -49,12 +49,19 @@ def get_scheme(name: str, n: int, s: int, **options) -> Scheme:
 
     Every scheme uses the s it is given; ``dgd``, which waits for all n workers, takes s = 0
     only (a larger s is a ValueError, not silently ignored; see
-    :class:`~pgc_hvd.schemes.synchronous.DGD`)."""
-    key = str(name).lower().replace("_", "-")
-    if key not in SCHEMES:
-        raise ValueError(f"unknown scheme {name!r}; valid names: {', '.join(SCHEMES)}")
+    :class:`~pgc_hvd.schemes.synchronous.DGDScheme`)."""
+    key = scheme_class(name).name
     allowed = scheme_options(key)
     bad = sorted(set(options) - set(allowed))
     if bad:
         raise ValueError(f"scheme {key!r} does not take option(s) {bad}; valid options: {allowed or 'none'}")
     return SCHEMES[key](n, s, **options)
+
+
+def scheme_class(name: str) -> type:
+    """The class of scheme ``name`` (case and ``_``/``-`` do not matter), e.g. to read its
+    class attributes (``uses_stale_gradients``) before building one; ValueError if unknown."""
+    key = str(name).lower().replace("_", "-")
+    if key not in SCHEMES:
+        raise ValueError(f"unknown scheme {name!r}; valid names: {', '.join(SCHEMES)}")
+    return SCHEMES[key]
