@@ -293,7 +293,7 @@ def test_scale_experiment_quick(tmp_path):
 
 
 def test_scale_experiment_options_are_checked(tmp_path, capsys):
-    from pgc_hvd.sim.experiments import main
+    from pgc_hvd.apps.experiments import main
     with pytest.raises(SystemExit) as e:
         main(["pgc", "--out", str(tmp_path / "x"), "--comm-fit", "comm.json"])
     assert e.value.code == 2
@@ -305,7 +305,7 @@ def test_scale_experiment_options_are_checked(tmp_path, capsys):
 
 
 def test_simulate_command_takes_a_collective_model(tmp_path, capsys):
-    from pgc_hvd.sim.run import main
+    from pgc_hvd.apps.simulate import main
     fit = _fit_doc(tmp_path / "comm.json")
     out = tmp_path / "run"
     assert main(["--scheme", "pgc-cr", "--n", "4", "--s", "1", "--steps", "4",

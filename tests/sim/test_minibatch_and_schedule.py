@@ -108,7 +108,7 @@ def test_fixed_schedule_with_cancel_never_waits_for_a_delayed_worker(digits, nam
 
 
 def test_bcgc_experiment_datasets_option_and_time_ratio(tmp_path):
-    from pgc_hvd.sim.experiments import exp_bcgc
+    from pgc_hvd.apps.experiments import exp_bcgc
 
     with pytest.raises(ValueError):
         exp_bcgc(tmp_path, quick=True, datasets=["nope"])
