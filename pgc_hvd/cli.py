@@ -13,7 +13,7 @@ import sys
 
 # subcommand path -> (module, function taking argv list, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
-    ("report", "codes"): ("pgc_hvd.codes.report", "main",
+    ("report", "codes"): ("pgc_hvd.apps.codes_report", "main",
                           "decode norms ||a_I||_1, residuals and decode times of every code"),
     ("report",): ("pgc_hvd.apps.report", "main",
                   "report RUN_DIR: table + plot of one run's (or a folder of runs') records"),

@@ -7,6 +7,7 @@
 * :mod:`.control_experiment`  ``pgc-hvd experiment control``: the staleness control rule;
 * :mod:`.advise`              ``pgc-hvd advise RUN_DIR``: fit a run's delays, simulate schemes, rank them;
 * :mod:`.report`              ``pgc-hvd report RUN_DIR``: table and plot of step records;
+* :mod:`.codes_report`        ``pgc-hvd report codes``: decode norms, residuals and times of every code;
 * :mod:`.tables`              the markdown tables they write.
 
 An application may import any layer below it (docs/architecture.md); nothing below imports it.
