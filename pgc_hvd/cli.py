@@ -7,7 +7,6 @@ Subcommands are registered lazily so that ``pgc-hvd --help`` does not import tor
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 

@@ -44,10 +44,6 @@ from pgc_hvd.sim.run import prepare_data, simulate
 from .tables import log as _log, table as _table
 
 
-def _strip(summary: dict) -> dict:
-    return {k: v for k, v in summary.items()}
-
-
 # ------------------------------------------------------------------------------------- PGC
 PGC_SCHEMES = [("dgd", {}), ("is-sgd", {}), ("gc-fr", {}), ("gc-cr", {}), ("is-gc", {"c": 2}),
                ("pgc-fr", {}), ("pgc-cr", {}), ("pgc-bcgc", {})]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 import zlib
 from typing import Iterable, Optional, Sequence
 

@@ -78,7 +78,6 @@ One step, in an engine::
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -481,7 +480,3 @@ class Scheme:
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self.name} n={self.n} s={self.s} "
                 f"ring_depth={self.ring_depth}>")
-
-
-def isclose_one(x: float) -> bool:
-    return math.isclose(x, 1.0, rel_tol=1e-9, abs_tol=1e-9)

@@ -80,7 +80,7 @@ from pgc_hvd.metrics.diagnostics import error_decomposition, staleness_diagnosti
 from pgc_hvd.schemes import Arrival, Ring, Scheme
 
 from .comm import CollectiveModel, CommModel, message_bytes, parse_comm_model
-from pgc_hvd.delays import DelayModel, Zero, as_delay_model, check_trace_covers, check_workers
+from pgc_hvd.delays import DelayModel, as_delay_model, check_trace_covers, check_workers
 from .gradients import PartitionGradients
 
 # complex (RS) and fp64 messages: the compiled kernels are fp32, so those use the reference
