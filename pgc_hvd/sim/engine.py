@@ -34,8 +34,8 @@ every collective costed by the alpha-beta model:
   the parameters, 12 d bytes each) and ``form`` (coded accumulation of its L ring slots,
   (L+1) 4d bytes, the finiteness check, 5 d, and the copy into the send buffer, 8 d) cost
   ``pass_beta`` seconds per byte. The message then sits in the rank's outbox.
-* Control rounds: every rank's agent submits one control row (8 (11 + c) bytes: the oldest
-  message it has not announced yet, one per round) to an allgather; the round starts when the
+* Control rounds: every rank's agent submits one control row (8 (11 + h) bytes, h =
+  ``scheme.lookback`` slot versions: the oldest message it has not announced yet, one per round) to an allgather; the round starts when the
   last rank has submitted and costs ``allgather(n, row sizes)``. After a round that does not
   fire, an agent waits ``poll_interval`` (``poll_interval / 4`` once a message of the open round
   is known) before submitting again, except that a message becoming ready ends its rank's wait
