@@ -17,7 +17,7 @@ the same ``schemes``, which use ``codes`` (linear algebra) and ``ops`` (the comp
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "DistributedOptimizer"]
+__all__ = ["__version__", "DistributedOptimizer", "CodedLoader"]
 
 
 def __getattr__(name):
@@ -26,4 +26,16 @@ def __getattr__(name):
         from pgc_hvd.runtime.optimizer import DistributedOptimizer
 
         return DistributedOptimizer
+    if name == "CodedLoader":
+        from pgc_hvd.data.coded_loader import CodedLoader
+
+        return CodedLoader
+    if name in _SUBPACKAGES:   # `pgc_hvd.data.CodedLoader` after a bare `import pgc_hvd`
+        import importlib
+
+        return importlib.import_module(f"pgc_hvd.{name}")
     raise AttributeError(f"module 'pgc_hvd' has no attribute {name!r}")
+
+
+_SUBPACKAGES = ("codes", "compress", "control", "data", "metrics", "models", "ops", "runtime",
+                "schemes", "sim")

@@ -18,7 +18,16 @@ codec                         width     row
 :class:`ComplexCodec`         2d        (Re m_0, Im m_0, Re m_1, ...) (Reed-Solomon)
 :class:`SparseCodec`          2 kappa   [values | int32 indices bit-cast]
 :class:`SparseComplexCodec`   3 kappa   [Re values | Im values | int32 indices]
+:class:`Fp16Codec`            1+⌈d/2⌉   [scale | fp16(m / scale), 2 per word]
+:class:`Fp16SparseCodec`      1+⌈κ/2⌉+κ [scale | fp16(values / scale) | int32 indices]
 ============================  ========  ===========================================
+
+fp16 wire (:class:`Fp16Codec`, ``make_codec(..., wire_dtype=torch.float16)``, Horovod's
+``hvd.Compression.fp16``, see :func:`pgc_hvd.compress.from_horovod`): the dense message is
+rounded to float16 when encoded, so a payload row is 2d + 4 bytes instead of 4d (half the bytes
+in the optimistic rows and the data allgather), and the allreduce of the ranks' weighted
+contributions runs in float16 too (half the bytes, 2 (n-1)/n * 2d). See :class:`Fp16Codec` for
+the rounding and what happens on overflow.
 
 Every decoded update is linear in the messages, g_hat = Re sum_u a_u D(p_u) (a_u: the decision's
 weights, complex for RS), so :meth:`Codec.add_weighted` serves both the decoder (all uses) and a
@@ -53,6 +62,8 @@ class Codec:
     width: int
     sparse: bool = False
     complex: bool = False
+    #: dtype of the allreduce of the ranks' weighted contributions (the agent's data phase)
+    wire_dtype: torch.dtype = torch.float32
 
     def encode(self, msg: torch.Tensor, out: torch.Tensor, *, error_norm: bool = False) -> float:
         """Write the payload row of ``msg`` into ``out`` (``width`` words). Returns the
@@ -69,6 +80,21 @@ class Codec:
     @property
     def payload_bytes(self) -> int:
         return 4 * self.width
+
+    def add_weighted_narrow(self, out16: torch.Tensor, payloads: Sequence[torch.Tensor],
+                            weights: Sequence, scratch: Optional[torch.Tensor] = None
+                            ) -> torch.Tensor:
+        """``out16 = narrow(Re sum_u weights[u] D(p_u))``: a rank's contribution to an allreduce
+        in ``wire_dtype``, summed in fp32 (into ``scratch``, a d-vector, when given), then
+        rounded once."""
+        if scratch is None:
+            scratch = torch.empty(self.d, dtype=torch.float32, device=out16.device)
+        return out16.copy_(self.add_weighted(scratch, payloads, weights))
+
+    @property
+    def wire_itemsize(self) -> int:
+        """Bytes per entry of the allreduce of contributions (4 for fp32, 2 for fp16)."""
+        return torch.finfo(self.wire_dtype).bits // 8
 
 
 class DenseCodec(Codec):
@@ -191,9 +217,197 @@ class SparseComplexCodec(Codec):
         return out
 
 
+#: the largest finite float16
+FP16_MAX = 65504.0
+
+
+class Fp16Codec(Codec):
+    """Real dense messages on an fp16 wire (Horovod's ``hvd.Compression.fp16``).
+
+    Payload row (``width`` = 1 + ceil(d/2) float32 words, 2d + 4 bytes, 2d + 6 for odd d)::
+
+        [ scale (fp32) | fp16(m / scale) for the d entries, two per word, zero-padded ]
+
+    ``scale`` is 1 whenever max|m| <= 65504 (the fp16 range): the payload is then exactly
+    Horovod's cast, fp16(m), each entry rounded to nearest with relative error <= 2^-11 (entries
+    below 6.1e-5 become fp16 subnormals, absolute error <= 2^-25, and below 3e-8 they flush to
+    0). A message beyond the range is sent as fp16(m / 2^e) with scale 2^e the smallest power of
+    two that brings max|m| / 2^e below 65504, so encoding never overflows; dividing by a power of
+    two is exact, only the small entries lose (more of them fall into the subnormals).
+    D(p) = scale * fp32(fp16 entries).
+
+    Decoding (cached and allgathered rows, :meth:`add_weighted`) is in fp32:
+    ``out (+)= sum_u a_u scale_u fp32(p_u)``, exact up to fp32 rounding of the sum.
+
+    The allreduce of the ranks' contributions runs in fp16 (``wire_dtype``), as Horovod's fp16
+    compression does: rank r's contribution c_r = sum_{u owned} a_u D(p_u) (fp32) is rounded to
+    fp16 (a second rounding, <= 2^-11 relative), the ring sums the n fp16 chunks rounding each
+    partial sum to fp16, and the result is widened back to fp32. So the update is
+    sum_r fp16(c_r) up to (n - 1) fp16 roundings of partial sums: |error| <= about
+    (n + 1) 2^-11 sum_r |c_r| entrywise, against 2^-24 in fp32. A partial or final sum beyond
+    65504 becomes inf (inf absorbs, or inf - inf = nan), so overflow anywhere shows in the
+    result: the agent checks the summed fp16 update is finite (the same bits on every rank, so
+    every rank decides alike) and, when it is not, repeats that step's allreduce in fp32 from the
+    fp32 contributions it kept (``Update.info["fp16_fallback"]`` is then True, the step's bytes
+    count both allreduces). An overflowed sum is never applied.
+    """
+
+    def __init__(self, d: int):
+        self.d = int(d)
+        self.width = 1 + (self.d + 1) // 2
+        self.wire_dtype = torch.float16
+
+    def values(self, p: torch.Tensor) -> torch.Tensor:
+        """The d fp16 entries of payload row ``p`` (a view)."""
+        return p[1:].view(torch.float16)[: self.d]
+
+    @staticmethod
+    def scale_for(amax: float) -> float:
+        """1 when ``amax`` <= 65504, else the smallest power of two 2^e > amax / 65504."""
+        if amax <= FP16_MAX:
+            return 1.0
+        _, e = math.frexp(amax / FP16_MAX)   # amax / 65504 = f 2^e, 0.5 <= f < 1
+        return math.ldexp(1.0, e)
+
+    def encode(self, msg, out, *, error_norm=False):
+        if msg.numel() != self.d or out.numel() != self.width:
+            raise ValueError(f"Fp16Codec(d={self.d}): got a message of {msg.numel()} entries "
+                             f"and a payload row of {out.numel()} words ({self.width} expected)")
+        lo, hi = torch.aminmax(msg)           # one pass; NaN propagates
+        amax = max(-float(lo), float(hi))
+        if not math.isfinite(amax):
+            raise ValueError("Fp16Codec.encode: the message holds NaN/Inf; report it as a "
+                             "non-finite message (CommAgent.report_bad) instead of encoding it")
+        scale = self.scale_for(amax)
+        out[0] = scale
+        half = self.values(out)
+        if out.numel() * 2 - 2 > self.d:
+            out[-1] = 0.0          # the padding half of the last word
+        half.copy_(msg if scale == 1.0 else msg * (1.0 / scale))
+        if not error_norm:
+            return math.nan
+        return float(torch.linalg.vector_norm(half.float().mul_(scale) - msg,
+                                              dtype=torch.float64))
+
+    def add_weighted(self, out, payloads, weights, *, accumulate=False):
+        if not payloads:
+            return out if accumulate else out.zero_()
+        rows = [p.to(out.device) for p in payloads]
+        ops.decode_accumulate(out, [self.values(p) for p in rows],
+                              [float(w) * float(p[0]) for p, w in zip(rows, weights)],
+                              accumulate=accumulate, check_finite=False)
+        return out
+
+    def add_weighted_narrow(self, out16, payloads, weights, scratch=None):
+        """``out16 = fp16(sum_u weights[u] D(p_u))``, a rank's contribution to the fp16
+        allreduce. One payload (the usual case): one pass, fp16(a scale fp16(m)) rounded once
+        from fp32; several: summed in fp32 into ``scratch`` (a d-vector), then rounded."""
+        if not payloads:
+            return out16.zero_()
+        if len(payloads) == 1:
+            p = payloads[0].to(out16.device)
+            return torch.mul(self.values(p), float(weights[0]) * float(p[0]), out=out16)
+        if scratch is None:
+            scratch = torch.empty(self.d, dtype=torch.float32, device=out16.device)
+        return out16.copy_(self.add_weighted(scratch, payloads, weights))
+
+
+class Fp16SparseCodec(SparseCodec):
+    """Real top-kappa messages with fp16 values (``TopK`` + ``wire_dtype=torch.float16``):
+    ``width`` = 1 + ceil(kappa/2) + kappa float32 words, 6 kappa + 4 bytes instead of 8 kappa::
+
+        [ scale (fp32) | fp16(values / scale), two per word | int32 indices ]
+
+    The kappa values are the top-kappa of m (+ e) as :class:`SparseCodec` selects them, then
+    rounded to fp16 as :class:`Fp16Codec` rounds (scale 1 within the fp16 range, else the power
+    of two that brings them in). With error feedback the rounding error goes into the memory
+    too, e[I] = v - D(fp16 v), so residual + D(payload) = m + old residual still holds (to
+    fp32 rounding) and the rounding is compensated in later steps like the dropped entries.
+    Densified into the allreduce, the contributions are summed in fp16 (``wire_dtype``), with
+    the fp32 fallback on overflow described in :class:`Fp16Codec`."""
+
+    def __init__(self, d: int, topk: TopK, memory: Optional[ResidualMemory] = None):
+        super().__init__(d, topk, memory)
+        self.half_words = (self.kappa + 1) // 2
+        self.width = 1 + self.half_words + self.kappa
+        self.wire_dtype = torch.float16
+
+    def split(self, p):
+        k, h = self.kappa, self.half_words
+        return (p[1: 1 + h].view(torch.float16)[:k],
+                p[1 + h:].contiguous().view(torch.int32))
+
+    def encode(self, msg, out, *, error_norm=False):
+        k, h = self.kappa, self.half_words
+        res = None if self.memory is None else self.memory.residual
+        if res is not None:
+            values, idx = ops.error_feedback_compress(msg, res, k, self.topk.method,
+                                                      index_dtype=torch.int32)
+        else:
+            values, idx = ops.topk_compress(msg, k, self.topk.method, index_dtype=torch.int32)
+        lo, hi = torch.aminmax(values)
+        amax = max(-float(lo), float(hi))
+        if not math.isfinite(amax):
+            raise ValueError("Fp16SparseCodec.encode: the message holds NaN/Inf; report it as "
+                             "a non-finite message (CommAgent.report_bad) instead")
+        scale = Fp16Codec.scale_for(amax)
+        out[0] = scale
+        out[h] = 0.0                    # the padding half when kappa is odd
+        half = out[1: 1 + h].view(torch.float16)[:k]
+        half.copy_(values if scale == 1.0 else values * (1.0 / scale))
+        out[1 + h:].copy_(idx.view(torch.float32))
+        sent = half.float().mul_(scale)
+        rounding = values - sent
+        if res is not None:
+            res.index_add_(0, idx.long(), rounding)
+            return ops.compression_error_norm(msg, values, res) if error_norm else math.nan
+        if not error_norm:
+            return math.nan
+        dropped = ops.compression_error_norm(msg, values)
+        return math.hypot(dropped, float(torch.linalg.vector_norm(rounding,
+                                                                  dtype=torch.float64)))
+
+    def add_weighted(self, out, payloads, weights, *, accumulate=False):
+        if not payloads:
+            return out if accumulate else out.zero_()
+        rows = [p.to(out.device) for p in payloads]
+        ops.decode_accumulate(out, [self.split(p) for p in rows],
+                              [float(w) * float(p[0]) for p, w in zip(rows, weights)],
+                              accumulate=accumulate, check_finite=False)
+        return out
+
+
+def fp16_finite(x: torch.Tensor) -> bool:
+    """Whether an fp16 tensor holds no inf/NaN (max and min, two fast passes)."""
+    return bool(x.numel() == 0 or (math.isfinite(float(torch.amax(x)))
+                                   and math.isfinite(float(torch.amin(x)))))
+
+
+_WIRE_DTYPES = (torch.float32, torch.float16)
+
+
 def make_codec(d: int, compression: Optional[TopK], *, complex_messages: bool,
-               memory: Optional[ResidualMemory] = None) -> Codec:
-    """The codec for messages of d entries under ``compression`` (None: dense)."""
+               memory: Optional[ResidualMemory] = None,
+               wire_dtype: Optional[torch.dtype] = None) -> Codec:
+    """The codec for messages of d entries under ``compression`` (None: dense).
+
+    ``wire_dtype``: None or ``torch.float32`` (default, fp32 payloads and allreduce) or
+    ``torch.float16`` (the value :func:`pgc_hvd.compress.from_horovod` returns for
+    ``hvd.Compression.fp16``): :class:`Fp16Codec` for dense real messages,
+    :class:`Fp16SparseCodec` (fp16 values, int32 indices) with ``TopK``; not for complex
+    (Reed-Solomon) messages."""
+    if wire_dtype is not None and wire_dtype not in _WIRE_DTYPES:
+        raise ValueError(f"wire_dtype={wire_dtype!r}: use torch.float32 (default) or "
+                         f"torch.float16 (fp16 messages, like hvd.Compression.fp16)")
+    if wire_dtype == torch.float16:
+        if compression is not None and not isinstance(compression, TopK):
+            raise TypeError(f"compression must be None or pgc_hvd.compress.TopK(...), got "
+                            f"{compression!r}")
+        if complex_messages:
+            raise ValueError("fp16 messages (wire_dtype=torch.float16, hvd.Compression.fp16) "
+                             "apply to real codes only; the Reed-Solomon scheme (rs) sends "
+                             "complex messages: use wire_dtype=torch.float32 with it")
+        return Fp16Codec(d) if compression is None else Fp16SparseCodec(d, compression, memory)
     if compression is None:
         return ComplexCodec(d) if complex_messages else DenseCodec(d)
     if not isinstance(compression, TopK):
@@ -202,3 +416,37 @@ def make_codec(d: int, compression: Optional[TopK], *, complex_messages: bool,
     if complex_messages:
         return SparseComplexCodec(d, compression)
     return SparseCodec(d, compression, memory)
+
+
+def from_horovod(compression) -> torch.dtype:
+    """The wire dtype for one of Horovod's compression settings, for
+    ``make_codec(..., wire_dtype=from_horovod(compression))``:
+
+    * ``hvd.Compression.none`` (``horovod.torch.compression.NoneCompressor``) or None ->
+      ``torch.float32``;
+    * ``hvd.Compression.fp16`` (``FP16Compressor``) -> ``torch.float16`` (:class:`Fp16Codec`:
+      2d + 4 bytes per payload row, the allreduce in fp16).
+
+    Anything else raises TypeError naming the supported values (Horovod's own compressors work
+    on a tensor per collective; pgc_hvd codes messages and sparsifies them with its own
+    :class:`~pgc_hvd.compress.TopK`). Horovod is imported only here, only when needed."""
+    if compression is None:
+        return torch.float32
+    try:
+        from horovod.torch.compression import FP16Compressor, NoneCompressor
+    except ImportError as err:
+        raise TypeError(f"compression={compression!r} looks like a Horovod compressor, but "
+                        f"horovod.torch cannot be imported ({err})") from None
+
+    def is_(cls) -> bool:
+        return compression is cls or isinstance(compression, cls) or (
+            isinstance(compression, type) and issubclass(compression, cls))
+
+    if is_(FP16Compressor):      # checked first: a subclass of neither is refused below
+        return torch.float16
+    if is_(NoneCompressor):
+        return torch.float32
+    raise TypeError(f"Horovod compression {compression!r} is not supported by pgc_hvd: use "
+                    f"hvd.Compression.none (fp32 messages) or hvd.Compression.fp16 (fp16 "
+                    f"messages, half the bytes); for sparsification use pgc_hvd's own "
+                    f"compression=pgc_hvd.compress.TopK(ratio) (top-kappa with error feedback)")

@@ -6,7 +6,8 @@ rank receives per step (n ranks, d entries, payload rows of w float32 words, U u
 
 * ``"allreduce"``: each rank adds its own uses, sum_{u owned} a_u D(p_u) (zeros when it owns
   none), into a dense fp32 d-vector and ONE ring allreduce (sum) hands every rank the same
-  update: 2 (n-1)/n * 4d bytes, whatever n and U are (Horovod's own cost).
+  update: 2 (n-1)/n * 4d bytes, whatever n and U are (Horovod's own cost); 2 (n-1)/n * 2d with
+  fp16 messages (:class:`~pgc_hvd.compress.codecs.Fp16Codec`, the allreduce runs in fp16).
 * ``"allgather"``: the owners allgather the used payload rows: 4 w U bytes, less the rank's own.
   Chosen for sparse top-kappa rows when that is fewer bytes than the allreduce
   (2 kappa U < 2 (n-1)/n d words), else they are densified into the allreduce.
@@ -53,17 +54,21 @@ def optimistic_default(payload_bytes: int, on_cpu: bool, n: int = 1) -> bool:
     return bool(on_cpu) and int(n) * int(payload_bytes) <= optimistic_threshold()
 
 
-def allreduce_bytes(n: int, d: int) -> float:
-    """Bytes a rank receives in a ring allreduce of d float32: 2 (n-1)/n * 4d."""
-    return 2.0 * (n - 1) / n * 4.0 * d if n > 1 else 0.0
+def allreduce_bytes(n: int, d: int, itemsize: int = 4) -> float:
+    """Bytes a rank receives in a ring allreduce of d entries of ``itemsize`` bytes (4: fp32,
+    2: fp16): 2 (n-1)/n * itemsize * d."""
+    return 2.0 * (n - 1) / n * float(itemsize) * d if n > 1 else 0.0
 
 
-def choose_collective(*, sparse: bool, n: int, d: int, width: int, needed: int) -> str:
+def choose_collective(*, sparse: bool, n: int, d: int, width: int, needed: int,
+                      itemsize: int = 4) -> str:
     """``"cached"`` when no used payload is missing (``needed`` = 0), ``"allreduce"`` for dense
     rows, and for sparse rows whichever of ``"allgather"`` (4 w needed bytes) and
-    ``"allreduce"`` moves fewer bytes (ties to the allgather, which is exact in the rows)."""
+    ``"allreduce"`` (of entries of ``itemsize`` bytes) moves fewer bytes (ties to the
+    allgather, which is exact in the rows)."""
     if needed <= 0:
         return "cached"
     if not sparse:
         return "allreduce"
-    return "allgather" if 4.0 * width * needed <= allreduce_bytes(n, d) else "allreduce"
+    return ("allgather" if 4.0 * width * needed <= allreduce_bytes(n, d, itemsize)
+            else "allreduce")

@@ -1,5 +1,6 @@
 """Datasets as in-memory arrays: scikit-learn's bundled sets, generated data, CIFAR-10 and
-ImageNet-style folders from a local path. Nothing is ever downloaded.
+ImageNet-style folders from a local path (both read by torchvision). Nothing is ever
+downloaded.
 
     ds = load_dataset(name, root=None, **options) -> Dataset
 
@@ -11,13 +12,16 @@ ImageNet-style folders from a local path. Nothing is ever downloaded.
 * ``wine``           sklearn wine, 178 x 13, K = 3;  ``iris`` 150 x 4, K = 3;
 * ``generated``      ``make_generated(num_samples, num_features, num_classes, seed)``: Gaussian
                      class clusters (sklearn ``make_classification``) for scale tests;
-* ``cifar10``        ``load_cifar10(root, train=True, limit=None)``: the python-pickle batches
-                     (``data_batch_1..5`` / ``test_batch``, in ``root`` or
-                     ``root/cifar-10-batches-py``), X shape (N, 3, 32, 32) in [0, 1];
-* ``imagefolder``    ``load_image_folder(root, size=32, limit_per_class=None)``: one
-                     sub-folder per class (``root/<class>/<image>``), images resized to
-                     size x size RGB, X shape (N, 3, size, size) in [0, 1]. For large folders use
-                     :class:`ImageFolder` (lazy, a torch-style dataset) instead.
+* ``cifar10``        ``load_cifar10(root, train=True, limit=None, verify=True)``: the python
+                     batches read by torchvision's ``CIFAR10`` (``root`` holds
+                     ``cifar-10-batches-py`` or is it), X shape (N, 3, 32, 32) in [0, 1];
+* ``imagefolder``    ``load_image_folder(root, size=32, limit_per_class=None)``: torchvision's
+                     ``ImageFolder`` (``root/<class>/<image>``), images resized to size x size
+                     RGB, X shape (N, 3, size, size) in [0, 1].
+
+These two hold the images in memory (the simulator's data). To train on an image dataset of
+any size, keep torchvision's dataset (:mod:`pgc_hvd.data.vision`) and feed it through
+:class:`pgc_hvd.data.CodedLoader`.
 
 Helpers: ``standardize(ds)`` (zero-mean unit-variance features, statistics from ``ds`` or
 given), ``train_test_split(ds, test_fraction, seed, stratify=True)`` -> (train, test),
@@ -28,16 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
-from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
 from pgc_hvd.options import is_count
-
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".gif", ".tif", ".tiff", ".webp")
-
 
 @dataclasses.dataclass
 class Dataset:
@@ -118,104 +117,39 @@ def make_generated(num_samples: int = 10000, num_features: int = 100, num_classe
     return Dataset(X, y, num_classes, "generated")
 
 
-def _cifar_dir(root: os.PathLike) -> Path:
-    root = Path(root)
-    for cand in (root, root / "cifar-10-batches-py"):
-        if (cand / "test_batch").exists() or (cand / "data_batch_1").exists():
-            return cand
-    raise FileNotFoundError(
-        f"no CIFAR-10 python batches (data_batch_1..5, test_batch) in {root} "
-        f"or {root / 'cifar-10-batches-py'}")
-
-
-def load_cifar10(root: os.PathLike, train: bool = True, limit: Optional[int] = None) -> Dataset:
-    """CIFAR-10 from the python-pickle batches in ``root`` (see module docstring)."""
+def load_cifar10(root: os.PathLike, train: bool = True, limit: Optional[int] = None,
+                 verify: bool = True) -> Dataset:
+    """CIFAR-10 read by torchvision (:func:`pgc_hvd.data.vision.cifar10`: ``root`` holds
+    ``cifar-10-batches-py`` or is it; MD5-checked unless ``verify=False``) as arrays, X shape
+    (N, 3, 32, 32) in [0, 1], the first ``limit`` samples. For training through workers use the
+    torchvision dataset itself with :class:`~pgc_hvd.data.coded_loader.CodedLoader`."""
     if limit is not None and not is_count(limit):
         raise ValueError(f"limit must be an int >= 1 (samples kept) or None, got {limit!r}")
-    d = _cifar_dir(root)
-    files = sorted(d.glob("data_batch_*")) if train else [d / "test_batch"]
-    files = [f for f in files if f.exists()]
-    if not files:
-        raise FileNotFoundError(f"no {'training' if train else 'test'} batches in {d}")
-    xs, ys = [], []
-    for f in files:
-        try:
-            with open(f, "rb") as fh:
-                batch = pickle.load(fh, encoding="bytes")
-            data = batch.get(b"data", batch.get("data"))
-            labels = batch.get(b"labels", batch.get("labels"))
-            if data is None or labels is None:
-                raise ValueError("no 'data' or 'labels' entry")
-            x = np.asarray(data, dtype=np.uint8)
-            if x.ndim != 2 or x.shape[1] != 3 * 32 * 32:
-                raise ValueError(f"'data' has shape {x.shape}, not (N, 3072)")
-            lab = np.asarray(labels, dtype=np.int64)
-            if len(lab) != len(x) or (len(lab) and not (0 <= lab.min() and lab.max() < 10)):
-                raise ValueError(f"{len(lab)} labels for {len(x)} images, or labels outside 0..9")
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
-            raise ValueError(f"{f} is not a CIFAR-10 python batch ({err}); point --data-dir at "
-                             "the folder extracted from cifar-10-python.tar.gz") from None
-        xs.append(x.reshape(-1, 3, 32, 32))
-        ys.append(lab)
-        if limit is not None and sum(len(v) for v in ys) >= limit:
-            break
-    X = np.concatenate(xs).astype(np.float32) / 255.0
-    y = np.concatenate(ys)
-    if limit is not None:
-        X, y = X[:limit], y[:limit]
-    classes = None
-    meta = d / "batches.meta"
-    if meta.exists():
-        with open(meta, "rb") as fh:
-            m = pickle.load(fh, encoding="bytes")
-        names = m.get(b"label_names", m.get("label_names"))
-        if names is not None:
-            classes = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    return Dataset(X, y, 10, "cifar10", classes)
+    from pgc_hvd.data.vision import cifar10
 
-
-class ImageFolder:
-    """Lazy ImageNet-style folder ``root/<class>/<image>``: ``ds[i] -> (float32 array (3, size,
-    size) in [0, 1], label)``; ``targets`` holds all labels (for :func:`partition`)."""
-
-    def __init__(self, root: os.PathLike, size: int = 32, limit_per_class: Optional[int] = None):
-        self.root = Path(root)
-        self.size = int(size)
-        self.classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
-        if not self.classes:
-            raise FileNotFoundError(f"no class sub-folders in {self.root}")
-        self.samples: list[tuple[Path, int]] = []
-        for label, cls in enumerate(self.classes):
-            files = sorted(f for f in (self.root / cls).iterdir()
-                           if f.suffix.lower() in IMAGE_EXTENSIONS)
-            if limit_per_class is not None:
-                files = files[:limit_per_class]
-            self.samples.extend((f, label) for f in files)
-        self.targets = np.array([lab for _, lab in self.samples], dtype=np.int64)
-        if not self.samples:
-            raise FileNotFoundError(f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) in the "
-                                    f"class sub-folders of {self.root}")
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-        path, label = self.samples[i]
-        with Image.open(path) as im:
-            im = im.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
-            arr = np.asarray(im, dtype=np.float32) / 255.0
-        return arr.transpose(2, 0, 1).copy(), label
-
-    def to_dataset(self) -> Dataset:
-        X = np.stack([self[i][0] for i in range(len(self))]) if len(self) else \
-            np.zeros((0, 3, self.size, self.size), np.float32)
-        return Dataset(X, self.targets, len(self.classes), "imagefolder", list(self.classes))
+    tv = cifar10(root, train=train, verify=verify)
+    data, y = tv.data[:limit], np.asarray(tv.targets[:limit], dtype=np.int64)
+    X = data.transpose(0, 3, 1, 2).astype(np.float32) / 255.0   # torchvision keeps (N, H, W, C)
+    return Dataset(X, y, 10, "cifar10", list(tv.classes))
 
 
 def load_image_folder(root: os.PathLike, size: int = 32,
                       limit_per_class: Optional[int] = None) -> Dataset:
-    return ImageFolder(root, size, limit_per_class).to_dataset()
+    """An ImageFolder (``root/<class>/<image>``, torchvision's) decoded into arrays: X shape
+    (N, 3, size, size) in [0, 1] (Resize((size, size)) + ToTensor), the first
+    ``limit_per_class`` images of each class. For large folders use the torchvision dataset
+    with :class:`~pgc_hvd.data.coded_loader.CodedLoader` (decoded per batch) instead."""
+    from pgc_hvd.data.vision import image_folder, to_tensor
+
+    tv = image_folder(root, transform=to_tensor(int(size)))
+    targets = np.asarray(tv.targets, dtype=np.int64)
+    keep = np.arange(len(targets))
+    if limit_per_class is not None:
+        keep = np.concatenate([np.flatnonzero(targets == k)[:limit_per_class]
+                               for k in range(len(tv.classes))])
+    X = np.stack([tv[int(i)][0].numpy() for i in keep]) if len(keep) else \
+        np.zeros((0, 3, size, size), np.float32)
+    return Dataset(X, targets[keep], len(tv.classes), "imagefolder", list(tv.classes))
 
 
 LOADERS = {

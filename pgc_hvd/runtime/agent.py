@@ -34,6 +34,25 @@ which is never blocked by its rank's compute. A step is decided in two phases:
    cached and gathered payloads are decoded in (worker, step) order, so every rank forms the
    same floating-point sum, and the allreduce gives every rank the same bits.
 
+fp16 messages (:class:`~pgc_hvd.compress.codecs.Fp16Codec`, ``codec.wire_dtype`` float16):
+payload rows hold fp16 entries (2d + 4 bytes for dense rows; 6 kappa + 4 for top-kappa rows,
+:class:`~pgc_hvd.compress.codecs.Fp16SparseCodec`), so payloads riding with the control rows and
+the data allgather move half the bytes (three quarters for top-kappa rows), and the allreduce of
+the contributions runs in fp16 (2 (n-1)/n * 2d bytes) and is widened back to fp32; a sum that
+overflows fp16 (> 65504, seen identically on every rank as a non-finite result) is repeated in
+fp32 for that step, never applied (``info["fp16_fallback"]``). ``Update.info["bytes"]`` counts
+what really moved.
+
+User metrics (``metrics=k``, default 0): every message carries k float64 values in its control
+row (``Outgoing(..., metrics=(x_1, ..., x_k))``, e.g. accuracy, a loss term), beside its loss.
+Each decided step's :class:`Update` then has ``info["metrics"]``, per slot the mean of the finite
+values over the messages the decision used (NaN where none), ``info["metrics_count"]`` (how many
+per slot) and ``info["metrics_from"]`` (the used ``(worker, step)``); ``info["loss"]`` is the
+same mean of their losses (None where none). They come from the control rows, identical on every
+rank, so every rank gets the same numbers with no extra collective: a per-batch
+``hvd.allreduce`` of the loss would put the ranks back in lockstep and lose the straggler
+tolerance. A row costs 8 k more bytes per rank per control round.
+
 Decoded updates are kept per step until the training thread has applied them
 (:meth:`CommAgent.take`, :meth:`CommAgent.release_before`): the agent's bookkeeping is bounded
 by how far the slowest local step lags, never by the run's length. Messages the decision did not
@@ -71,13 +90,13 @@ from typing import Callable, Optional
 
 import torch
 
-from pgc_hvd.compress.codecs import Codec
+from pgc_hvd.compress.codecs import Codec, DenseCodec, fp16_finite
 from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
 from pgc_hvd.runtime.channel import AgentError, AllgatherChannel, Collectives, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE, CTRL_ERROR,
                                   CTRL_FAILED, CTRL_FIXED, CTRL_LOSS, CTRL_PAYLOAD,
                                   CTRL_READY_STEP, CTRL_READY_TIME, CTRL_VERSION, ctrl_len,
-                                  slot_versions)
+                                  metric_values, metrics_at, slot_versions)
 from pgc_hvd.schemes import Arrival, Decision
 
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Update", "wait_for_handle"]
@@ -94,21 +113,21 @@ class BufferPool:
 
     def __init__(self, device, keep: int = 4):
         self.device, self.keep = device, int(keep)
-        self._free: dict[int, list] = {}
+        self._free: dict[tuple, list] = {}   # (numel, dtype) -> free buffers
         self._lock = threading.Lock()
 
-    def get(self, numel: int) -> torch.Tensor:
+    def get(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         with self._lock:
-            free = self._free.get(int(numel))
+            free = self._free.get((int(numel), dtype))
             if free:
                 return free.pop()
-        return torch.empty(int(numel), dtype=torch.float32, device=self.device)
+        return torch.empty(int(numel), dtype=dtype, device=self.device)
 
     def put(self, buf: Optional[torch.Tensor]) -> None:
         if buf is None or buf._base is not None or not buf.is_contiguous():
             return   # views are not ours to recycle
         with self._lock:
-            free = self._free.setdefault(buf.numel(), [])
+            free = self._free.setdefault((buf.numel(), buf.dtype), [])
             if len(free) < self.keep:
                 free.append(buf)
 
@@ -123,12 +142,19 @@ class Outgoing:
     slot_versions: tuple = ()
     packed: Optional[torch.Tensor] = None  # [control words | payload] (payload is a view of it)
     error_norm: float = math.nan   # ||C(u) - u|| when the scheme's decoder needs it
+    metrics: tuple = ()            # the agent's k user metrics (floats; () = none reported)
     sent: bool = False             # its payload already went out with a control row
     consumed: bool = False         # its buffer became a decoded update (in-place contribution)
 
 
 @dataclass
 class Update:
+    """A decided step: ``flat`` = g_hat (fp32 d-vector), the decision, when it was decided, and
+    ``info``: ``loss`` (mean over the used messages, None when none), ``step_time``,
+    ``control_rounds``, ``data_rounds``, ``bytes`` (received by this rank since the previous
+    update), ``collective``; ``fp16_fallback`` with fp16 messages; ``metrics``,
+    ``metrics_count``, ``metrics_from`` when the agent carries user metrics (module doc)."""
+
     step: int
     flat: torch.Tensor
     decision: Decision
@@ -146,7 +172,8 @@ class CommAgent:
     def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, codec: Codec, device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
                  on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc",
-                 replay: Optional[list] = None, optimistic: bool = False, channel=None):
+                 replay: Optional[list] = None, optimistic: bool = False, channel=None,
+                 metrics: int = 0):
         self.hvd = hvd
         self.scheme = scheme
         self.rank = int(rank)
@@ -186,7 +213,13 @@ class CommAgent:
         # lasts (a message that is ready early waits), then ready-time order
         self._replay = [(int(w), int(k)) for w, k in replay] if replay else []
         self._replay_pos = 0
-        self.ctrl_len = ctrl_len(self.ring_size)       # float64 words per control row
+        if isinstance(metrics, bool) or not isinstance(metrics, int) or metrics < 0:
+            raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
+                             f"values each message carries in its control row (default 0)")
+        self.metrics = int(metrics)
+        self._metric_at = metrics_at(self.ring_size)
+        self._metric_meta: dict = {}         # (worker, step) -> its k metrics from control rows
+        self.ctrl_len = ctrl_len(self.ring_size, self.metrics)  # float64 words per control row
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
         self.coll = Collectives(hvd, self.rank, name, self.timeout)
         self.pool = BufferPool(device)
@@ -241,6 +274,11 @@ class CommAgent:
         return packed, (packed[head:] if head else packed)
 
     def submit(self, out: Outgoing, busy_total: float) -> None:
+        if len(out.metrics) not in (0, self.metrics):
+            raise ValueError(f"Outgoing(step={out.step}).metrics has {len(out.metrics)} values "
+                             f"but this agent was built with metrics={self.metrics}: pass "
+                             f"exactly {self.metrics} floats (or none), or build the agent with "
+                             f"metrics={len(out.metrics)}")
         with self.cond:
             self._outbox[out.step] = out
             self._busy_total = busy_total
@@ -365,6 +403,9 @@ class CommAgent:
                 row[CTRL_ERROR] = out.error_norm
                 for i, v in enumerate(out.slot_versions[: self.ring_size]):
                     row[CTRL_FIXED + i] = v
+                for j in range(self.metrics):
+                    row[self._metric_at + j] = (float(out.metrics[j]) if out.metrics
+                                                else math.nan)
                 # optimistic: the payload goes with the first control row that shows the message,
                 # unless no decision can use it any more (a late message of an exact/pipelined
                 # scheme, which ignores arrivals for past steps)
@@ -374,6 +415,7 @@ class CommAgent:
                     out_with_payload = out
             else:
                 row[CTRL_LOSS] = math.nan
+                row[self._metric_at: self._metric_at + self.metrics] = math.nan
             row[CTRL_BUSY] = self._busy_total
             row[CTRL_BAD_STEP] = self._bad_step
             # done: 1 + the version the rank's loop ended at (no step at or past it is decided)
@@ -471,10 +513,12 @@ class CommAgent:
                 row = ctl[w]
                 self._offered.add((w, k))
                 self._meta[(w, k)] = row[CTRL_LOSS]
+                if self.metrics:
+                    self._metric_meta[(w, k)] = metric_values(row, self.ring_size, self.metrics)
                 err = row[CTRL_ERROR]
                 arr = Arrival(w, k, version=int(row[CTRL_VERSION]), message=None,
                               error_norm=None if math.isnan(err) else float(err),
-                              slot_versions=slot_versions(row) or None)
+                              slot_versions=slot_versions(row, self.ring_size) or None)
                 decision = rnd.offer(arr)
                 if decision is not None:
                     break  # later arrivals of this batch are offered to the next round
@@ -500,6 +544,7 @@ class CommAgent:
                 old = self.step - 32
                 self._offered = {k for k in self._offered if k[1] >= old}
                 self._meta = {k: v for k, v in self._meta.items() if k[1] >= old}
+                self._metric_meta = {k: v for k, v in self._metric_meta.items() if k[1] >= old}
             rnd = self._round = self.scheme.open_round(self.step)
 
     def _apply_c_bound(self, c: int) -> None:
@@ -545,7 +590,7 @@ class CommAgent:
         none). A single dense use that no later decision needs is scaled in place, and its
         buffer becomes the update (no copy, no new buffer)."""
         codec = self.codec
-        if (len(mine) == 1 and not codec.sparse and not codec.complex
+        if (len(mine) == 1 and isinstance(codec, DenseCodec)
                 and (mine[0].worker, mine[0].step) not in keep):
             with self.cond:
                 out = self._outbox[mine[0].step]
@@ -558,6 +603,57 @@ class CommAgent:
                            [u.weight for u in mine])
         return flat
 
+    def _allreduce_narrow(self, mine: list, keep: set) -> tuple[torch.Tensor, bool]:
+        """The sum over ranks of the contributions through an allreduce in the codec's narrow
+        ``wire_dtype`` (fp16: half the bytes): fp32(sum_r fp16(c_r)), c_r = this rank's
+        sum_{u owned} a_u D(p_u) (:meth:`~pgc_hvd.compress.codecs.Fp16Codec.add_weighted_narrow`).
+
+        Returns ``(update, fell_back)``. When the summed fp16 vector is not finite (a partial sum
+        passed 65504) every rank sees it, the allreduce having given every rank the same bits,
+        and every rank repeats the sum in fp32 from its contributions (the payloads are still in
+        its outbox): one more allreduce, this step only; an overflowed sum is never applied."""
+        codec = self.codec
+        payloads = [self._own_payload((u.worker, u.step)) for u in mine]
+        weights = [u.weight for u in mine]
+        narrow = self.pool.get(self.d, codec.wire_dtype)
+        try:
+            scratch = self.pool.get(self.d) if len(mine) > 1 or codec.sparse else None
+            codec.add_weighted_narrow(narrow, payloads, weights, scratch)
+            self.pool.put(scratch)
+            self.coll.allreduce_sum_(narrow, "sum16")
+            if fp16_finite(narrow):
+                flat = self.pool.get(self.d)
+                flat.copy_(narrow)
+                return flat, False
+        finally:
+            self.pool.put(narrow)
+        if self.rank == 0:
+            log.warning("step %d: the fp16 allreduce of the contributions overflowed (a sum "
+                        "beyond 65504); repeated in fp32 for this step", self.step)
+        flat = self._contribution(mine, keep)
+        self.coll.allreduce_sum_(flat, "sum")
+        return flat, True
+
+    def _used_metrics(self, uses) -> dict:
+        """The user metrics of the messages a decision used, from their control rows (the same
+        rows on every rank, so every rank gets the same values): ``metrics`` = per slot j, the
+        mean of the finite values x_{u,j} over the used messages u (NaN where none was finite),
+        ``metrics_count`` = how many were averaged per slot, ``metrics_from`` = the used
+        messages ``(worker, step)`` in that order."""
+        k = self.metrics
+        sums, counts = [0.0] * k, [0] * k
+        for u in uses:
+            vals = self._metric_meta.get((u.worker, u.step))
+            if vals is None:
+                continue
+            for j, x in enumerate(vals):
+                if math.isfinite(x):
+                    sums[j] += x
+                    counts[j] += 1
+        return {"metrics": tuple(sm / c if c else math.nan for sm, c in zip(sums, counts)),
+                "metrics_count": tuple(counts),
+                "metrics_from": tuple((u.worker, u.step) for u in uses)}
+
     def _data_phase(self, decision: Decision, step_start: float) -> Update:
         """The decision's update g_hat = Re sum_u a_u D(p_u), through the collective
         :func:`~pgc_hvd.compress.transport.choose_collective` picks (module doc): payloads
@@ -567,16 +663,23 @@ class CommAgent:
         uses = sorted(decision.uses, key=lambda u: (u.worker, u.step))
         missing = [u for u in uses if (u.worker, u.step) not in self._cache]
         kind = choose_collective(sparse=codec.sparse, n=self.n, d=self.d, width=self.width,
-                                 needed=len(missing))
+                                 needed=len(missing), itemsize=codec.wire_itemsize)
         received: dict = {}
         # what the scheme may use again (bounded staleness table): kept, by owner and in caches
         keep = self.scheme.retained()
+        fallback = False
         if kind == "allreduce":
             mine = [u for u in missing if u.worker == self.rank]
-            flat = self._contribution(mine, keep)
-            self.coll.allreduce_sum_(flat, "sum")
+            if codec.wire_dtype == torch.float32:
+                flat = self._contribution(mine, keep)
+                self.coll.allreduce_sum_(flat, "sum")
+            else:
+                flat, fallback = self._allreduce_narrow(mine, keep)
             self.data_rounds += 1
-            self._bytes_since += int(allreduce_bytes(self.n, self.d))
+            self._bytes_since += int(allreduce_bytes(self.n, self.d, codec.wire_itemsize))
+            if fallback:
+                self.data_rounds += 1
+                self._bytes_since += int(allreduce_bytes(self.n, self.d))
             cached = [u for u in uses if (u.worker, u.step) in self._cache]
             if cached:
                 codec.add_weighted(flat, [self._cache[(u.worker, u.step)] for u in cached],
@@ -617,5 +720,9 @@ class CommAgent:
                 "step_time": now - step_start, "control_rounds": self.control_rounds,
                 "data_rounds": self.data_rounds, "bytes": int(self._bytes_since),
                 "collective": kind}
+        if codec.wire_dtype != torch.float32:
+            info["fp16_fallback"] = fallback
+        if self.metrics:
+            info.update(self._used_metrics(uses))
         self._bytes_since = 0
         return Update(decision.step, flat, decision, now, info)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zlib
 from typing import Iterable, Optional, Sequence
 
@@ -102,11 +103,13 @@ def _runs(items: Sequence[str]) -> str:
 def optimizer_fingerprint(optimizer_class: type, param_groups: Sequence[dict],
                           params: Sequence[torch.Tensor], *, scheme: str, stragglers: int,
                           options: dict, compression, control: str, name: str,
-                          optimistic: bool, replay: Optional[Sequence] = None) -> dict:
+                          optimistic: bool, replay: Optional[Sequence] = None,
+                          extra: Optional[dict] = None) -> dict:
     """The ordered ``{field: value}`` of everything that must agree across ranks for the
     ranks' parameters to stay identical (module doc). ``params`` are the parameters in the flat
     layout's order; ``optimistic`` is the effective value (None resolved)."""
     fp = {
+        **{k: canonical(v) for k, v in (extra or {}).items()},
         "scheme": scheme.lower(), "stragglers": int(stragglers),
         "scheme_options": canonical(dict(options)), "compression": repr(compression),
         "control": control, "name": name, "optimistic": optimistic,
@@ -132,7 +135,10 @@ def loader_fingerprint(loader) -> dict:
     ``n``, ``seed`` and ``batch_size`` when it has them; for a
     :class:`~pgc_hvd.runtime.loader.PartitionLoader` also the number, shape and dtype of the
     samples and CRC32s of the partitions' indices and of the labels (one pass over the indices
-    and labels, not over the samples)."""
+    and labels, not over the samples); for a loader over a torch dataset
+    (:class:`~pgc_hvd.data.coded_loader.CodedLoader`) the dataset's class and length and the
+    ``repr`` of its ``transform`` / ``target_transform`` (memory addresses blanked), since
+    replicas must augment alike -- never a sample."""
     cls = type(loader)
     fp = {"loader class": f"{cls.__module__}.{cls.__qualname__}"}
     for key in ("n", "seed", "batch_size"):
@@ -145,6 +151,13 @@ def loader_fingerprint(loader) -> dict:
             crc = zlib.crc32(np.ascontiguousarray(np.asarray(p, dtype=np.int64)).tobytes(), crc)
         fp["loader partitions"] = f"{len(parts)} partitions of sizes crc32 " \
             f"{zlib.crc32(repr([len(p) for p in parts]).encode())}, indices crc32 {crc}"
+    ds = getattr(loader, "dataset", None)
+    if ds is not None and hasattr(ds, "__len__"):
+        dcls = type(ds)
+        fp["loader dataset"] = f"{dcls.__module__}.{dcls.__qualname__} of {len(ds)} samples"
+        for attr in ("transform", "target_transform"):
+            if getattr(ds, attr, None) is not None:
+                fp[f"loader {attr}"] = re.sub(r"0x[0-9a-fA-F]+", "0x?", repr(getattr(ds, attr)))
     X, y = getattr(loader, "X", None), getattr(loader, "y", None)
     if torch.is_tensor(X):
         fp["loader samples"] = f"{tuple(X.shape)} {str(X.dtype).replace('torch.', '')}"
@@ -241,10 +254,16 @@ def final_version(hvd, version: int, *, name: str, timeout: float, rank: int) ->
     when they left their loops (one int64 allgather). A rank that stopped early catches up to
     it; a step decided after every rank had left its loop (bounded staleness decides a step
     from its table of stale gradients alone) was applied by no rank and is not applied."""
+    return max(gather_versions(hvd, version, name=name, timeout=timeout, rank=rank,
+                               what="close()'s agreement on the final model version"))
+
+
+def gather_versions(hvd, version: int, *, name: str, timeout: float, rank: int,
+                    what: str = "the agreement on the starting model version") -> list[int]:
+    """Every rank's ``version`` in rank order (one int64 allgather, polled with ``timeout``)."""
     mine = torch.tensor([int(version)], dtype=torch.int64)
-    got = _wait(hvd, hvd.allgather_async(mine, name=name), timeout,
-                "close()'s agreement on the final model version", rank)
-    return int(got.max())
+    return [int(v) for v in _wait(hvd, hvd.allgather_async(mine, name=name), timeout, what,
+                                  rank).tolist()]
 
 
 def compare_digests(hvd, version: int, digest: int, *, name: str, timeout: float,

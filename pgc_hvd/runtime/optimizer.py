@@ -8,16 +8,22 @@ is one worker of the scheme (n = ``hvd.size()``).
 Per step t (= the rank's model version, the number of updates it has applied):
 
 1. the scheme's work plan says which partitions to evaluate into which ring slots
-   (:meth:`batches` yields their batches; gradient hooks copy each backward pass into its flat
-   slot as it runs and clear ``p.grad``);
+   (:meth:`batches` yields their batches; each partition's gradient accumulates in ``p.grad``
+   as usual -- clipping or a GradScaler's ``unscale_`` after ``backward()`` act on it -- and
+   moves into its flat ring slot when the partition ends);
 2. :meth:`step` forms the coded message m_j = sum_l b_{j,l} g_l from the ring
    (:func:`pgc_hvd.ops.coded_accumulate`; GC accumulates slot by slot with
-   :func:`pgc_hvd.ops.add_slot`), optionally compresses it (top-kappa, error feedback), checks
-   it is finite, and hands it to the rank's :class:`~pgc_hvd.runtime.agent.CommAgent`;
-3. it then waits until step t is decided (by the n-s fastest ranks, or the scheme's rule) and
-   applies, in order, every decoded update it has not applied yet -- a straggler catches up on
-   the steps that fired without it -- and returns. Training loops run
-   ``while opt.version < steps``.
+   :func:`pgc_hvd.ops.add_slot`), optionally compresses it (top-kappa, error feedback; fp16
+   wire), checks it is finite, and hands it to the rank's
+   :class:`~pgc_hvd.runtime.agent.CommAgent`;
+3. it waits until step t is decided (by the n-s fastest ranks, or the scheme's rule) and
+   applies ONE update, update t. A rank that is behind (step t was decided without it)
+   computes nothing at that step (:attr:`computes` is False, :meth:`batches` yields nothing)
+   and applies the next decided update at once. So the i-th ``step()`` call applies update i on
+   every rank: loops of N calls end at version N everywhere, and what a loop does per
+   iteration (a scheduler's ``step()``, an lr from the loop counter, clipping between
+   :meth:`synchronize` and ``step()`` under :meth:`skip_synchronize`) happens at the same
+   update on every rank (docs/from_horovod.md).
 
 Consistency (:mod:`pgc_hvd.runtime.consistency`; each check once, none per step): construction
 compares across ranks everything that must agree (optimizer class, every hyper-parameter of every
@@ -36,12 +42,12 @@ Example::
                                        named_parameters=model.named_parameters(),
                                        scheme="pgc-cr", stragglers=1)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    loader = pgc_hvd.runtime.PartitionLoader(x, y, n=hvd.size(), batch_size=32)
-    while opt.version < steps:
+    loader = pgc_hvd.data.CodedLoader(dataset, n=hvd.size(), batch_size=32, num_workers=2)
+    for step in range(steps):
         for xb, yb in opt.batches(loader):
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
-        opt.step(loss=loss.item())
+        opt.step()
     opt.close()
 """
 
@@ -92,6 +98,37 @@ def _all_finite(x: torch.Tensor) -> bool:
             else math.isfinite(total.real) and math.isfinite(total.imag)):
         return True
     return bool(torch.isfinite(x).all())
+
+
+_VERSION_KEY = "pgc_version"   # rank 0's version in param_groups[0] of state_dict()
+
+
+def _is_horovod_broadcast_state(code) -> bool:
+    """Whether ``code`` is horovod.torch's ``broadcast_optimizer_state``."""
+    fn = None
+    try:
+        from horovod.torch import functions
+        fn = getattr(functions, "broadcast_optimizer_state", None)
+    except ImportError:
+        return False
+    return fn is not None and code is fn.__code__
+
+
+def _hyper_digest(param_groups, prev: int) -> int:
+    """A running CRC32 over every scalar hyper-parameter of every param group (lr, momentum,
+    betas, weight decay, ...), one term per applied update: equal on every rank iff every
+    update was applied with the same hyper-parameters everywhere."""
+    parts = []
+    for g in param_groups:
+        for k in sorted(g):
+            v = g[k]
+            if k == "params" or torch.is_tensor(v):
+                v = float(v) if torch.is_tensor(v) and v.numel() == 1 else None
+                if v is None:
+                    continue
+            if isinstance(v, (bool, int, float, str, tuple, type(None))):
+                parts.append(f"{k}={v!r}")
+    return zlib.crc32(";".join(parts).encode(), prev)
 
 
 def _check_arguments(n: int, *, stragglers, compression, delays, records, timeout, poll_interval,
@@ -168,6 +205,10 @@ class RuntimeConfig:
     straggler_policy: str = "continue"
     optimistic: Optional[bool] = None
     control: str = "allgather"
+    backward_passes_per_step: int = 1
+    op_scale: float = 1.0
+    wire_dtype: Optional[str] = None     # "float16": dense messages travel as fp16
+    metrics: tuple = ()                  # names of the user metrics step(metrics=) carries
 
     def checked(self, n: int) -> "RuntimeConfig":
         s, delays = _check_arguments(
@@ -182,9 +223,16 @@ class RuntimeConfig:
 class _PGCOptimizer(torch.optim.Optimizer):
     """Methods copied into the dynamic subclass of the user's optimizer class."""
 
+    # GradScaler.step(opt) hands this optimizer the scale (``opt.grad_scale``) instead of
+    # unscaling p.grad itself: the ring slots of the current step are unscaled in step()
+    _step_supports_amp_scaling = True
+
     def __init__(self, optimizer, named_parameters, config: RuntimeConfig, hvd):
+        # the wrapper shares the user's param-group dicts and state (as hvd.DistributedOptimizer
+        # does), so a scheduler built on the optimizer before the wrap still sets the lr used
         super(self.__class__, self).__init__(optimizer.param_groups)
-        self.load_state_dict(optimizer.state_dict())
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
         self._pgc_hvd = hvd
         self.rank, self.n = hvd.rank(), hvd.size()
         self._pgc_config = config = config.checked(self.n)
@@ -223,6 +271,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         # replay: the steps this rank computes, in order (it skips the others, as in the run
         # the order came from)
         self._pgc_replay_steps = sorted({k for w, k in replay or () if w == self.rank})
+        self._pgc_replay_set = set(self._pgc_replay_steps)
         if straggler_policy not in ("continue", "cancel"):
             raise ValueError(f"straggler_policy must be 'continue' or 'cancel', "
                              f"got {straggler_policy!r}")
@@ -250,14 +299,28 @@ class _PGCOptimizer(torch.optim.Optimizer):
         d = lay.numel
         memory = (ResidualMemory(d, lay.device) if isinstance(compression, TopK) and
                   compression.error_feedback and not self._pgc_complex else None)
+        wire = None if config.wire_dtype is None else getattr(torch, config.wire_dtype)
         self._pgc_codec = make_codec(d, compression, complex_messages=self._pgc_complex,
-                                     memory=memory)
+                                     memory=memory, wire_dtype=wire)
         self._pgc_residual = None if memory is None else memory.residual
         self._pgc_plan = None
         self._pgc_done_slots: set = set()
-        self._pgc_target = None
-        self._pgc_target_slot = None
-        self._pgc_implicit = False
+        self._pgc_target_slot = None       # the slot whose gradient accumulates in p.grad
+        self._pgc_computes = True          # this rank sends a message at step `version`
+        self._pgc_synced = False           # synchronize() put update `version` in p.grad
+        self._pgc_skip_sync = False        # inside skip_synchronize()
+        self._pgc_amp = False              # a GradScaler has handed a scale to step()
+        self._pgc_zero_flat = None         # zeros for p.grad in a catch-up step under AMP
+        self._pgc_sentinel = None          # the parameter whose hook counts backward passes
+        self._pgc_passes = 0
+        self._pgc_grad_version = -1        # its p.grad._version after the last backward
+        self._pgc_passes_per_step = int(config.backward_passes_per_step)
+        self._pgc_op_scale = float(config.op_scale)
+        self._pgc_own_only = None          # the scheme always asks for this rank's partition
+        self._pgc_hp_digest = 0            # running digest of applied hyper-parameters
+        self._pgc_last_update = None
+        self.catch_up_steps = 0            # step() calls that applied an update decided without
+        #                                    this rank's message, computing nothing
         self._pgc_busy = 0.0
         self._pgc_compute_start = None
         self._pgc_closed = False
@@ -275,7 +338,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
             hvd, self.scheme, self.rank, d, self.scheme.lookback, codec=self._pgc_codec,
             device=lay.device, timeout=timeout, poll_interval=poll_interval,
             on_step=self._pgc_record_step if (self.rank == 0) else None, name=name, replay=replay,
-            optimistic=self._pgc_optimistic, channel=channel)
+            optimistic=self._pgc_optimistic, channel=channel,
+            metrics=len(config.metrics))
         # bounded staleness: the bound c it was built with (set_staleness_bound may lower it)
         self._pgc_c0 = (int(self.scheme.staleness_bound)
                         if self.scheme.staleness_bound_adjustable else None)
@@ -312,7 +376,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
         fp = consistency.optimizer_fingerprint(
             type(self).__bases__[0], self.param_groups, self._pgc_layout.params, scheme=scheme,
             stragglers=s, options=options, compression=compression, control=control,
-            name=str(name), optimistic=opt_field, replay=replay)
+            name=str(name), optimistic=opt_field, replay=replay,
+            extra={"wire dtype": self._pgc_config.wire_dtype or "float32",
+                   "op (update factor)": self._pgc_config.op_scale,
+                   "backward_passes_per_step": self._pgc_config.backward_passes_per_step,
+                   "metrics (names)": list(self._pgc_config.metrics)})
         rows = consistency.gather_fingerprints(
             self._pgc_hvd, fp, name="pgc.config", timeout=self._pgc_timeout, rank=self.rank,
             what="the construction check of DistributedOptimizer (every rank must construct it)")
@@ -347,37 +415,73 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def work_plan(self):
         """The scheme's WorkPlan for this rank at its current step (= ``version``)."""
         if self._pgc_plan is None:
+            if not self._pgc_started:
+                self._pgc_adopt_broadcast_version()
             # a ring slot never filled (warm-up cancelled) is evaluated now (Ring.plan)
             self._pgc_plan = self._pgc_worker_ring.plan(self.version)
             self._pgc_done_slots = set()
+            self._pgc_computes = self._pgc_decide_computes()
             if not self._pgc_ring_mode:
                 self._pgc_msg.zero_()
             if self._pgc_compute_start is None:
                 self._pgc_compute_start = time.monotonic()
         return self._pgc_plan
 
+    def _pgc_decide_computes(self) -> bool:
+        """Whether this rank evaluates its plan and sends a message at step ``version``.
+
+        Every ``step()`` applies exactly one decided update (update ``version``), so a rank
+        whose step ``version`` has already been decided without it (a straggler that is behind)
+        computes nothing while it catches up: its message would be too late, its ring keeps
+        the partition gradients it has; it computes again at the first step not yet decided.
+        Replaying a schedule (``replay_arrivals``), a rank computes exactly the steps it
+        computed there."""
+        if self._pgc_replay_steps and self.version <= self._pgc_replay_steps[-1]:
+            return self.version in self._pgc_replay_set
+        return not self._pgc_started or self.version >= self._pgc_agent.decided()
+
+    @property
+    def computes(self) -> bool:
+        """Whether this rank computes a message at its current step (False while it catches up
+        on steps decided without it: :meth:`batches` then yields nothing)."""
+        self.work_plan
+        return self._pgc_computes
+
     def begin_partition(self, slot: int) -> None:
-        """Backward passes until :meth:`end_partition` are the gradient of ring slot ``slot``."""
+        """Backward passes until :meth:`end_partition` are the gradient of ring slot ``slot``:
+        they accumulate in ``p.grad`` as usual (so ``clip_grad_norm_`` or a GradScaler's
+        ``unscale_`` after ``backward()`` act on them), and :meth:`end_partition` moves them
+        into the slot."""
         plan = self.work_plan
         if slot not in [sl for _, sl in plan.evaluate]:
             raise ValueError(f"slot {slot} is not evaluated at step {self.version} "
                              f"(plan {plan.evaluate})")
+        if self._pgc_target_slot is not None:
+            self.end_partition()
         self._pgc_target_slot = slot
-        self._pgc_target = self._pgc_ring[slot if self._pgc_ring_mode else 0]
-        self._pgc_target.zero_()
+        self._pgc_passes = 0
+        self._pgc_got_grad = False
 
     def end_partition(self) -> None:
+        """Move the gradients in ``p.grad`` (fp16/bf16/fp64 cast to fp32) into the current ring
+        slot (GC: add b_l times it into the message) and clear ``p.grad``."""
         slot = self._pgc_target_slot
         if slot is None:
             return
+        lay = self._pgc_layout
+        target = self._pgc_ring[slot if self._pgc_ring_mode else 0]
+        target.zero_()
+        for p in lay.params:
+            if p.grad is not None:
+                lay.view(target, p).add_(p.grad)
+                p.grad = None
         if not self._pgc_ring_mode:
             coef = dict(self.work_plan.combine)[slot]
             ops.add_slot(self._pgc_msg, self._pgc_ring[0], float(coef))
         self._pgc_worker_ring.fill(slot, self.version)
         self._pgc_done_slots.add(slot)
-        self._pgc_target = None
         self._pgc_target_slot = None
-        self._pgc_implicit = False
+        self._pgc_sentinel = None
 
     @contextlib.contextmanager
     def partition(self, slot: int):
@@ -390,6 +494,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def batches(self, loader):
         """Yield the batch of every partition the scheme wants this rank to evaluate now, with
         the gradient target set to its ring slot (run forward + backward on each).
+
+        Nothing is yielded while this rank catches up on steps decided without it
+        (:attr:`computes`): each ``step()`` then applies one more decided update. The gradient of
+        the last batch stays in ``p.grad`` until ``step()`` (or ``synchronize()``), the
+        others move into their ring slots when the loop asks for the next batch.
 
         A batch whose loop body runs no backward (``continue``) leaves its slot without a
         gradient: :meth:`step` then refuses ("slots ... got no gradient") instead of sending a
@@ -405,17 +514,34 @@ class _PGCOptimizer(torch.optim.Optimizer):
             except AttributeError:
                 pass
         plan = self.work_plan
-        for partition, slot in plan.evaluate:
+        if not self._pgc_computes:
+            if self._pgc_amp:
+                self._pgc_zero_grads()
+            return
+        evaluate = plan.evaluate
+        for i, (partition, slot) in enumerate(evaluate):
             if self._pgc_overtaken():
                 return  # straggler_policy="cancel": this step fired without us
             self.begin_partition(slot)
-            self._pgc_got_grad = False
             yield loader.batch(partition, self.version)
-            if self._pgc_got_grad:
-                self.end_partition()
-            else:  # no backward reached the slot: it stays missing, step() names it
-                self._pgc_target = None
+            if not self._pgc_got_grad:  # no backward reached the slot: step() names it
                 self._pgc_target_slot = None
+            elif i + 1 < len(evaluate):
+                self.end_partition()
+            elif self._pgc_sentinel is not None and self._pgc_sentinel.grad is not None:
+                # the last partition's gradient stays in p.grad until step(); what the loop
+                # body did to it (clipping) is in; a change after the loop is checked there
+                self._pgc_grad_version = self._pgc_sentinel.grad._version
+
+    def _pgc_zero_grads(self) -> None:
+        """p.grad = zeros (one flat buffer, viewed per parameter): a GradScaler's inf check in an
+        iteration that computes nothing (catching up) then finds finite gradients."""
+        lay = self._pgc_layout
+        if self._pgc_zero_flat is None:
+            self._pgc_zero_flat = lay.zeros()
+        self._pgc_zero_flat.zero_()
+        for p, v in lay.views(self._pgc_zero_flat):
+            p.grad = v if p.dtype == v.dtype else v.to(p.dtype)
 
     def _pgc_check_loader(self, loader) -> None:
         """Compare the loader's partitioning across ranks
@@ -461,22 +587,85 @@ class _PGCOptimizer(torch.optim.Optimizer):
         return self._pgc_cancelled
 
     def _pgc_grad_hook(self, p: torch.Tensor) -> None:
+        """After each parameter's gradient is accumulated into ``p.grad``: note it (the
+        gradient stays in p.grad until the partition ends), count backward passes
+        (``backward_passes_per_step``), and start the plan's partition implicitly for a loop that
+        does not use :meth:`batches` (allowed only where the scheme always asks a rank for its
+        own partition: dgd, is-sgd)."""
         if p.grad is None:
             return
-        if self._pgc_target is None:
-            todo = [sl for _, sl in self.work_plan.evaluate if sl not in self._pgc_done_slots]
-            if not todo:
+        if self._pgc_synced:
+            raise RuntimeError(
+                "pgc_hvd: a backward pass ran after optimizer.synchronize() and before step(): "
+                "p.grad holds the decoded update of step "
+                f"{self.version}; call step() (under skip_synchronize()) first")
+        if self._pgc_target_slot is None:
+            self._pgc_begin_implicit()
+        if self._pgc_sentinel is None:
+            self._pgc_sentinel = p
+        if p is self._pgc_sentinel:
+            self._pgc_passes += 1
+            if self._pgc_passes > self._pgc_passes_per_step:
                 raise RuntimeError(
-                    f"pgc_hvd: a backward pass ran at step {self.version} after every partition "
-                    f"of the work plan was evaluated; call optimizer.step() first")
-            self.begin_partition(todo[0])
-            self._pgc_implicit = True
-        self._pgc_layout.view(self._pgc_target, p).add_(p.grad)  # fp16/bf16/fp64 into fp32
+                    f"pgc_hvd: {self._pgc_passes} backward passes for one partition at step "
+                    f"{self.version}, more than backward_passes_per_step="
+                    f"{self._pgc_passes_per_step}; call step() after every "
+                    f"{self._pgc_passes_per_step} backward pass(es), or raise "
+                    f"backward_passes_per_step")
+            self._pgc_grad_version = p.grad._version
         self._pgc_got_grad = True
-        p.grad = None
+
+    def _pgc_begin_implicit(self) -> None:
+        """A backward pass outside :meth:`batches`: the gradient is taken as the one of the
+        partition the plan wants next. That is only what the loop computed if the scheme asks
+        this rank for its own partition at every step (dgd, is-sgd: then the user's own
+        DataLoader with a DistributedSampler is this rank's shard); for every other scheme it is
+        refused, because the data of the user's loader is not the partition the code needs
+        (it would silently train on the fast ranks' data only)."""
+        plan = self.work_plan
+        if not self._pgc_own_partition_only():
+            raise RuntimeError(
+                f"pgc_hvd: a backward pass ran outside optimizer.batches(loader), but "
+                f"{self.scheme.name} asks rank {self.rank} for partitions "
+                f"{[q for q, _ in plan.evaluate]} at step {self.version} (the partitions rotate "
+                f"or are replicated), which your own DataLoader does not know: the run would "
+                f"train on the wrong data. Feed the dataset through the scheme: `loader = "
+                f"pgc_hvd.data.CodedLoader(dataset, n=hvd.size(), batch_size=..., num_workers=...)` (any "
+                f"torch Dataset) and `for xb, yb in optimizer.batches(loader): ...backward()`; "
+                f"or use scheme='dgd' / 'is-sgd', which keep one shard per rank")
+        todo = [sl for _, sl in plan.evaluate if sl not in self._pgc_done_slots]
+        if not todo:
+            raise RuntimeError(
+                f"pgc_hvd: a backward pass ran at step {self.version} after every partition "
+                f"of the work plan was evaluated; call optimizer.step() first")
+        self.begin_partition(todo[0])
+
+    def _pgc_own_partition_only(self) -> bool:
+        """Does the scheme ask this rank for exactly its own partition at every step? (Checked
+        over 2n + ring steps once: the plans are periodic.)"""
+        if self._pgc_own_only is None:
+            span = 2 * self.n + self._pgc_worker_ring.size + 1
+            self._pgc_own_only = all(
+                [q for q, _ in self.scheme.work_plan(self.rank, t).evaluate] == [self.rank]
+                for t in range(span))
+        return self._pgc_own_only
 
     # -- the step ------------------------------------------------------------------
-    def step(self, closure=None, loss=None):
+    def step(self, closure=None, loss=None, metrics=None):
+        """Apply ONE decided update: update ``version``, then ``version += 1``.
+
+        If this rank computes at this step (:attr:`computes`) its message is formed from the
+        ring and sent first, and the call waits until the step is decided by the n - s fastest
+        ranks (or the scheme's rule); a rank that is behind (its step was decided without it)
+        applies the next decided update at once. So the i-th ``step()`` call applies update i on
+        every rank: a loop of N calls ends at version N everywhere, and whatever the loop does
+        per iteration (a scheduler's ``step()``, an lr set from the iteration count, clipping
+        under ``synchronize()``) happens at the same update on every rank.
+
+        After :meth:`synchronize` (the decoded update already sits in ``p.grad``, perhaps
+        clipped), ``step()`` applies ``p.grad``. ``loss`` (a float) travels in the control row
+        and ``metrics`` (``{name: float}`` for the names given at construction) travel in the
+        control row; :attr:`metrics` shows the decided step's means on every rank."""
         ret = None
         if closure is not None:
             with torch.enable_grad():
@@ -485,14 +674,58 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 loss = float(ret)
         if self._pgc_closed:
             raise RuntimeError("pgc_hvd optimizer is closed")
-        if not self._pgc_started:
-            self._pgc_agent.start()
-            self._pgc_started = True
+        if self._pgc_init_from_horovod():
+            return ret
+        if not self._pgc_synced:
+            if self._pgc_skip_sync:
+                raise RuntimeError(
+                    "pgc_hvd: step() under skip_synchronize() without synchronize() first: call "
+                    "optimizer.synchronize() (it sends this rank's message and puts the decoded "
+                    "update in p.grad), then step() under skip_synchronize()")
+            self._pgc_exchange(loss, metrics)
+            self._pgc_load_update()
+        self._pgc_apply_grads()
+        return ret
+
+    def synchronize(self, loss=None, metrics=None) -> None:
+        """Horovod's ``synchronize()``: send this rank's message (if it computes at this step),
+        wait until the step is decided, and put the decoded update -- the averaged gradient the
+        step applies, the same bits on every rank -- into ``p.grad`` (in each parameter's dtype).
+        The user may then inspect or clip it (``clip_grad_norm_`` then clips identically on
+        every rank) and apply it with ``with optimizer.skip_synchronize(): optimizer.step()``.
+        Idempotent until that ``step()``."""
+        if self._pgc_closed:
+            raise RuntimeError("pgc_hvd optimizer is closed")
+        if self._pgc_synced:
+            return
+        self._pgc_exchange(loss, metrics)
+        self._pgc_load_update()
+        self._pgc_synced = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's ``skip_synchronize()``: ``step()`` inside it applies ``p.grad`` as
+        :meth:`synchronize` left it (and refuses when ``synchronize()`` was not called)."""
+        self._pgc_skip_sync = True
         try:
-            self._pgc_send(loss)
-            upto = self._pgc_replay_next()
-            self._pgc_agent.wait_for(self.version if upto is None else upto - 1)
-            self._pgc_apply_decided(upto)
+            yield
+        finally:
+            self._pgc_skip_sync = False
+
+    def _pgc_exchange(self, loss, metrics=None) -> None:
+        """Send this rank's message for step ``version`` if it computes at this step (else drop
+        any gradient the loop computed anyway), then wait until the step is decided."""
+        if not self._pgc_started:
+            self._pgc_start()
+        try:
+            self.work_plan
+            values = self._pgc_metric_values(metrics)
+            if self._pgc_computes:
+                self._pgc_send(loss, values)
+            else:
+                self.catch_up_steps += 1
+                self._pgc_discard_gradients()
+            self._pgc_agent.wait_for(self.version)
         except AgentError as err:
             better = self._pgc_explain(err)
             if better is err:
@@ -501,12 +734,113 @@ class _PGCOptimizer(torch.optim.Optimizer):
         except BaseException:
             self._pgc_fail()
             raise
-        return ret
 
-    def _pgc_send(self, loss) -> None:
+    def _pgc_start(self) -> None:
+        """First step: take a version broadcast by ``hvd.broadcast_optimizer_state`` (a resume
+        where rank 0 loaded the checkpoint), check that every rank starts at the same version
+        (one int64 allgather), start the agent."""
+        from pgc_hvd.runtime import consistency
+
+        self._pgc_adopt_broadcast_version()
+        versions = consistency.gather_versions(
+            self._pgc_hvd, self.version, name=f"{self._pgc_name}.start.version",
+            timeout=self._pgc_timeout, rank=self.rank)
+        if len(set(versions)) != 1:
+            by = {}
+            for r, v in enumerate(versions):
+                by.setdefault(v, []).append(r)
+            raise ValueError(
+                f"pgc_hvd: the ranks start at different model versions ({', '.join(f'ranks {rs}: version {v}' for v, rs in sorted(by.items()))}): "
+                f"a checkpoint was loaded on some ranks only. Load it on every rank "
+                f"(pgc_hvd.runtime.load_checkpoint), or load it on rank 0 and then call "
+                f"hvd.broadcast_parameters(model.state_dict(), 0) and "
+                f"hvd.broadcast_optimizer_state(optimizer, 0) on every rank before the first "
+                f"step")
+        self._pgc_agent.start()
+        self._pgc_started = True
+
+    def _pgc_adopt_broadcast_version(self) -> None:
+        """Before the first step: ``hvd.broadcast_optimizer_state`` wrote rank 0's version into
+        ``param_groups[0]["pgc_version"]`` (see :meth:`state_dict`); continue from it."""
+        g0 = self.param_groups[0]
+        if _VERSION_KEY in g0:
+            v = int(round(float(g0.pop(_VERSION_KEY))))
+            if v != self.version:
+                self.start_at(v)
+
+    def _pgc_discard_gradients(self) -> None:
+        """A rank that catches up computes nothing: a gradient its loop computed anyway (its
+        own DataLoader, a GradScaler's zeros) is dropped."""
+        for p in self._pgc_layout.params:
+            p.grad = None
+        self._pgc_target_slot = None
+        self._pgc_sentinel = None
+        self._pgc_busy += time.monotonic() - self._pgc_compute_start
+
+    def _pgc_init_from_horovod(self) -> bool:
+        """``hvd.broadcast_optimizer_state(opt, root)`` on an optimizer without state first sets
+        every ``p.grad`` to zeros and calls ``opt.step()`` to create the state (Adam's moments,
+        momentum buffers); for its own DistributedOptimizer it calls the wrapped class's step.
+        Recognised by the caller's code object, that call runs the user's optimizer rule on
+        the zero gradients, as Horovod's does (the same on every rank), and sends nothing."""
+        import sys
+
+        frame, hops = sys._getframe(2), 0
+        while frame is not None and hops < 4:   # through torch's step wrappers
+            if _is_horovod_broadcast_state(frame.f_code):
+                break
+            frame, hops = frame.f_back, hops + 1
+        else:
+            return False
+        if frame is None:
+            return False
+        super(self.__class__, self).step()
+        for p in self._pgc_layout.params:
+            p.grad = None
+        return True
+
+    def _pgc_metric_values(self, metrics) -> tuple:
+        """``step(metrics={name: value})`` as the k floats of the control row (NaN for a name
+        not given); unknown names or non-numbers are refused."""
+        names = self._pgc_config.metrics
+        if metrics is None:
+            return (math.nan,) * len(names) if names else ()
+        if not isinstance(metrics, dict):
+            raise TypeError(f"metrics must be a dict {{name: float}}, got {metrics!r}")
+        unknown = sorted(set(metrics) - set(names))
+        if unknown:
+            raise ValueError(f"step(metrics=...) names {unknown}, not declared: pass "
+                             f"metrics={sorted(set(names) | set(unknown))} to "
+                             f"DistributedOptimizer (the control rows are sized for them)")
+        try:
+            return tuple(float(metrics.get(k, math.nan)) for k in names)
+        except (TypeError, ValueError):
+            raise TypeError(f"metrics values must be numbers, got {metrics!r}") from None
+
+    @property
+    def metrics(self) -> dict:
+        """What the control rows said about the last update this rank applied, the same on
+        every rank without a collective: ``step``, ``loss`` (the mean of the losses sent with
+        the messages the decision used), each declared user metric's mean over those messages
+        (NaN where none carried it), and ``ranks`` (whose messages were used). A per-batch
+        ``hvd.allreduce`` of the loss would wait for every rank and put them back in lockstep,
+        which is the straggler tolerance lost; read this instead. Empty before the first
+        update."""
+        upd = self._pgc_last_update
+        if upd is None:
+            return {}
+        info = upd.info
+        out = {"step": upd.step, "loss": info.get("loss"),
+               "ranks": sorted({u.worker for u in upd.decision.uses})}
+        for name, v in zip(self._pgc_config.metrics, info.get("metrics", ())):
+            out[name] = v
+        return out
+
+    def _pgc_send(self, loss, metrics: tuple = ()) -> None:
         plan = self.work_plan
-        if self._pgc_implicit:
-            self.end_partition()
+        if self._pgc_target_slot is not None:   # the last partition's gradient is in p.grad
+            self._pgc_check_grad_untouched(plan)
+            self._pgc_end_pending()
         if self._pgc_overtaken():
             self._pgc_busy += time.monotonic() - self._pgc_compute_start
             return
@@ -517,6 +851,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 f"{[p for p, sl in plan.evaluate]} at step {self.version}, but slots {missing} got "
                 f"no gradient; iterate `for batch in optimizer.batches(loader)` (or use "
                 f"optimizer.partition(slot)) and run backward on each batch")
+        self._pgc_unscale_amp(plan)
         t = self.version
         packed = payload = None
         if self._pgc_complex:
@@ -552,8 +887,62 @@ class _PGCOptimizer(torch.optim.Optimizer):
         slot_versions = self._pgc_worker_ring.message_versions(plan)
         self._pgc_agent.submit(Outgoing(t, t, payload, time.time(),
                                         math.nan if loss is None else float(loss),
-                                        slot_versions, packed=packed, error_norm=error_norm),
+                                        slot_versions, packed=packed, error_norm=error_norm,
+                                        metrics=metrics),
                                self._pgc_busy)
+
+    def _pgc_end_pending(self) -> None:
+        """End the partition whose gradient is still in p.grad (a backward ran) or drop the
+        target (none did: the slot stays missing and step() names it)."""
+        if self._pgc_got_grad:
+            self.end_partition()
+        else:
+            self._pgc_target_slot = None
+    
+    def _pgc_check_grad_untouched(self, plan) -> None:
+        """Where a step evaluates several partitions (GC, BCGC, PGC's warm-up), only the last
+        one's gradient is still in p.grad after the loop: a change made to it there (clipping,
+        GradScaler.unscale_) would act on one partition of several. Refused, with the two ways
+        that work. (A GradScaler's own inf check in ``scaler.step`` also writes p.grad in
+        place; it is recognised by the scale it hands over, ``grad_scale``.)"""
+        sentinel = self._pgc_sentinel
+        if len(plan.evaluate) < 2 or sentinel is None or sentinel.grad is None:
+            return
+        if sentinel.grad._version == self._pgc_grad_version:
+            return
+        if getattr(self, "grad_scale", None) is not None:
+            return   # GradScaler.step(): its inf check touched p.grad, the scale comes next
+        raise RuntimeError(
+            f"pgc_hvd: p.grad was changed after the last backward (clip_grad_norm_, "
+            f"GradScaler.unscale_, ...), but {self.scheme.name} evaluates "
+            f"{len(plan.evaluate)} partitions at step {self.version} and only the last one's "
+            f"gradient is still in p.grad, so the change would act on one partition of "
+            f"{len(plan.evaluate)}. Clip inside the batches() loop right after backward() (each "
+            f"partition's gradient), or clip the decoded update: optimizer.synchronize(); "
+            f"clip_grad_norm_(...); with optimizer.skip_synchronize(): optimizer.step(). With a "
+            f"GradScaler, call scaler.step(optimizer) without unscale_()")
+
+    def _pgc_unscale_amp(self, plan) -> None:
+        """``GradScaler.step(optimizer)`` sets ``optimizer.grad_scale`` (the loss scale S every
+        backward pass of this step used; it changes only in ``scaler.update()``, after the step):
+        the ring slots evaluated at this step (GC: the accumulated message) are divided by S
+        before the message is formed, so every message, and the ring that later messages reuse,
+        holds true gradients whatever each rank's scale (the scales differ across ranks: each
+        rank's scaler backs off on its own overflows). A message that overflowed is non-finite
+        and left out like a straggler's. ``grad_scale`` is None when the user already called
+        ``scaler.unscale_(optimizer)`` (p.grad was unscaled in place)."""
+        scale = getattr(self, "grad_scale", None)
+        if scale is None:
+            return
+        self._pgc_amp = True
+        inv = 1.0 / float(scale)
+        if inv == 1.0:
+            return
+        if self._pgc_ring_mode:
+            for sl in self._pgc_done_slots:
+                self._pgc_ring[sl].mul_(inv)
+        else:
+            self._pgc_msg.mul_(inv)
 
     def _pgc_payload(self, msg: torch.Tensor, out: torch.Tensor) -> float:
         """Write the message's payload row into ``out`` through the codec
@@ -563,27 +952,62 @@ class _PGCOptimizer(torch.optim.Optimizer):
         return self._pgc_codec.encode(
             msg, out, error_norm=self.scheme.needs_error_norms)
 
-    def _pgc_replay_next(self) -> Optional[int]:
-        """Replay: the next step this rank computes after the current one (None: not replaying)."""
-        later = [k for k in self._pgc_replay_steps if k > self.version]
-        return later[0] if later else None
+    def _pgc_load_update(self) -> None:
+        """Put the decided update of step ``version`` into ``p.grad``: fp32 parameters get
+        views of the decoded vector, others (fp16, bf16, fp64) a cast copy in a buffer kept
+        per parameter; ``op=hvd.Sum`` multiplies it by n. ``on_update`` sees it first."""
+        upd = self._pgc_agent.take(self.version)
+        self._pgc_last_update = upd
+        flat = upd.flat
+        if self._pgc_on_update is not None:
+            if self._pgc_update_decision:
+                self._pgc_on_update(self.version, flat, upd.decision)
+            else:
+                self._pgc_on_update(self.version, flat)
+        if self._pgc_op_scale != 1.0:
+            flat.mul_(self._pgc_op_scale)
+        bufs = self._pgc_grad_bufs
+        for p, v in self._pgc_layout.views(flat):
+            if p.dtype != v.dtype:
+                buf = bufs.get(id(p))
+                if buf is None:
+                    buf = bufs[id(p)] = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                buf.copy_(v)
+                v = buf
+            p.grad = v
 
-    def _pgc_apply_decided(self, upto: Optional[int] = None) -> None:
-        agent = self._pgc_agent
-        while self.version < agent.decided() and (upto is None or self.version < upto):
-            upd = agent.take(self.version)
-            if self._pgc_on_update is not None:
-                if self._pgc_update_decision:
-                    self._pgc_on_update(self.version, upd.flat, upd.decision)
-                else:
-                    self._pgc_on_update(self.version, upd.flat)
-            self._pgc_apply(upd.flat)
-            self.version += 1
-        agent.release_before(self.version)
+    def _pgc_apply_grads(self) -> None:
+        """The user's optimizer rule on ``p.grad`` (the decoded update), then ``version += 1``;
+        the hyper-parameters it was applied with enter a running digest that :meth:`close`
+        compares across ranks."""
+        # a GradScaler's grad_scale / found_inf are this optimizer's (the ring was unscaled),
+        # not the user's rule's: torch's SGD/Adam would apply them to the decoded update
+        amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
+        try:
+            super(self.__class__, self).step()
+        finally:
+            self.__dict__.update(amp)
+        for p in self._pgc_layout.params:
+            p.grad = None
+        self._pgc_synced = False
+        self._pgc_hp_digest = _hyper_digest(self.param_groups, self._pgc_hp_digest)
+        self.version += 1
+        self._pgc_after_update()
+
+    def _pgc_after_update(self) -> None:
+        self._pgc_agent.release_before(self.version)
         self._pgc_plan = None
         self._pgc_cancelled = False
         self._pgc_compute_start = time.monotonic()
         self._pgc_check_params()
+
+    def _pgc_apply_decided(self, upto: Optional[int] = None) -> None:
+        """Apply every decided update not applied yet (up to ``upto``), without new messages."""
+        agent = self._pgc_agent
+        while self.version < agent.decided() and (upto is None or self.version < upto):
+            self._pgc_load_update()
+            self._pgc_apply_grads()
+        self._pgc_after_update()
 
     def _pgc_check_params(self) -> None:
         """Stop every rank when this rank's parameters are non-finite.
@@ -675,24 +1099,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
             return err
         return type(err)(f"{err}; " + "; ".join(notes))
 
-    def _pgc_apply(self, flat: torch.Tensor) -> None:
-        """Apply one decoded update (fp32) with the user's optimizer rule. Parameters of another
-        dtype (fp16, bf16, fp64) get the update cast to their dtype, in a buffer kept per
-        parameter (no allocation per step; fp32 parameters take views of ``flat``)."""
-        lay = self._pgc_layout
-        bufs = self._pgc_grad_bufs
-        for p, v in lay.views(flat):
-            if p.dtype != v.dtype:
-                buf = bufs.get(id(p))
-                if buf is None:
-                    buf = bufs[id(p)] = torch.empty(p.shape, dtype=p.dtype, device=p.device)
-                buf.copy_(v)
-                v = buf
-            p.grad = v
-        super(self.__class__, self).step()
-        for p in lay.params:
-            p.grad = None
-
     def start_at(self, version: int) -> None:
         """Before the first step: continue from model version ``version`` with an empty ring
         (every slot is evaluated afresh at its first use, the warm-up rule of
@@ -715,19 +1121,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         """Apply every update decided so far (no new message), e.g. before saving a checkpoint
         at a step every rank has reached."""
         self._pgc_apply_decided()
-
-    def synchronize(self) -> None:
-        """Refused: Horovod's ``synchronize()`` waits for the gradients' allreduce and leaves the
-        averaged gradients in ``p.grad`` for the user to inspect or clip before
-        ``step()`` under ``skip_synchronize()``. Here no averaged gradient exists before
-        ``step()``: the update is decoded from the coded messages of the n - s fastest ranks
-        after this rank has sent its own, and applied inside ``step()``."""
-        raise RuntimeError(
-            "pgc_hvd.DistributedOptimizer.synchronize(): there is no averaged gradient to wait "
-            "for before step() -- the update is decoded from the fastest ranks' coded messages "
-            "inside step(). Call step() (it sends, waits for the decision and applies it); to "
-            "apply the updates decided so far without sending (e.g. before saving a "
-            "checkpoint), call apply_decided()")
 
     def close(self) -> None:
         """End of training on this rank: serve collectives until every rank is done, apply the
@@ -762,9 +1155,21 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 raise better from err
             from pgc_hvd.runtime import consistency
 
-            target = consistency.final_version(
+            ends = consistency.gather_versions(
                 self._pgc_hvd, self.version, name=f"{self._pgc_name}.close.version",
-                timeout=self._pgc_timeout, rank=self.rank)
+                timeout=self._pgc_timeout, rank=self.rank,
+                what="close()'s agreement on the final model version")
+            self.loop_end_versions = ends
+            target = max(ends)
+            if len(set(ends)) > 1:
+                import warnings
+                warnings.warn(
+                    f"pgc_hvd: the ranks' training loops ended at different versions "
+                    f"({dict(enumerate(ends))}): close() applies the missing decided updates "
+                    f"(up to {target}) without the loop's own per-step code (schedulers, "
+                    f"clipping). Give every rank the same number of step() calls (each applies "
+                    f"one update), e.g. `for i in range(steps)` or `while opt.version < steps`",
+                    RuntimeWarning, stacklevel=2)
             fault = None
             try:
                 self._pgc_apply_decided(upto=target)
@@ -773,8 +1178,19 @@ class _PGCOptimizer(torch.optim.Optimizer):
             differ = consistency.compare_digests(
                 self._pgc_hvd, self.version, consistency.tensors_digest(self._pgc_layout.params),
                 name=f"{self._pgc_name}.close", timeout=self._pgc_timeout, rank=self.rank)
+            hyper = consistency.compare_digests(
+                self._pgc_hvd, self.version, self._pgc_hp_digest,
+                name=f"{self._pgc_name}.close.hyper", timeout=self._pgc_timeout, rank=self.rank)
             if fault is not None:
                 raise fault
+            if differ is not None and hyper is not None:
+                differ += (" The hyper-parameters the updates were applied with (lr, momentum, "
+                           "...) also differ across ranks: a learning-rate change that depends "
+                           "on rank-local values (ReduceLROnPlateau on the rank's own loss, an "
+                           "lr set from wall time) trains a different model on each rank. Drive "
+                           "it from values every rank shares: the step count (optimizer.version "
+                           "or the loop counter: each step() applies one update) or "
+                           "optimizer.metrics (the decided step's mean loss).")
             if differ is not None:
                 raise AgentError(differ)
         finally:
@@ -849,16 +1265,79 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if self._pgc_on_record is not None:
             self._pgc_on_record(rec)
 
-    # -- checkpoint ----------------------------------------------------------------
-    def pgc_state_dict(self) -> dict:
-        """Optimizer state, ring buffers, step, RNG states and delay-trace position."""
+    # -- state_dict (the torch / Horovod way of saving and resuming) -----------------------
+    def state_dict(self) -> dict:
+        """torch's optimizer state plus what a resume needs: ``param_groups[0]["pgc_version"]``
+        (the model version; a scalar option, so ``hvd.broadcast_optimizer_state`` carries rank
+        0's to every rank) and ``"pgc"``: this rank's :meth:`pgc_state_dict` without the torch
+        part (scheme, n, s, rank, ring, slot versions, error-feedback residual, RNG states).
+        Tensors are referenced, not copied, as torch's own state_dict does."""
+        sd = super(self.__class__, self).state_dict()
+        sd["param_groups"][0][_VERSION_KEY] = self.version
+        sd["pgc"] = self._pgc_extra_state(copy=False)
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore a :meth:`state_dict` (or a plain torch optimizer state dict), before the first
+        step. With this rank's own ``"pgc"`` part (same scheme, n, s and rank) everything is
+        restored, ring included; a state saved by another rank of the same run (rank 0's file
+        loaded on every rank) restores the torch state and the version, with an empty ring that
+        the first steps refill; a state of another world size or scheme is refused with
+        :class:`~pgc_hvd.runtime.checkpoint.CheckpointError`."""
+        from pgc_hvd.runtime.checkpoint import CheckpointError
+
+        sd = dict(state_dict)
+        groups = [dict(g) for g in sd.get("param_groups", [])]
+        version = groups[0].pop(_VERSION_KEY, None) if groups else None
+        sd["param_groups"] = groups
+        extra = sd.pop("pgc", None)
+        if (extra is not None or version is not None) and self._pgc_started:
+            raise RuntimeError("pgc_hvd: load_state_dict() of a pgc_hvd state must come before "
+                               "the first step()")
+        if extra is not None:
+            if not isinstance(extra, dict):
+                raise CheckpointError(f"the state dict's 'pgc' entry is {type(extra).__name__}, "
+                                      f"not the dict state_dict() writes")
+            for key in ("scheme", "n", "s"):
+                if key in extra and extra[key] != self._pgc_extra_key(key):
+                    raise CheckpointError(
+                        f"the optimizer state was saved with {key}={extra[key]!r}, this run has "
+                        f"{key}={self._pgc_extra_key(key)!r}: a pgc_hvd state resumes only with "
+                        f"the scheme, stragglers and world size it was saved with (for a new "
+                        f"world size, load the model's parameters and a plain torch optimizer "
+                        f"state, then call optimizer.start_at(version))")
+        if extra is not None and extra.get("rank") == self.rank:
+            self.load_pgc_state_dict({"optimizer": sd, **extra}, "the state dict")
+            return
+        self._pgc_torch_load(sd)
+        if extra is not None and version is None:
+            version = extra.get("version")
+        if version is not None:
+            self.start_at(int(round(float(version))))
+
+    def _pgc_torch_load(self, sd: dict) -> None:
+        """torch's load_state_dict, keeping the param-group dicts the user's optimizer shares
+        with this one (torch replaces them; a scheduler built before the wrap holds them)."""
+        shared = self.param_groups
+        super(self.__class__, self).load_state_dict(sd)
+        for mine, loaded in zip(shared, self.param_groups):
+            params = mine["params"]
+            mine.clear()
+            mine.update(loaded)
+            mine["params"] = params
+        self.param_groups = shared
+
+    def _pgc_extra_key(self, key):
+        return {"scheme": self.scheme.name, "n": self.n, "s": self.scheme.s}[key]
+
+    def _pgc_extra_state(self, copy: bool = True) -> dict:
+        keep = (lambda b: b.clone()) if copy else (lambda b: b)
         return {
-            "optimizer": super(self.__class__, self).state_dict(),
             "version": self.version,
             "scheme": self.scheme.name, "n": self.n, "s": self.scheme.s, "rank": self.rank,
-            "ring": [b.clone() for b in self._pgc_ring],
+            "ring": [keep(b) for b in self._pgc_ring],
             "slot_versions": list(self._pgc_worker_ring.versions),
-            "residual": None if self._pgc_residual is None else self._pgc_residual.clone(),
+            "residual": None if self._pgc_residual is None else keep(self._pgc_residual),
             "busy": self._pgc_busy,
             "c_bound": self.staleness_bound,
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
@@ -866,6 +1345,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
             "trace_position": {"worker": self.rank, "step": self.version},
         }
+
+    # -- checkpoint ----------------------------------------------------------------
+    def pgc_state_dict(self) -> dict:
+        """Optimizer state, ring buffers, step, RNG states and delay-trace position."""
+        return {"optimizer": super(self.__class__, self).state_dict(), **self._pgc_extra_state()}
 
     def load_pgc_state_dict(self, state: dict, source: str = "the state dict") -> None:
         """Restore a :meth:`pgc_state_dict` of this rank, before the first step. The whole state
@@ -878,7 +1362,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             raise RuntimeError("load_pgc_state_dict must be called before the first step()")
         from pgc_hvd.runtime.checkpoint import check_pgc_state
         check_pgc_state(state, self.pgc_state_dict(), source)
-        super(self.__class__, self).load_state_dict(state["optimizer"])
+        self._pgc_torch_load(state["optimizer"])
         self.version = int(state["version"])
         for b, saved in zip(self._pgc_ring, state["ring"]):
             b.copy_(saved)
@@ -904,11 +1388,14 @@ class _PGCOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          scheme: str = "pgc-cr", stragglers: Optional[int] = None,
                          compression: Any = None,
-                         *, delays=None, records=None, scheme_options: Optional[dict] = None,
+                         *, backward_passes_per_step: int = 1, op=None,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups=None, sparse_as_dense: bool = False, process_set=None,
+                         delays=None, records=None, scheme_options: Optional[dict] = None,
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = "allgather",
-                         name: str = "pgc", hvd=None):
+                         name: str = "pgc", metrics=(), hvd=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     Args:
@@ -918,7 +1405,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             ``gc-cr``, ``bounded-staleness``, ...); n = ``hvd.size()``.
         stragglers: the straggler budget s; default (None): 0 for ``dgd`` (it waits for every
             rank), 1 for every other scheme.
-        compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback).
+        compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback);
+            Horovod's ``hvd.Compression.none`` (dense) and ``hvd.Compression.fp16`` (dense
+            messages travel as float16: half the bytes) are accepted.
+        backward_passes_per_step: as Horovod's: the gradients of up to this many backward
+            passes per partition accumulate in ``p.grad`` before ``step()``; more raise.
+        op: ``hvd.Average`` (default: the decoded update is the average gradient, as Horovod's)
+            or ``hvd.Sum`` (n times it); ``hvd.Adasum`` is refused (its pairwise projections
+            need every rank's gradient, which gradient coding does not wait for).
+        gradient_predivide_factor: accepted (> 0, with ``op=hvd.Average``, as Horovod requires);
+            it only splits Horovod's averaging into a pre- and post-division for fp16
+            range; pgc_hvd decodes in fp32 with the code's coefficients, so it changes nothing.
+        num_groups, groups, sparse_as_dense, process_set: Horovod's allreduce fusion and
+            sparse options; accepted for compatibility (one flat coded message per step; sparse
+            gradients are densified into the ring). A ``process_set`` other than the global one
+            is refused.
         delays: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
             simulator's delay models and traces, :mod:`pgc_hvd.delays`) or a spec string in
             the simulator's ``--delay`` syntax (``"exp:mean=0.1,seed=1"``); slept on the
@@ -963,6 +1464,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             step is decided on control rows alone and dense messages move in ONE allreduce of
             the ranks' weighted contributions (2 (n-1)/n * 4d bytes per rank, as Horovod's),
             sparse ones in an allgather of the chosen rows (:mod:`pgc_hvd.compress.transport`).
+        metrics: names of small user metrics (e.g. ``["accuracy"]``) that ``step(metrics=
+            {"accuracy": a})`` sends in the control row; :attr:`metrics` gives every rank the
+            decided step's means (and the loss's) with no extra collective.
         control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
             Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
@@ -974,6 +1478,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     """
     if hvd is None:
         import horovod.torch as hvd
+    compression, wire_dtype = _horovod_compression(compression)
+    op_scale = _horovod_op(hvd, op, gradient_predivide_factor)
+    _horovod_fusion_options(hvd, backward_passes_per_step, num_groups, groups, sparse_as_dense,
+                            process_set)
     if stragglers is None:
         stragglers = 0 if str(scheme).lower() == "dgd" else 1
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
@@ -983,5 +1491,65 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         records=records, scheme_options=scheme_options, timeout=timeout,
         poll_interval=poll_interval, name=name, on_record=on_record, on_update=on_update,
         replay_arrivals=replay_arrivals, straggler_policy=straggler_policy, optimistic=optimistic,
-        control=control)
+        control=control, backward_passes_per_step=backward_passes_per_step, op_scale=op_scale,
+        wire_dtype=wire_dtype, metrics=_metric_names(metrics))
     return cls(optimizer, named_parameters, config, hvd)
+
+
+def _metric_names(metrics) -> tuple:
+    if isinstance(metrics, str) or not all(isinstance(m, str) and m for m in metrics):
+        raise TypeError(f"metrics must be a list of metric names (str), e.g. ['accuracy'], got "
+                        f"{metrics!r}")
+    if len(set(metrics)) != len(tuple(metrics)) or {"step", "loss", "ranks"} & set(metrics):
+        raise ValueError(f"metrics {list(metrics)}: names must be distinct and not 'step', "
+                         f"'loss' or 'ranks'")
+    return tuple(metrics)
+
+
+def _horovod_compression(compression):
+    """``(compression, wire dtype name)``: Horovod's ``hvd.Compression.none`` -> dense fp32,
+    ``hvd.Compression.fp16`` -> dense messages with a float16 wire format
+    (:func:`pgc_hvd.compress.from_horovod`); pgc_hvd's :class:`TopK` as it is (fp32 values);
+    anything else is refused naming what works."""
+    if compression is None or isinstance(compression, TopK):
+        return compression, None
+    from pgc_hvd.compress import from_horovod
+    wire = from_horovod(compression)
+    return None, (None if wire == torch.float32 else str(wire).replace("torch.", ""))
+
+
+def _horovod_op(hvd, op, predivide) -> float:
+    """The factor applied to the decoded (average) update for Horovod's ``op``."""
+    if isinstance(predivide, bool) or not isinstance(predivide, (int, float)) or \
+            not math.isfinite(predivide) or predivide <= 0:
+        raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got "
+                         f"{predivide!r}")
+    names = {getattr(hvd, k, object()): k for k in ("Average", "Sum", "Adasum")}
+    name = "Average" if op is None else names.get(op)
+    if name is None:
+        raise ValueError(f"op must be hvd.Average or hvd.Sum, got {op!r}")
+    if predivide != 1.0 and name != "Average":
+        raise ValueError("gradient_predivide_factor != 1.0 needs op=hvd.Average (as in Horovod)")
+    if name == "Adasum":
+        raise ValueError(
+            "op=hvd.Adasum is refused: Adasum combines every rank's gradient by pairwise "
+            "projections, while gradient coding decodes the average from the n - s fastest "
+            "ranks' coded messages and never has every gradient. Use op=hvd.Average (default)")
+    return float(hvd.size()) if name == "Sum" else 1.0
+
+
+def _horovod_fusion_options(hvd, passes, num_groups, groups, sparse_as_dense, process_set):
+    """Type checks of Horovod's fusion and sparse keywords (accepted, see DistributedOptimizer)."""
+    if isinstance(passes, bool) or not is_count(passes):
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups must be an int >= 0, got {num_groups!r}")
+    if groups is not None and not isinstance(groups, (int, list, tuple)):
+        raise ValueError(f"groups must be None, an int or a list of parameter lists, got "
+                         f"{groups!r}")
+    if not isinstance(sparse_as_dense, bool):
+        raise ValueError(f"sparse_as_dense must be a bool, got {sparse_as_dense!r}")
+    if process_set is not None and process_set is not getattr(hvd, "global_process_set", None):
+        raise ValueError("process_set: pgc_hvd runs the scheme over every rank "
+                         "(n = hvd.size()); a process set other than the global one is "
+                         "refused -- run one optimizer per job")

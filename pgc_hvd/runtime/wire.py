@@ -15,7 +15,12 @@ field                   meaning
 ``CTRL_C_BOUND``        rank 0 only: the staleness bound c requested for the scheme, -1 = none
 ``CTRL_ERROR``          ||C(u) - u||, the message's compression error (nan when not sent)
 ``CTRL_FIXED`` + i      version of ring slot i of the message (``ring_size`` entries, -1 padded)
+``metrics_at(r)`` + j   user metric j reported with the message (``metrics`` = k entries, fixed when
+                        the agent is built, default 0; nan when none), :func:`metric_values`
 ======================  ==========================================================================
+
+A row is ``ctrl_len(ring_size, metrics)`` = 11 + ring_size + k float64 words, 8 (11 + L + k)
+bytes per rank per control round.
 
 Packed form (optimistic one-collective rounds, :class:`~pgc_hvd.runtime.channel.AllgatherChannel`):
 one 1-D float32 tensor per rank, the row's float64 words bit-cast to 2 ``ctrl_len`` float32
@@ -41,14 +46,28 @@ CTRL_ERROR = 10
 CTRL_FIXED = 11
 
 
-def ctrl_len(ring_size: int) -> int:
-    """float64 words of one control row."""
+def ctrl_len(ring_size: int, metrics: int = 0) -> int:
+    """float64 words of one control row: the fixed fields, ``ring_size`` slot versions, then
+    ``metrics`` user metric slots."""
+    return CTRL_FIXED + int(ring_size) + int(metrics)
+
+
+def metrics_at(ring_size: int) -> int:
+    """Index of the first user metric slot of a row with ``ring_size`` slot versions."""
     return CTRL_FIXED + int(ring_size)
 
 
-def slot_versions(row) -> tuple:
-    """The ring slot versions a control row carries (the -1 padding removed)."""
-    return tuple(int(v) for v in row[CTRL_FIXED:] if v >= 0)
+def slot_versions(row, ring_size: int | None = None) -> tuple:
+    """The ring slot versions a control row carries (the -1 padding removed); give
+    ``ring_size`` when the row also carries metrics (they follow the slot versions)."""
+    end = None if ring_size is None else CTRL_FIXED + int(ring_size)
+    return tuple(int(v) for v in row[CTRL_FIXED:end] if v >= 0)
+
+
+def metric_values(row, ring_size: int, metrics: int) -> tuple:
+    """The ``metrics`` user metric values a control row carries (nan: not reported)."""
+    start = metrics_at(ring_size)
+    return tuple(float(v) for v in row[start: start + int(metrics)])
 
 
 class WireError(RuntimeError):

@@ -3,8 +3,8 @@ import pickle
 import numpy as np
 import pytest
 
-from pgc_hvd.data import (ImageFolder, load_cifar10, load_dataset, make_generated, standardize,
-                          train_test_split)
+from pgc_hvd.data import load_cifar10, load_dataset, make_generated, standardize, train_test_split
+from pgc_hvd.data.vision import cifar10, image_folder, to_tensor
 
 
 @pytest.mark.parametrize("name,n,k,shape", [("digits", 1797, 10, (1, 8, 8)),
@@ -33,62 +33,65 @@ def test_standardize_and_split():
     assert tes.X.shape == te.X.shape
 
 
-def _write_cifar(root, rng):
+def _write_cifar(root, rng, per_batch=(6, 4, 3, 2, 1), test=5):
+    """The layout of cifar-10-python.tar.gz with tiny random batches, str keys as the
+    published (Python 2) pickles load; their MD5s differ from the published files, so
+    torchvision reads them with verify=False only."""
     d = root / "cifar-10-batches-py"
     d.mkdir()
     data = {}
-    for name, m in [("data_batch_1", 6), ("data_batch_2", 4), ("test_batch", 5)]:
+    names = [f"data_batch_{i + 1}" for i in range(5)] + ["test_batch"]
+    for name, m in zip(names, list(per_batch) + [test]):
         x = rng.integers(0, 256, size=(m, 3072), dtype=np.uint8)
         y = rng.integers(0, 10, size=m).tolist()
         with open(d / name, "wb") as f:
-            pickle.dump({b"data": x, b"labels": y, b"batch_label": name.encode()}, f)
+            pickle.dump({"data": x, "labels": y, "batch_label": name}, f)
         data[name] = (x, y)
     with open(d / "batches.meta", "wb") as f:
-        pickle.dump({b"label_names": [f"c{i}".encode() for i in range(10)]}, f)
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
     return data
 
 
-def test_cifar10_loader_on_tiny_files(tmp_path):
+def test_cifar10_is_read_by_torchvision(tmp_path):
+    from torchvision.datasets import CIFAR10
+
     data = _write_cifar(tmp_path, np.random.default_rng(0))
-    tr = load_cifar10(tmp_path, train=True)
-    assert tr.X.shape == (10, 3, 32, 32) and tr.num_classes == 10
+    tv = cifar10(tmp_path, verify=False)
+    assert isinstance(tv, CIFAR10) and len(tv) == 16 and tv.classes[3] == "c3"
+    tr = load_cifar10(tmp_path, train=True, verify=False)
+    assert tr.X.shape == (16, 3, 32, 32) and tr.num_classes == 10
     x1, y1 = data["data_batch_1"]
     assert np.allclose(tr.X[0], x1[0].reshape(3, 32, 32) / 255.0)
     assert tr.y[:6].tolist() == y1
     assert tr.classes[3] == "c3"
-    te = load_dataset("cifar10", root=tmp_path / "cifar-10-batches-py", train=False)
+    te = load_dataset("cifar10", root=tmp_path / "cifar-10-batches-py", train=False,
+                      verify=False)     # the batches' folder itself is accepted too
     assert len(te) == 5 and te.y.tolist() == data["test_batch"][1]
-    assert len(load_cifar10(tmp_path, limit=7)) == 7
-    with pytest.raises(FileNotFoundError):
+    assert len(load_cifar10(tmp_path, limit=7, verify=False)) == 7
+    with pytest.raises(ValueError, match="differ from the published files \\(MD5\\).*verify=False"):
+        load_cifar10(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no CIFAR-10 python batches.*nothing is downloaded"):
         load_cifar10(tmp_path / "nowhere")
     for bad in (0, -1):
         with pytest.raises(ValueError, match="limit must be an int >= 1"):
             load_cifar10(tmp_path, limit=bad)
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"not a pickle", "is not a CIFAR-10 python batch"),
-    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 12]}, "labels outside 0..9"),
-    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0]}, "1 labels for 2 images"),
-    ({b"data": np.zeros((2, 4000), np.uint8), b"labels": [0, 1]}, "not \\(N, 3072\\)"),
-    ({b"data": np.zeros((2, 3072), np.uint8)}, "no 'data' or 'labels'"),
-])
-def test_cifar10_loader_names_a_damaged_file(tmp_path, content, message):
+def test_cifar10_names_missing_and_damaged_files(tmp_path):
+    _write_cifar(tmp_path, np.random.default_rng(0))
     d = tmp_path / "cifar-10-batches-py"
-    d.mkdir()
-    path = d / "data_batch_1"
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        with open(path, "wb") as f:
-            pickle.dump(content, f)
-    with pytest.raises(ValueError, match=message) as err:
-        load_cifar10(tmp_path)
-    assert "data_batch_1" in str(err.value)
+    (d / "data_batch_1").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="does not hold readable CIFAR-10 python batches"):
+        load_cifar10(tmp_path, verify=False)
+    (d / "data_batch_3").unlink()
+    with pytest.raises(FileNotFoundError, match="missing data_batch_3"):
+        load_cifar10(tmp_path, verify=False)
 
 
-def test_image_folder_on_tiny_files(tmp_path):
+def test_image_folder_is_read_by_torchvision(tmp_path):
     from PIL import Image
+    from torchvision.datasets import ImageFolder
+
     rng = np.random.default_rng(0)
     for cls, count in [("cat", 3), ("dog", 2)]:
         (tmp_path / cls).mkdir()
@@ -96,15 +99,19 @@ def test_image_folder_on_tiny_files(tmp_path):
             arr = rng.integers(0, 256, size=(10, 12, 3), dtype=np.uint8)
             Image.fromarray(arr).save(tmp_path / cls / f"{i}.png")
     (tmp_path / "cat" / "notes.txt").write_text("not an image")
-    lazy = ImageFolder(tmp_path, size=8)
-    assert len(lazy) == 5 and lazy.classes == ["cat", "dog"] and lazy.targets.tolist() == [0, 0, 0, 1, 1]
+    lazy = image_folder(tmp_path, transform=to_tensor(8))
+    assert isinstance(lazy, ImageFolder)
+    assert len(lazy) == 5 and lazy.classes == ["cat", "dog"] and lazy.targets == [0, 0, 0, 1, 1]
     x, label = lazy[4]
-    assert x.shape == (3, 8, 8) and label == 1 and 0 <= x.min() and x.max() <= 1
+    assert tuple(x.shape) == (3, 8, 8) and label == 1 and 0 <= x.min() and x.max() <= 1
     ds = load_dataset("imagefolder", root=tmp_path, size=8, limit_per_class=2)
-    assert ds.X.shape == (4, 3, 8, 8) and ds.num_classes == 2
+    assert ds.X.shape == (4, 3, 8, 8) and ds.num_classes == 2 and ds.y.tolist() == [0, 0, 1, 1]
+    assert np.allclose(ds.X[2], lazy[3][0].numpy())
     with pytest.raises(ValueError):
         load_dataset("imagefolder")
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        image_folder(tmp_path / "nowhere")
     empty = tmp_path / "empty"
     (empty / "cat").mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match="no images"):
-        ImageFolder(empty)
+    with pytest.raises(FileNotFoundError):   # torchvision's own message
+        image_folder(empty)

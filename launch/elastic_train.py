@@ -1,0 +1,129 @@
+"""Elastic pgc_hvd training: ranks may die or join, training goes on (docs/elastic.md).
+
+    horovodrun --gloo -np 4 --min-np 3 --max-np 4 --host-discovery-script ./discover_hosts.sh \\
+        python launch/elastic_train.py --steps 60 --out run/
+
+A small MLP on synthetic data (the recipe; swap in your model and data). Each rank writes
+``OUT/rank-<host>-<pid>.json`` at the end: its rank and n, final version, a digest of its
+parameters, the (version, time, n) of every step it took and the world changes it saw; rank 0
+appends the world changes to ``OUT/elastic.jsonl``.
+
+Fault injection for tests and benchmarks: ``--kill-host H --kill-at V`` makes the rank on host H
+(``HOROVOD_HOSTNAME``) kill itself with SIGKILL once its model version reaches V in a world of
+``--kill-n`` ranks, after writing the time to ``OUT/kill.json``. ``--compute-time S`` sleeps S
+seconds per partition evaluated (emulated compute: stable step times on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import pgc_hvd
+from pgc_hvd.runtime import PartitionLoader
+from pgc_hvd.runtime.consistency import tensors_digest
+from pgc_hvd.runtime.elastic import ElasticState
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=60, help="model versions to train")
+    p.add_argument("--scheme", default="pgc-cr")
+    p.add_argument("--stragglers", type=int, default=1,
+                   help="straggler budget s of every world (capped at n - 1)")
+    p.add_argument("--out", required=True, help="folder for the per-rank results")
+    p.add_argument("--check-every", type=int, default=10,
+                   help="versions between the joint checks for added hosts")
+    p.add_argument("--compute-time", type=float, default=0.0,
+                   help="emulated compute seconds per partition evaluated")
+    p.add_argument("--timeout", type=float, default=60.0, help="pgc_hvd collective timeout")
+    p.add_argument("--kill-host", default=None)
+    p.add_argument("--kill-at", type=int, default=20)
+    p.add_argument("--kill-n", type=int, default=4)
+    p.add_argument("--add-host", default=None,
+                   help="HOST:SLOTS that rank 0 appends to --hosts-file at version --add-at "
+                        "(the discovery script lists that file): a rank joins")
+    p.add_argument("--add-at", type=int, default=20)
+    p.add_argument("--hosts-file", default=None)
+    p.add_argument("--until-n", type=int, default=0,
+                   help="keep training past --steps (up to --max-steps) until the world has this "
+                        "many ranks (a test of a join that must not end before the join)")
+    p.add_argument("--max-steps", type=int, default=3000)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    torch.set_num_threads(1)
+    hvd.init()
+    os.makedirs(args.out, exist_ok=True)
+    host = os.environ.get("HOROVOD_HOSTNAME", "localhost")
+
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(2400, 16, generator=g)
+    y = ((X[:, 0] + X[:, 1] * X[:, 2]) > 0).long()
+    torch.manual_seed(1000 + hvd.rank())   # different on purpose: sync broadcasts rank 0's
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def make_optimizer(base_opt):
+        n = hvd.size()
+        return pgc_hvd.DistributedOptimizer(
+            base_opt, named_parameters=model.named_parameters(), scheme=args.scheme,
+            stragglers=min(args.stragglers, n - 1), timeout=args.timeout)
+
+    state = ElasticState(model, base, make_optimizer,
+                         make_loader=lambda n: PartitionLoader(X, y, n=n, batch_size=16, seed=5),
+                         events=os.path.join(args.out, "elastic.jsonl"),
+                         check_every=args.check_every)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.opt.version < args.steps or (
+                hvd.size() < args.until_n and state.opt.version < args.max_steps):
+            loss = None
+            for xb, yb in state.batches():
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                if args.compute_time > 0:
+                    time.sleep(args.compute_time)
+            state.step(loss=None if loss is None else loss.item())
+            if (args.kill_host == host and hvd.size() == args.kill_n
+                    and state.opt.version >= args.kill_at):
+                with open(os.path.join(args.out, "kill.json"), "w") as f:
+                    json.dump({"host": host, "version": state.opt.version, "time": time.time(),
+                               "pid": os.getpid()}, f)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if (args.add_host and hvd.rank() == 0 and state.opt.version >= args.add_at
+                    and not os.path.exists(os.path.join(args.out, "add.json"))):
+                with open(args.hosts_file, "a") as f:
+                    f.write(args.add_host + "\n")
+                with open(os.path.join(args.out, "add.json"), "w") as f:
+                    json.dump({"host": args.add_host, "version": state.opt.version,
+                               "time": time.time()}, f)
+        state.close()
+
+    t0 = time.time()
+    train(state)
+    res = {"rank": hvd.rank(), "n": hvd.size(), "host": host, "pid": os.getpid(),
+           "version": int(state.opt.version), "digest": tensors_digest(model.parameters()),
+           "worlds": state.worlds, "seconds": time.time() - t0, "changes": state.changes,
+           "step_times": state.step_times}
+    with open(os.path.join(args.out, f"rank-{host}-{os.getpid()}.json"), "w") as f:
+        json.dump(res, f)
+    print(f"ELASTIC done rank={hvd.rank()} n={hvd.size()} version={res['version']} "
+          f"digest={res['digest']} worlds={state.worlds}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

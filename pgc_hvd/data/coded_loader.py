@@ -1,0 +1,331 @@
+"""``CodedLoader``: any map-style torch ``Dataset`` as the n partitions of gradient coding, fed
+through a standard ``torch.utils.data.DataLoader`` (worker processes, pinned memory, prefetching).
+
+    loader = pgc_hvd.CodedLoader(dataset, n=hvd.size(), batch_size=32, seed=0, iid=False,
+                                 num_workers=2, pin_memory=True, device=device)
+    while opt.version < epochs * len(loader):
+        for xb, yb in opt.batches(loader):          # the partitions the scheme wants now
+            F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+The batches (the contract with :meth:`pgc_hvd.DistributedOptimizer.batches`)
+--------------------------------------------------------------------------------
+The dataset's N indices are split into partitions D_0..D_{n-1} by
+:func:`pgc_hvd.data.partition` (i.i.d., or sorted by label with the labels from
+``dataset.targets`` or ``labels=``; or given as ``partitions=``). ``len(loader)`` = E =
+floor(min_k |D_k| / B) steps make one epoch; the batch of partition k at step t (epoch
+e = t // E, position j = t mod E) is
+
+    batch(k, t) = D_k[pi_{k,e}[j B : (j + 1) B]],   pi_{k,e} = permutation of |D_k| seeded by (seed, k, e),
+
+and the sample at index i of it goes through ``dataset[i]`` with the random generators seeded
+by (seed, k, t, i) (:class:`~pgc_hvd.data.coded_sampler.KeyedDataset`), so random
+augmentations too are a function of (seed, k, t): the replicas of a partition compute the
+same gradient, as exact recovery assumes, whichever rank, process or worker computes it. (A
+partition larger than E B sees E B of its samples per epoch, a fresh random subset each epoch.)
+The step is the rank's model version; ``set_epoch(e)`` only records e (nothing depends on it: a
+straggler that jumps from epoch e into e + 1 still gets the batches of its steps).
+
+Prefetching
+-----------
+At its first ``batches(loader)`` the optimizer calls :meth:`bind` with its scheme and rank;
+from then on a :class:`~pgc_hvd.data.coded_sampler.KeySampler` predicts the keys this rank
+will ask for -- the entries of ``scheme.work_plan(rank, t).evaluate`` for t, t + 1, ... after
+the last key served -- and the DataLoader's workers compute them ahead (``num_workers`` times
+``prefetch_factor`` batches in flight; the main process keeps only their keys). Every batch
+comes back with its key, checked against the one asked for, so a wrong prediction costs time,
+never a wrong batch: a key already in flight is taken after discarding the ones before it (a
+straggler that jumps from step 5 to step 8); a key not in flight (a jump past the window, a
+step back, a slot the optimizer re-evaluates) is computed in the main process by the same code
+while the sampler restarts its predictions after it and the stale batches are discarded.
+``loader.stats`` counts the three outcomes (``prefetched``, ``discarded``, ``here``).
+With ``num_workers=0``, or before :meth:`bind`, every batch is computed on demand here.
+
+Memory holds the partitions' indices (8 bytes a sample), at most 16 cached epoch permutations
+and the batches in flight: nothing grows with the number of steps, and no sample is kept.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, default_collate
+
+from pgc_hvd.data.coded_sampler import KeyedCollate, KeyedDataset, KeySampler
+from pgc_hvd.data.partition import partition as split
+from pgc_hvd.options import is_count
+
+_PERM_CACHE = 16     # epoch permutations kept (a rank touches its c partitions at a time)
+_PLAN_CACHE = 64     # work plans kept
+
+
+class CodedLoader:
+    """See the module docstring. Arguments:
+
+    dataset     a map-style torch Dataset (``len`` and ``dataset[i]``), e.g. torchvision's
+                ``CIFAR10`` or ``ImageFolder`` with their transforms; never materialised.
+    n           number of partitions = ranks (``hvd.size()``).
+    batch_size  samples per partition and step (B).
+    iid, sizes, seed, partitions, labels
+                the partitioning (:func:`pgc_hvd.data.partition`): i.i.d. or sorted by label
+                (labels from ``labels=`` or ``dataset.targets``), relative sizes, or explicit
+                ``partitions`` (n index arrays); ``seed`` also seeds the batches and samples.
+    device      where :meth:`batch` puts the batch's tensors (``non_blocking`` when pinned).
+    collate_fn, num_workers, pin_memory, prefetch_factor, persistent_workers, timeout,
+    worker_init_fn, multiprocessing_context
+                passed to ``torch.utils.data.DataLoader`` (workers stay up by default).
+    """
+
+    def __init__(self, dataset, n: int, batch_size: int, *, iid: bool = True, seed: int = 0,
+                 sizes: Optional[Sequence[float]] = None,
+                 partitions: Optional[Sequence[Sequence[int]]] = None, labels=None,
+                 device=None, collate_fn: Optional[Callable] = None, num_workers: int = 0,
+                 pin_memory: bool = False, prefetch_factor: Optional[int] = None,
+                 persistent_workers: Optional[bool] = None, timeout: float = 0,
+                 worker_init_fn: Optional[Callable] = None, multiprocessing_context=None):
+        if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__len__")
+                                                        and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"CodedLoader needs a map-style dataset (len(ds) and ds[i]); got "
+                            f"{type(dataset).__name__}. Gradient coding names every batch by "
+                            f"the indices of its partition, which an IterableDataset has not")
+        if not is_count(n):
+            raise ValueError(f"n must be an int >= 1 (the number of ranks, hvd.size()), got {n!r}")
+        if not is_count(batch_size):
+            raise ValueError(f"batch_size must be an int >= 1 (samples per partition and step), "
+                             f"got {batch_size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        self.dataset = dataset
+        self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
+        self.device = None if device is None else torch.device(device)
+        self.partitions = self._partitions(partitions, labels, iid, sizes)
+        smallest = min(range(self.n), key=lambda k: len(self.partitions[k]))
+        if len(self.partitions[smallest]) < self.batch_size:
+            raise ValueError(
+                f"partition {smallest} holds {len(self.partitions[smallest])} samples, fewer "
+                f"than batch_size={self.batch_size}: use batch_size <= "
+                f"{len(self.partitions[smallest])}, fewer ranks, or more data")
+        self.steps_per_epoch = len(self.partitions[smallest]) // self.batch_size
+        self.epoch = 0
+        self.stats = {"prefetched": 0, "discarded": 0, "here": 0}
+        self._keyed = KeyedDataset(dataset, self.seed)
+        self._collate = KeyedCollate(default_collate if collate_fn is None else collate_fn)
+        self.num_workers = int(num_workers)
+        self.pin_memory = bool(pin_memory)
+        kwargs = {} if prefetch_factor is None else {"prefetch_factor": prefetch_factor}
+        if persistent_workers is None:
+            persistent_workers = self.num_workers > 0
+        self._loader_kwargs = dict(
+            num_workers=self.num_workers, pin_memory=self.pin_memory, timeout=timeout,
+            worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+            persistent_workers=persistent_workers, **kwargs)
+        self.dataloader = self._make_dataloader()   # torch checks its own arguments here
+        self._perms: collections.OrderedDict = collections.OrderedDict()
+        self._plans: collections.OrderedDict = collections.OrderedDict()
+        self._scheme = self._rank = None
+        self._iter = None
+        self._pending: collections.deque = collections.deque()  # (key, generation), in flight
+        self._gen = 0                # keys drawn in an older generation are stale
+        self._cursor = None          # (step, position in its plan) of the next key to draw
+        self._last_step = None
+
+    def _make_dataloader(self) -> DataLoader:
+        # its iterator starts at the first batch after bind(). Its own generator: creating the
+        # iterator draws a base seed, which must not advance the user's global torch generator
+        return DataLoader(self._keyed, batch_sampler=KeySampler(self), collate_fn=self._collate,
+                          generator=torch.Generator().manual_seed(self.seed),
+                          **self._loader_kwargs)
+
+    # -- the partitioning ------------------------------------------------------------
+    def _partitions(self, partitions, labels, iid, sizes) -> list:
+        N = len(self.dataset)
+        if partitions is not None:
+            if len(partitions) != self.n:
+                raise ValueError(f"got {len(partitions)} partitions for n={self.n} ranks")
+            out = [np.asarray(p, dtype=np.int64).reshape(-1) for p in partitions]
+            for k, p in enumerate(out):
+                if len(p) and (p.min() < 0 or p.max() >= N):
+                    raise ValueError(f"partition {k} holds indices outside [0, {N - 1}] (the "
+                                     f"dataset has {N} samples)")
+            return out
+        if labels is None and not iid:
+            labels = getattr(self.dataset, "targets", None)
+            if labels is None:
+                raise ValueError(
+                    f"iid=False (partitions sorted by label) needs the labels: "
+                    f"{type(self.dataset).__name__} has no .targets; pass labels=<N labels>")
+        if labels is not None:
+            labels = np.asarray(labels)
+            if labels.shape != (N,):
+                raise ValueError(f"labels has shape {labels.shape}; the dataset has {N} samples")
+        return split(labels if labels is not None else N, self.n, iid=iid, sizes=sizes,
+                     seed=self.seed)
+
+    def __len__(self) -> int:
+        """Steps per epoch E = floor(min_k |D_k| / B)."""
+        return self.steps_per_epoch
+
+    def epoch_of(self, step: int) -> int:
+        return int(step) // self.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record the epoch (DistributedSampler's call); batches follow the step, not this."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch = int(epoch)
+
+    def indices(self, partition: int, step: int) -> np.ndarray:
+        """The dataset indices of the batch of ``(partition, step)`` (see the module doc)."""
+        partition, step = self._check_key(partition, step)
+        epoch, j = divmod(step, self.steps_per_epoch)
+        perm = self._perms.get((partition, epoch))
+        if perm is None:
+            perm = np.random.default_rng((self.seed, partition, epoch)).permutation(
+                len(self.partitions[partition]))
+            self._perms[(partition, epoch)] = perm
+            if len(self._perms) > _PERM_CACHE:
+                self._perms.popitem(last=False)
+        b = self.batch_size
+        return self.partitions[partition][perm[j * b:(j + 1) * b]]
+
+    def _check_key(self, partition, step) -> tuple[int, int]:
+        for name, v in (("partition", partition), ("step", step)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{name} must be an int, got {v!r}")
+        if not 0 <= partition < self.n:
+            raise IndexError(f"partition {partition} is not in [0, {self.n - 1}]")
+        if step < 0:
+            raise IndexError(f"step must be >= 0, got {step}")
+        return int(partition), int(step)
+
+    # -- the optimizer's side ----------------------------------------------------------
+    def bind(self, scheme, rank: int) -> None:
+        """Predict from ``scheme.work_plan(rank, t)`` from now on (the optimizer calls this at
+        its first ``batches(loader)``; a new optimizer re-binds)."""
+        if scheme.n != self.n:
+            raise ValueError(f"pgc_hvd: the loader splits the data into n = {self.n} partitions "
+                             f"but {scheme.name} runs on {scheme.n} ranks, one partition per "
+                             f"rank: build it with n=hvd.size()")
+        if not 0 <= int(rank) < self.n:
+            raise IndexError(f"rank {rank} is not in [0, {self.n - 1}]")
+        self._scheme, self._rank = scheme, int(rank)
+        self._plans.clear()
+        self._cursor = None          # the next batch() positions the predictions
+
+    def batch(self, partition: int, step: int):
+        """The collated batch of ``(partition, step)``, on ``device``."""
+        key = self._check_key(partition, step)
+        if self._scheme is None or self.num_workers == 0:
+            data = self._here(key)
+        elif self._iter is None or self._cursor is None:   # the first batch after bind()
+            self._restart_after(key)
+            if self._iter is None:
+                self._iter = iter(self.dataloader)   # prefetching starts after this key
+            data = self._here(key)
+        else:
+            self._drop_stale()
+            if any(k == key for k, _ in self._pending):
+                while True:
+                    got, data = self._pull()
+                    if got == key:
+                        self.stats["prefetched"] += 1
+                        break
+                    self.stats["discarded"] += 1
+            else:
+                if key[1] < self._last_step or self._after(key) > self._cursor:
+                    self._restart_after(key)   # a step back, or a jump past the window
+                data = self._here(key)
+        self._last_step = key[1]
+        return self._to_device(data)
+
+    def close(self) -> None:
+        """Stop the worker processes (a later batch starts them again)."""
+        self._iter = None   # the old DataLoader's iterator, dropped with it, stops its workers
+        self.dataloader = self._make_dataloader()
+        self._pending.clear()
+        self._cursor = None
+
+    def __iter__(self):
+        raise TypeError("a CodedLoader serves the batches the scheme asks for: iterate "
+                        "`for xb, yb in optimizer.batches(loader)` (or call "
+                        "loader.batch(partition, step))")
+
+    # -- prediction ------------------------------------------------------------------------
+    def _plan(self, step: int) -> tuple:
+        plan = self._plans.get(step)
+        if plan is None:
+            plan = tuple(p for p, _ in self._scheme.work_plan(self._rank, step).evaluate)
+            self._plans[step] = plan
+            if len(self._plans) > _PLAN_CACHE:
+                self._plans.popitem(last=False)
+        return plan
+
+    def _after(self, key) -> tuple[int, int]:
+        """The position after ``key`` in this rank's order of keys (a key its plan does not
+        hold, e.g. a slot re-evaluated after a cancelled warm-up, is last in its step)."""
+        partition, step = key
+        plan = self._plan(step)
+        return self._norm((step, plan.index(partition) + 1 if partition in plan else len(plan)))
+
+    def _norm(self, pos) -> tuple[int, int]:
+        step, i = pos
+        for _ in range(_PLAN_CACHE):
+            if i < len(self._plan(step)):
+                return step, i
+            step, i = step + 1, 0
+        raise RuntimeError(f"pgc_hvd: {self._scheme.name} gives rank {self._rank} nothing to "
+                           f"evaluate for {_PLAN_CACHE} steps from step {pos[0]}")
+
+    def _draw_key(self) -> tuple[int, int]:
+        """The next predicted key (called by the KeySampler as the DataLoader dispatches)."""
+        step, i = self._cursor
+        self._cursor = self._norm((step, i + 1))
+        key = (self._plan(step)[i], step)
+        self._pending.append((key, self._gen))
+        return key
+
+    def _restart_after(self, key) -> None:
+        self._cursor = self._after(key)
+        self._gen += 1
+        self._drop_stale()   # their places in the pipeline go to keys drawn from the cursor
+
+    def _drop_stale(self) -> None:
+        while self._pending and self._pending[0][1] != self._gen:
+            self._pull()
+            self.stats["discarded"] += 1
+
+    def _pull(self):
+        expected, _ = self._pending.popleft()
+        got, data = next(self._iter)
+        if tuple(got) != expected:   # the DataLoader returns batches in sampling order
+            raise RuntimeError(f"pgc_hvd: the DataLoader returned the batch of {tuple(got)} "
+                               f"where {expected} was dispatched; keep in_order=True")
+        return tuple(got), data
+
+    def _here(self, key):
+        self.stats["here"] += 1
+        items = [self._keyed[(key[0], key[1], int(i))] for i in self.indices(*key)]
+        return self._collate(items)[1]
+
+    def _to_device(self, data):
+        if self.device is None:
+            return data
+        non_blocking = self.pin_memory and self.device.type != "cpu"
+
+        def move(x):
+            if torch.is_tensor(x):
+                return x.to(self.device, non_blocking=non_blocking)
+            if isinstance(x, (list, tuple)):
+                return type(x)(move(v) for v in x)
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
+            return x
+        return move(data)
+
+    def __repr__(self) -> str:
+        return (f"CodedLoader({type(self.dataset).__name__} of {len(self.dataset)}, n={self.n}, "
+                f"batch_size={self.batch_size}, seed={self.seed}, steps/epoch={len(self)}, "
+                f"num_workers={self.num_workers})")

@@ -1,0 +1,103 @@
+"""Multi-rank tests of issue 14's Horovod habits (each launches habits_checks.py under horovodrun,
+one rank slowed): schedulers, clipping, AMP, Horovod's keywords and fp16 compression,
+broadcast_optimizer_state and the rank-0 resume, the user's own DataLoader, a rank-local lr.
+Every training check ends with a cross-rank parameter hash (in the script)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "habits_checks.py"
+
+
+def _checks(proc, np_):
+    """The checks every one of the np_ ranks reported ok."""
+    found = {}
+    for m in re.finditer(r"CHECK (\S+) ok rank=(\d+)", proc.stdout):
+        found.setdefault(m.group(1), set()).add(int(m.group(2)))
+    return {name for name, ranks in found.items() if ranks == set(range(np_))}
+
+
+def _clear_errors(proc):
+    assert "NO-ERROR" not in proc.stdout, proc.stdout + proc.stderr
+    return [m.group(2) for m in re.finditer(r"CLEAR-ERROR rank=(\d+): (.*)", proc.stdout)]
+
+
+@pytest.mark.multirank
+def test_schedulers_step_once_per_update_on_every_rank(horovodrun):
+    """StepLR built before the wrap, MultiStepLR after it, both stepped once per step() call,
+    and an lr set from the loop counter, with a straggler that catches up: every rank applies
+    update i with lr(i); N step() calls end at version N; parameters identical."""
+    proc = horovodrun(3, SCRIPT, "schedulers", timeout=240)
+    assert _checks(proc, 3) >= {"scheduler_before_wrap", "scheduler_per_step_call",
+                                "lr_from_loop_counter"}, proc.stdout + proc.stderr
+
+
+@pytest.mark.multirank
+def test_clipping_the_horovod_way_and_the_plain_way(horovodrun):
+    proc = horovodrun(3, SCRIPT, "clipping", timeout=240, check=False)
+    assert _checks(proc, 3) >= {"clip_decoded_update", "clip_partition_gradient",
+                                "clip_after_multi_partition_loop_refused"}, \
+        proc.stdout + proc.stderr
+    errors = _clear_errors(proc)
+    assert errors and all("synchronize()" in e for e in errors if "p.grad was changed" in e)
+
+
+@pytest.mark.multirank
+def test_amp_bf16_autocast_and_grad_scaler(horovodrun):
+    """bf16 autocast + GradScaler on the CPU: an overflowing rank's messages are left out like
+    a straggler's; with an exact (power-of-two) scale the run equals the unscaled one."""
+    proc = horovodrun(3, SCRIPT, "amp", timeout=240)
+    assert _checks(proc, 3) >= {"amp_overflow_is_a_straggler", "amp_scale_exact"}, \
+        proc.stdout + proc.stderr
+
+
+@pytest.mark.multirank
+def test_horovod_keywords_fp16_and_refusals(horovodrun):
+    proc = horovodrun(2, SCRIPT, "surface", timeout=240, check=False)
+    assert _checks(proc, 2) >= {"horovod_keywords_accepted", "fp16_compression", "op_sum",
+                                "backward_passes_per_step", "refused_keywords",
+                                "extra_backward_refused"}, proc.stdout + proc.stderr
+    errors = " ".join(_clear_errors(proc))
+    for phrase in ("Adasum is refused", "backward_passes_per_step must be",
+                   "needs op=hvd.Average", "more than backward_passes_per_step=1"):
+        assert phrase in errors, errors
+
+
+@pytest.mark.multirank
+def test_broadcast_optimizer_state_and_rank0_resume(horovodrun):
+    proc = horovodrun(3, SCRIPT, "broadcast", timeout=300, check=False)
+    assert _checks(proc, 3) >= {"broadcast_optimizer_state_before_wrap",
+                                "broadcast_optimizer_state_after_wrap",
+                                "resume_rank0_loads_then_broadcasts", "resume_refusals"}, \
+        proc.stdout + proc.stderr
+    errors = _clear_errors(proc)
+    assert sum("start at different model versions" in e for e in errors) == 3, errors
+    assert any("scheme='bcgc'" in e for e in errors), errors
+
+
+@pytest.mark.multirank
+def test_own_dataloader_works_with_dgd_and_is_refused_with_pgc(horovodrun):
+    proc = horovodrun(2, SCRIPT, "own_loader", timeout=180, check=False)
+    assert _checks(proc, 2) >= {"own_loader_dgd", "own_loader_pgc_refused"}, \
+        proc.stdout + proc.stderr
+    errors = _clear_errors(proc)
+    assert any("outside optimizer.batches(loader)" in e for e in errors), errors
+
+
+@pytest.mark.multirank
+def test_rank_local_learning_rate_is_named_at_close(horovodrun):
+    proc = horovodrun(3, SCRIPT, "diverge", timeout=180, check=False)
+    assert _checks(proc, 3) >= {"rank_local_lr_named"}, proc.stdout + proc.stderr
+    errors = _clear_errors(proc)
+    assert len(errors) == 3 and all("hyper-parameters" in e for e in errors), errors
+
+
+@pytest.mark.multirank
+def test_metrics_read_from_the_control_rows(horovodrun):
+    """opt.metrics: the decided step's mean loss and a user metric, the same on every rank and
+    equal to the mean over the used messages of what their ranks sent, with no collective."""
+    proc = horovodrun(3, SCRIPT, "metrics", timeout=180)
+    assert _checks(proc, 3) >= {"metrics_from_control_rows"}, proc.stdout + proc.stderr
