@@ -11,8 +11,10 @@ starts with 3 ranks and adds a fourth host to the discovery listing. Printed and
 
 * kill -> first step: the kill's time (``kill.json``, written just before SIGKILL) to the end of
   the first step of the new world (rank 0's ``first_step_at``), split into detect (kill -> the
-  last survivor noticed), re-form (-> Horovod's new world started the sync), rebuild (-> the new
+  last survivor noticed; ``detect_first_s``: the first one), re-form (-> Horovod's new world started the sync), rebuild (-> the new
   optimizer and partitions were ready) and first step;
+* a join: the time rank 0 added the host to the listing (``add.json``) to the first step of the
+  world of 4 (the run trains on until the world has 4 ranks, then 30 versions more);
 * time per step before and after: median over the survivors of the seconds per version of
   their steps in each world (the first 3 steps of a world, ring warm-up, left out).
 """
@@ -80,6 +82,8 @@ def summarize(kind, rows, events, out, wall, gloo_timeout, old_n, new_n):
            "step": ev["step"], "wall_s": wall,
            "event_to_first_step_s": ev["first_step_at"] - t_event,
            "detect_s": ev["noticed_at"] - t_event,
+           "detect_first_s": (ev["noticed_first_at"] - t_event
+                              if ev.get("noticed_first_at") is not None else None),
            "reform_s": ev["sync_started_at"] - ev["noticed_at"],
            "rebuild_s": ev["ready_at"] - ev["sync_started_at"],
            "first_step_s": ev["first_step_at"] - ev["ready_at"],
@@ -117,7 +121,8 @@ def main(argv=None) -> int:
                 rows, events, out, wall = run_case(
                     lh, Path(d), np_=3, hosts=lh.hosts[:3], gloo_timeout=gt,
                     args=common + ["--add-host", f"{lh.hosts[3]}:1", "--add-at",
-                                   str(args.kill_at), "--hosts-file", "@HOSTS@"])
+                                   str(args.kill_at), "--hosts-file", "@HOSTS@",
+                                   "--until-n", "4", "--max-steps", "3000"])
                 results.append(summarize("join", rows, events, out, wall, gt, 3, 4))
                 print(json.dumps(results[-1]), flush=True)
     print("\n| case | gloo timeout | step | event -> first step | detect | re-form | rebuild |"

@@ -56,7 +56,8 @@ def parse(argv=None):
     p.add_argument("--hosts-file", default=None)
     p.add_argument("--until-n", type=int, default=0,
                    help="keep training past --steps (up to --max-steps) until the world has this "
-                        "many ranks (a test of a join that must not end before the join)")
+                        "many ranks, then 30 versions more (a test of a join that must not end "
+                        "before the join)")
     p.add_argument("--max-steps", type=int, default=3000)
     return p.parse_args(argv)
 
@@ -88,8 +89,11 @@ def main(argv=None) -> int:
 
     @hvd.elastic.run
     def train(state):
-        while state.opt.version < args.steps or (
-                hvd.size() < args.until_n and state.opt.version < args.max_steps):
+        goal = args.steps
+        if args.until_n:   # the world this run waits for: 30 more versions in it
+            goal = (max(args.steps, state.opt.version + 30) if hvd.size() >= args.until_n
+                    else args.max_steps)
+        while state.opt.version < goal:
             loss = None
             for xb, yb in state.batches():
                 loss = F.cross_entropy(model(xb), yb)

@@ -1,8 +1,10 @@
 """The source papers' workload as a ready script: torchvision ResNet-18 on CIFAR-10.
 
-Reads the CIFAR-10 python-pickle batches from a local folder (``--data-dir``; nothing is
-downloaded), batch 256 per partition and step, SGD with lr 0.01, any scheme and s. Runs on every
-rank under horovodrun (see launch/README.md)::
+Reads CIFAR-10 with torchvision's ``CIFAR10`` from a local folder (``--data-dir``: the folder
+holding ``cifar-10-batches-py``, or that folder; nothing is downloaded) and feeds it through
+``pgc_hvd.data.CodedLoader`` (2 DataLoader workers per rank, ``--workers``; ``--augment`` for
+RandomCrop + RandomHorizontalFlip), batch 256 per partition and step, SGD with lr 0.01, any
+scheme and s. Runs on every rank under horovodrun (see launch/README.md)::
 
     bash launch/run_local.sh ... or
     horovodrun --gloo -np 4 -H localhost:4 .venv/bin/python launch/resnet18_cifar10.py \\
@@ -24,5 +26,6 @@ DEFAULTS = ["--dataset", "cifar10", "--model", "resnet18", "--batch-size", "256"
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if "--data-dir" not in argv:
-        raise SystemExit("resnet18_cifar10.py needs --data-dir DIR (CIFAR-10 python batches)")
+        raise SystemExit("resnet18_cifar10.py needs --data-dir DIR (the folder holding "
+                         "cifar-10-batches-py, extracted from cifar-10-python.tar.gz)")
     sys.exit(main(DEFAULTS + argv))  # later options override the defaults

@@ -27,7 +27,10 @@ def main(argv=None) -> int:
                    help="scheme option, e.g. c=2, r=2, decoder=min-error")
     p.add_argument("--dataset", default="digits")
     p.add_argument("--data-dir", default=None,
-                   help="local folder of cifar10 (python pickle batches) or imagefolder data")
+                   help="local folder of cifar10 (holding cifar-10-batches-py, read by "
+                        "torchvision) or imagefolder data")
+    p.add_argument("--no-verify-data", action="store_true",
+                   help="cifar10: read batches whose MD5 differs from the published files")
     p.add_argument("--model", default=None, help="softmax, logistic, cnn, resnet18")
     p.add_argument("--optimizer", default="sgd:lr=0.5")
     p.add_argument("--delay", default="exp:mean=1", help="delay spec, e.g. 'lognormal:mu=-1,sigma=0.5+straggler:p=0.01' or replay:PATH")
@@ -113,7 +116,8 @@ def main(argv=None) -> int:
         p.error(f"--delay {a.delay!r}: {err}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(a.dataset, root=a.data_dir, seed=a.seed) if a.data_dir else None
+    data = prepare_data(a.dataset, root=a.data_dir, seed=a.seed,
+                        verify=not a.no_verify_data) if a.data_dir else None
     recs, summary = simulate(a.scheme, a.n, a.s, a.dataset, a.model, a.optimizer, delay, a.steps,
                              iid=not a.non_iid, seed=a.seed, scheme_options=opts, data=data,
                              records_path=out / "records.jsonl", partition_time=a.partition_time,

@@ -8,6 +8,11 @@ format the simulator writes), ``OUT/summary.json`` (time per step, time to the t
 loss and accuracy) and prints progress. Straggler delays come from the simulator's delay models
 (:func:`pgc_hvd.delays.parse_delay`: ``exp:mean=0.1``, ``replay:trace.json``, ...) and are
 slept on the compute side of each rank, so a simulated run can face the same schedule.
+
+``--dataset cifar10|imagefolder --data-dir DIR`` trains on torchvision's ``CIFAR10`` /
+``ImageFolder`` through :class:`pgc_hvd.data.CodedLoader` (``--workers`` DataLoader processes
+per rank, ``--augment``); the small bundled sets stay in memory
+(:mod:`pgc_hvd.runtime.train_data`).
 """
 
 from __future__ import annotations
@@ -31,8 +36,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stragglers", "--straggler-budget", dest="s", type=int, default=None,
                    help="straggler budget s (default 1; dgd, which waits for every rank, takes 0 "
                         "only; not `--s`: horovodrun would take it for its own)")
-    p.add_argument("--dataset", default="digits")
-    p.add_argument("--data-dir", default=None, help="local folder for cifar10 / imagefolder")
+    p.add_argument("--dataset", default="digits",
+                   help="digits, breast_cancer, wine, iris, generated (in memory), or cifar10 / "
+                        "imagefolder: torchvision's CIFAR10 / ImageFolder from --data-dir, fed "
+                        "through pgc_hvd.data.CodedLoader's DataLoader workers")
+    p.add_argument("--data-dir", default=None,
+                   help="cifar10: the folder holding cifar-10-batches-py (or it); imagefolder: "
+                        "one sub-folder of images per class (80/20 split by the seed)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="DataLoader worker processes per rank for cifar10 / imagefolder")
+    p.add_argument("--image-size", type=int, default=32,
+                   help="imagefolder: images resized to SIZE x SIZE")
+    p.add_argument("--augment", action="store_true",
+                   help="cifar10 / imagefolder: RandomCrop(padding) + RandomHorizontalFlip, "
+                        "seeded per sample so every replica augments alike")
+    p.add_argument("--no-verify-data", action="store_true",
+                   help="cifar10: read batches whose MD5 differs from the published files "
+                        "(a re-packed or cut-down copy)")
     p.add_argument("--model", default="cnn")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--batch-size", type=int, default=32, help="per partition and step")
@@ -113,6 +133,15 @@ def main(argv=None) -> int:
         parser.error(f"--stragglers {args.s}: dgd waits for every rank and tolerates no "
                      "stragglers; pass --stragglers 0 (or leave it out), or choose a scheme that "
                      "uses s (is-sgd, pgc-cr, bcgc, gc-cr)")
+    if args.workers < 0:
+        parser.error(f"--workers is a number of DataLoader processes and must be >= 0, got "
+                     f"{args.workers}")
+    if args.image_size < 1:
+        parser.error(f"--image-size must be >= 1 pixels, got {args.image_size}")
+    from pgc_hvd.runtime.train_data import VISION
+    if args.dataset.lower() in VISION and args.data_dir is None:
+        parser.error(f"--dataset {args.dataset} reads a local folder: pass --data-dir DIR "
+                     f"(nothing is downloaded)")
     if args.progress_every < 1:
         parser.error(f"--progress-every is a number of steps and must be >= 1, got "
                      f"{args.progress_every}")
@@ -138,23 +167,24 @@ def main(argv=None) -> int:
     import horovod.torch as hvd
     import torch
 
-    from pgc_hvd.data import load_dataset, train_test_split
     from pgc_hvd.metrics.records import RecordWriter
     from pgc_hvd.models import build_task
-    from pgc_hvd.runtime import DistributedOptimizer, PartitionLoader
+    from pgc_hvd.runtime import DistributedOptimizer
+    from pgc_hvd.runtime.train_data import build_data
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
     device = resolve_device(args.device, hvd.local_rank())
     out = Path(args.out)
-    ds = load_dataset(args.dataset, root=args.data_dir) if args.data_dir else load_dataset(args.dataset)
-    train, test = train_test_split(ds, 0.2, seed=args.seed)
-    task = build_task(args.model, train, seed=args.seed)
+    try:
+        data = build_data(args, n, device)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"pgc-hvd train: {err}") from None
+    task = build_task(args.model, data.spec, seed=args.seed)
     model = task.model.to(device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    loader = PartitionLoader(train.X, train.y, n, batch_size=args.batch_size,
-                             iid=not args.non_iid, seed=args.seed, device=device)
+    loader = data.loader
     check_trace_covers(delays, n, args.steps)
     writer = None
     if rank == 0:
@@ -185,8 +215,7 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(f"[{args.scheme}] --adaptive ignored: exact scheme, no stale gradients", flush=True)
         else:
-            val = (torch.from_numpy(test.X[:128]).to(device),
-                   torch.from_numpy(test.y[:128]).to(device))
+            val = data.val
             # max_age=None: c - 1 from the optimizer's scheme (attach); the actual ages come with
             # each decision (on_update(step, flat, decision))
             ctl = AdaptiveController(model, task.loss, val, cfg, max_age=None, writer=writer,
@@ -208,6 +237,7 @@ def main(argv=None) -> int:
             loss.backward()
         opt.step(loss=loss.item())
     opt.close()
+    data.close()
     wall = time.time() - t_start
     if ctl is not None and writer is not None:
         writer.close()          # the optimizer closes only a writer it was given
@@ -216,10 +246,8 @@ def main(argv=None) -> int:
 
         recs = list(read_records(out / "records.jsonl"))
         step_times = [r["step_time"] for r in recs if r.get("step_time") is not None]
-        final_train = task.evaluate(torch.from_numpy(train.X).to(device),
-                                    torch.from_numpy(train.y).to(device))
-        final_test = task.evaluate(torch.from_numpy(test.X).to(device),
-                                   torch.from_numpy(test.y).to(device))
+        final_train = data.evaluate(task, "train")
+        final_test = data.evaluate(task, "test")
         used = [len(r["workers_used"]) for r in recs]
         summary = {
             "scheme": args.scheme, "n": n, "s": args.s, "scheme_options": scheme_options,
@@ -237,6 +265,7 @@ def main(argv=None) -> int:
             "mean_messages_used": sum(used) / len(used) if used else None,
             "nonfinite_messages": len(opt.nonfinite_log),
             "busy_s_rank0": opt.busy_seconds,
+            "loader_stats_rank0": dict(getattr(loader, "stats", {})) or None,
         }
         if ctl is not None:
             acts = [a for r in recs for a in r.get("extra", {}).get("control", [])]

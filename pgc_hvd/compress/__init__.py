@@ -11,8 +11,10 @@ from pgc_hvd.compress.codecs import (Codec, ComplexCodec, DenseCodec, Fp16Codec,
                                      ResidualMemory, SparseCodec, SparseComplexCodec, from_horovod,
                                      make_codec)
 from pgc_hvd.compress.topk import TopK, parse_compression
-from pgc_hvd.compress.transport import allreduce_bytes, choose_collective, optimistic_default
+from pgc_hvd.compress.transport import (allreduce_bytes, alltoall_reduce_bytes, choose_collective,
+                                       optimistic_default)
 
 __all__ = ["TopK", "parse_compression", "Codec", "DenseCodec", "ComplexCodec", "SparseCodec",
            "SparseComplexCodec", "Fp16Codec", "Fp16SparseCodec", "ResidualMemory", "make_codec",
-           "from_horovod", "choose_collective", "optimistic_default", "allreduce_bytes"]
+           "from_horovod", "choose_collective", "optimistic_default", "allreduce_bytes",
+           "alltoall_reduce_bytes"]

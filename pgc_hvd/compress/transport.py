@@ -7,7 +7,8 @@ rank receives per step (n ranks, d entries, payload rows of w float32 words, U u
 * ``"allreduce"``: each rank adds its own uses, sum_{u owned} a_u D(p_u) (zeros when it owns
   none), into a dense fp32 d-vector and ONE ring allreduce (sum) hands every rank the same
   update: 2 (n-1)/n * 4d bytes, whatever n and U are (Horovod's own cost); 2 (n-1)/n * 2d with
-  fp16 messages (:class:`~pgc_hvd.compress.codecs.Fp16Codec`, the allreduce runs in fp16).
+  fp16 messages (:class:`~pgc_hvd.compress.codecs.Fp16Codec`: the sum moves in fp16, as a ring
+  allreduce or as an alltoall + allgather of chunks, :func:`alltoall_reduce_bytes`).
 * ``"allgather"``: the owners allgather the used payload rows: 4 w U bytes, less the rank's own.
   Chosen for sparse top-kappa rows when that is fewer bytes than the allreduce
   (2 kappa U < 2 (n-1)/n d words), else they are densified into the allreduce.
@@ -58,6 +59,13 @@ def allreduce_bytes(n: int, d: int, itemsize: int = 4) -> float:
     """Bytes a rank receives in a ring allreduce of d entries of ``itemsize`` bytes (4: fp32,
     2: fp16): 2 (n-1)/n * itemsize * d."""
     return 2.0 * (n - 1) / n * float(itemsize) * d if n > 1 else 0.0
+
+
+def alltoall_reduce_bytes(n: int, d: int, itemsize: int = 2) -> float:
+    """Bytes a rank receives when a sum of d entries moves as an alltoall of n equal chunks of
+    m = ceil(d/n) entries (each rank sums one chunk) and an allgather of the summed chunks:
+    2 (n-1) m * itemsize, the ring allreduce's 2 (n-1)/n * itemsize * d up to the padding."""
+    return 2.0 * (n - 1) * -(-int(d) // int(n)) * float(itemsize) if n > 1 else 0.0
 
 
 def choose_collective(*, sparse: bool, n: int, d: int, width: int, needed: int,

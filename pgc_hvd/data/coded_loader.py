@@ -3,6 +3,7 @@ through a standard ``torch.utils.data.DataLoader`` (worker processes, pinned mem
 
     loader = pgc_hvd.CodedLoader(dataset, n=hvd.size(), batch_size=32, seed=0, iid=False,
                                  num_workers=2, pin_memory=True, device=device)
+    # or, keeping a DataLoader's settings:  CodedLoader.from_dataloader(dl, n=hvd.size())
     while opt.version < epochs * len(loader):
         for xb, yb in opt.batches(loader):          # the partitions the scheme wants now
             F.cross_entropy(model(xb), yb).backward()
@@ -131,6 +132,30 @@ class CodedLoader:
         self._gen = 0                # keys drawn in an older generation are stale
         self._cursor = None          # (step, position in its plan) of the next key to draw
         self._last_step = None
+
+    @classmethod
+    def from_dataloader(cls, dataloader: DataLoader, n: int, **kwargs) -> "CodedLoader":
+        """A CodedLoader with the dataset and settings of a user's ``DataLoader`` (batch size,
+        collate_fn, workers, pinning, prefetch factor, persistent workers, timeout,
+        worker_init_fn, multiprocessing context); its sampler and shuffling are replaced by the
+        scheme's partitions. ``kwargs`` (``seed``, ``iid``, ``device``, ...) go to the
+        constructor and win over the DataLoader's settings."""
+        if not isinstance(dataloader, DataLoader):
+            raise TypeError(f"from_dataloader takes a torch.utils.data.DataLoader, got "
+                            f"{type(dataloader).__name__}")
+        if dataloader.batch_size is None and "batch_size" not in kwargs:
+            raise ValueError("the DataLoader has no batch_size (it was built with a "
+                             "batch_sampler): pass batch_size=B, the samples per partition and "
+                             "step")
+        settings = {"batch_size": dataloader.batch_size, "collate_fn": dataloader.collate_fn,
+                    "num_workers": dataloader.num_workers, "pin_memory": dataloader.pin_memory,
+                    "timeout": dataloader.timeout, "worker_init_fn": dataloader.worker_init_fn,
+                    "multiprocessing_context": dataloader.multiprocessing_context}
+        if dataloader.num_workers > 0:
+            settings.update(prefetch_factor=dataloader.prefetch_factor,
+                            persistent_workers=dataloader.persistent_workers)
+        settings.update(kwargs)
+        return cls(dataloader.dataset, n, **settings)
 
     def _make_dataloader(self) -> DataLoader:
         # its iterator starts at the first batch after bind(). Its own generator: creating the

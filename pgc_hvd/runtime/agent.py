@@ -37,9 +37,11 @@ which is never blocked by its rank's compute. A step is decided in two phases:
 fp16 messages (:class:`~pgc_hvd.compress.codecs.Fp16Codec`, ``codec.wire_dtype`` float16):
 payload rows hold fp16 entries (2d + 4 bytes for dense rows; 6 kappa + 4 for top-kappa rows,
 :class:`~pgc_hvd.compress.codecs.Fp16SparseCodec`), so payloads riding with the control rows and
-the data allgather move half the bytes (three quarters for top-kappa rows), and the allreduce of
-the contributions runs in fp16 (2 (n-1)/n * 2d bytes) and is widened back to fp32; a sum that
-overflows fp16 (> 65504, seen identically on every rank as a non-finite result) is repeated in
+the data allgather move half the bytes (three quarters for top-kappa rows), and the sum of the
+contributions moves in fp16 (2 (n-1)/n * 2d bytes; ``narrow_reduce``: an alltoall of fp16 chunks
+summed in fp32 by their owner + an allgather of the sums on CPU, where Gloo's own fp16 sum is
+slow; Horovod's fp16 ring allreduce on GPU) and is widened back to fp32; a sum that overflows
+fp16 (> 65504, seen identically on every rank as a non-finite result) is repeated in
 fp32 for that step, never applied (``info["fp16_fallback"]``). ``Update.info["bytes"]`` counts
 what really moved.
 
@@ -91,7 +93,7 @@ from typing import Callable, Optional
 import torch
 
 from pgc_hvd.compress.codecs import Codec, DenseCodec, fp16_finite
-from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
+from pgc_hvd.compress.transport import allreduce_bytes, alltoall_reduce_bytes, choose_collective
 from pgc_hvd.runtime.channel import AgentError, AllgatherChannel, Collectives, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE, CTRL_ERROR,
                                   CTRL_FAILED, CTRL_FIXED, CTRL_LOSS, CTRL_PAYLOAD,
@@ -102,6 +104,9 @@ from pgc_hvd.schemes import Arrival, Decision
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Update", "wait_for_handle"]
 
 log = logging.getLogger("pgc_hvd.runtime")
+
+#: how a sum of fp16 contributions moves (module doc, :meth:`CommAgent._allreduce_narrow`)
+NARROW_REDUCE = ("auto", "alltoall", "allreduce")
 
 
 class BufferPool:
@@ -173,7 +178,7 @@ class CommAgent:
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
                  on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc",
                  replay: Optional[list] = None, optimistic: bool = False, channel=None,
-                 metrics: int = 0):
+                 metrics: int = 0, narrow_reduce: str = "auto"):
         self.hvd = hvd
         self.scheme = scheme
         self.rank = int(rank)
@@ -217,6 +222,14 @@ class CommAgent:
             raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
                              f"values each message carries in its control row (default 0)")
         self.metrics = int(metrics)
+        dev_type = torch.device(device).type if device is not None else "cpu"
+        if narrow_reduce not in NARROW_REDUCE:
+            raise ValueError(f"narrow_reduce={narrow_reduce!r}: use one of {NARROW_REDUCE} "
+                             f"(how an fp16 sum of contributions moves; 'auto' = 'alltoall' "
+                             f"on CPU, 'allreduce' on GPU)")
+        if narrow_reduce == "auto":
+            narrow_reduce = "alltoall" if dev_type == "cpu" else "allreduce"
+        self.narrow_reduce = narrow_reduce
         self._metric_at = metrics_at(self.ring_size)
         self._metric_meta: dict = {}         # (worker, step) -> its k metrics from control rows
         self.ctrl_len = ctrl_len(self.ring_size, self.metrics)  # float64 words per control row
@@ -603,36 +616,68 @@ class CommAgent:
                            [u.weight for u in mine])
         return flat
 
-    def _allreduce_narrow(self, mine: list, keep: set) -> tuple[torch.Tensor, bool]:
-        """The sum over ranks of the contributions through an allreduce in the codec's narrow
-        ``wire_dtype`` (fp16: half the bytes): fp32(sum_r fp16(c_r)), c_r = this rank's
-        sum_{u owned} a_u D(p_u) (:meth:`~pgc_hvd.compress.codecs.Fp16Codec.add_weighted_narrow`).
+    def _allreduce_narrow(self, mine: list, keep: set) -> tuple[torch.Tensor, bool, int]:
+        """The sum over ranks of the contributions with the bytes in the codec's narrow
+        ``wire_dtype`` (fp16: half the bytes), c_r = this rank's sum_{u owned} a_u D(p_u),
+        rounded once to fp16 (:meth:`~pgc_hvd.compress.codecs.Fp16Codec.add_weighted_narrow`).
+        Two ways, both 2 (n-1)/n * 2d bytes received (``narrow_reduce``):
 
-        Returns ``(update, fell_back)``. When the summed fp16 vector is not finite (a partial sum
-        passed 65504) every rank sees it, the allreduce having given every rank the same bits,
-        and every rank repeats the sum in fp32 from its contributions (the payloads are still in
-        its outbox): one more allreduce, this step only; an overflowed sum is never applied."""
-        codec = self.codec
+        * ``"alltoall"`` (default on CPU): the n fp16 vectors are cut into n chunks of
+          m = ceil(d/n); an alltoall hands rank j the j-th chunk of every rank, rank j sums
+          them in fp32 in rank order and rounds once to fp16, and an allgather of the summed
+          chunks hands every rank the same fp16 update: fp16(sum_r fp16(c_r)), |error| <=
+          2^-11 (|g| + sum_r |c_r|) entrywise. Horovod's fp16 allreduce over Gloo on CPU
+          measured 3x slower than its fp32 one at d = 11.7M here (benchmarks/fp16_bytes.py):
+          the fp16 ring would lose more time than the bytes save; this sums with torch, in
+          fp32.
+        * ``"allreduce"`` (default on GPU, where NCCL sums fp16 natively): one in-place fp16
+          ring allreduce, Horovod's fp16 compression: each partial sum rounded to fp16,
+          |error| <= about (n + 1) 2^-11 sum_r |c_r|.
+
+        Returns ``(update, fell_back, bytes)``. When the summed fp16 update is not finite (a sum
+        passed 65504) every rank sees it (the same bits everywhere) and every rank repeats the
+        sum in fp32 from its contributions (the payloads are still in its outbox): one more
+        allreduce, this step only; an overflowed sum is never applied."""
+        codec, n, d = self.codec, self.n, self.d
         payloads = [self._own_payload((u.worker, u.step)) for u in mine]
         weights = [u.weight for u in mine]
-        narrow = self.pool.get(self.d, codec.wire_dtype)
+        chunk = -(-d // n) if self.narrow_reduce == "alltoall" else d
+        narrow = self.pool.get(chunk * n if self.narrow_reduce == "alltoall" else d,
+                               codec.wire_dtype)
         try:
-            scratch = self.pool.get(self.d) if len(mine) > 1 or codec.sparse else None
-            codec.add_weighted_narrow(narrow, payloads, weights, scratch)
+            scratch = self.pool.get(d) if len(mine) > 1 or codec.sparse else None
+            codec.add_weighted_narrow(narrow[:d], payloads, weights, scratch)
             self.pool.put(scratch)
-            self.coll.allreduce_sum_(narrow, "sum16")
-            if fp16_finite(narrow):
-                flat = self.pool.get(self.d)
-                flat.copy_(narrow)
-                return flat, False
+            if self.narrow_reduce == "alltoall":
+                narrow[d:].zero_()
+                got = self.coll.alltoall(narrow, "a2a16").view(n, chunk)
+                acc = self.pool.get(chunk)
+                acc.copy_(got[0])
+                for j in range(1, n):
+                    acc.add_(got[j])
+                mine16 = narrow[:chunk]            # reused: the alltoall's input is done with
+                mine16.copy_(acc)
+                self.pool.put(acc)
+                summed = self.coll.allgather(mine16, "ag16")[:d]
+                self.data_rounds += 1          # two collectives
+                nbytes = int(alltoall_reduce_bytes(n, d, codec.wire_itemsize))
+            else:
+                self.coll.allreduce_sum_(narrow, "sum16")
+                summed = narrow
+                nbytes = int(allreduce_bytes(n, d, codec.wire_itemsize))
+            if fp16_finite(summed):
+                flat = self.pool.get(d)
+                flat.copy_(summed)
+                return flat, False, nbytes
         finally:
             self.pool.put(narrow)
         if self.rank == 0:
-            log.warning("step %d: the fp16 allreduce of the contributions overflowed (a sum "
-                        "beyond 65504); repeated in fp32 for this step", self.step)
+            log.warning("step %d: the fp16 sum of the contributions overflowed (beyond 65504); "
+                        "repeated in fp32 for this step", self.step)
         flat = self._contribution(mine, keep)
         self.coll.allreduce_sum_(flat, "sum")
-        return flat, True
+        self.data_rounds += 1
+        return flat, True, nbytes + int(allreduce_bytes(n, d))
 
     def _used_metrics(self, uses) -> dict:
         """The user metrics of the messages a decision used, from their control rows (the same
@@ -673,13 +718,11 @@ class CommAgent:
             if codec.wire_dtype == torch.float32:
                 flat = self._contribution(mine, keep)
                 self.coll.allreduce_sum_(flat, "sum")
-            else:
-                flat, fallback = self._allreduce_narrow(mine, keep)
-            self.data_rounds += 1
-            self._bytes_since += int(allreduce_bytes(self.n, self.d, codec.wire_itemsize))
-            if fallback:
-                self.data_rounds += 1
                 self._bytes_since += int(allreduce_bytes(self.n, self.d))
+            else:
+                flat, fallback, nbytes = self._allreduce_narrow(mine, keep)
+                self._bytes_since += nbytes
+            self.data_rounds += 1
             cached = [u for u in uses if (u.worker, u.step) in self._cache]
             if cached:
                 codec.add_weighted(flat, [self._cache[(u.worker, u.step)] for u in cached],
@@ -722,6 +765,7 @@ class CommAgent:
                 "collective": kind}
         if codec.wire_dtype != torch.float32:
             info["fp16_fallback"] = fallback
+            info["fp16_reduce"] = self.narrow_reduce if kind == "allreduce" else None
         if self.metrics:
             info.update(self._used_metrics(uses))
         self._bytes_since = 0

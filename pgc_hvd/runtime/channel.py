@@ -45,7 +45,8 @@ def wait_for_handle(hvd, handle, timeout: float) -> bool:
 
 
 class Collectives:
-    """Horovod allgather / in-place allreduce (sum) with a deadline, for one agent."""
+    """Horovod allgather / alltoall / in-place allreduce (sum) with a deadline, for one
+    agent."""
 
     def __init__(self, hvd, rank: int, name: str, timeout: float):
         self.hvd, self.rank, self.name, self.timeout = hvd, int(rank), name, float(timeout)
@@ -73,6 +74,12 @@ class Collectives:
 
     def allgather(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
         return self._run(kind, lambda nm: self.hvd.allgather_async(tensor, name=nm))
+
+    def alltoall(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
+        """Equal splits: rank j receives the j-th of n equal chunks of every rank's ``tensor``,
+        in rank order (``tensor.numel()`` must be a multiple of n)."""
+        got = self._run(kind, lambda nm: self.hvd.alltoall_async(tensor, name=nm))
+        return got[0] if isinstance(got, (tuple, list)) else got
 
     def allreduce_sum_(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
         """In-place sum over ranks: every rank ends with the same bits (the ring's allgather

@@ -47,7 +47,8 @@ loop resets the world (``hvd.shutdown(); hvd.init()``). Then:
    at the agreed version with an empty ring (:meth:`start_at`: the ring warms up again), and
    the data is re-partitioned into n parts (``make_loader(n)``).
 3. a record of the change (``event: world_change``: step, old n, new n, why, when the last step
-   of the old world finished, when the error was noticed, when the new world was ready, when its
+   of the old world finished, when the first and the last rank noticed the end of the world
+   (``noticed_first_at``, ``noticed_at``), when the new world was ready, when its
    first step finished, ``seconds_lost``) goes to ``events`` (JSON lines, rank 0) and to
    :attr:`ElasticState.changes` on every rank.
 
@@ -255,6 +256,7 @@ class ElasticState(_horovod_state_base()):
         except AgentError as err:   # the new world broke during the construction check
             self._world_broke(err)
             raise
+        _check_timeouts(self.opt)
         if getattr(self.opt, "n", n) != n:
             raise ValueError(f"make_optimizer built an optimizer for n={self.opt.n} in a world of "
                              f"{n} ranks")
@@ -274,6 +276,7 @@ class ElasticState(_horovod_state_base()):
                 "parameters_broadcast": bool(moved), "root": root,
                 "last_step_at": max(last) if last else None,
                 "noticed_at": max(noticed) if noticed else None,
+                "noticed_first_at": min(noticed) if noticed else None,
                 "sync_started_at": t_ready0, "ready_at": time.time()}
         self.worlds += 1
         self._reason, self._noticed = 0, float("nan")
@@ -322,6 +325,11 @@ class ElasticState(_horovod_state_base()):
         except AgentError as err:
             self._world_broke(err)
             raise
+        if self._pending is not None:   # the world ended before its first step
+            rec, self._pending = self._pending, None
+            rec.update(first_step_at=None, first_step_version=None, seconds_lost=None)
+            self.changes.append(rec)
+            self._write(rec)
 
     # -- internals ---------------------------------------------------------------------
     def _world_broke(self, err: AgentError) -> None:
@@ -380,6 +388,21 @@ class ElasticState(_horovod_state_base()):
         os.makedirs(os.path.dirname(os.path.abspath(self.events)), exist_ok=True)
         with open(self.events, "a") as f:
             f.write(json.dumps(rec) + "\n")
+
+
+def _check_timeouts(opt) -> None:
+    """The optimizer's ``timeout`` must exceed gloo's: a dead rank must reach the survivors as
+    Horovod's error (the world re-forms), not as pgc_hvd's timeout first (which ends the
+    survivor's process, and Horovod then drops its host too)."""
+    gloo = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30"))
+    mine = getattr(opt, "_pgc_timeout", None)
+    if mine is not None and mine <= gloo:
+        raise ValueError(
+            f"pgc_hvd elastic: the optimizer's timeout ({mine:g} s) must be longer than "
+            f"HOROVOD_GLOO_TIMEOUT_SECONDS ({gloo:g} s), so that a dead rank reaches the others "
+            f"as Horovod's HorovodInternalError (the world re-forms) and not as pgc_hvd's "
+            f"timeout (which stops the run): pass DistributedOptimizer(..., timeout={gloo * 2:g}) "
+            f"in make_optimizer, or lower HOROVOD_GLOO_TIMEOUT_SECONDS")
 
 
 def _cpu(obj):

@@ -147,6 +147,15 @@ def test_a_straight_run_is_prefetched_and_memory_stays_bounded():
     ld.close()
 
 
+def test_no_sample_is_read_before_its_batch():
+    """A million-sample dataset: building the loader reads no sample, a batch reads its own."""
+    ds = Counting(10 ** 6)
+    ld = CodedLoader(ds, n=4, batch_size=8, iid=False)
+    assert ds.reads == 0 and len(ld) == 31250
+    ld.batch(3, 10 ** 5)
+    assert ds.reads == 8
+
+
 def test_pin_memory_and_device_are_accepted_on_cpu():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # torch warns that no accelerator is there to pin for
@@ -157,6 +166,23 @@ def test_pin_memory_and_device_are_accepted_on_cpu():
             x, y = ld.batch(t % 2, t)
             assert x.device.type == "cpu" and x.shape == (5, 2)
         ld.close()
+
+
+def test_from_dataloader_keeps_its_settings_and_replaces_its_sampler():
+    def collate(samples):
+        return torch.stack([x for x, _ in samples]) * 0 + 7, [y for _, y in samples]
+    dl = torch.utils.data.DataLoader(Counting(40), batch_size=5, shuffle=True, num_workers=2,
+                                     prefetch_factor=3, collate_fn=collate)
+    ld = CodedLoader.from_dataloader(dl, n=2, seed=4)
+    assert (ld.batch_size, ld.num_workers, ld.seed) == (5, 2, 4)
+    assert ld.dataloader.prefetch_factor == 3
+    x, y = ld.batch(1, 0)
+    assert torch.all(x == 7) and isinstance(y, list) and len(y) == 5
+    ld.close()
+    bare = torch.utils.data.DataLoader(Counting(40), batch_sampler=[[0, 1]])
+    with pytest.raises(ValueError, match="pass batch_size=B"):
+        CodedLoader.from_dataloader(bare, n=2)
+    assert CodedLoader.from_dataloader(bare, n=2, batch_size=4).batch_size == 4
 
 
 def test_set_epoch_and_len():

@@ -26,7 +26,8 @@ import time
 import horovod.torch as hvd
 import torch
 
-from pgc_hvd.compress import DenseCodec, TopK, allreduce_bytes, make_codec
+from pgc_hvd.compress import (DenseCodec, TopK, allreduce_bytes, alltoall_reduce_bytes,
+                              make_codec)
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.schemes import get_scheme
 
@@ -53,7 +54,7 @@ def same_on_all_ranks(x: torch.Tensor, tag: str) -> None:
 
 
 def drive(codec, d, name, *, optimistic, slow=None, delay=0.0, metrics=0, big=False,
-          scheme="gc-cr", s=1, compute=0.0, store=False):
+          scheme="gc-cr", s=1, compute=0.0, store=False, narrow_reduce="auto"):
     """Every rank submits its message of the step it is at (after ``compute`` seconds; the
     ``slow`` rank after ``delay`` seconds on every other message, at once on the others) and
     takes the decided updates; a rank
@@ -65,7 +66,7 @@ def drive(codec, d, name, *, optimistic, slow=None, delay=0.0, metrics=0, big=Fa
         channel = StoreChannel.create(hvd, rank, n, name, 60)
     agent = CommAgent(hvd, get_scheme(scheme, n, s), rank, d, 1, codec=codec, device="cpu",
                       poll_interval=0.002, timeout=60, name=name, optimistic=optimistic,
-                      metrics=metrics, channel=channel)
+                      metrics=metrics, channel=channel, narrow_reduce=narrow_reduce)
     agent.start()
     got, t, sent = [], 0, 0
     try:
@@ -129,24 +130,48 @@ def check_fp16():
     f16 = make_codec(d, None, complex_messages=False, wire_dtype=torch.float16)
     f32 = DenseCodec(d)
     ctl = 11 + 1
-    # the allreduce path
-    r16 = drive(f16, d, "w16", optimistic=False)
     r32 = drive(f32, d, "w32", optimistic=False)
-    for t, (flat, dec, info) in enumerate(r16):
-        assert info["collective"] == "allreduce" and info["fp16_fallback"] is False
-        want = want_update(dec, d)
-        # two fp16 roundings per contribution and n - 1 per partial sum: relative 2^-11 each
-        scale = sum(abs(float(u.weight)) for u in dec.uses) * float(
-            max(message(u.worker, u.step, d).abs().max() for u in dec.uses))
-        err = float((flat.double() - want).abs().max())
-        assert err <= (n + 2) * 2 ** -11 * scale, f"fp16 allreduce step {t}: error {err:.3g}"
-        rel = float((flat.double() - want).norm() / want.norm())
-        assert rel < 2e-3, f"fp16 allreduce step {t}: relative error {rel:.2e}"
-        same_on_all_ranks(flat, f"ar16.{t}")
-    b16, b32 = data_bytes(r16, n, ctl), data_bytes(r32, n, ctl)
-    assert all(b == int(allreduce_bytes(n, d, 2)) for b in b16), b16
+    b32 = data_bytes(r32, n, ctl)
     assert all(b == int(allreduce_bytes(n, d, 4)) for b in b32), b32
-    assert abs(sum(b16) / sum(b32) - 0.5) < 1e-3, (sum(b16), sum(b32))
+    # the sum of contributions: alltoall + allgather of fp16 chunks summed in fp32 (the CPU
+    # default), and Horovod's fp16 ring allreduce (the GPU default)
+    for reduce, tol in (("alltoall", 2), ("allreduce", n + 2)):
+        r16 = drive(f16, d, f"w16{reduce}", optimistic=False, narrow_reduce=reduce)
+        for t, (flat, dec, info) in enumerate(r16):
+            assert info["collective"] == "allreduce" and info["fp16_fallback"] is False
+            assert info["fp16_reduce"] == reduce, info
+            want = want_update(dec, d)
+            # fp16 roundings of the contributions and of the sum (every partial sum in the
+            # ring): relative 2^-11 each
+            scale = sum(abs(float(u.weight)) for u in dec.uses) * float(
+                max(message(u.worker, u.step, d).abs().max() for u in dec.uses))
+            err = float((flat.double() - want).abs().max())
+            assert err <= tol * 2 ** -11 * scale, f"fp16 {reduce} step {t}: error {err:.3g}"
+            rel = float((flat.double() - want).norm() / want.norm())
+            assert rel < 2e-3, f"fp16 {reduce} step {t}: relative error {rel:.2e}"
+            same_on_all_ranks(flat, f"ar16{reduce}.{t}")
+        b16 = data_bytes(r16, n, ctl)
+        want_b = int(alltoall_reduce_bytes(n, d) if reduce == "alltoall"
+                     else allreduce_bytes(n, d, 2))
+        assert all(b == want_b for b in b16), (b16, want_b)
+        assert abs(sum(b16) / sum(b32) - 0.5) < 1e-3, (sum(b16), sum(b32))
+        if hvd.rank() == 0:
+            print(f"INFO fp16 {reduce}: bytes/step {b16[0]} vs fp32 {b32[0]}", flush=True)
+    # bounded staleness: a rank may own several uses (older messages from the scheme's table),
+    # summed in fp32 then rounded once into the fp16 sum
+    several = 0
+    for t, (flat, dec, info) in enumerate(drive(f16, d, "bs16", optimistic=False,
+                                                scheme="bounded-staleness", slow=n - 1,
+                                                delay=0.05, compute=0.01)):
+        want = want_update(dec, d)
+        rel = float((flat.double() - want).norm() / max(float(want.norm()), 1e-30))
+        assert rel < 2e-3, f"fp16 bounded-staleness step {t}: relative error {rel:.2e}"
+        same_on_all_ranks(flat, f"bs16.{t}")
+        owners = [u.worker for u in dec.uses]
+        several += len(owners) > len(set(owners))
+    if hvd.rank() == 0:
+        print(f"INFO fp16 bounded-staleness: {several}/{STEPS} steps with a rank owning several "
+              f"uses", flush=True)
     ok("fp16_allreduce_path")
     # the optimistic path: payloads ride with the control rows and decode in fp32
     c16 = drive(f16, d, "c16", optimistic=True)
@@ -162,26 +187,28 @@ def check_fp16():
     assert sum(data_bytes(c16, n, ctl)) > 0
     ok("fp16_optimistic_path")
     # overflow: entries of 60000 fit fp16, their sum does not -> the step is summed in fp32
-    big = drive(f16, d, "big16", optimistic=False, big=True)
-    fell = 0
-    for t, (flat, dec, info) in enumerate(big):
-        want = want_update(dec, d, big=True)
-        assert torch.isfinite(flat).all(), f"step {t}: an overflowed fp16 sum was applied"
-        if info["fp16_fallback"]:
-            fell += 1
-            rel = float((flat.double() - want).norm() / want.norm())
-            assert rel < 1e-6, f"fp32 fallback step {t}: relative error {rel:.2e}"
-        else:
-            assert float(want.abs().max()) <= 65504, f"step {t}: overflow not caught"
-        same_on_all_ranks(flat, f"big16.{t}")
-    assert fell > 0, "no step overflowed: the check did not exercise the fallback"
-    b = data_bytes(big, n, ctl)
-    assert all(x == int(allreduce_bytes(n, d, 2)) + (int(allreduce_bytes(n, d))
-                                                     if i["fp16_fallback"] else 0)
-               for x, (_, _, i) in zip(b, big)), b
-    if hvd.rank() == 0:
-        print(f"INFO fp16: allreduce bytes/step {b16[0]} vs fp32 {b32[0]}; fallback on "
-              f"{fell}/{STEPS} overflowing steps", flush=True)
+    for reduce in ("alltoall", "allreduce"):
+        big = drive(f16, d, f"big16{reduce}", optimistic=False, big=True, narrow_reduce=reduce)
+        fell = 0
+        for t, (flat, dec, info) in enumerate(big):
+            want = want_update(dec, d, big=True)
+            assert torch.isfinite(flat).all(), f"step {t}: an overflowed fp16 sum was applied"
+            if info["fp16_fallback"]:
+                fell += 1
+                rel = float((flat.double() - want).norm() / want.norm())
+                assert rel < 1e-6, f"fp32 fallback step {t}: relative error {rel:.2e}"
+            else:
+                assert float(want.abs().max()) <= 65520, f"step {t}: overflow not caught"
+            same_on_all_ranks(flat, f"big16{reduce}.{t}")
+        assert fell > 0, f"{reduce}: no step overflowed, the check did not exercise the fallback"
+        one = int(alltoall_reduce_bytes(n, d) if reduce == "alltoall"
+                  else allreduce_bytes(n, d, 2))
+        b = data_bytes(big, n, ctl)
+        assert all(x == one + (int(allreduce_bytes(n, d)) if i["fp16_fallback"] else 0)
+                   for x, (_, _, i) in zip(b, big)), b
+        if hvd.rank() == 0:
+            print(f"INFO fp16 {reduce}: fp32 fallback on {fell}/{STEPS} overflowing steps",
+                  flush=True)
     ok("fp16_overflow_falls_back_to_fp32")
     # sparse fp16 rows (fp16 values, int32 indices): by allgather (small kappa), exact in the
     # rows; densified into the fp16 allreduce (large kappa), within fp16 tolerance
@@ -201,7 +228,7 @@ def check_fp16():
             assert all(x % (4 * codec.width) == 0 for x in b) and sum(b) > 0, b
             assert 4 * codec.width <= 6 * k + 8
         else:
-            assert all(x == int(allreduce_bytes(n, d, 2)) for x in b), b
+            assert all(x == int(alltoall_reduce_bytes(n, d, 2)) for x in b), b
     ok("fp16_sparse_allgather_and_densified")
 
 
