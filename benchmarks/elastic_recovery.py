@@ -103,6 +103,9 @@ def main(argv=None) -> int:
                    help="emulated compute seconds per partition (elastic_train.py)")
     p.add_argument("--gloo-timeouts", default="5,30", help="HOROVOD_GLOO_TIMEOUT_SECONDS values")
     p.add_argument("--join", action="store_true", help="also measure a rank that joins")
+    p.add_argument("--join-gloo-timeout", type=int, default=30,
+                   help="HOROVOD_GLOO_TIMEOUT_SECONDS of the join run (it bounds the re-formed "
+                        "world's rendezvous, which waits for the new process to start)")
     p.add_argument("--out", default=None, help="JSON file for the figures")
     args = p.parse_args(argv)
     results = []
@@ -116,7 +119,7 @@ def main(argv=None) -> int:
                 results.append(summarize("kill", rows, events, out, wall, gt, 4, 3))
                 print(json.dumps(results[-1]), flush=True)
         if args.join:
-            gt = 30   # the re-formed world's rendezvous waits for the new process to start
+            gt = args.join_gloo_timeout
             with tempfile.TemporaryDirectory() as d:
                 rows, events, out, wall = run_case(
                     lh, Path(d), np_=3, hosts=lh.hosts[:3], gloo_timeout=gt,

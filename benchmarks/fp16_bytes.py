@@ -12,7 +12,10 @@ compute (a sleep). Runs, each ``--steps`` steps:
 * ``hvd`` / ``hvd-fp16``: Horovod's own ``hvd.allreduce`` of the d-vector with
   ``compression=hvd.Compression.none`` / ``.fp16`` (cast, allreduce in fp16, cast back);
 * ``dgd`` / ``dgd-fp16``: pgc_hvd's ``dgd`` (every rank's message, ONE allreduce of the
-  contributions) with :class:`~pgc_hvd.compress.DenseCodec` / :class:`~pgc_hvd.compress.Fp16Codec`;
+  contributions) with :class:`~pgc_hvd.compress.DenseCodec` / :class:`~pgc_hvd.compress.Fp16Codec`
+  (on CPU the fp16 sum is an alltoall of fp16 chunks summed in fp32 + an allgather);
+  ``dgd-fp16ring``: the same with ``narrow_reduce="allreduce"``, Horovod's fp16 ring allreduce
+  (the GPU default);
 * ``gc-cr`` / ``gc-cr-fp16``: gradient coding (s = 1; the step fires on n - 1 messages).
 
 Time per step = (time of the last decision - time of the last warm-up one) / measured steps,
@@ -31,7 +34,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hvd_launch import run_ranks  # noqa: E402
 
-RUNS = ("hvd", "hvd-fp16", "dgd", "dgd-fp16", "gc-cr", "gc-cr-fp16")
+RUNS = ("hvd", "hvd-fp16", "dgd", "dgd-fp16", "dgd-fp16ring", "gc-cr", "gc-cr-fp16")
+
+
+def base_of(name: str) -> tuple:
+    """(run, fp16?, narrow_reduce) of a run's label."""
+    head, _, tail = name.partition("-fp16")
+    if name.endswith("-fp16") or tail:
+        return head, True, "allreduce" if tail == "ring" else "auto"
+    return name, False, "auto"
+
 
 
 def worker(args) -> None:
@@ -59,13 +71,14 @@ def worker(args) -> None:
             times.append(time.time())
         return times, []
 
-    def run_pgc(scheme, fp16):
+    def run_pgc(scheme, fp16, reduce):
         wire = from_horovod(hvd.Compression.fp16 if fp16 else hvd.Compression.none)
         codec = (make_codec(d, None, complex_messages=False, wire_dtype=wire) if fp16
                  else DenseCodec(d))
         sch = get_scheme(scheme, n, 0 if scheme == "dgd" else 1)
         agent = CommAgent(hvd, sch, rank, d, 1, codec=codec, device="cpu", timeout=300,
-                          name=f"bench-{scheme}-{int(fp16)}", optimistic=False)
+                          name=f"bench-{scheme}-{int(fp16)}-{reduce}", optimistic=False,
+                          narrow_reduce=reduce)
         agent.start()
         times, nbytes, t = [], [], 0
         try:
@@ -88,12 +101,11 @@ def worker(args) -> None:
     out = {"n": n, "d": d, "compute": args.compute, "steps": steps, "warmup": warm}
     for name in RUNS:
         hvd.allreduce(torch.zeros(1), name=f"barrier.{name}")
-        fp16 = name.endswith("-fp16")
-        base = name[:-5] if fp16 else name
+        base, fp16, reduce = base_of(name)
         if base == "hvd":
             times, nbytes = run_hvd(hvd.Compression.fp16 if fp16 else hvd.Compression.none)
         else:
-            times, nbytes = run_pgc(base, fp16)
+            times, nbytes = run_pgc(base, fp16, reduce)
         if rank == 0:
             out[name] = (times[-1] - times[warm - 1]) / (steps - warm)
             if nbytes:
@@ -108,16 +120,15 @@ def worker(args) -> None:
 def report(results: list, load: str) -> None:
     print(f"\nfp16 messages, d = {results[0]['d']:,}, compute {results[0]['compute']} s/step, "
           f"load before: {load}")
-    print(f"{'np':>3} {'run':>12} {'ms/step':>9} {'vs fp32':>8} {'MB/step':>9} {'vs ring':>8}")
+    print(f"{'np':>3} {'run':>13} {'ms/step':>9} {'vs fp32':>8} {'MB/step':>9} {'vs ring':>8}")
     for r in results:
         n, d = r["n"], r["d"]
         ring = 2.0 * (n - 1) / n * 4.0 * d
         for name in RUNS:
-            base = name[:-5] if name.endswith("-fp16") else name
-            ratio = r[name] / r[base]
+            ratio = r[name] / r[base_of(name)[0]]
             b = r.get(f"{name}.bytes")
             bytes_txt = f"{b / 1e6:9.2f} {b / ring:8.3f}" if b is not None else f"{'':>9} {'':>8}"
-            print(f"{n:>3} {name:>12} {r[name] * 1e3:9.1f} {ratio:8.2f} {bytes_txt}")
+            print(f"{n:>3} {name:>13} {r[name] * 1e3:9.1f} {ratio:8.2f} {bytes_txt}")
 
 
 def main(argv=None) -> int:

@@ -17,8 +17,9 @@ Both read the same dataset (torchvision ``ImageFolder``, RandomCrop(padding=4) +
 RandomHorizontalFlip + ToTensor + Normalize) with the same batch size and workers; epoch 0 of
 each is a warm-up (worker start). Prints the median images/s of each and coded / plain, over
 whole epochs (what a training loop waits for: the plain iterator restarts each epoch, the coded
-one runs on) and after each epoch's first batch (the pipelines' steady rate), and one JSON
-line (``RESULT {...}``).
+one runs on), after each epoch's first batch (the pipelines' steady rate) and per CPU second of
+the main process and the loader's worker processes (the cost, which a shared machine's load
+does not change), and one JSON line (``RESULT {...}``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--scheme", default="pgc-cr")
     a = p.parse_args(argv)
 
+    import psutil
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
     from torchvision import datasets, transforms
@@ -80,54 +82,75 @@ def main(argv=None) -> int:
         coded = CodedLoader(ds, n=a.n, batch_size=a.batch, num_workers=a.workers, seed=0)
         coded.bind(scheme, 0)
 
-        def timed(batches):
-            """(images/s over the epoch, images/s after its first batch)."""
-            t0 = time.perf_counter()
+        me = psutil.Process()
+
+        def cpu_seconds(pids):
+            """User + system CPU seconds of this process and the worker processes ``pids``."""
+            total = 0.0
+            for proc in [me] + [psutil.Process(pid) for pid in pids]:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            return total
+
+        def timed(batches, pids):
+            """(images/s over the epoch, images/s after its first batch, images per CPU second
+            of the main process and the loader's workers)."""
+            c0, t0 = cpu_seconds(pids), time.perf_counter()
             sizes, t_first = [], None
             for y in batches:
                 sizes.append(len(y))
                 if t_first is None:
                     t_first = time.perf_counter()
-            t1 = time.perf_counter()
-            return sum(sizes) / (t1 - t0), sum(sizes[1:]) / (t1 - t_first)
+            t1, c1 = time.perf_counter(), cpu_seconds(pids)
+            return sum(sizes) / (t1 - t0), sum(sizes[1:]) / (t1 - t_first), (sum(sizes), c1 - c0)
 
         def plain_epoch(e):
             sampler.set_epoch(e)
-            return timed(y for _, y in plain)
+            return timed((y for _, y in plain), workers["plain"])
 
         def coded_epoch(e):
             coded.set_epoch(e)
-            return timed(coded.batch(part, step)[1]
-                         for step in range(e * len(coded), (e + 1) * len(coded))
-                         for part, _ in scheme.work_plan(0, step).evaluate)
+            return timed((coded.batch(part, step)[1]
+                          for step in range(e * len(coded), (e + 1) * len(coded))
+                          for part, _ in scheme.work_plan(0, step).evaluate), workers["coded"])
 
-        plain_epoch(0)
+        workers = {"plain": [], "coded": []}
+        plain_epoch(0)                    # warm-up; starts each loader's workers
+        workers["plain"] = [p.pid for p in me.children()]
         coded_epoch(0)
-        rates = {"plain": [], "coded": [], "plain_steady": [], "coded_steady": []}
+        workers["coded"] = [p.pid for p in me.children() if p.pid not in workers["plain"]]
+        rates = {f"{name}{kind}": [] for name in ("plain", "coded") for kind in ("", "_steady")}
+        cpu = {"plain": [0, 0.0], "coded": [0, 0.0]}   # images, CPU seconds: all timed epochs
         for e in range(1, a.reps + 1):
             # alternate who goes first, so a drift in the machine's load hits both alike
             order = [("plain", plain_epoch), ("coded", coded_epoch)][::1 if e % 2 else -1]
             for name, run in order:
-                whole, steady = run(e)
+                whole, steady, (images, seconds) = run(e)
                 rates[name].append(whole)
                 rates[f"{name}_steady"].append(steady)
+                cpu[name][0] += images
+                cpu[name][1] += seconds
             print(f"epoch {e}: plain {rates['plain'][-1]:7.0f} img/s (after its first batch "
                   f"{rates['plain_steady'][-1]:7.0f})   coded {rates['coded'][-1]:7.0f} img/s "
                   f"({rates['coded_steady'][-1]:7.0f})", flush=True)
         coded.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
-    ratio = med["coded"] / med["plain"]
-    ratio_steady = med["coded_steady"] / med["plain_steady"]
+    for name, (images, seconds) in cpu.items():   # CPU times tick in 10 ms: summed, not per epoch
+        med[f"{name}_per_cpu_s"] = images / max(seconds, 1e-9)
+    ratios = {kind or "whole": med[f"coded{kind}"] / med[f"plain{kind}"]
+              for kind in ("", "_steady", "_per_cpu_s")}
     load = os.getloadavg()
-    print(f"median over {a.reps} epochs of {len(coded) * a.batch} images: plain "
-          f"{med['plain']:.0f} img/s, coded {med['coded']:.0f} img/s, coded / plain = "
-          f"{ratio:.3f}; after each epoch's first batch: plain {med['plain_steady']:.0f}, coded "
-          f"{med['coded_steady']:.0f}, coded / plain = {ratio_steady:.3f} (load average "
-          f"{load[0]:.2f} at the end, {os.cpu_count()} cores; coded loader {coded.stats})",
+    print(f"median over {a.reps} epochs of {len(coded) * a.batch} images, coded / plain: "
+          f"{ratios['whole']:.3f} in images/s over whole epochs (plain {med['plain']:.0f}, coded "
+          f"{med['coded']:.0f}), {ratios['_steady']:.3f} after each epoch's first batch (plain "
+          f"{med['plain_steady']:.0f}, coded {med['coded_steady']:.0f}), "
+          f"{ratios['_per_cpu_s']:.3f} in images per CPU second over all epochs (plain "
+          f"{med['plain_per_cpu_s']:.0f}, coded {med['coded_per_cpu_s']:.0f}); load average "
+          f"{load[0]:.2f} at the end, {os.cpu_count()} cores; coded loader {coded.stats}",
           flush=True)
-    print("RESULT " + json.dumps({"args": vars(a), "median_images_per_s": med, "ratio": ratio,
-                                  "ratio_steady": ratio_steady, "rates": rates,
-                                  "stats": coded.stats, "loadavg_1m": load[0]}), flush=True)
+    print("RESULT " + json.dumps({"args": vars(a), "median": med, "ratios": ratios,
+                                  "rates": rates, "stats": coded.stats,
+                                  "loadavg_1m": load[0]}), flush=True)
     return 0
 
 

@@ -278,17 +278,21 @@ class Fp16Codec(Codec):
         if msg.numel() != self.d or out.numel() != self.width:
             raise ValueError(f"Fp16Codec(d={self.d}): got a message of {msg.numel()} entries "
                              f"and a payload row of {out.numel()} words ({self.width} expected)")
-        lo, hi = torch.aminmax(msg)           # one pass; NaN propagates
-        amax = max(-float(lo), float(hi))
-        if not math.isfinite(amax):
-            raise ValueError("Fp16Codec.encode: the message holds NaN/Inf; report it as a "
-                             "non-finite message (CommAgent.report_bad) instead of encoding it")
-        scale = self.scale_for(amax)
-        out[0] = scale
-        half = self.values(out)
         if out.numel() * 2 - 2 > self.d:
             out[-1] = 0.0          # the padding half of the last word
-        half.copy_(msg if scale == 1.0 else msg * (1.0 / scale))
+        half = self.values(out)
+        half.copy_(msg)            # the cast; entries past the fp16 range become inf
+        scale = 1.0
+        if not fp16_finite(half):  # rare: find the power-of-two scale (or a NaN/Inf message)
+            lo, hi = torch.aminmax(msg)
+            amax = max(-float(lo), float(hi))
+            if not math.isfinite(amax):
+                raise ValueError("Fp16Codec.encode: the message holds NaN/Inf; report it as a "
+                                 "non-finite message (CommAgent.report_bad) instead of "
+                                 "encoding it")
+            scale = self.scale_for(amax)
+            half.copy_(msg * (1.0 / scale))
+        out[0] = scale
         if not error_norm:
             return math.nan
         return float(torch.linalg.vector_norm(half.float().mul_(scale) - msg,

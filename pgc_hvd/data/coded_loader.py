@@ -343,6 +343,8 @@ class CodedLoader:
         def move(x):
             if torch.is_tensor(x):
                 return x.to(self.device, non_blocking=non_blocking)
+            if isinstance(x, tuple) and hasattr(x, "_fields"):   # a namedtuple
+                return type(x)(*(move(v) for v in x))
             if isinstance(x, (list, tuple)):
                 return type(x)(move(v) for v in x)
             if isinstance(x, dict):

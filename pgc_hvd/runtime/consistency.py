@@ -153,8 +153,15 @@ def loader_fingerprint(loader) -> dict:
             f"{zlib.crc32(repr([len(p) for p in parts]).encode())}, indices crc32 {crc}"
     ds = getattr(loader, "dataset", None)
     if ds is not None and hasattr(ds, "__len__"):
-        dcls = type(ds)
-        fp["loader dataset"] = f"{dcls.__module__}.{dcls.__qualname__} of {len(ds)} samples"
+        names = []
+        while True:   # through torch Subsets to the dataset that holds the transforms
+            dcls = type(ds)
+            names.append(f"{dcls.__module__}.{dcls.__qualname__} of {len(ds)} samples")
+            inner = getattr(ds, "dataset", None)
+            if not (isinstance(ds, torch.utils.data.Subset) and hasattr(inner, "__len__")):
+                break
+            ds = inner
+        fp["loader dataset"] = " in ".join(names)
         for attr in ("transform", "target_transform"):
             if getattr(ds, attr, None) is not None:
                 fp[f"loader {attr}"] = re.sub(r"0x[0-9a-fA-F]+", "0x?", repr(getattr(ds, attr)))

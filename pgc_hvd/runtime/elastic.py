@@ -116,31 +116,19 @@ def bcast_object(hvd, obj: Any, root_rank: int = 0, name: str = "pgc.elastic.obj
 
 
 def abandon(opt, join_timeout: float = 5.0) -> int:
-    """Leave a pgc_hvd optimizer of a world that is gone, with no collective: apply every update
-    its agent decided (the same on every survivor), wait for the agent thread to end, remove the
-    gradient hooks and mark it closed. Returns the version reached.
-
-    Uses the optimizer's ``apply_decided()``, its ``agent`` and two private members
-    (``_pgc_hooks``, ``_pgc_closed``); a public ``abandon()`` on the optimizer would replace
-    this (docs/notes-for-lead.md)."""
+    """Leave a pgc_hvd optimizer of a world that is gone, with no collective: ``opt.abandon()``
+    (apply every update its agent decided, the same on every survivor; wait for the agent thread
+    to end; remove the gradient hooks; mark it closed). An agent thread still running after
+    that (it should not: its next collective fails once the world is gone) has its collectives
+    cut off, so that it can never take part in the next world's. Returns the version reached."""
+    version = opt.abandon(join_timeout)
     agent = opt.agent
     thread = getattr(agent, "_thread", None)
     if thread is not None and thread.is_alive():
-        # the world is gone: the agent's next (or current) collective fails at once
-        thread.join(join_timeout)
-        if thread.is_alive():
-            log.warning("pgc_hvd elastic: the old world's agent thread is still running after "
-                        "%.0fs; its collectives are cut off", join_timeout)
-            agent.coll.hvd = _Gone()
-    try:
-        opt.apply_decided()
-    except Exception as err:  # a non-finite parameter check, etc.: keep the version reached
-        log.warning("pgc_hvd elastic: applying the old world's decided updates stopped: %s", err)
-    for h in getattr(opt, "_pgc_hooks", ()):
-        h.remove()
-    opt._pgc_hooks = []
-    opt._pgc_closed = True
-    return int(opt.version)
+        log.warning("pgc_hvd elastic: the old world's agent thread is still running after "
+                    "%.0fs; its collectives are cut off", join_timeout)
+        agent.coll.hvd = _Gone()
+    return version
 
 
 class _Gone:
@@ -394,6 +382,13 @@ def _check_timeouts(opt) -> None:
     """The optimizer's ``timeout`` must exceed gloo's: a dead rank must reach the survivors as
     Horovod's error (the world re-forms), not as pgc_hvd's timeout first (which ends the
     survivor's process, and Horovod then drops its host too)."""
+    control = getattr(getattr(opt, "_pgc_config", None), "control", "allgather")
+    if control != "allgather":
+        raise ValueError(
+            f"pgc_hvd elastic: control={control!r} exchanges the control rows through a store "
+            f"served by rank 0, outside Horovod, so a dead rank is not seen as Horovod's error "
+            f"(and a dead rank 0 takes the store with it); use the default control='allgather' "
+            f"in make_optimizer")
     gloo = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30"))
     mine = getattr(opt, "_pgc_timeout", None)
     if mine is not None and mine <= gloo:

@@ -262,7 +262,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         from pgc_hvd.schemes import Ring, get_scheme
         self.scheme = get_scheme(scheme, self.n, int(stragglers), **scheme_options)
         self._pgc_delays = delays
-        self.version = 0
+        self._pgc_started = False
+        self._pgc_version = 0
         self._pgc_on_record = on_record
         self._pgc_on_update = on_update
         # on_update(step, flat) (original form) or on_update(step, flat, decision): decided once
@@ -343,7 +344,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         # bounded staleness: the bound c it was built with (set_staleness_bound may lower it)
         self._pgc_c0 = (int(self.scheme.staleness_bound)
                         if self.scheme.staleness_bound_adjustable else None)
-        self._pgc_started = False
         self._pgc_hooks = [p.register_post_accumulate_grad_hook(self._pgc_grad_hook)
                            for p in lay.params]
 
@@ -409,6 +409,27 @@ class _PGCOptimizer(torch.optim.Optimizer):
                             f"floating point; the ring and messages are fp32 vectors. Use "
                             f"float32, float16, bfloat16 or float64 parameters (e.g. keep real "
                             f"and imaginary parts as two real parameters)")
+
+    @property
+    def version(self) -> int:
+        """The model version: the number of decided updates this rank has applied (= the step it
+        computes next). Before the first step, a version that ``hvd.broadcast_optimizer_state``
+        brought from rank 0 (:meth:`state_dict`) is taken on first read."""
+        if not self._pgc_started and _VERSION_KEY in self.param_groups[0]:
+            self._pgc_adopt_broadcast_version()
+        return self._pgc_version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._pgc_version = int(value)
+
+    @property
+    def current_partition(self) -> Optional[int]:
+        """The partition whose gradient the backward passes now accumulate (inside
+        :meth:`batches`' loop body; None outside), e.g. to seed dropout by (partition, step)."""
+        slot = self._pgc_target_slot
+        return None if slot is None else dict(
+            (sl, q) for q, sl in self.work_plan.evaluate).get(slot)
 
     # -- data side ---------------------------------------------------------------
     @property
@@ -554,9 +575,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if loader is self._pgc_last_loader:
             return
         from pgc_hvd.runtime import consistency
-        from pgc_hvd.runtime.loader import PartitionLoader
 
-        n_parts = loader.n if isinstance(loader, PartitionLoader) else None
+        n_parts = getattr(loader, "n", None)
         if n_parts is not None and n_parts != self.n:
             raise ValueError(f"pgc_hvd: the loader splits the data into n = {n_parts} partitions "
                              f"but {self.scheme.name} runs on {self.n} ranks, one partition per "
@@ -794,9 +814,14 @@ class _PGCOptimizer(torch.optim.Optimizer):
             return False
         if frame is None:
             return False
+        # the zero-gradient step must not move the parameters (weight decay would, on the ranks
+        # that had no state, e.g. all but rank 0 on a resume): they are put back
+        keep = [p.detach().clone() for p in self._pgc_layout.params]
         super(self.__class__, self).step()
-        for p in self._pgc_layout.params:
-            p.grad = None
+        with torch.no_grad():
+            for p, k in zip(self._pgc_layout.params, keep):
+                p.copy_(k)
+                p.grad = None
         return True
 
     def _pgc_metric_values(self, metrics) -> tuple:
@@ -1121,6 +1146,27 @@ class _PGCOptimizer(torch.optim.Optimizer):
         """Apply every update decided so far (no new message), e.g. before saving a checkpoint
         at a step every rank has reached."""
         self._pgc_apply_decided()
+
+    def abandon(self, join_timeout: float = 5.0) -> int:
+        """Leave this optimizer without any collective, when its world is gone (a rank died and
+        Horovod's elastic mode re-forms the world, :mod:`pgc_hvd.runtime.elastic`): wait up to
+        ``join_timeout`` seconds for the agent thread to stop (its next collective fails),
+        apply every update it decided (the same on every survivor), remove the gradient hooks
+        and mark the optimizer closed. Returns the version reached."""
+        thread = self._pgc_agent._thread
+        if thread.is_alive():
+            thread.join(join_timeout)
+        try:
+            self._pgc_apply_decided()
+        except Exception as err:   # e.g. the non-finite check: keep the version reached
+            import logging
+            logging.getLogger("pgc_hvd.runtime").warning(
+                "pgc_hvd: applying the abandoned world's decided updates stopped: %s", err)
+        for h in self._pgc_hooks:
+            h.remove()
+        self._pgc_hooks = []
+        self._pgc_closed = True
+        return int(self.version)
 
     def close(self) -> None:
         """End of training on this rank: serve collectives until every rank is done, apply the

@@ -1,14 +1,16 @@
 """Runs on every rank under horovodrun: torchvision ImageFolder + CodedLoader(num_workers=2)
 trains every shard under a scheme whose partitions are not the rank's own.
 
-    python coded_loader_checks.py SCHEME FOLDER STEPS
+    python coded_loader_checks.py SCHEME FOLDER STEPS [mismatch]
 
 FOLDER is an ImageFolder of K = n classes (class k bright in channel k); the partitions are
 sorted by label, so shard k is class k and a shard that no rank trained would score ~0 on its
 class. The last rank is slowed by 40 ms per step from step 1 (the optimizer's ``delays=``).
 Each rank prints its per-shard accuracy and loss before and after, checks every shard's
 accuracy > 0.8 (chance 1/n) and its loss fell, and ends by comparing a hash of the parameters
-across ranks; then prints "CHECK <scheme> ok rank=<r>".
+across ranks; then prints "CHECK <scheme> ok rank=<r>". With ``mismatch``, rank 1 then builds
+a loader with other transforms and every rank checks that its first ``batches()`` is refused
+naming "loader transform" ("CHECK mismatch ok").
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def shard_scores(model, plain, partitions):
     return out
 
 
-def main(scheme: str, folder: str, steps: int) -> None:
+def main(scheme: str, folder: str, steps: int, mismatch: bool = False) -> None:
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
     augment = transforms.Compose([transforms.RandomCrop(8, padding=1),
@@ -88,7 +90,27 @@ def main(scheme: str, folder: str, steps: int) -> None:
     hashes = hvd.allgather(torch.tensor([h], dtype=torch.int64), name=f"hash.{scheme}")
     assert len(set(hashes.tolist())) == 1, f"{scheme}: parameter hashes differ {hashes.tolist()}"
     print(f"CHECK {scheme} ok rank={rank}", flush=True)
+    if mismatch:
+        refuse_different_transforms(model, folder, n, rank)
+
+
+def refuse_different_transforms(model, folder, n, rank):
+    """Rank 1 augments differently: the first batches() of the loader is refused on every rank,
+    naming the field (the replicas of a partition would compute different gradients)."""
+    tf = [transforms.ToTensor(), transforms.Compose([transforms.RandomHorizontalFlip(),
+                                                     transforms.ToTensor()])][rank == 1]
+    loader = pgc_hvd.CodedLoader(datasets.ImageFolder(folder, transform=tf), n=n, batch_size=4)
+    opt = pgc_hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+        scheme="pgc-cr", stragglers=1, timeout=60, name="loader-mismatch")
+    try:
+        next(iter(opt.batches(loader)))
+    except ValueError as err:
+        assert "loader transform" in str(err) and "ranks [1]" in str(err), err
+    else:
+        raise AssertionError("a loader whose transforms differ across ranks was accepted")
+    print(f"CHECK mismatch ok rank={rank}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), mismatch="mismatch" in sys.argv[4:])

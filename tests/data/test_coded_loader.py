@@ -234,6 +234,11 @@ def test_fingerprint_names_the_setting_and_reads_no_sample(image_folder):
                                        batch_size=2))
     assert a["loader dataset"].startswith("torchvision.datasets.folder.ImageFolder of 12")
     assert [f for f, _, _ in fingerprint_differences([a, b])] == ["loader transform"]
+    sub = loader_fingerprint(CodedLoader(torch.utils.data.Subset(folder_dataset(root), range(8)),
+                                         n=2, batch_size=2))
+    assert sub["loader dataset"].startswith("torch.utils.data.dataset.Subset of 8 samples in "
+                                            "torchvision.datasets.folder.ImageFolder of 12")
+    assert sub["loader transform"] == a["loader transform"]
 
     def fps(k):   # a function's repr holds its address, which differs between processes
         def to_tensor(im):

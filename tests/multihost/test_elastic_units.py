@@ -45,6 +45,15 @@ def test_optimizer_timeout_must_exceed_gloo_timeout(monkeypatch):
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "8")
     _check_timeouts(Opt())
 
+    class StoreOpt(Opt):
+        _pgc_timeout = 60.0
+
+        class _pgc_config:
+            control = "store"
+
+    with pytest.raises(ValueError, match="control='store' exchanges the control rows"):
+        _check_timeouts(StoreOpt())
+
 
 def test_local_hosts_spec_and_hostfile(tmp_path):
     from local_hosts import LocalHosts

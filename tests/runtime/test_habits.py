@@ -88,9 +88,10 @@ def test_own_dataloader_works_with_dgd_and_is_refused_with_pgc(horovodrun):
 
 
 @pytest.mark.multirank
-def test_rank_local_learning_rate_is_named_at_close(horovodrun):
+def test_different_step_counts_and_rank_local_lr_are_named_at_close(horovodrun):
     proc = horovodrun(3, SCRIPT, "diverge", timeout=180, check=False)
-    assert _checks(proc, 3) >= {"rank_local_lr_named"}, proc.stdout + proc.stderr
+    assert _checks(proc, 3) >= {"different_step_counts_named", "rank_local_lr_named"}, \
+        proc.stdout + proc.stderr
     errors = _clear_errors(proc)
     assert len(errors) == 3 and all("hyper-parameters" in e for e in errors), errors
 
