@@ -84,7 +84,7 @@ def worker(args) -> None:
     import torch.nn.functional as F
 
     import pgc_hvd
-    from pgc_hvd.sim.delays import Exponential, Zero
+    from pgc_hvd.delays import Exponential, Zero
 
     torch.set_num_threads(1)
     hvd.init()

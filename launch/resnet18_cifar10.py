@@ -17,7 +17,7 @@ buffers, not gradients); the reported test accuracy uses rank 0's.
 
 import sys
 
-from pgc_hvd.runtime.train import main
+from pgc_hvd.apps.train import main
 
 DEFAULTS = ["--dataset", "cifar10", "--model", "resnet18", "--batch-size", "256", "--lr", "0.01",
             "--momentum", "0.0", "--target-loss", "1.5", "--progress-every", "20"]

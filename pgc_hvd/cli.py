@@ -7,25 +7,24 @@ Subcommands are registered lazily so that ``pgc-hvd --help`` does not import tor
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
 # subcommand path -> (module, function taking argv list, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
-    ("report", "codes"): ("pgc_hvd.codes.report", "main",
+    ("report", "codes"): ("pgc_hvd.apps.codes_report", "main",
                           "decode norms ||a_I||_1, residuals and decode times of every code"),
-    ("report",): ("pgc_hvd.runtime.report", "main",
+    ("report",): ("pgc_hvd.apps.report", "main",
                   "report RUN_DIR: table + plot of one run's (or a folder of runs') records"),
-    ("train",): ("pgc_hvd.runtime.train", "main",
+    ("train",): ("pgc_hvd.apps.train", "main",
                  "one training run on every rank (under horovodrun): scheme, s, delays, records"),
-    ("simulate",): ("pgc_hvd.sim.run", "main",
+    ("simulate",): ("pgc_hvd.apps.simulate", "main",
                     "one simulated run: n virtual workers, real gradients, virtual time"),
-    ("experiment", "control"): ("pgc_hvd.control.experiment", "main",
-                                "staleness control rule on design note 002's set-up --out DIR"),
-    ("advise",): ("pgc_hvd.control.advise", "main",
+    ("experiment", "control"): ("pgc_hvd.apps.control_experiment", "main",
+                                "staleness control rule on its set-up (docs/control.md) --out DIR"),
+    ("advise",): ("pgc_hvd.apps.advise", "main",
                   "advise RUN_DIR: fit delays per rank, simulate schemes and s, rank them"),
-    ("experiment",): ("pgc_hvd.sim.experiments", "main",
+    ("experiment",): ("pgc_hvd.apps.experiments", "main",
                       "experiments: pgc, bcgc, staleness (the papers'), scale [--quick] --out DIR"),
 }
 

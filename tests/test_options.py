@@ -19,7 +19,7 @@ def test_a_pair_without_key_or_equals_names_itself(bad):
 
 
 def test_simulate_cli_reports_a_bad_option_as_usage_error(capsys, tmp_path):
-    from pgc_hvd.sim.run import main
+    from pgc_hvd.apps.simulate import main
     with pytest.raises(SystemExit) as exc:
         main(["--scheme", "dgd", "--n", "4", "--s", "1", "--option", "c", "--out", str(tmp_path)])
     assert exc.value.code == 2 and "KEY=VALUE" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The control rule of design note 002, step 3.
+"""The staleness control rule (docs/control.md).
 
 Signal (every K steps, from :mod:`pgc_hvd.metrics.diagnostics`):
 
@@ -19,7 +19,8 @@ g_hat = grad F(beta_t) + e_t:
 So rho_t < 1 (with eta L < 2 (1 - sqrt(rho_t))) is a *sufficient* condition for descent, built from
 the worst case: the oldest entry's error, at full weight, pointing against the update. In bounded
 staleness only some of the n entries have the oldest version and their errors partly cancel, so
-rho_t > 1 does not mean ascent. On design note 002's set-up (``pgc-hvd experiment control``) the
+rho_t > 1 does not mean ascent. On the control experiment's set-up (``pgc-hvd experiment
+control``, docs/control.md) the
 healthy run (c = 8, eta = 0.5, fastest to target) has median rho ~0.75 and above 1 for its first
 ~90 steps, while the diverging one (c = 8, eta = 8) has median ~1.4: a threshold on rho cannot
 separate them. The other candidates did not either (measured on the fixed runs' records):
@@ -43,7 +44,7 @@ eta = 8 runs from their first steps). The rule lowers only when both hold -- rho
 error is large enough to explain an ascent, the trend says the ascent is happening -- so a
 healthy-but-stale run is left alone and a loss increase with small rho (noise, a too-large eta
 with fresh gradients, which lowering c would not fix) is not blamed on staleness. ``growth < 0``
-switches the gate off (rho alone, the note's literal rule); an observation without a loss (the
+switches the gate off (rho alone); an observation without a loss (the
 engine did not pass one) is also judged on rho alone. The engines pass a low-noise loss: the
 simulator its full training loss, the runtime the loss on its fixed validation batch (identical
 on every rank).
@@ -72,14 +73,17 @@ import dataclasses
 import math
 from typing import Callable, Optional
 
-# exact schemes never see staleness: adaptive control is off for them whatever the user asks
-STALE_SCHEMES = ("bounded-staleness", "pgc-fr", "pgc-cr", "pgc-cr-naive", "pgc-bcgc", "is-gc")
-
-
 def adaptive_default(scheme: str, adaptive: bool) -> bool:
     """Whether the rule runs: only with ``adaptive=True`` and a scheme that uses stale gradients
-    (bounded staleness and the pipelined PGC schemes); off for exact schemes."""
-    return bool(adaptive) and str(scheme).lower() in STALE_SCHEMES
+    (:attr:`~pgc_hvd.schemes.Scheme.uses_stale_gradients`: bounded staleness and the pipelined
+    PGC schemes); off for the others, which never see staleness, whatever the user asks."""
+    from pgc_hvd.schemes import scheme_class
+
+    try:
+        cls = scheme_class(scheme)
+    except ValueError:
+        return False
+    return bool(adaptive) and cls.uses_stale_gradients
 
 
 @dataclasses.dataclass
@@ -231,9 +235,9 @@ class LrActuator:
 
 class SchemeCActuator:
     """c_level = max(c_min, floor(c_0 * factor**level)) for a scheme whose staleness bound can
-    change between steps (bounded staleness: ``c_bound``).
+    change between steps (``scheme.staleness_bound_adjustable``: bounded staleness).
 
-    ``apply(c)`` makes a new bound take effect; by default it sets ``scheme.c_bound`` at once
+    ``apply(c)`` makes a new bound take effect; by default it sets ``scheme.staleness_bound`` at once
     (the simulator). The Horovod runtime passes the optimizer's ``set_staleness_bound``, which
     applies it on every rank at the same control round."""
 
@@ -242,13 +246,13 @@ class SchemeCActuator:
     def __init__(self, scheme, factor: float, c_min: int = 1,
                  apply: Optional[Callable[[int], None]] = None):
         self.scheme, self.factor, self.c_min = scheme, factor, c_min
-        self.base = int(scheme.c_bound)
+        self.base = int(scheme.staleness_bound)
         self.current = self.base
         self._apply = apply
 
     @staticmethod
     def supports(scheme) -> bool:
-        return hasattr(scheme, "c_bound")
+        return scheme is not None and bool(scheme.staleness_bound_adjustable)
 
     def target(self, level: int) -> int:
         return max(self.c_min, int(math.floor(self.base * self.factor ** level + 1e-9)))
@@ -259,7 +263,7 @@ class SchemeCActuator:
     def set_level(self, level: int) -> tuple[float, float]:
         old, self.current = self.current, self.target(level)
         if self._apply is None:
-            self.scheme.c_bound = self.current
+            self.scheme.staleness_bound = self.current
         else:
             self._apply(self.current)
         return old, self.current

@@ -39,9 +39,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .rule import ControlConfig, ControlRule, actuate, make_actuator
+from pgc_hvd.flat_layout import FlatLayout
+from pgc_hvd.metrics.diagnostics import staleness_diagnostics
 
-EPS = 1e-12
+from .rule import ControlConfig, ControlRule, actuate, make_actuator
 
 
 class AdaptiveController:
@@ -52,7 +53,7 @@ class AdaptiveController:
         self.cfg = config or ControlConfig()
         self.rule = ControlRule(self.cfg)
         self.writer, self.chain = writer, on_record
-        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.layout = FlatLayout.of_module(model)
         self._set_max_age(1 if max_age is None else max_age)
         self._age_from_scheme = max_age is None
         self.pending: list[dict] = []
@@ -67,28 +68,19 @@ class AdaptiveController:
 
     def attach(self, optimizer) -> "AdaptiveController":
         """Bind the knob (``config.knob``) to ``optimizer``; with ``max_age=None`` the age bound is
-        taken from its scheme (c - 1, or the bounded-staleness bound ``c_bound`` - 1)."""
+        taken from its scheme (``scheme.lookback`` - 1: the ring depth c - 1 of PGC, the
+        bounded-staleness bound c - 1)."""
         self.opt = optimizer
         sch = getattr(optimizer, "scheme", None)
         self.actuator = make_actuator(self.cfg.knob, sch, optimizer, self.cfg.factor, self.cfg.c_min,
                                       apply_c=getattr(optimizer, "set_staleness_bound", None))
         if self._age_from_scheme:
-            c = getattr(sch, "c_bound", None) or getattr(sch, "c", None) or 2
-            self._set_max_age(int(c) - 1)
+            self._set_max_age((2 if sch is None else int(sch.lookback)) - 1)
         return self
 
-    def _flat(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for n, p in self.model.named_parameters()
-                          if p.requires_grad]).clone()
-
     def _val_grad(self, flat: torch.Tensor, with_loss: bool = False):
-        params, off = {}, 0
-        for n, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            k = p.numel()
-            params[n] = flat[off:off + k].view_as(p).clone().requires_grad_(True)
-            off += k
+        params = {n: v.clone().requires_grad_(True)
+                  for n, v in self.layout.unflatten(flat).items()}
         x, y = self.val_batch
         out = torch.func.functional_call(self.model, params, (x,))
         loss = self.loss_fn(out, y)
@@ -97,7 +89,7 @@ class AdaptiveController:
         return (g, float(loss.detach())) if with_loss else g
 
     def on_update(self, step: int, g_hat: torch.Tensor, decision=None) -> None:
-        beta = self._flat()
+        beta = self.layout.flatten()
         self.snaps.append((step, beta))
         if step % max(1, self.cfg.every):
             return
@@ -116,19 +108,11 @@ class AdaptiveController:
         gv_t, vloss = self._val_grad(beta, with_loss=True)
         diag = {"step": step, "g_hat_sq": gsq, "age": age, "age_bound": self.max_age,
                 "val_loss": vloss}
-        if age > 0:
-            _, old = self.snaps[-1 - age]
-            db = beta - old
-            dn = float(db.double().norm())
-            gv_o = self._val_grad(old)
-            den = float(gv_t.double().norm() * gv_o.double().norm())
-            lhat = float((gv_t - gv_o).double().norm()) / (dn + EPS)
-            ratio = lhat ** 2 * dn ** 2 / max(gsq, EPS)
-            diag.update({"disp_max": dn ** 2, "L_hat_max": lhat,
-                         "corr_min": float(gv_t.double() @ gv_o.double()) / den if den > 0 else 1.0})
-        else:
-            ratio = 0.0
-            diag["disp_max"] = 0.0
+        v, old = self.snaps[-1 - age]   # the oldest version the step used (v = step when a = 0)
+        st = staleness_diagnostics(step, [v], {step: beta, v: old},
+                                   lambda u: gv_t if u == step else self._val_grad(old), gsq)
+        diag.update({k: st[k] for k in ("disp_max", "L_hat_max", "corr_min") if k in st})
+        ratio = st.get("lhat_ratio", 0.0)
         diag["lhat_ratio"] = ratio
         act = actuate(self.rule, self.actuator, self.rule.observe(step, ratio, vloss))
         self.diag_seconds += time.thread_time() - t0

@@ -5,7 +5,7 @@
     simulate("bounded-staleness", 8, 1, ..., step_hook=ctl, diag_every=ctl.cfg.every)
 
 or simply ``simulate(..., adaptive=True, control={"knob": "c"})`` / ``pgc-hvd simulate --adaptive``.
-Every K-th step (the engine computes the seed-002 diagnostics only then; their CPU cost is
+Every K-th step (the engine computes the staleness diagnostics only then; their CPU cost is
 ``extra["diag_seconds"]``) the hook feeds ``lhat_ratio`` and the last loss to the rule; a change
 is applied before the step's update (so the offending step already uses the lowered eta, or the
 next round the lowered c) and written to ``extra["control"]``; ``extra["control_level"]``,
@@ -46,7 +46,7 @@ class SimController:
         if act is not None:
             extra.setdefault("control", []).append(act.as_dict())
         extra["control_level"] = self.rule.level
-        extra["c"] = int(getattr(sim.scheme, "c_bound", sim.scheme.c))
+        extra["c"] = int(sim.scheme.lookback)   # the staleness bound, or the ring depth
 
     @property
     def actions(self):

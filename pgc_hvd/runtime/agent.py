@@ -64,7 +64,7 @@ staleness: the owner contributes them when a later decision uses them).
 
 Staleness bound (bounded staleness, docs/control.md): rank 0 may request another bound c
 (:meth:`CommAgent.request_c_bound`, e.g. from the control rule). The request travels in rank 0's
-control rows; every rank sets ``scheme.c_bound`` when a control round shows a value that differs
+control rows; every rank sets ``scheme.staleness_bound`` when a control round shows a value that differs
 from its own, before offering that round's arrivals. The rows are the same on every rank, so the
 change takes effect at the same point of the decision sequence everywhere (``c_changes`` logs
 ``(step, c)``), whatever the ranks' timing.
@@ -249,7 +249,7 @@ class CommAgent:
         self.channel = channel
         self.optimistic = bool(channel.carries_payloads)
         # can a message for a past step still be used (bounded staleness table)?
-        self._late_usable = getattr(scheme, "table", None) is not None
+        self._late_usable = scheme.late_usable
         self._wake = False
         # what the last control round showed (for timeout errors that name ranks)
         self._last_rows: Optional[list] = None
@@ -564,8 +564,9 @@ class CommAgent:
 
     def _apply_c_bound(self, c: int) -> None:
         """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
-        if c >= 1 and getattr(self.scheme, "c_bound", c) != c:
-            self.scheme.c_bound = c
+        sch = self.scheme
+        if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
+            sch.staleness_bound = c
             self.c_changes.append((self.step, c))
 
     def _replay_order(self, arrivals: list) -> list:
@@ -580,11 +581,14 @@ class CommAgent:
         return out
 
     def _check_stuck(self, ctl, rnd) -> None:
+        """Raise when the scheme says the open round can no longer fire
+        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`): the ranks still pending are those that
+        have not arrived, sent no non-finite message for this step and have not finished."""
         t = self.step
         gone = set(rnd.arrived)
         gone |= {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
         done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
-        if len(gone | done) == self.n:
+        if not self.scheme.can_fire(rnd, set(range(self.n)) - gone - done):
             bad = sorted(w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t)
             raise AgentError(
                 f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
@@ -715,8 +719,7 @@ class CommAgent:
                                  needed=len(missing), itemsize=codec.wire_itemsize)
         received: dict = {}
         # what the scheme may use again (bounded staleness table): kept, by owner and in caches
-        table = getattr(self.scheme, "table", None)
-        keep = {(e[0], e[1]) for e in table if e is not None} if table is not None else set()
+        keep = self.scheme.retained()
         fallback = False
         if kind == "allreduce":
             mine = [u for u in missing if u.worker == self.rank]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 import zlib
 from typing import Iterable, Optional, Sequence
 

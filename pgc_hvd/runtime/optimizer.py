@@ -138,7 +138,7 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
     spec string (``"exp:mean=0.1,seed=1"``) is parsed as the simulator's ``--delay``."""
     import operator
 
-    from pgc_hvd.sim.delays import check_workers, parse_delay
+    from pgc_hvd.delays import check_workers, parse_delay
 
     if isinstance(stragglers, bool):
         raise TypeError("stragglers must be an int (the straggler budget s), got a bool")
@@ -259,7 +259,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             raise ValueError(f"control must be 'allgather' or 'store', got {control!r}")
         self._pgc_check_config(str(scheme), int(stragglers), scheme_options, compression, control,
                                name=name, optimistic=optimistic, replay=replay_arrivals)
-        from pgc_hvd.schemes import get_scheme
+        from pgc_hvd.schemes import Ring, get_scheme
         self.scheme = get_scheme(scheme, self.n, int(stragglers), **scheme_options)
         self._pgc_delays = delays
         self._pgc_started = False
@@ -277,7 +277,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             raise ValueError(f"straggler_policy must be 'continue' or 'cancel', "
                              f"got {straggler_policy!r}")
         if straggler_policy == "cancel":
-            if getattr(self.scheme, "table", None) is not None:
+            if self.scheme.late_usable:
                 raise ValueError(f"straggler_policy='cancel' drops late messages, but "
                                  f"{self.scheme.name} uses them (staleness table)")
             if replay:
@@ -286,17 +286,16 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_cancel = straggler_policy == "cancel"
         self._pgc_cancelled = False
         self._pgc_records = records
-        plan0 = self.scheme.work_plan(self.rank, 0)
-        coefs = [c for _, c in plan0.combine]
-        self._pgc_complex = any(isinstance(c, complex) for c in coefs)
+        # slot versions, plans and the unfilled-slot rule (schemes.ring); the buffers are ours
+        self._pgc_worker_ring = Ring(self.scheme, self.rank)
+        self._pgc_complex = self._pgc_worker_ring.complex
         # ring mode keeps every slot (pipelined schemes; complex codes); accumulate mode forms the
         # GC message slot by slot with add_slot (two buffers instead of c)
         self._pgc_ring_mode = bool(self.scheme.pipelined or self._pgc_complex)
-        L = plan0.ring_size
+        L = self._pgc_worker_ring.size
         nslots = L if self._pgc_ring_mode else 1
         lay = self._pgc_layout
         self._pgc_ring = [lay.zeros() for _ in range(nslots)]
-        self._pgc_slot_versions = [-1] * L
         self._pgc_msg = lay.zeros() if not self._pgc_complex else None
         d = lay.numel
         memory = (ResidualMemory(d, lay.device) if isinstance(compression, TopK) and
@@ -337,14 +336,14 @@ class _PGCOptimizer(torch.optim.Optimizer):
             from pgc_hvd.runtime.control_store import StoreChannel
             channel = StoreChannel.create(hvd, self.rank, self.n, name, timeout)
         self._pgc_agent = CommAgent(
-            hvd, self.scheme, self.rank, d, max(L, self.scheme.c), codec=self._pgc_codec,
+            hvd, self.scheme, self.rank, d, self.scheme.lookback, codec=self._pgc_codec,
             device=lay.device, timeout=timeout, poll_interval=poll_interval,
             on_step=self._pgc_record_step if (self.rank == 0) else None, name=name, replay=replay,
             optimistic=self._pgc_optimistic, channel=channel,
             metrics=len(config.metrics))
         # bounded staleness: the bound c it was built with (set_staleness_bound may lower it)
-        c0 = getattr(self.scheme, "c_bound", None)
-        self._pgc_c0 = None if c0 is None else int(c0)
+        self._pgc_c0 = (int(self.scheme.staleness_bound)
+                        if self.scheme.staleness_bound_adjustable else None)
         self._pgc_hooks = [p.register_post_accumulate_grad_hook(self._pgc_grad_hook)
                            for p in lay.params]
 
@@ -439,15 +438,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if self._pgc_plan is None:
             if not self._pgc_started:
                 self._pgc_adopt_broadcast_version()
-            plan = self.scheme.work_plan(self.rank, self.version)
-            evaluated = {sl for _, sl in plan.evaluate}
-            unfilled = [sl for sl, _ in plan.combine
-                        if self._pgc_slot_versions[sl] < 0 and sl not in evaluated]
-            if unfilled:  # a ring slot never filled (warm-up cancelled): evaluate it now, as the
-                # simulator does
-                plan = dataclasses.replace(plan, evaluate=plan.evaluate + tuple(
-                    (plan.slot_partitions[sl], sl) for sl in unfilled))
-            self._pgc_plan = plan
+            # a ring slot never filled (warm-up cancelled) is evaluated now (Ring.plan)
+            self._pgc_plan = self._pgc_worker_ring.plan(self.version)
             self._pgc_done_slots = set()
             self._pgc_computes = self._pgc_decide_computes()
             if not self._pgc_ring_mode:
@@ -507,7 +499,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if not self._pgc_ring_mode:
             coef = dict(self.work_plan.combine)[slot]
             ops.add_slot(self._pgc_msg, self._pgc_ring[0], float(coef))
-        self._pgc_slot_versions[slot] = self.version
+        self._pgc_worker_ring.fill(slot, self.version)
         self._pgc_done_slots.add(slot)
         self._pgc_target_slot = None
         self._pgc_sentinel = None
@@ -675,7 +667,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         """Does the scheme ask this rank for exactly its own partition at every step? (Checked
         over 2n + ring steps once: the plans are periodic.)"""
         if self._pgc_own_only is None:
-            span = 2 * self.n + len(self._pgc_slot_versions) + 1
+            span = 2 * self.n + self._pgc_worker_ring.size + 1
             self._pgc_own_only = all(
                 [q for q, _ in self.scheme.work_plan(self.rank, t).evaluate] == [self.rank]
                 for t in range(span))
@@ -920,7 +912,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         if payload is None:
             packed, payload = self._pgc_agent.payload_buffer()
         error_norm = self._pgc_payload(msg, payload)
-        slot_versions = tuple(self._pgc_slot_versions[sl] for sl, _ in plan.combine)
+        slot_versions = self._pgc_worker_ring.message_versions(plan)
         self._pgc_agent.submit(Outgoing(t, t, payload, time.time(),
                                         math.nan if loss is None else float(loss),
                                         slot_versions, packed=packed, error_norm=error_norm,
@@ -986,7 +978,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         Returns ||C(u) - u||, the compression error the minimum-error class decoder ranks the
         classes by, when the scheme uses that decoder (nan otherwise: it costs a pass over d)."""
         return self._pgc_codec.encode(
-            msg, out, error_norm=getattr(self.scheme, "decoder", None) == "min-error")
+            msg, out, error_norm=self.scheme.needs_error_norms)
 
     def _pgc_load_update(self) -> None:
         """Put the decided update of step ``version`` into ``p.grad``: fp32 parameters get
@@ -1147,7 +1139,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self.version = int(version)
         for b in self._pgc_ring:
             b.zero_()
-        self._pgc_slot_versions = [-1] * len(self._pgc_slot_versions)
+        self._pgc_worker_ring.reset()
         if self._pgc_residual is not None:
             self._pgc_residual.zero_()
         self._pgc_agent.restart_at(self.version)
@@ -1260,7 +1252,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def staleness_bound(self) -> Optional[int]:
         """The bound c of a bounded-staleness scheme (entries used satisfy t - v < c) as the
         decisions currently use it; None for schemes whose c is fixed by their code."""
-        c = getattr(self.scheme, "c_bound", None)
+        c = self.scheme.staleness_bound
         return None if c is None else int(c)
 
     def set_staleness_bound(self, c: int) -> None:
@@ -1393,7 +1385,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
             "version": self.version,
             "scheme": self.scheme.name, "n": self.n, "s": self.scheme.s, "rank": self.rank,
             "ring": [keep(b) for b in self._pgc_ring],
-            "slot_versions": list(self._pgc_slot_versions),
+            "slot_versions": list(self._pgc_worker_ring.versions),
             "residual": None if self._pgc_residual is None else keep(self._pgc_residual),
             "busy": self._pgc_busy,
             "c_bound": self.staleness_bound,
@@ -1423,13 +1415,13 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self.version = int(state["version"])
         for b, saved in zip(self._pgc_ring, state["ring"]):
             b.copy_(saved)
-        self._pgc_slot_versions = list(state["slot_versions"])
+        self._pgc_worker_ring.restore(state["slot_versions"])
         if state.get("residual") is not None and self._pgc_residual is not None:
             self._pgc_residual.copy_(state["residual"])
         self._pgc_busy = float(state.get("busy", 0.0))
         if state.get("c_bound") is not None and self._pgc_c0 is not None:
             # every rank restores its own value; rank 0's request makes them agree at once
-            self.scheme.c_bound = int(state["c_bound"])
+            self.scheme.staleness_bound = int(state["c_bound"])
             self._pgc_agent.request_c_bound(int(state["c_bound"]))
         rng = state["rng"]
         torch.set_rng_state(rng["torch"])
@@ -1478,7 +1470,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             gradients are densified into the ring). A ``process_set`` other than the global one
             is refused.
         delays: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
-            simulator's delay models and traces, :mod:`pgc_hvd.sim.delays`) or a spec string in
+            simulator's delay models and traces, :mod:`pgc_hvd.delays`) or a spec string in
             the simulator's ``--delay`` syntax (``"exp:mean=0.1,seed=1"``); slept on the
             compute side of this rank.
         records: a :class:`~pgc_hvd.metrics.records.RecordWriter` (rank 0 writes one StepRecord

@@ -8,7 +8,9 @@ Protocol (full text in :mod:`pgc_hvd.schemes.protocol`, which engines code again
 * Worker side: ``plan = scheme.work_plan(worker, step)`` -> :class:`WorkPlan`:
   ``plan.evaluate`` = ((partition, slot), ...) gradients to evaluate into ring
   slots, ``plan.combine`` = ((slot, coefficient), ...) to form the coded message
-  from the ring (``plan.ring_size`` slots; step 0 is the pipeline warm-up).
+  from the ring (``plan.ring_size`` slots; step 0 is the pipeline warm-up). Every engine keeps
+  a worker's ring in a :class:`Ring` (:mod:`pgc_hvd.schemes.ring`: slot versions, the
+  unfilled-slot rule, plans cached by ``scheme.plan_key``).
 * Master side: ``rnd = scheme.open_round(step)``; offer arrivals in arrival order,
   ``decision = rnd.offer(Arrival(worker, step, version, message))`` -> ``None``
   (keep waiting) or a :class:`Decision` (fire now): ``decision.uses`` =
@@ -18,10 +20,13 @@ Protocol (full text in :mod:`pgc_hvd.schemes.protocol`, which engines code again
   average gradient (1/n) sum_k g_k. Decisions depend only on the order and
   metadata of the arrivals, never on message contents, so every Horovod rank
   computes the same decision from the same control-phase information.
+* What else the engines and the control rule ask a scheme (late messages, staleness bound,
+  error norms, whether a round can still fire) is declared on :class:`Scheme`.
 """
 
 from .protocol import Arrival, Decision, Round, Scheme, Use, WorkPlan, weighted_sum
-from .registry import SCHEMES, get_scheme
+from .registry import SCHEMES, get_scheme, scheme_class
+from .ring import MessageForm, Ring
 
-__all__ = ["get_scheme", "SCHEMES", "Scheme", "Round", "Arrival", "Decision", "Use", "WorkPlan",
-           "weighted_sum"]
+__all__ = ["get_scheme", "scheme_class", "SCHEMES", "Scheme", "Round", "Arrival", "Decision", "Use", "WorkPlan",
+           "weighted_sum", "Ring", "MessageForm"]

@@ -1,4 +1,4 @@
-"""Pipelined bounded-staleness gradient coding (design note 002).
+"""Pipelined bounded-staleness gradient coding (docs/control.md).
 
 n shards D_0..D_{n-1}, r replicas of each: worker j holds shards
 {j, j+1, ..., j+r-1} mod n and, at its step t, evaluates one of them,
@@ -39,7 +39,7 @@ class _TableRound(Round):
         sch = self.scheme
         t = self.step
         table = sch.table
-        if any(e is None or not 0 <= t - e[2] < sch.c_bound for e in table):
+        if any(e is None or not 0 <= t - e[2] < sch.staleness_bound for e in table):
             return None
         uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i]) for i, e in enumerate(table))
         ages = [t - e[2] for e in table]
@@ -49,10 +49,13 @@ class _TableRound(Round):
         return self.scheme.table_messages
 
 
-class BoundedStaleness(Scheme):
+class BoundedStalenessScheme(Scheme):
     name = "bounded-staleness"
     exact = True
     pipelined = False
+    late_usable = True                  # late arrivals refresh the table
+    staleness_bound_adjustable = True   # the control rule may lower c between steps
+    uses_stale_gradients = True         # table entries of age < c
     round_type = _TableRound
 
     def __init__(self, n: int, s: int, r: Optional[int] = None, c: Optional[int] = None,
@@ -61,7 +64,7 @@ class BoundedStaleness(Scheme):
         super().__init__(n, s)
         self.r = check_positive_int(self.name, "r", s + 1 if r is None else r, 1, n,
                                     hint=f"use r in [1, {n}] replicas per shard, e.g. r=2")
-        self.c_bound = check_positive_int(self.name, "c", s + 1 if c is None else c, 1,
+        self.staleness_bound = check_positive_int(self.name, "c", s + 1 if c is None else c, 1,
                                           hint="c is the staleness bound t - v_i < c, e.g. c=2")
         if shard_sizes is None:
             self.shard_weights = [1.0 / n] * n
@@ -87,11 +90,17 @@ class BoundedStaleness(Scheme):
         return self._supports
 
     @property
-    def c(self) -> int:
-        return self.c_bound
+    def ring_depth(self) -> int:
+        """One slot: a worker evaluates one shard per step and sends it."""
+        return 1
 
-    def _row_key(self, step: int) -> int:
-        return step % self.r
+    def plan_key(self, worker: int, step: int):
+        """The shard (worker + t mod r) mod n depends on t through t mod r."""
+        return (worker, step % self.r)
+
+    def retained(self) -> set:
+        """The table's messages: a later step may still use them."""
+        return {(e[0], e[1]) for e in self.table if e is not None}
 
     def shard_of(self, worker: int, step: int) -> int:
         return (worker + step % self.r) % self.n

@@ -46,8 +46,12 @@ class BinaryGCScheme(Scheme):
     def new_decoder(self):
         return self.code.decoder(self.recovery)
 
+    @property
+    def needs_error_norms(self) -> bool:
+        return self.decoder == "min-error"
 
-class GCFR(BinaryGCScheme):
+
+class GCFRScheme(BinaryGCScheme):
     """GC-FR as in the PGC paper: wait for n-s messages, take one per group."""
 
     name = "gc-fr"
@@ -95,7 +99,7 @@ class LinearGCScheme(Scheme):
         return weights, {"residual": res.residual, "a_norm1": res.norm1}
 
 
-class GCCR(LinearGCScheme):
+class GCCRScheme(LinearGCScheme):
     name = "gc-cr"
     code_name = "cr"
 

@@ -17,7 +17,7 @@ from .rounds import FirstKRound
 from .validation import check_positive_int, check_scheme_n_s
 
 
-class ISGC(Scheme):
+class ISGCScheme(Scheme):
     name = "is-gc"
     exact = False
     round_type = FirstKRound
@@ -25,8 +25,8 @@ class ISGC(Scheme):
     def __init__(self, n: int, s: int, c: int = 2):
         n, s = check_scheme_n_s(self.name, n, s)
         super().__init__(n, s)
-        self._c = check_positive_int(self.name, "c", c, 1, n, hint=f"use c in [1, {n}], e.g. c=2")
-        self._supports = cyclic_supports(n, self._c - 1)
+        c = check_positive_int(self.name, "c", c, 1, n, hint=f"use c in [1, {n}], e.g. c=2")
+        self._supports = cyclic_supports(n, c - 1)   # c partitions per worker
         self.code = None
         self.wait_for = n - s
 

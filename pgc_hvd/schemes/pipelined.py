@@ -36,32 +36,36 @@ from .rounds import FirstKRound
 from .validation import check_scheme_n_s
 
 
-class PGCFR(BinaryGCScheme):
+class PGCFRScheme(BinaryGCScheme):
     name = "pgc-fr"
     code_name = "fr"
     pipelined = True
+    uses_stale_gradients = True
     default_decoder = "n-s"
 
 
-class PGCBCGC(BinaryGCScheme):
+class PGCBCGCScheme(BinaryGCScheme):
     name = "pgc-bcgc"
     code_name = "bcgc"
     pipelined = True
+    uses_stale_gradients = True
 
     def __init__(self, n: int, s: int, decoder: str | None = None, recovery: str = "class"):
         super().__init__(n, s, decoder=decoder, recovery=recovery)
 
 
-class NaivePGCCR(LinearGCScheme):
+class NaivePGCCRScheme(LinearGCScheme):
     name = "pgc-cr-naive"
     code_name = "cr"
     pipelined = True
+    uses_stale_gradients = True
 
 
-class PGCCR(Scheme):
+class PGCCRScheme(Scheme):
     name = "pgc-cr"
     exact = False
     pipelined = True
+    uses_stale_gradients = True
     round_type = FirstKRound
 
     def __init__(self, n: int, s: int):

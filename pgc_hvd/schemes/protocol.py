@@ -78,7 +78,6 @@ One step, in an engine::
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -326,16 +325,39 @@ def _ages(step: int, uses: Sequence[Use], arrivals: Mapping[int, Arrival]) -> di
 class Scheme:
     """Base class of all schemes. Subclasses set the placement and the round type.
 
-    Attributes: ``name``, ``n``, ``s``, ``c`` (ring / pipeline depth), ``code``
-    (the :class:`~pgc_hvd.codes.GradientCode` behind the placement, if any),
-    ``exact`` (decodes sum_k g_k exactly when there is no staleness),
-    ``pipelined`` and ``complex_messages``.
+    What the engines (the simulator, the Horovod runtime) and the control rule ask a scheme is
+    declared here, with the answer of a scheme that does not say otherwise:
+
+    * ``name``, ``n``, ``s``; ``code`` (the :class:`~pgc_hvd.codes.GradientCode` behind the
+      placement, if any); ``exact`` (decodes sum_k g_k exactly when nothing is stale);
+      ``pipelined`` (one partition per step into a ring of evaluations, PGC); ``complex_messages``.
+    * worker side: :meth:`work_plan`, :meth:`plan_key` (steps with equal keys have equal plans:
+      the cache key of :class:`~pgc_hvd.schemes.ring.Ring`), :attr:`ring_depth`.
+    * late messages: :attr:`late_usable` (a message for a step that has fired may still be
+      used by a later decision) and :meth:`retained` (the messages a later decision may use:
+      an engine keeps those and may drop the rest).
+    * staleness: :attr:`staleness_bound` (the bound c on the age t - v of the entries a
+      decision uses, None when the scheme has none), :attr:`staleness_bound_adjustable`
+      (whether it may be lowered during training: the control rule's knob "c"),
+      ``uses_stale_gradients`` (a class attribute: whether decisions can use gradients of an
+      older model than their step's -- the pipelined schemes' rings, bounded staleness' table;
+      the control rule runs only then), :attr:`lookback`.
+    * decoding: :attr:`needs_error_norms` (the decoder reads every arrival's compression error
+      ||C(g^_i) - g^_i||); :meth:`can_fire` (whether an open round can still fire).
+
+    The papers' ``c`` is one of three things here, each under its own name: the ring depth
+    (PGC, c = s + 1), the staleness bound (bounded staleness) and IS-GC's partitions per worker
+    (its option ``c``, the length of every support).
     """
 
     name = "scheme"
     exact = True
     pipelined = False
     complex_messages = False
+    late_usable = False
+    staleness_bound: Optional[int] = None
+    staleness_bound_adjustable = False
+    uses_stale_gradients = False
     round_type: type = Round
 
     def __init__(self, n: int, s: int):
@@ -362,9 +384,47 @@ class Scheme:
         coefs = self.slot_coefficients(worker)
         return WorkPlan(worker, int(step), evaluate, tuple(enumerate(coefs)), tuple(S))
 
+    def plan_key(self, worker: int, step: int):
+        """A key such that ``work_plan(worker, t)`` and ``work_plan(worker, t')`` differ only in
+        their step when ``plan_key(worker, t) == plan_key(worker, t')``. This class's plan
+        depends on t only through t = 0 (warm-up: every slot) and, when pipelined, the slot
+        (t - 1) mod L_j it rotates to; a subclass that overrides :meth:`work_plan` overrides
+        this too."""
+        if step == 0 or not self.pipelined:
+            return (worker, 0)
+        return (worker, 1 + (step - 1) % len(self.supports()[worker]))
+
     @property
-    def c(self) -> int:
+    def ring_depth(self) -> int:
+        """L = max_j L_j, the most ring slots a worker keeps (``work_plan(j, t).ring_size``):
+        |S_j| for the coded schemes, c = s + 1 for PGC."""
         return max(len(S) for S in self.supports())
+
+    # -- late messages and staleness ------------------------------------------
+    def retained(self) -> set:
+        """(worker, step) of every message a later decision may still use (none here; bounded
+        staleness: the messages in its table). Engines keep these and may drop the others once
+        their step has fired."""
+        return set()
+
+    @property
+    def lookback(self) -> int:
+        """h = max(:attr:`ring_depth`, :attr:`staleness_bound`): how many steps back a
+        message's entries reach (ring slots refreshed every ring_depth steps; table entries of
+        age < staleness_bound). The engines size a control row's slot versions by h at
+        construction and keep a message for h steps."""
+        return max(self.ring_depth, self.staleness_bound or 1)
+
+    @property
+    def needs_error_norms(self) -> bool:
+        """Whether the decoder reads ``Arrival.error_norm`` (the minimum-error class decoder)."""
+        return False
+
+    def can_fire(self, rnd: "Round", pending) -> bool:
+        """Whether ``rnd``, open and not fired, can still fire when the workers in ``pending``
+        are the only ones that may still send a message for its step (the others arrived, sent
+        a non-finite message or finished): here, while anyone is pending."""
+        return bool(pending)
 
     # -- master side --------------------------------------------------------
     def open_round(self, step: int) -> Round:
@@ -382,7 +442,7 @@ class Scheme:
     # -- diagnostics --------------------------------------------------------
     def message_row(self, worker: int, step: int) -> np.ndarray:
         """Row of coefficients (over partitions) of worker's message at step."""
-        key = (worker, self._row_key(step))
+        key = self.plan_key(worker, step)
         row = self._coef_cache.get(key)
         if row is None:
             plan = self.work_plan(worker, step)
@@ -391,10 +451,6 @@ class Scheme:
                 row[p] += coef
             self._coef_cache[key] = row
         return row
-
-    def _row_key(self, step: int) -> int:
-        """Steps with the same key have the same message composition (cache key)."""
-        return 0
 
     def effective_coefficients(self, uses: Sequence[Use]) -> dict:
         """alpha_{m,k} = n * weight_m * coef_{m,k} and per-partition sums (see module doc)."""
@@ -422,8 +478,5 @@ class Scheme:
         }
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} n={self.n} s={self.s} c={self.c}>"
-
-
-def isclose_one(x: float) -> bool:
-    return math.isclose(x, 1.0, rel_tol=1e-9, abs_tol=1e-9)
+        return (f"<{type(self).__name__} {self.name} n={self.n} s={self.s} "
+                f"ring_depth={self.ring_depth}>")

@@ -4,28 +4,29 @@ from __future__ import annotations
 
 import inspect
 
-from .bounded_staleness import BoundedStaleness
-from .coded import BCGCScheme, CyclicMDSScheme, GCCR, GCFR, GFRCScheme, GMDSScheme, RSScheme
-from .ignore_straggler import ISGC
-from .pipelined import NaivePGCCR, PGCBCGC, PGCCR, PGCFR
+from .bounded_staleness import BoundedStalenessScheme
+from .coded import (BCGCScheme, CyclicMDSScheme, GCCRScheme, GCFRScheme, GFRCScheme, GMDSScheme,
+                    RSScheme)
+from .ignore_straggler import ISGCScheme
+from .pipelined import NaivePGCCRScheme, PGCBCGCScheme, PGCCRScheme, PGCFRScheme
 from .protocol import Scheme
-from .synchronous import DGD, ISSGD
+from .synchronous import DGDScheme, ISSGDScheme
 
 SCHEMES = {
-    "dgd": DGD,
-    "is-sgd": ISSGD,
-    "gc-fr": GCFR,
-    "gc-cr": GCCR,
-    "is-gc": ISGC,
-    "pgc-fr": PGCFR,
-    "pgc-cr": PGCCR,
-    "pgc-cr-naive": NaivePGCCR,
+    "dgd": DGDScheme,
+    "is-sgd": ISSGDScheme,
+    "gc-fr": GCFRScheme,
+    "gc-cr": GCCRScheme,
+    "is-gc": ISGCScheme,
+    "pgc-fr": PGCFRScheme,
+    "pgc-cr": PGCCRScheme,
+    "pgc-cr-naive": NaivePGCCRScheme,
     "bcgc": BCGCScheme,
     "gfrc": GFRCScheme,
     "gmds": GMDSScheme,
     "rs": RSScheme,
-    "pgc-bcgc": PGCBCGC,
-    "bounded-staleness": BoundedStaleness,
+    "pgc-bcgc": PGCBCGCScheme,
+    "bounded-staleness": BoundedStalenessScheme,
     "cyclic-mds": CyclicMDSScheme,
 }
 
@@ -48,12 +49,19 @@ def get_scheme(name: str, n: int, s: int, **options) -> Scheme:
 
     Every scheme uses the s it is given; ``dgd``, which waits for all n workers, takes s = 0
     only (a larger s is a ValueError, not silently ignored; see
-    :class:`~pgc_hvd.schemes.synchronous.DGD`)."""
-    key = str(name).lower().replace("_", "-")
-    if key not in SCHEMES:
-        raise ValueError(f"unknown scheme {name!r}; valid names: {', '.join(SCHEMES)}")
+    :class:`~pgc_hvd.schemes.synchronous.DGDScheme`)."""
+    key = scheme_class(name).name
     allowed = scheme_options(key)
     bad = sorted(set(options) - set(allowed))
     if bad:
         raise ValueError(f"scheme {key!r} does not take option(s) {bad}; valid options: {allowed or 'none'}")
     return SCHEMES[key](n, s, **options)
+
+
+def scheme_class(name: str) -> type:
+    """The class of scheme ``name`` (case and ``_``/``-`` do not matter), e.g. to read its
+    class attributes (``uses_stale_gradients``) before building one; ValueError if unknown."""
+    key = str(name).lower().replace("_", "-")
+    if key not in SCHEMES:
+        raise ValueError(f"unknown scheme {name!r}; valid names: {', '.join(SCHEMES)}")
+    return SCHEMES[key]

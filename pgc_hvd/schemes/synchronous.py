@@ -15,7 +15,7 @@ from .rounds import FirstKRound
 from .validation import check_scheme_n_s
 
 
-class DGD(Scheme):
+class DGDScheme(Scheme):
     """Synchronous distributed gradient descent: every step waits for all n workers, so it
     tolerates no straggler and takes s = 0 only. A budget s > 0 is refused rather than ignored
     (a run asking for s = 1 would believe it tolerates a straggler): pass s = 0, ``is-sgd`` to
@@ -45,7 +45,7 @@ class DGD(Scheme):
         return {i: 1.0 / self.n for i in workers}, {}
 
 
-class ISSGD(DGD):
+class ISSGDScheme(DGDScheme):
     name = "is-sgd"
     exact = False
     waits_for_all = False

@@ -22,8 +22,8 @@ Model of one run (all times virtual seconds):
 
 Every update writes one :class:`~pgc_hvd.metrics.records.StepRecord` (virtual time, workers
 used, versions, ages, decode weight extremes, loss/accuracy when evaluated, bytes moved,
-per-worker busy seconds) with the seed-002 diagnostics in ``extra`` (see
-:mod:`pgc_hvd.metrics.diagnostics`).
+per-worker busy seconds) with the staleness diagnostics and error decomposition in ``extra``
+(see :mod:`pgc_hvd.metrics.diagnostics`).
 
 Collective model (``SimConfig.comm`` a :class:`~pgc_hvd.sim.comm.CollectiveModel`): no decoder,
 no master; the step follows the Horovod runtime's protocol (:mod:`pgc_hvd.runtime.agent`) with
@@ -34,8 +34,8 @@ every collective costed by the alpha-beta model:
   the parameters, 12 d bytes each) and ``form`` (coded accumulation of its L ring slots,
   (L+1) 4d bytes, the finiteness check, 5 d, and the copy into the send buffer, 8 d) cost
   ``pass_beta`` seconds per byte. The message then sits in the rank's outbox.
-* Control rounds: every rank's agent submits one control row (8 (11 + c) bytes: the oldest
-  message it has not announced yet, one per round) to an allgather; the round starts when the
+* Control rounds: every rank's agent submits one control row (8 (11 + h) bytes, h =
+  ``scheme.lookback`` slot versions: the oldest message it has not announced yet, one per round) to an allgather; the round starts when the
   last rank has submitted and costs ``allgather(n, row sizes)``. After a round that does not
   fire, an agent waits ``poll_interval`` (``poll_interval / 4`` once a message of the open round
   is known) before submitting again, except that a message becoming ready ends its rank's wait
@@ -76,10 +76,11 @@ from pgc_hvd.compress.topk import TopK
 from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
 from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
-from pgc_hvd.schemes import Arrival, Scheme
+from pgc_hvd.metrics.diagnostics import error_decomposition, staleness_diagnostics
+from pgc_hvd.schemes import Arrival, Ring, Scheme
 
 from .comm import CollectiveModel, CommModel, message_bytes, parse_comm_model
-from .delays import DelayModel, Zero, as_delay_model, check_trace_covers, check_workers
+from pgc_hvd.delays import DelayModel, as_delay_model, check_trace_covers, check_workers
 from .gradients import PartitionGradients
 
 # complex (RS) and fp64 messages: the compiled kernels are fp32, so those use the reference
@@ -115,7 +116,6 @@ class SimConfig:
     target_loss: Optional[float] = None
     stop_at_target: bool = False
     max_time: Optional[float] = None
-    lr_rule: Optional[float] = None     # seed 002: halve lr when L_hat^2 disp / ||g||^2 > this
     seed: int = 0
     progress: bool = False
     label: str = ""
@@ -169,11 +169,9 @@ class _Job:
 
 
 class _Worker:
-    def __init__(self, wid: int):
+    def __init__(self, wid: int, ring: Ring):
         self.id = wid
-        self.ring: list = []
-        self.ring_versions: list = []
-        self.unfilled: int = 0       # ring slots never filled
+        self.ring = ring             # slots hold (G, partition): row G[partition] of version v
         self.job: Optional[_Job] = None
         self.latest: int = -1        # newest model version received
         self.done_version: int = -1  # newest version it has computed a step for
@@ -220,7 +218,7 @@ class Simulator:
         self.val_batch = (src[0][torch.as_tensor(vb)], src[1][torch.as_tensor(vb)])
         self.snapshots: dict[int, torch.Tensor] = {0: self._flat()}
         self._grad_cache: dict[int, torch.Tensor] = {}
-        self._val_grad: dict[int, torch.Tensor] = {}
+        self._val_grads: dict[int, torch.Tensor] = {}
         self.initial = self._evaluate()
 
     def _init_cluster(self, element_size: int) -> None:
@@ -235,16 +233,12 @@ class Simulator:
         self.model_bytes = self.d * self.element_size
         self.kappa = (None if config.compress is None else
                       TopK(config.compress).kappa(self.d))
-        if getattr(scheme, "decoder", None) == "min-error" and self.kappa is None:
+        if scheme.needs_error_norms and self.kappa is None:
             raise ValueError(f"{scheme.name} with decoder='min-error' picks the class whose "
                              "messages lost least to compression; it needs top-kappa compression "
                              "(SimConfig.compress, pgc-hvd simulate --compression topk:0.05)")
         # state
-        self.workers = [_Worker(w) for w in range(self.n)]
-        from pgc_hvd.schemes.protocol import Scheme as _BaseScheme
-        self._plan_cacheable = type(scheme).work_plan is _BaseScheme.work_plan
-        self._ring_len = [len(S) for S in scheme.supports()] if self._plan_cacheable else None
-        self._plan_cache: dict = {}
+        self.workers = [_Worker(w, Ring(scheme, w)) for w in range(self.n)]
         self.events: list = []
         self._seq = 0
         self._job_id = 0
@@ -279,6 +273,16 @@ class Simulator:
                 del self._grad_cache[old]
         return G
 
+    def val_grad(self, v: int) -> torch.Tensor:
+        """Gradient on the fixed validation batch at model version v (cached)."""
+        g = self._val_grads.get(v)
+        if g is None:
+            g = self.grads.gradient(self.snapshots[v], *self.val_batch)
+            self._val_grads[v] = g
+            for old in [k for k in self._val_grads if k < v - 64]:
+                del self._val_grads[old]
+        return g
+
     def _evaluate(self) -> dict:
         res = {"train_" + k: v for k, v in self.task.evaluate(self.X, self.y).items()}
         if self.test is not None:
@@ -286,44 +290,10 @@ class Simulator:
         return res
 
     # ------------------------------------------------------------------ workers
-    def _plan(self, wid: int, v: int):
-        """``scheme.work_plan(wid, v)``, cached when the scheme uses the base class's plan (which
-        depends on the step only through ``step == 0`` and ``(step - 1) % L`` when pipelined)."""
-        if not self._plan_cacheable:
-            return self.scheme.work_plan(wid, v), None
-        key = (wid, 0 if v == 0 or not self.scheme.pipelined else 1 + (v - 1) % self._ring_len[wid])
-        hit = self._plan_cache.get(key)
-        if hit is None:
-            plan = self.scheme.work_plan(wid, v)
-            hit = (plan, self._plan_meta(plan))
-            self._plan_cache[key] = hit
-        return hit
-
-    @staticmethod
-    def _plan_meta(plan) -> dict:
-        coefs = [c for _, c in plan.combine]
-        slots = [slot for slot, _ in plan.combine]
-        return {"slots": slots, "coefs": coefs,
-                "whole_ring": slots == list(range(plan.ring_size)),
-                "complex": any(isinstance(c, complex) for c in coefs),
-                "float_coefs": None if any(isinstance(c, complex) for c in coefs)
-                else [float(c) for c in coefs]}
-
     def _start(self, w: _Worker, t: float) -> None:
         v = w.latest
-        plan, meta = self._plan(w.id, v)
-        if not w.ring:
-            w.ring = [None] * plan.ring_size
-            w.ring_versions = [-1] * plan.ring_size
-            w.unfilled = plan.ring_size
+        plan = w.ring.plan(v)       # with any slot never filled (e.g. warm-up cancelled)
         evaluate = plan.evaluate
-        if w.unfilled and any(w.ring[slot] is None for slot, _ in plan.combine):
-            evaluate = list(evaluate)
-            done = {slot for _, slot in evaluate}
-            for slot, _ in plan.combine:  # a ring slot never filled (e.g. warm-up cancelled)
-                if w.ring[slot] is None and slot not in done:
-                    evaluate.append((plan.slot_partitions[slot], slot))
-                    done.add(slot)
         G = self.grads_at(v)
         delay = float(self.delay.sample(w.id, v))
         self.delays_seen.append(delay)
@@ -334,7 +304,7 @@ class Simulator:
         self._job_id += 1
         # ring entries are (G, partition) pairs: the row G[partition] is read when a message is
         # formed (no per-slot tensor views on the hot path)
-        w.job = _Job(self._job_id, v, t, t + dur, (G, evaluate), (plan, meta), delay)
+        w.job = _Job(self._job_id, v, t, t + dur, (G, evaluate), plan, delay)
         w.done_version = v
         self.total_evals += len(evaluate)
         self._push(t + dur, "done", w.id, self._job_id)
@@ -345,17 +315,11 @@ class Simulator:
         w.intervals.append((job.start, job.end))
         G, evaluate = job.evaluate
         for p, slot in evaluate:
-            if w.ring[slot] is None:
-                w.unfilled -= 1
-            w.ring[slot] = (G, p)
-            w.ring_versions[slot] = job.step
-        plan, meta = job.plan
-        payload, dense, err = self._message(w, plan, meta)
+            w.ring.fill(slot, job.step, (G, p))
+        plan = job.plan
+        payload, dense, err = self._message(w, plan)
         nbytes = self._message_bytes(payload) + (8 if err is not None else 0)
-        if meta is not None and meta["whole_ring"]:
-            versions = tuple(w.ring_versions)
-        else:
-            versions = tuple(w.ring_versions[slot] for slot, _ in plan.combine)
+        versions = w.ring.message_versions(plan)
         arrival = Arrival(w.id, job.step, job.step, None, err, versions)
         if self.collective:
             w.outbox.append({"arrival": arrival, "payload": payload, "dense": dense,
@@ -377,23 +341,22 @@ class Simulator:
 
     def _slot_rows(self, w: _Worker, slots) -> list:
         """The ring slots' gradient rows; rows from one version are gathered in one pass."""
-        entries = [w.ring[slot] for slot in slots]
+        entries = [w.ring.slots[slot] for slot in slots]
         G0 = entries[0][0]
         if len(entries) > 2 and all(e[0] is G0 for e in entries):
             idx = torch.tensor([e[1] for e in entries], dtype=torch.long)
             return list(G0.index_select(0, idx).unbind(0))
         return [G[p] for G, p in entries]
 
-    def _message(self, w: _Worker, plan, meta=None):
-        if meta is None:
-            meta = self._plan_meta(plan)
-        slots = self._slot_rows(w, meta["slots"])
-        coefs = meta["coefs"]
-        if meta["complex"]:
+    def _message(self, w: _Worker, plan):
+        form = w.ring.form(plan)
+        slots = self._slot_rows(w, form.slots)
+        coefs = form.coefs
+        if form.complex:
             dense = sum(complex(c) * s.to(torch.complex128 if s.dtype == torch.float64 else torch.complex64)
                         for c, s in zip(coefs, slots))
         elif slots[0].dtype == torch.float32:
-            dense = ops.coded_accumulate(torch.empty(self.d), slots, meta["float_coefs"])
+            dense = ops.coded_accumulate(torch.empty(self.d), slots, list(form.float_coefs))
         else:
             dense = sum(float(c) * s for c, s in zip(coefs, slots))
         if self.kappa is None:
@@ -453,8 +416,6 @@ class Simulator:
     def _update(self, decision, step: int, decide_seconds: float) -> tuple[float, dict, dict]:
         """Decode and apply the decision's update (version step + 1); returns (decode seconds,
         the record's extra entries, evaluation metrics)."""
-        from pgc_hvd.metrics.diagnostics import step_diagnostics
-
         w0 = _time.thread_time()
         g_hat = self._decode(decision)
         if self.cfg.decode_time == "measured":
@@ -464,7 +425,7 @@ class Simulator:
         extra: dict = {}
         if self.cfg.diagnostics and step % max(1, int(self.cfg.diag_every)) == 0:
             d0 = _time.thread_time()
-            extra.update(step_diagnostics(self, decision, g_hat))
+            extra.update(self._diagnostics(decision, g_hat))
             if self.cfg.diag_cost:
                 extra["diag_seconds"] = _time.thread_time() - d0
         if self.cfg.step_hook is not None:
@@ -474,16 +435,27 @@ class Simulator:
         self.snapshots[self.version] = self._flat()
         for old in [k for k in self.snapshots if k < self.version - 64]:
             del self.snapshots[old]
-        if self.cfg.lr_rule is not None and extra.get("lhat_ratio") is not None \
-                and extra["lhat_ratio"] > self.cfg.lr_rule:
-            for grp in self.opt.param_groups:
-                grp["lr"] *= 0.5
-            extra["lr_halved"] = True
         extra["lr"] = float(self.opt.param_groups[0]["lr"])
         metrics = {}
         if self.cfg.eval_every and (step % self.cfg.eval_every == 0 or step == self.cfg.steps - 1):
             metrics = self._evaluate()
         return decode_time, extra, metrics
+
+    def _diagnostics(self, decision, g_hat: torch.Tensor) -> dict:
+        """:mod:`pgc_hvd.metrics.diagnostics` of this step's update: staleness over the versions
+        of every ring slot of every message used, and the error decomposition."""
+        versions: list[int] = []
+        for u in decision.uses:
+            arr = self.store[(u.worker, u.step)]["arrival"]
+            versions.extend(arr.slot_versions or (u.version,))
+        out: dict = {"g_hat_sq": float(g_hat.double().pow(2).sum())}
+        out.update(staleness_diagnostics(decision.step, versions, self.snapshots, self.val_grad,
+                                         out["g_hat_sq"]))
+        rows = np.stack([self.scheme.message_row(u.worker, u.step) for u in decision.uses])
+        out.update(error_decomposition(
+            g_hat, self.grads_at(decision.step), rows, [u.weight for u in decision.uses],
+            [self.store[(u.worker, u.step)]["dense"] for u in decision.uses]))
+        return out
 
     def _fire(self, rnd, decision, t: float, decide_seconds: float = 0.0) -> StepRecord:
         step = rnd.step
@@ -532,7 +504,7 @@ class Simulator:
             arrive = t + decode_time + (self.comm.cost(self.model_bytes) if self.cfg.broadcast else 0.0)
         for w in self.workers:
             self._push(arrive, "model", w.id, self.version)
-        keep = self.version - max(self.scheme.c, 1) - 1
+        keep = self.version - self.scheme.lookback - 1
         for key in [k for k in self.store if k[1] < keep]:
             del self.store[key]
         return rec
@@ -541,8 +513,8 @@ class Simulator:
     def _init_agents(self) -> None:
         """State of the runtime's agents (module doc, "Collective model")."""
         cm: CollectiveModel = self.comm
-        self._row_bytes = 8 * (_CTRL_FIXED + max(1, self.scheme.c))
-        self._late_usable = getattr(self.scheme, "table", None) is not None
+        self._row_bytes = 8 * (_CTRL_FIXED + self.scheme.lookback)
+        self._late_usable = self.scheme.late_usable
         self._apply_seconds = cm.local(3 * self.model_bytes)
         self._cached: set = set()          # (worker, step) whose payload every rank holds
         self._phase = "idle"               # idle | collective | data | dormant
@@ -732,7 +704,7 @@ class Simulator:
                            + (cm.local(cached + d4) if cached else 0.0))
                 self._received(each=allreduce_bytes(n, self.d) * self.element_size / 4)
         self._cached = {k for k in self._cached if k[1] > decision.step
-                        or (self._late_usable and k[1] >= decision.step - max(self.scheme.c, 1))}
+                        or (self._late_usable and k[1] >= decision.step - self.scheme.lookback)}
         return seconds
 
     def _run_collective(self) -> list[StepRecord]:

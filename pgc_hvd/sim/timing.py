@@ -42,7 +42,7 @@ class TimingSimulator(Simulator):
 
     def __init__(self, scheme: Scheme, d: int, config: SimConfig, element_size: int = 4,
                  writer=None):
-        if getattr(scheme, "decoder", None) == "min-error":
+        if scheme.needs_error_norms:
             raise ValueError(f"{scheme.name} with decoder='min-error' ranks classes by the "
                              "compression error of the real messages: use the full simulator")
         if config.partition_time is None:
@@ -78,12 +78,7 @@ class TimingSimulator(Simulator):
     def grads_at(self, v: int):
         return None
 
-    @staticmethod
-    def _plan_meta(plan) -> dict:
-        slots = [slot for slot, _ in plan.combine]
-        return {"slots": slots, "whole_ring": slots == list(range(plan.ring_size))}
-
-    def _message(self, w, plan, meta=None):
+    def _message(self, w, plan):
         return self._msg, None, None
 
     def _message_bytes(self, payload) -> int:

@@ -227,7 +227,7 @@ def test_streaming_class_decoder_stops_at_first_complete_class():
 
 
 def test_report_main_prints_every_code(capsys):
-    from pgc_hvd.codes.report import main
+    from pgc_hvd.apps.codes_report import main
 
     assert main(["--n", "12", "--s", "2,3", "--patterns", "5"]) == 0
     out = capsys.readouterr().out
@@ -260,5 +260,5 @@ def test_decode_input_is_checked():
     (["--s", "2,-1"], "--s budgets must be >= 0"),
 ])
 def test_report_usage_errors(usage_error, argv, message):
-    from pgc_hvd.codes.report import main
+    from pgc_hvd.apps.codes_report import main
     assert message in usage_error(main, ["--n", "12"] + argv)

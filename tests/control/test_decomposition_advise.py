@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from pgc_hvd.control.advise import advise, fit_delays, format_report
-from pgc_hvd.control.decomposition import DecompositionProbe
-from pgc_hvd.sim.delays import DelayTrace, Exponential, LogNormal
+from pgc_hvd.apps.advise import advise, fit_delays, format_report
+from pgc_hvd.sim.decomposition import DecompositionProbe
+from pgc_hvd.delays import DelayTrace, Exponential, LogNormal
 from pgc_hvd.sim.run import prepare_data, simulate
 
 
@@ -85,5 +85,5 @@ def test_advise_on_a_trace(tmp_path):
     (["--partition-time", "-1"], "seconds > 0"),
 ])
 def test_advise_usage_errors(tmp_path, usage_error, argv, message):
-    from pgc_hvd.control.advise import main
+    from pgc_hvd.apps.advise import main
     assert message in usage_error(main, [str(tmp_path)] + argv)

@@ -76,7 +76,7 @@ def test_actuators():
     assert lr.set_level(0)[1] == pytest.approx(0.8)
     sch = get_scheme("bounded-staleness", 8, 1, r=2, c=8)
     c = SchemeCActuator(sch, 0.5)
-    assert c.set_level(1) == (8, 4) and sch.c_bound == 4
+    assert c.set_level(1) == (8, 4) and sch.staleness_bound == 4
     assert c.set_level(5)[1] == 1
     assert c.set_level(0)[1] == 8
 
@@ -132,7 +132,7 @@ def test_c_actuator_applies_through_the_engine_hook_and_binding_follows_the_knob
     seen = []
     c = SchemeCActuator(sch, 0.5, apply=seen.append)
     assert c.set_level(2) == (8, 2) and seen == [2]
-    assert sch.c_bound == 8 and c.value() == 2   # the engine applies it (runtime: next control round)
+    assert sch.staleness_bound == 8 and c.value() == 2   # the engine applies it (runtime: next control round)
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=0.8)
     assert isinstance(make_actuator("auto", sch, opt, 0.5), CThenLrActuator)
@@ -156,7 +156,7 @@ def test_actuate_withdraws_a_lowering_of_c_at_its_floor():
         if a is not None:
             fired.append(a)
     assert [(a.knob, a.old, a.new) for a in fired] == [("c", 2, 1)]
-    assert sch.c_bound == 1 and rule.level == 1 and len(rule.actions) == 1
+    assert sch.staleness_bound == 1 and rule.level == 1 and len(rule.actions) == 1
 
 
 def test_auto_knob_lowers_c_to_its_floor_then_lr_and_raises_back_in_reverse():
@@ -168,7 +168,7 @@ def test_auto_knob_lowers_c_to_its_floor_then_lr_and_raises_back_in_reverse():
     moves = [(act.set_level(lvl), act.last_knob) for lvl in (1, 2, 3, 4, 3, 2, 1, 0)]
     assert [k for _, k in moves] == ["c", "c", "lr", "lr", "lr", "lr", "c", "c"]
     assert [m[0] for m in moves][:4] == [(4, 2), (2, 1), (0.8, 0.4), (0.4, 0.2)]
-    assert sch.c_bound == 4 and opt.param_groups[0]["lr"] == 0.8
+    assert sch.staleness_bound == 4 and opt.param_groups[0]["lr"] == 0.8
     # through the rule: a sustained divergence walks down c, then lr, never withdrawn
     sch2 = get_scheme("bounded-staleness", 8, 1, r=2, c=2)
     opt2 = torch.optim.SGD([p], lr=0.8)

@@ -1,4 +1,4 @@
-"""The control rule in the simulator (design note 002 set-up, short budget): it triggers on a
+"""The control rule in the simulator (the control experiment's set-up, short budget): it triggers on a
 synthetic divergence (eta and c too large), stays quiet on a healthy run, logs its actions."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pgc_hvd.control.experiment import note002_delay
+from pgc_hvd.apps.control_experiment import control_delay
 from pgc_hvd.sim.run import prepare_data, simulate
 
 BUDGET = 100.0
@@ -21,7 +21,7 @@ def data():
 def run(data, lr, c, adaptive, control=None, scheme="bounded-staleness", **kw):
     opts = {"r": 2, "c": c} if scheme == "bounded-staleness" else {}
     recs, summ = simulate(scheme, 8, 1, data=data, model="softmax", optimizer=f"sgd:lr={lr}",
-                          delay=note002_delay(), steps=100000, max_time=BUDGET,
+                          delay=control_delay(), steps=100000, max_time=BUDGET,
                           scheme_options=opts, partition_time=1.0, adaptive=adaptive,
                           control=control, **kw)
     return recs, summ

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from image_folder import write_image_folder
-from pgc_hvd.runtime.train import main
+from pgc_hvd.apps.train import main
 
 TRAIN = Path(__file__).resolve().parents[1] / "control" / "scripts" / "train_cli.py"
 

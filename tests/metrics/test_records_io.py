@@ -88,13 +88,13 @@ def test_report_names_a_damaged_records_file_or_summary(tmp_path, usage_error, r
                                                          message):
     """pgc-hvd report: a clear usage error naming the file, never a raw AttributeError,
     KeyError, TypeError or UnicodeDecodeError."""
-    from pgc_hvd.runtime.report import main
+    from pgc_hvd.apps.report import main
     run = _run_folder(tmp_path, records, summary)
     assert message in usage_error(main, [str(run), "--no-plot"])
 
 
 def test_report_reads_a_good_run_and_checks_its_target(tmp_path, usage_error, capsys):
-    from pgc_hvd.runtime.report import main
+    from pgc_hvd.apps.report import main
     run = _run_folder(tmp_path, summary=b'{"target_loss": 2.5, "final_test_accuracy": 0.9}')
     assert main([str(run), "--no-plot"]) == 0
     row = capsys.readouterr().out.splitlines()[2]

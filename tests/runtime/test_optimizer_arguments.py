@@ -8,8 +8,8 @@ import os
 import pytest
 
 from pgc_hvd.runtime.optimizer import TopK, _check_arguments
-from pgc_hvd.runtime.train import main as train_main
-from pgc_hvd.sim.delays import Exponential
+from pgc_hvd.apps.train import main as train_main
+from pgc_hvd.delays import Exponential
 
 
 def check(**overrides):

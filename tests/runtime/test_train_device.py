@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pgc_hvd.ops._ext import cuda_compiled
-from pgc_hvd.runtime.train import build_parser, resolve_device
+from pgc_hvd.apps.train import build_parser, resolve_device
 
 HAVE_CUDA = torch.cuda.is_available() and cuda_compiled()
 

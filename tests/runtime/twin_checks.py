@@ -31,7 +31,7 @@ from pgc_hvd.data import load_dataset, partition, train_test_split
 from pgc_hvd.models import build_task
 from pgc_hvd.runtime import PartitionLoader, TopK
 from pgc_hvd.schemes import get_scheme
-from pgc_hvd.sim.delays import Exponential, LongStraggler
+from pgc_hvd.delays import Exponential, LongStraggler
 from pgc_hvd.sim.engine import SimConfig, Simulator
 
 torch.set_num_threads(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pgc_hvd.schemes import Arrival
+from pgc_hvd.schemes import Arrival, Ring
 
 
 class GradientTable:
@@ -24,22 +24,21 @@ class GradientTable:
 
 
 class Rings:
-    """Every worker's ring: slot -> (partition, version, vector)."""
+    """Every worker's :class:`~pgc_hvd.schemes.Ring`, slots holding (partition, vector)."""
 
     def __init__(self, scheme, grads):
         self.scheme, self.grads = scheme, grads
-        self.slots = {}
+        self.rings = {w: Ring(scheme, w) for w in range(scheme.n)}
 
     def compute(self, worker: int, step: int):
-        plan = self.scheme.work_plan(worker, step)
-        ring = self.slots.setdefault(worker, {})
+        ring = self.rings[worker]
+        plan = ring.plan(step)
         for p, slot in plan.evaluate:
-            ring[slot] = (p, step, self.grads(p, step))
+            ring.fill(slot, step, (p, self.grads(p, step)))
         for slot, p in enumerate(plan.slot_partitions):
-            assert ring[slot][0] == p, "ring slot holds the wrong partition"
-        msg = sum(coef * ring[slot][2] for slot, coef in plan.combine)
-        versions = tuple(ring[slot][1] for slot, _ in plan.combine)
-        return Arrival(worker, step, step, msg, slot_versions=versions)
+            assert ring.slots[slot][0] == p, "ring slot holds the wrong partition"
+        msg = sum(coef * ring.slots[slot][1] for slot, coef in plan.combine)
+        return Arrival(worker, step, step, msg, slot_versions=ring.message_versions(plan))
 
 
 def run_step(scheme, rings, step, order):

@@ -235,7 +235,7 @@ def test_control_rounds_follow_the_poll_interval():
 def test_pgc_fires_on_the_first_control_round_that_shows_n_minus_s():
     """PGC-CR, one rank much slower every step: the step fires without it, at the end of the
     control round that shows the (n-s)-th message."""
-    from pgc_hvd.sim.delays import Heterogeneous, Constant
+    from pgc_hvd.delays import Heterogeneous, Constant
     cm = parse_comm_model("ring:alpha=1e-4,beta=0", poll_interval=0.004)
     delay = Heterogeneous(Constant(0.1), [0, 0, 0, 50])
     recs = time_steps(get_scheme("pgc-cr", 4, 1), d=1000, steps=5, partition_time=0.2,
@@ -293,7 +293,7 @@ def test_scale_experiment_quick(tmp_path):
 
 
 def test_scale_experiment_options_are_checked(tmp_path, capsys):
-    from pgc_hvd.sim.experiments import main
+    from pgc_hvd.apps.experiments import main
     with pytest.raises(SystemExit) as e:
         main(["pgc", "--out", str(tmp_path / "x"), "--comm-fit", "comm.json"])
     assert e.value.code == 2
@@ -305,7 +305,7 @@ def test_scale_experiment_options_are_checked(tmp_path, capsys):
 
 
 def test_simulate_command_takes_a_collective_model(tmp_path, capsys):
-    from pgc_hvd.sim.run import main
+    from pgc_hvd.apps.simulate import main
     fit = _fit_doc(tmp_path / "comm.json")
     out = tmp_path / "run"
     assert main(["--scheme", "pgc-cr", "--n", "4", "--s", "1", "--steps", "4",

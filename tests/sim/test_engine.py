@@ -10,7 +10,7 @@ import torch
 from pgc_hvd.data import load_dataset, partition, train_test_split
 from pgc_hvd.models import build_task
 from pgc_hvd.schemes import SCHEMES, get_scheme
-from pgc_hvd.sim.delays import DelayTrace, Exponential, LongStraggler, Recording, Replay
+from pgc_hvd.delays import DelayTrace, Exponential, LongStraggler, Recording, Replay
 from pgc_hvd.sim.engine import SimConfig, Simulator
 
 N, S, STEPS = 6, 1, 6
@@ -99,7 +99,7 @@ def test_replayed_trace_gives_identical_records(digits, tmp_path):
 def test_every_schemes_recorded_trace_passes_the_up_front_check(digits, name):
     """check_trace_covers never refuses the trace of a run of the same n and steps, even where
     workers skip steps (stragglers that fall behind a pipelined or first-k scheme)."""
-    from pgc_hvd.sim.delays import check_trace_covers
+    from pgc_hvd.delays import check_trace_covers
     rec = Recording(Exponential(1.0, seed=5) + LongStraggler(0.3, 4.0, 8.0, seed=5))
     run(digits, name, delay=rec, steps=STEPS)
     check_trace_covers(Replay(rec.trace), N, STEPS)

@@ -10,7 +10,7 @@ import torch
 from pgc_hvd.data import load_dataset, partition, train_test_split
 from pgc_hvd.models import build_task
 from pgc_hvd.schemes import get_scheme
-from pgc_hvd.sim.delays import FixedStragglers
+from pgc_hvd.delays import FixedStragglers
 from pgc_hvd.sim.engine import SimConfig, Simulator
 from pgc_hvd.sim.gradients import PartitionGradients
 
@@ -83,11 +83,12 @@ def test_cached_work_plans_equal_the_schemes_plans(digits, name):
     sim, _ = _run(digits, name, steps=2)
     for w in range(sim.n):
         for step in range(9):
-            plan, meta = sim._plan(w, step)
+            ring = sim.workers[w].ring
+            plan = ring.plan(step)
             ref = sim.scheme.work_plan(w, step)
             assert (plan.evaluate, plan.combine, plan.slot_partitions) == \
                    (ref.evaluate, ref.combine, ref.slot_partitions)
-            assert meta is None or meta["slots"] == [slot for slot, _ in ref.combine]
+            assert ring.form(plan).slots == tuple(slot for slot, _ in ref.combine)
 
 
 @pytest.mark.parametrize("name", ["bcgc", "gfrc"])
@@ -107,7 +108,7 @@ def test_fixed_schedule_with_cancel_never_waits_for_a_delayed_worker(digits, nam
 
 
 def test_bcgc_experiment_datasets_option_and_time_ratio(tmp_path):
-    from pgc_hvd.sim.experiments import exp_bcgc
+    from pgc_hvd.apps.experiments import exp_bcgc
 
     with pytest.raises(ValueError):
         exp_bcgc(tmp_path, quick=True, datasets=["nope"])

@@ -1,5 +1,5 @@
 """The papers' experiments on the simulator: ``pgc-hvd experiment {pgc,bcgc,staleness} [--quick]
---out DIR``, and ``scale`` (:mod:`pgc_hvd.sim.scale`: predicted time per step of the Horovod
+--out DIR``, and ``scale`` (:mod:`pgc_hvd.apps.scale`: predicted time per step of the Horovod
 runtime at n = 8..1024 under the alpha-beta model of its collectives, ``--comm-fit PATH``). Each writes into DIR one ``records/<run>.jsonl`` per run, ``summary.json`` (one
 entry per scheme and setting with the table's figures), ``table.md`` and ``plot.png``.
 
@@ -17,7 +17,7 @@ entry per scheme and setting with the table's figures), ``table.md`` and ``plot.
   the next model arrives (``cancel``, the paper's schedule); ``--datasets digits`` runs one
   dataset; then
   s = 24 with the minimum-error decoder, i.i.d. vs sorted-by-label partitions, BCGC vs GFRC.
-* ``staleness`` (design note 002): 8 heterogeneous workers, log-normal delays plus occasional
+* ``staleness`` (docs/control.md, docs/experiments.md): 8 heterogeneous workers, log-normal delays plus occasional
   10-30 s stragglers; synchronous DP (DGD), GC (GC-CR, s = 1) and bounded staleness r = 2,
   c in {2, 4, 8}, all for the same virtual time budget: time to the target validation loss,
   accuracy at equal time, gradient evaluations, utilisation, max gradient age and the error
@@ -35,36 +35,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
+from pgc_hvd.delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
 from pgc_hvd.metrics.records import to_jsonable
 from pgc_hvd.metrics.targets import first_reaching
 
-from .run import prepare_data, simulate
+from pgc_hvd.sim.run import prepare_data, simulate
 
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _fmt(v, nd=3):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if not np.isfinite(v):
-            return str(v)
-        return f"{v:.{nd}g}" if abs(v) < 1e4 else f"{v:.3e}"
-    return str(v)
-
-
-def _table(rows, cols) -> str:
-    out = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        out.append("| " + " | ".join(_fmt(r.get(k)) for _, k in cols) + " |")
-    return "\n".join(out)
-
-
-def _strip(summary: dict) -> dict:
-    return {k: v for k, v in summary.items()}
+from .tables import log as _log, table as _table
 
 
 # ------------------------------------------------------------------------------------- PGC

@@ -13,7 +13,7 @@ the *full-data* partition gradients at the versions the used entries were evalua
 
 The bias is split further into ``lemma_coding`` = ||sum_k p_k grad F_k(beta_t) - grad F(beta_t)||^2
 (straggler/decoding weights p_k != 1/n, 0 for exact schemes) and ``lemma_stale`` = ||nabla_bar -
-sum_k p_k grad F_k(beta_t)||^2. Unlike :func:`pgc_hvd.metrics.diagnostics.step_diagnostics`
+sum_k p_k grad F_k(beta_t)||^2. Unlike :func:`pgc_hvd.metrics.diagnostics.error_decomposition`
 (which compares with the minibatch gradients of the step), this needs full-partition gradients at
 every stale version: it is a probe, run every ``every`` steps via ``SimConfig.step_hook``::
 

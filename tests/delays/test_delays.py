@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pgc_hvd.sim.delays import (Constant, DelayTrace, Exponential, Heterogeneous, LogNormal,
+from pgc_hvd.delays import (Constant, DelayTrace, Exponential, Heterogeneous, LogNormal,
                                 LongStraggler, Pareto, Recording, Replay, Sum, Zero, as_delay_model,
                                 from_dict, parse_delay)
 
@@ -86,14 +86,14 @@ def test_trace_save_replay_bit_identical(tmp_path):
 
 
 def test_fixed_stragglers_must_use_the_runs_n():
-    from pgc_hvd.sim.delays import check_workers
+    from pgc_hvd.delays import check_workers
     check_workers(parse_delay("fixed:n=4,count=1,delay=5"), 4)
     with pytest.raises(ValueError, match="write fixed:n=12"):
         check_workers(parse_delay("exp:1+fixed:n=100,count=20,delay=5"), 12)
 
 
 def test_trace_too_short_or_narrow_for_the_run_is_refused_up_front():
-    from pgc_hvd.sim.delays import check_trace_covers
+    from pgc_hvd.delays import check_trace_covers
     trace = DelayTrace.from_model(Exponential(1.0, seed=1), 4, 10)
     check_trace_covers(Replay(trace), 4, 10)
     check_trace_covers(Replay(trace) + Constant(0.1), 3, 10)       # fewer workers: all there

@@ -1,6 +1,6 @@
 """Decode-quality report: ||a_I||_1, residual and decode time per code.
 
-    python -m pgc_hvd.codes.report --n 100 --s 20,24 [--patterns 200] [--seed 0] [--codes ...]
+    pgc-hvd report codes --n 100 --s 20,24 [--patterns 200] [--seed 0] [--codes ...]
 
 A code is a name, optionally with integer options: ``rs:stride=1`` is the Reed-Solomon code on
 consecutive evaluation points (see :mod:`pgc_hvd.codes.reed_solomon`).
@@ -27,7 +27,7 @@ import numpy as np
 
 from pgc_hvd.options import parse_options
 
-from .registry import CODES, get_code
+from pgc_hvd.codes.registry import CODES, get_code
 
 DEFAULT_CODES = ("bcgc", "gfrc", "fr", "gmds", "cr", "rs", "rs:stride=1", "cyclic-mds")
 
@@ -107,7 +107,7 @@ def format_table(rows: Sequence[CodeFigures]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pgc_hvd.codes.report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="pgc-hvd report codes", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=100, help="number of workers (default 100)")
     p.add_argument("--s", default="20,24", help="comma-separated straggler budgets (default 20,24)")
     p.add_argument("--patterns", type=int, default=200, help="straggler patterns sampled per code and s")

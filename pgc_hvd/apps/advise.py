@@ -37,23 +37,7 @@ from typing import Optional
 import numpy as np
 
 from pgc_hvd.metrics.records import read_records
-from pgc_hvd.sim.delays import DelayModel, DelayTrace, Exponential, LogNormal
-
-
-class PerRank(DelayModel):
-    """Rank r's delays from its own model."""
-
-    type_name = "per-rank"
-
-    def __init__(self, models):
-        super().__init__(0)
-        self.models = list(models)
-
-    def sample(self, worker: int, step: int) -> float:
-        return self.models[worker].sample(worker, step)
-
-    def params(self) -> dict:
-        return {"models": [m.to_dict() for m in self.models]}
+from pgc_hvd.delays import DelayTrace, Exponential, LogNormal, PerWorker
 
 
 # ------------------------------------------------------------------------------ fitting
@@ -101,10 +85,13 @@ def observations(run_dir: Path, partition_time: Optional[float] = None) -> dict:
         if not trace_files:
             raise FileNotFoundError(f"{run_dir}: neither records.jsonl nor a delay trace")
         tr = DelayTrace.load(trace_files[0])
-        n = 1 + max(w for w, _ in tr.delays)
+        workers, last = tr.span()
+        if not workers:
+            raise ValueError(f"{trace_files[0]}: the delay trace is empty")
+        n = 1 + workers[-1]
         per = [[v for (w, _), v in sorted(tr.delays.items()) if w == r] for r in range(n)]
         return {"source": "trace", "n": n, "delays": per, "tau": partition_time, "protocol": 0.0,
-                "steps": 1 + max(t for _, t in tr.delays), "scheme": None, "s": None,
+                "steps": 1 + last, "scheme": None, "s": None,
                 "all_wait": True, "observed_time_per_step": None}
     recs = [r for r in read_records(rec_path) if r.get("busy")]
     if not recs:
@@ -169,7 +156,7 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
     n = obs["n"]
     steps = int(steps or obs["steps"])
     fits = [fit_delays(x, seed=seed + 101 * r) for r, x in enumerate(obs["delays"])]
-    delay = PerRank([f["model"] for f in fits])
+    delay = PerWorker([f["model"] for f in fits])
     if target is None and Path(run_dir).is_dir() and (Path(run_dir) / "summary.json").exists():
         target = json.loads((Path(run_dir) / "summary.json").read_text()).get("target_loss")
     data = prepare_data(dataset, seed=seed)
@@ -196,7 +183,7 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
         for r, x in enumerate(obs["delays"]):
             xb = rng.choice(np.asarray(x), size=len(x), replace=True)
             bfits.append(fit_delays(xb, seed=seed + 1000 * (b + 1) + r)["model"])
-        bdelay = PerRank(bfits)
+        bdelay = PerWorker(bfits)
         tps = {}
         for row in ok:
             _, summ = simulate_candidate(row["scheme"], row["s"], n, bdelay, obs["tau"], obs["protocol"],

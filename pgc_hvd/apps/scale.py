@@ -40,10 +40,12 @@ import numpy as np
 
 from pgc_hvd.schemes import get_scheme
 
-from .comm import CollectiveModel, load_fit, parse_comm_model
-from .delays import DelayTrace, Exponential, LogNormal, Replay
-from .engine import SimConfig
-from .timing import TimingSimulator, time_per_step
+from pgc_hvd.sim.comm import CollectiveModel, load_fit, parse_comm_model
+from pgc_hvd.delays import DelayTrace, Exponential, LogNormal, Replay
+from pgc_hvd.sim.engine import SimConfig
+from pgc_hvd.sim.timing import TimingSimulator, time_per_step
+
+from .tables import table
 
 NS = (8, 16, 64, 256, 1024)
 MODELS = (("resnet18", 11_689_512), ("resnet50", 25_557_032))
@@ -124,7 +126,6 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None) -> tuple[
             ("PGC-CR/DGD old", "ratio_old"), ("PGC-CR/DGD new", "ratio_new"),
             ("PGC-CR new / hvd", "pgc_new_vs_hvd"),
             ("MB/step old", "pgc-cr_old_mb"), ("MB/step new", "pgc-cr_new_mb")]
-    from .experiments import _table
     head = (f"time per step (s) predicted by the time-only simulator: compute {PARTITION_TIME} s "
             f"per partition + delays of mean {PARTITION_TIME} s, {steps - WARMUP} steps after "
             f"{WARMUP} of warm-up, s = max(1, n // 16); links: measured = "
@@ -132,7 +133,7 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None) -> tuple[
             f"datacentre = {DATACENTRE}; old plane = allgather of ready ranks' messages with the "
             f"control rows, new = control rows then one allreduce; MB/step: the most any rank "
             f"received per PGC-CR step; {time.perf_counter() - t_all:.0f} s to compute\n\n")
-    return rows, head + _table(rows, cols)
+    return rows, head + table(rows, cols)
 
 
 def _plot(path: Path, rows: list, ns) -> None:

@@ -1,4 +1,4 @@
-"""``pgc-hvd experiment control --out DIR [--quick]``: the control rule on design note 002's set-up.
+"""``pgc-hvd experiment control --out DIR [--quick]``: the staleness control rule (docs/control.md).
 
 8 heterogeneous workers (speed factors 1, 1, 1, 1, 1.25, 1.5, 2, 3), log-normal delays
 (mu = -1, sigma = 0.5, times the factor) plus occasional 10-30 s stragglers (p = 0.02 per step),
@@ -20,14 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pgc_hvd.sim.delays import Heterogeneous, LogNormal, LongStraggler
+from pgc_hvd.delays import Heterogeneous, LogNormal, LongStraggler
 from pgc_hvd.metrics.targets import first_reaching
 from pgc_hvd.sim.run import prepare_data, simulate
+
+from .tables import markdown_table
 
 FACTORS = [1.0, 1.0, 1.0, 1.0, 1.25, 1.5, 2.0, 3.0]
 
 
-def note002_delay():
+def control_delay():
     return (Heterogeneous(LogNormal(-1.0, 0.5, seed=5), FACTORS)
             + LongStraggler(0.02, 10.0, 30.0, seed=6))
 
@@ -56,7 +58,7 @@ def run(out: Path, quick: bool = False, budget: float | None = None, target: flo
         tag = label.replace(" ", "_").replace("=", "").replace("(", "-").replace(")", "")
         print(f"[control] {label}", file=sys.stderr, flush=True)
         recs, summ = simulate(scheme, 8, s, data=data, model="softmax", optimizer=f"sgd:lr={lr}",
-                              delay=note002_delay(), steps=100000, max_time=budget,
+                              delay=control_delay(), steps=100000, max_time=budget,
                               scheme_options=opts, partition_time=1.0, adaptive=adaptive,
                               control=control, overwrite=True, records_path=out / "records" / f"{tag}.jsonl")
         tl = [r.extra.get("test_loss") for r in recs]
@@ -80,17 +82,12 @@ def table(rows) -> str:
             ("max val. loss", "max_test_loss"), ("final acc.", "final_accuracy"),
             ("time to target (s)", "time_to_target"), ("steps", "steps"),
             ("changes (lower)", None), ("diag CPU s", "diag_seconds")]
-    out = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = []
-        for _, k in cols:
-            if k is None:
-                cells.append(f"{r['actions']} ({r['lowered']})")
-                continue
-            v = r.get(k)
-            cells.append("-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    def cell(r, k):
+        if k is None:
+            return f"{r['actions']} ({r['lowered']})"
+        v = r.get(k)
+        return "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+    return markdown_table([c for c, _ in cols], [[cell(r, k) for _, k in cols] for r in rows])
 
 
 def plot(path, curves, target) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from pgc_hvd.metrics.records import read_records
 from pgc_hvd.metrics.targets import RUNTIME_WINDOW, first_reaching
 
+from .tables import markdown_table
+
 
 def find_runs(root: Path) -> list[Path]:
     """The records files of the runs under root (see the module docstring)."""
@@ -93,11 +95,9 @@ COLUMNS = [("run", "run"), ("scheme", "scheme"), ("n", "n"), ("s", "s"), ("steps
 
 
 def table(rows: list[dict]) -> str:
-    head = "| " + " | ".join(h for _, h in COLUMNS) + " |"
-    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    body = ["| " + " | ".join(_fmt(r[k], 1 if k.endswith("_ms") else 3) for k, _ in COLUMNS) + " |"
-            for r in rows]
-    return "\n".join([head, sep, *body])
+    return markdown_table([h for _, h in COLUMNS],
+                          [[_fmt(r[k], 1 if k.endswith("_ms") else 3) for k, _ in COLUMNS]
+                           for r in rows])
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -6,7 +6,7 @@
 Each rank is one worker; rank 0 writes ``OUT/records.jsonl`` (one StepRecord per step, the
 format the simulator writes), ``OUT/summary.json`` (time per step, time to the target loss, final
 loss and accuracy) and prints progress. Straggler delays come from the simulator's delay models
-(:func:`pgc_hvd.sim.delays.parse_delay`: ``exp:mean=0.1``, ``replay:trace.json``, ...) and are
+(:func:`pgc_hvd.delays.parse_delay`: ``exp:mean=0.1``, ``replay:trace.json``, ...) and are
 slept on the compute side of each rank, so a simulated run can face the same schedule.
 
 ``--dataset cifar10|imagefolder --data-dir DIR`` trains on torchvision's ``CIFAR10`` /
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         check_run_folder(args.out, overwrite=args.force)
     except ValueError as err:
         parser.error(str(err))
-    from pgc_hvd.sim.delays import check_trace_covers, parse_delay
+    from pgc_hvd.delays import check_trace_covers, parse_delay
     try:
         delays = parse_delay(args.delay)
     except (ValueError, OSError) as err:   # a bad spec, or a missing or damaged replay: trace

@@ -1,0 +1,138 @@
+"""``pgc-hvd simulate``: one simulated run from the command line (:func:`pgc_hvd.sim.run.simulate`),
+``OUT/records.jsonl`` and ``OUT/summary.json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from pgc_hvd.delays import Recording, parse_delay
+from pgc_hvd.metrics.records import check_run_folder, to_jsonable
+from pgc_hvd.options import parse_options
+from pgc_hvd.sim.comm import CollectiveModel, CommModel, parse_comm_model
+from pgc_hvd.sim.run import prepare_data, simulate
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="pgc-hvd simulate",
+                                description="One simulated run: n virtual workers, real gradients, virtual time.")
+    p.add_argument("--scheme", default="pgc-cr")
+    p.add_argument("--n", type=int, default=12)
+    p.add_argument("--s", type=int, default=1)
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="scheme option, e.g. c=2, r=2, decoder=min-error")
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--data-dir", default=None,
+                   help="local folder of cifar10 (holding cifar-10-batches-py, read by "
+                        "torchvision) or imagefolder data")
+    p.add_argument("--no-verify-data", action="store_true",
+                   help="cifar10: read batches whose MD5 differs from the published files")
+    p.add_argument("--model", default=None, help="softmax, logistic, cnn, resnet18")
+    p.add_argument("--optimizer", default="sgd:lr=0.5")
+    p.add_argument("--delay", default="exp:mean=1", help="delay spec, e.g. 'lognormal:mu=-1,sigma=0.5+straggler:p=0.01' or replay:PATH")
+    p.add_argument("--save-trace", default=None, help="write the delay trace (JSON) here")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--partition-time", type=float, default=None, help="seconds per partition; default: measured")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="master model: seconds per message (default 5e-4)")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help="master model: bytes per second (default 30e6)")
+    p.add_argument("--comm-model", default=None, metavar="SPEC",
+                   help="master[:alpha=..,bandwidth=..] (default), or the Horovod runtime's "
+                        "collectives: ring:alpha=SECONDS,gbps=GBIT (or beta=, bandwidth=) or "
+                        "fitted:PATH (benchmarks/measure_collectives.py); see pgc_hvd.sim.comm")
+    p.add_argument("--plane", default=None, choices=["allgather", "allgather-2phase", "allreduce"],
+                   help="collective models: the runtime's data plane (default allreduce)")
+    p.add_argument("--poll-interval", type=float, default=None,
+                   help="collective models: seconds between control rounds (default 0.002)")
+    p.add_argument("--compression", default=None, metavar="SPEC",
+                   help="none (default) or topk:RATIO[,ef=0|1][,method=exact|threshold]: "
+                        "top-kappa of every coded message, error feedback on unless ef=0 (the "
+                        "spelling of pgc-hvd train; pgc_hvd.compress.parse_compression)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="minibatch per partition gradient (seeded by step); default: full partition")
+    p.add_argument("--non-iid", action="store_true", help="partitions sorted by label")
+    p.add_argument("--policy", default="continue", choices=["continue", "cancel"])
+    p.add_argument("--adaptive", action="store_true",
+                   help="staleness control rule (bounded staleness, PGC): lower lr or c when "
+                        "L_hat^2*disp/||g_hat||^2 is large (pgc_hvd.control)")
+    p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
+                   help="control rule option: high, low, window, patience, factor, knob (lr|c|auto), every")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--out", required=True, help="output folder (records.jsonl, summary.json)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the results of an earlier run in --out")
+    a = p.parse_args(argv)
+    if a.threads < 1:
+        p.error(f"--threads must be >= 1, got {a.threads}")
+    if a.control and not a.adaptive:
+        p.error("--control sets options of the control rule: it needs --adaptive")
+    if a.steps < 1:
+        p.error(f"--steps must be >= 1, got {a.steps}")
+    from pgc_hvd.compress import parse_compression
+    try:
+        topk = parse_compression(a.compression)
+    except ValueError as err:
+        p.error(f"--compression: {err}")
+    if topk is not None and topk.k is not None:
+        p.error(f"--compression {a.compression!r}: the simulator takes a ratio (topk:RATIO), "
+                f"not a count of entries")
+    if a.comm_model is not None and (a.alpha is not None or a.bandwidth is not None):
+        p.error("--alpha/--bandwidth set the master model; with --comm-model put them in the spec "
+                "(master:alpha=..,bandwidth=.. or ring:alpha=..,gbps=..)")
+    try:
+        comm = (parse_comm_model(a.comm_model) if a.comm_model is not None else
+                CommModel(5e-4 if a.alpha is None else a.alpha,
+                          30e6 if a.bandwidth is None else a.bandwidth))
+        if isinstance(comm, CollectiveModel):
+            comm = comm.replace(**{k: v for k, v in (("plane", a.plane),
+                                                     ("poll_interval", a.poll_interval))
+                                   if v is not None})
+        elif a.plane is not None or a.poll_interval is not None:
+            p.error("--plane and --poll-interval apply to collective comm models (--comm-model "
+                    "ring:... or fitted:PATH), not to the master model")
+    except ValueError as err:
+        p.error(f"--comm-model: {err}")
+    try:
+        check_run_folder(a.out, overwrite=a.force)
+    except ValueError as err:
+        p.error(str(err))
+    if a.save_trace and Path(a.save_trace).is_dir():
+        p.error(f"--save-trace {a.save_trace} is a folder; name the trace file to write")
+    torch.set_num_threads(a.threads)
+    try:
+        opts = parse_options(a.option, "--option")
+        control = parse_options(a.control, "--control")
+    except ValueError as err:
+        p.error(str(err))
+    try:
+        delay = Recording(parse_delay(a.delay))
+    except (ValueError, OSError) as err:   # a bad spec, or a missing or damaged replay: trace
+        p.error(f"--delay {a.delay!r}: {err}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(a.dataset, root=a.data_dir, seed=a.seed,
+                        verify=not a.no_verify_data) if a.data_dir else None
+    recs, summary = simulate(a.scheme, a.n, a.s, a.dataset, a.model, a.optimizer, delay, a.steps,
+                             iid=not a.non_iid, seed=a.seed, scheme_options=opts, data=data,
+                             records_path=out / "records.jsonl", partition_time=a.partition_time,
+                             comm=comm, compress=None if topk is None else topk.ratio,
+                             error_feedback=None if topk is None else topk.error_feedback,
+                             straggler_policy=a.policy,
+                             batch_size=a.batch_size, adaptive=a.adaptive,
+                             control=control, overwrite=a.force,
+                             progress=True)
+    if a.save_trace:
+        delay.trace.save(a.save_trace)
+    (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "delay_histogram"}, default=str))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

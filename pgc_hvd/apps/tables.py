@@ -1,0 +1,37 @@
+"""Markdown tables of the applications' results (experiments, reports): one writer, the cells
+formatted by the caller."""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr (the tables go to stdout and files)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def fmt(v, nd: int = 3) -> str:
+    """A cell: ``-`` for None, floats to ``nd`` significant digits (``%.3e`` from 1e4 on)."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if not np.isfinite(v):
+            return str(v)
+        return f"{v:.{nd}g}" if abs(v) < 1e4 else f"{v:.3e}"
+    return str(v)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """``| h1 | h2 |``, ``|---|---|``, then one ``| c1 | c2 |`` line per row of cells."""
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(out)
+
+
+def table(rows, cols) -> str:
+    """``cols`` = [(header, key)]: one line per row dict, cells ``fmt(row.get(key))``."""
+    return markdown_table([c for c, _ in cols], [[fmt(r.get(k)) for _, k in cols] for r in rows])
