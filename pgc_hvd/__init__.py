@@ -37,5 +37,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'pgc_hvd' has no attribute {name!r}")
 
 
-_SUBPACKAGES = ("codes", "compress", "control", "data", "metrics", "models", "ops", "runtime",
-                "schemes", "sim")
+_SUBPACKAGES = ("apps", "codes", "compress", "control", "data", "delays", "metrics", "models",
+                "ops", "runtime", "schemes", "sim")

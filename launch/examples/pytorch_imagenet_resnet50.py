@@ -38,11 +38,10 @@ What differs, and why:
   ``--slow-seconds`` (inject a straggler), ``--num-workers``, ``--clip`` (clip the decoded update's
   norm: ``synchronize()``, ``clip_grad_norm_``, ``step()`` under ``skip_synchronize()``).
 
-The last line on every rank is ``PARAMS sha256=<hex> rank=<r>``, equal on every rank.
+The last line on every rank is ``PARAMS digest=<hex> rank=<r>``, equal on every rank.
 """
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -57,6 +56,7 @@ from torchvision import datasets, models, transforms
 import horovod.torch as hvd
 
 import pgc_hvd
+from pgc_hvd.runtime.consistency import tensors_digest
 
 try:
     from pgc_hvd.data import CodedLoader
@@ -115,25 +115,6 @@ parser.add_argument("--clip", type=float, default=None,
                     help="clip the decoded update to this L2 norm")
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-
-class SlowRank:
-    """A straggler for ``delays=``: rank ``rank`` sleeps ``seconds`` before each message."""
-
-    def __init__(self, rank, seconds):
-        self.rank, self.seconds = int(rank), float(seconds)
-
-    def sample(self, worker, step):
-        return self.seconds if worker == self.rank else 0.0
-
-
-def params_sha256(model):
-    """SHA-256 of the parameters' bytes (the same on every rank after ``opt.close()``)."""
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main(args):
@@ -199,7 +180,7 @@ def main(args):
     if args.slow_rank is not None:
         if not 0 <= args.slow_rank < hvd.size():
             raise ValueError(f"--slow-rank {args.slow_rank} is not a rank of {hvd.size()}")
-        delays = SlowRank(args.slow_rank, args.slow_seconds)
+        delays = pgc_hvd.delays.SlowWorker(args.slow_rank, args.slow_seconds)
     # op=hvd.Adasum raises ValueError here, on every rank
     optimizer = pgc_hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), scheme=args.scheme,
@@ -345,7 +326,7 @@ def main(args):
         log_writer.close()
     print(f"rank {hvd.rank()}: done at epoch {args.epochs}, version {optimizer.version}, "
           f"{optimizer.catch_up_steps} catch-up steps", flush=True)
-    print(f"PARAMS sha256={params_sha256(model)} rank={hvd.rank()}", flush=True)
+    print(f"PARAMS digest={tensors_digest(model.parameters()):016x} rank={hvd.rank()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,12 +30,11 @@ what differs, and why:
   ``--slow-seconds`` (inject a straggler: that rank sleeps before each of its messages),
   ``--num-workers`` (the loader's worker processes).
 
-The last line on every rank is ``PARAMS sha256=<hex> rank=<r>``: a digest of the trained
+The last line on every rank is ``PARAMS digest=<hex> rank=<r>``: a digest of the trained
 parameters, equal on every rank.
 """
 
 import argparse
-import hashlib
 
 import torch
 import torch.multiprocessing as mp
@@ -47,6 +46,7 @@ import horovod
 import horovod.torch as hvd
 
 import pgc_hvd
+from pgc_hvd.runtime.consistency import tensors_digest
 
 try:
     from pgc_hvd.data import CodedLoader
@@ -125,59 +125,6 @@ class Net(nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
-class SlowRank:
-    """A straggler for ``delays=``: rank ``rank`` sleeps ``seconds`` before each message."""
-
-    def __init__(self, rank, seconds):
-        self.rank, self.seconds = int(rank), float(seconds)
-
-    def sample(self, worker, step):
-        return self.seconds if worker == self.rank else 0.0
-
-
-def params_sha256(model):
-    """SHA-256 of the parameters' bytes (the same on every rank after ``opt.close()``)."""
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def partition_seed(seed, partition, step):
-    """The dropout seed of (partition, step): every replica of the partition draws the same
-    masks, so they compute the same gradient, as the code's exact decoding assumes."""
-    return (seed * 1_000_003 + partition * 10_007 + step) % (2 ** 63)
-
-
-def load_data(args):
-    """(train dataset, test dataset, image size): torchvision's MNIST from --data-dir when it is
-    there, else the 8x8 digits as TensorDatasets."""
-    if args.data_dir:
-        from torchvision import datasets, transforms
-        tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
-        try:
-            train = datasets.MNIST(args.data_dir, train=True, download=False, transform=tf)
-            test = datasets.MNIST(args.data_dir, train=False, download=False, transform=tf)
-            return train, test, 28, "MNIST"
-        except RuntimeError as err:   # "Dataset not found": fall back to the digits
-            if hvd.rank() == 0:
-                print(f"no MNIST in {args.data_dir} ({err}); using scikit-learn's digits",
-                      flush=True)
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    X, y = load_digits(return_X_y=True)
-    X = torch.tensor(X, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
-    X = (X - 0.3) / 0.4   # roughly zero mean, unit variance, as MNIST's Normalize
-    y = torch.tensor(y, dtype=torch.long)
-    i_train, i_test = train_test_split(range(len(y)), test_size=0.2, random_state=args.seed,
-                                       stratify=y.numpy())
-    train = torch.utils.data.TensorDataset(X[i_train], y[i_train])
-    train.targets = y[i_train]      # labels, should a loader want to sort partitions by them
-    test = torch.utils.data.TensorDataset(X[i_test], y[i_test])
-    return train, test, 8, "digits"
-
-
 def main(args):
     hvd.init()
     torch.manual_seed(args.seed)
@@ -213,7 +160,7 @@ def main(args):
     if args.slow_rank is not None:
         if not 0 <= args.slow_rank < hvd.size():
             raise ValueError(f"--slow-rank {args.slow_rank} is not a rank of {hvd.size()}")
-        delays = SlowRank(args.slow_rank, args.slow_seconds)
+        delays = pgc_hvd.delays.SlowWorker(args.slow_rank, args.slow_seconds)
     # op=hvd.Adasum raises ValueError here, on every rank (see the module docstring)
     optimizer = pgc_hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), scheme=args.scheme,
@@ -300,7 +247,7 @@ def main(args):
               f"({args.epochs} epochs)", flush=True)
     print(f"rank {hvd.rank()}: {optimizer.catch_up_steps} catch-up steps (decided without "
           f"this rank)", flush=True)
-    print(f"PARAMS sha256={params_sha256(model)} rank={hvd.rank()}", flush=True)
+    print(f"PARAMS digest={tensors_digest(model.parameters()):016x} rank={hvd.rank()}", flush=True)
 
 
 if __name__ == "__main__":

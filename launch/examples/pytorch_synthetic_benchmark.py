@@ -24,11 +24,10 @@ iterations of ``--num-batches-per-iter`` steps), with the same flags. What diffe
 * New flags: ``--scheme``, ``--stragglers``, ``--slow-rank`` / ``--slow-seconds``,
   ``--num-workers``, ``--image-size``, ``--num-classes``, ``--lr``, ``--seed``.
 
-The last line on every rank is ``PARAMS sha256=<hex> rank=<r>``, equal on every rank.
+The last line on every rank is ``PARAMS digest=<hex> rank=<r>``, equal on every rank.
 """
 
 import argparse
-import hashlib
 import timeit
 
 import numpy as np
@@ -41,6 +40,7 @@ from torchvision import models
 import horovod.torch as hvd
 
 import pgc_hvd
+from pgc_hvd.runtime.consistency import tensors_digest
 
 try:
     from pgc_hvd.data import CodedLoader
@@ -98,25 +98,6 @@ class SyntheticImages(torch.utils.data.Dataset):
         return self.images[i % len(self.images)], self.labels[i]
 
 
-class SlowRank:
-    """A straggler for ``delays=``: rank ``rank`` sleeps ``seconds`` before each message."""
-
-    def __init__(self, rank, seconds):
-        self.rank, self.seconds = int(rank), float(seconds)
-
-    def sample(self, worker, step):
-        return self.seconds if worker == self.rank else 0.0
-
-
-def params_sha256(model):
-    """SHA-256 of the parameters' bytes (the same on every rank after ``opt.close()``)."""
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def main(args):
     hvd.init()
     torch.manual_seed(args.seed)
@@ -135,7 +116,7 @@ def main(args):
     if args.slow_rank is not None:
         if not 0 <= args.slow_rank < hvd.size():
             raise ValueError(f"--slow-rank {args.slow_rank} is not a rank of {hvd.size()}")
-        delays = SlowRank(args.slow_rank, args.slow_seconds)
+        delays = pgc_hvd.delays.SlowWorker(args.slow_rank, args.slow_seconds)
     # op=hvd.Adasum raises ValueError here, on every rank
     optimizer = pgc_hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), scheme=args.scheme,
@@ -190,7 +171,7 @@ def main(args):
     optimizer.close()   # every rank at the same final version; parameters compared
     print(f"rank {hvd.rank()}: version {optimizer.version}, {optimizer.catch_up_steps} catch-up "
           f"steps (decided without this rank)", flush=True)
-    print(f"PARAMS sha256={params_sha256(model)} rank={hvd.rank()}", flush=True)
+    print(f"PARAMS digest={tensors_digest(model.parameters()):016x} rank={hvd.rank()}", flush=True)
 
 
 if __name__ == "__main__":

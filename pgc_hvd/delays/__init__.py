@@ -32,6 +32,7 @@ class                                      sample                               
 ``LongStraggler(p, low=10, high=30, seed)`` with prob. p: Uniform(low, high), else 0        ``straggler:p=0.01,low=10,high=30``
 ``FixedStragglers(n, count, delay, seed)``  ``delay`` for a seeded random set of exactly
                                             ``count`` of the n workers at each step, else 0  ``fixed:n=100,count=20,delay=5``
+``SlowWorker(worker, delay)``               ``delay`` for worker ``worker``, else 0          ``slow:worker=2,delay=0.04``
 ``Sum(m1, m2, ...)``                        m1 + m2 + ...                                   ``exp:mean=1+straggler:p=0.01``
 ``Heterogeneous(base, factors)``            factors[worker % len] * base(worker, step)      (dict spec only)
 ``Scaled(base, factor)``                    factor * base                                   (dict spec only)
@@ -53,11 +54,12 @@ scheme face the same straggler schedule, as the papers did with fixed seeds.
 
 
 from .models import (Constant, DelayModel, Exponential, FixedStragglers, Heterogeneous,
-                     LogNormal, LongStraggler, Pareto, PerWorker, Scaled, Sum, Zero)
+                     LogNormal, LongStraggler, Pareto, PerWorker, Scaled, SlowWorker, Sum, Zero)
 from .spec import as_delay_model, check_trace_covers, check_workers, from_dict, parse_delay
 from .traces import TRACE_FORMAT, DelayTrace, Recording, Replay
 
 __all__ = ["DelayModel", "Zero", "Constant", "Exponential", "LogNormal", "Pareto", "LongStraggler",
-           "FixedStragglers", "Sum", "Scaled", "Heterogeneous", "PerWorker", "DelayTrace",
+           "FixedStragglers", "SlowWorker", "Sum", "Scaled", "Heterogeneous", "PerWorker",
+           "DelayTrace",
            "Recording", "Replay", "TRACE_FORMAT", "as_delay_model", "check_trace_covers",
            "check_workers", "from_dict", "parse_delay"]

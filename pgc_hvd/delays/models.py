@@ -189,6 +189,25 @@ class FixedStragglers(DelayModel):
         return {"n": self.n, "count": self.count, "delay": self.delay, "seed": self.seed}
 
 
+class SlowWorker(DelayModel):
+    """Worker ``worker`` gets ``delay`` seconds at every step, every other worker 0: one
+    persistent straggler (the examples' ``--slow-rank``)."""
+
+    type_name = "slow"
+
+    def __init__(self, worker: int, delay: float):
+        super().__init__(0)
+        if worker < 0 or delay < 0:
+            raise ValueError("need worker >= 0 and delay >= 0")
+        self.worker, self.delay = int(worker), float(delay)
+
+    def sample(self, worker: int, step: int) -> float:
+        return self.delay if worker == self.worker else 0.0
+
+    def params(self) -> dict:
+        return {"worker": self.worker, "delay": self.delay}
+
+
 class Sum(DelayModel):
     type_name = "sum"
 

@@ -8,11 +8,12 @@ import math
 from typing import Any, Mapping
 
 from .models import (Constant, DelayModel, Exponential, FixedStragglers, Heterogeneous,
-                     LogNormal, LongStraggler, Pareto, PerWorker, Scaled, Sum, Zero)
+                     LogNormal, LongStraggler, Pareto, PerWorker, Scaled, SlowWorker, Sum, Zero)
 from .traces import DelayTrace, Replay
 
 _SIMPLE = {"none": Zero, "const": Constant, "exp": Exponential, "lognormal": LogNormal,
-           "pareto": Pareto, "straggler": LongStraggler, "fixed": FixedStragglers}
+           "pareto": Pareto, "straggler": LongStraggler, "fixed": FixedStragglers,
+           "slow": SlowWorker}
 _ALIASES = {"exponential": "exp", "zero": "none", "constant": "const", "log-normal": "lognormal",
             "long_straggler": "straggler", "long-straggler": "straggler"}
 
@@ -44,6 +45,9 @@ def check_workers(model, n: int) -> None:
     """Refuses a model that draws its stragglers among another number of workers than the
     run's n (``fixed:n=...``), which would delay only some of the workers, or none."""
     for m in _walk(model):
+        if isinstance(m, SlowWorker) and m.worker >= n:
+            raise ValueError(f"delay model {m} slows worker {m.worker}, but the run has n={n} "
+                             f"workers 0..{n - 1}")
         if isinstance(m, FixedStragglers) and m.n != n:
             raise ValueError(f"delay model {m} picks its {m.count} stragglers among n={m.n} "
                              f"workers, but the run has n={n}; write fixed:n={n},count=...")
@@ -102,7 +106,7 @@ def parse_delay(text: str) -> DelayModel:
                 k = k.strip()
             else:
                 k = {"const": "value", "exp": "mean", "lognormal": "mu", "pareto": "shape",
-                     "straggler": "p", "fixed": "n"}[name]
+                     "straggler": "p", "fixed": "n", "slow": "worker"}[name]
                 v = a
                 if i != 0:
                     raise ValueError(f"positional value only allowed first, in {comp!r}")
@@ -113,7 +117,7 @@ def parse_delay(text: str) -> DelayModel:
             if not math.isfinite(kwargs[k]) or (k != "mu" and kwargs[k] < 0):
                 raise ValueError(f"{k}={v.strip()} in delay spec {comp!r}: parameters must be "
                                  "finite, and >= 0 except a log-normal's mu")
-        for key in ("seed", "n", "count"):
+        for key in ("seed", "n", "count", "worker"):
             if key in kwargs:
                 kwargs[key] = int(kwargs[key])
         try:

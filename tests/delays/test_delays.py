@@ -152,3 +152,14 @@ def test_a_trace_built_in_memory_is_checked_too():
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="worker 1, step 2 has delay .*finite seconds >= 0"):
             DelayTrace({(0, 0): 0.5, (1, 2): bad})
+
+
+def test_slow_worker_delays_one_worker_and_round_trips():
+    from pgc_hvd.delays import SlowWorker, check_workers, from_dict, parse_delay
+
+    m = parse_delay("slow:worker=2,delay=0.04")
+    assert m == SlowWorker(2, 0.04) and from_dict(m.to_dict()) == m
+    assert [m.sample(w, 7) for w in range(4)] == [0.0, 0.0, 0.04, 0.0]
+    check_workers(m, 3)
+    with pytest.raises(ValueError, match="slows worker 2, but the run has n=2"):
+        check_workers(m, 2)

@@ -1,5 +1,5 @@
 """The ported Horovod examples in launch/examples/ run on two ranks, on tiny data, with a slowed
-rank, and every rank ends with the same parameters (the ``PARAMS sha256=... rank=...`` lines)."""
+rank, and every rank ends with the same parameters (the ``PARAMS digest=... rank=...`` lines)."""
 
 import importlib.util
 import os
@@ -19,7 +19,7 @@ IMAGENET = EXAMPLES / "pytorch_imagenet_resnet50.py"
 
 def same_params_on_every_rank(out: str, np: int = 2) -> str:
     """The hash every rank printed (asserting there is one line per rank and one hash)."""
-    lines = re.findall(r"PARAMS sha256=([0-9a-f]{64}) rank=(\d+)", out)
+    lines = re.findall(r"PARAMS digest=([0-9a-f]{16}) rank=(\d+)", out)
     assert sorted(int(r) for _, r in lines) == list(range(np)), out
     hashes = {h for h, _ in lines}
     assert len(hashes) == 1, f"the ranks' parameters differ: {lines}"

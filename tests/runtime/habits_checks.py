@@ -50,19 +50,14 @@ torch.set_num_threads(1)
 SLOW = 2
 
 
-class SlowRank:
-    """Rank ``rank`` sleeps ``seconds`` before each message (a straggler)."""
-
-    def __init__(self, rank=SLOW, seconds=0.04):
-        self.rank, self.seconds = rank, seconds
-
-    def sample(self, worker, step):
-        return self.seconds if worker == self.rank % hvd.size() else 0.0
+def slow_rank(seconds=0.04):
+    """Rank SLOW (mod n) sleeps ``seconds`` before each message (a straggler)."""
+    return pgc_hvd.delays.SlowWorker(SLOW % hvd.size(), seconds)
 
 
 def wrap(m, opt=None, name="h", scheme="pgc-cr", **kw):
     opt = opt or torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    kw.setdefault("delays", SlowRank())
+    kw.setdefault("delays", slow_rank())
     kw.setdefault("timeout", 60)
     return pgc_hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters(),
                                         scheme=scheme, name=name, **kw)
@@ -121,7 +116,7 @@ def check_schedulers():
     # the lr set by hand from the iteration counter (Horovod's ImageNet example's
     # adjust_learning_rate), a straggler included: the hyper-parameter digest agrees at close
     m = model()
-    opt = wrap(m, name="sch3", delays=SlowRank(seconds=0.08))
+    opt = wrap(m, name="sch3", delays=slow_rank(seconds=0.08))
     for i in range(12):
         for g in opt.param_groups:
             g["lr"] = 0.05 * (1 + i % 3)
