@@ -299,13 +299,7 @@ class Fp16Codec(Codec):
                                               dtype=torch.float64))
 
     def add_weighted(self, out, payloads, weights, *, accumulate=False):
-        if not payloads:
-            return out if accumulate else out.zero_()
-        rows = [p.to(out.device) for p in payloads]
-        ops.decode_accumulate(out, [self.values(p) for p in rows],
-                              [float(w) * float(p[0]) for p, w in zip(rows, weights)],
-                              accumulate=accumulate, check_finite=False)
-        return out
+        return _add_scaled_rows(out, payloads, weights, self.values, accumulate)
 
     def add_weighted_narrow(self, out16, payloads, weights, scratch=None):
         """``out16 = fp16(sum_u weights[u] D(p_u))``, a rank's contribution to the fp16
@@ -377,13 +371,19 @@ class Fp16SparseCodec(SparseCodec):
                                                                   dtype=torch.float64)))
 
     def add_weighted(self, out, payloads, weights, *, accumulate=False):
-        if not payloads:
-            return out if accumulate else out.zero_()
-        rows = [p.to(out.device) for p in payloads]
-        ops.decode_accumulate(out, [self.split(p) for p in rows],
-                              [float(w) * float(p[0]) for p, w in zip(rows, weights)],
-                              accumulate=accumulate, check_finite=False)
-        return out
+        return _add_scaled_rows(out, payloads, weights, self.split, accumulate)
+
+
+def _add_scaled_rows(out, payloads, weights, view, accumulate):
+    """out (+)= sum_u w_u s_u v_u for fp16 rows [s_u | v_u...] (word 0: the row's power-of-two
+    scale s_u; ``view`` reads v_u, dense or sparse), in one decode-accumulate pass."""
+    if not payloads:
+        return out if accumulate else out.zero_()
+    rows = [p.to(out.device) for p in payloads]
+    ops.decode_accumulate(out, [view(p) for p in rows],
+                          [float(w) * float(p[0]) for p, w in zip(rows, weights)],
+                          accumulate=accumulate, check_finite=False)
+    return out
 
 
 def fp16_finite(x: torch.Tensor) -> bool:
