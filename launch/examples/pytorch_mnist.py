@@ -125,6 +125,40 @@ class Net(nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
+def partition_seed(seed, partition, step):
+    """The dropout seed of (partition, step): every replica of the partition draws the same
+    masks, so they compute the same gradient, as the code's exact decoding assumes."""
+    return (seed * 1_000_003 + partition * 10_007 + step) % (2 ** 63)
+
+
+def load_data(args):
+    """(train dataset, test dataset, image size): torchvision's MNIST from --data-dir when it is
+    there, else the 8x8 digits as TensorDatasets."""
+    if args.data_dir:
+        from torchvision import datasets, transforms
+        tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+        try:
+            train = datasets.MNIST(args.data_dir, train=True, download=False, transform=tf)
+            test = datasets.MNIST(args.data_dir, train=False, download=False, transform=tf)
+            return train, test, 28, "MNIST"
+        except RuntimeError as err:   # "Dataset not found": fall back to the digits
+            if hvd.rank() == 0:
+                print(f"no MNIST in {args.data_dir} ({err}); using scikit-learn's digits",
+                      flush=True)
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    X, y = load_digits(return_X_y=True)
+    X = torch.tensor(X, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    X = (X - 0.3) / 0.4   # roughly zero mean, unit variance, as MNIST's Normalize
+    y = torch.tensor(y, dtype=torch.long)
+    i_train, i_test = train_test_split(range(len(y)), test_size=0.2, random_state=args.seed,
+                                       stratify=y.numpy())
+    train = torch.utils.data.TensorDataset(X[i_train], y[i_train])
+    train.targets = y[i_train]      # labels, should a loader want to sort partitions by them
+    test = torch.utils.data.TensorDataset(X[i_test], y[i_test])
+    return train, test, 8, "digits"
+
+
 def main(args):
     hvd.init()
     torch.manual_seed(args.seed)
