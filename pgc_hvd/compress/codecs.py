@@ -156,14 +156,21 @@ class SparseCodec(Codec):
         k = self.kappa
         return p[:k], p[k:].contiguous().view(torch.int32)
 
-    def encode(self, msg, out, *, error_norm=False):
-        k = self.kappa
+    def select(self, msg):
+        """``(values, int32 indices, residual or None)``: the top-kappa of m, or of m + e
+        through the error-feedback memory (which then keeps what was not selected)."""
         res = None if self.memory is None else self.memory.residual
         if res is not None:
-            values, idx = ops.error_feedback_compress(msg, res, k, self.topk.method,
+            values, idx = ops.error_feedback_compress(msg, res, self.kappa, self.topk.method,
                                                       index_dtype=torch.int32)
         else:
-            values, idx = ops.topk_compress(msg, k, self.topk.method, index_dtype=torch.int32)
+            values, idx = ops.topk_compress(msg, self.kappa, self.topk.method,
+                                            index_dtype=torch.int32)
+        return values, idx, res
+
+    def encode(self, msg, out, *, error_norm=False):
+        k = self.kappa
+        values, idx, res = self.select(msg)
         out[:k].copy_(values)
         out[k:].copy_(idx.view(torch.float32))
         return ops.compression_error_norm(msg, values, res) if error_norm else math.nan
@@ -342,12 +349,7 @@ class Fp16SparseCodec(SparseCodec):
 
     def encode(self, msg, out, *, error_norm=False):
         k, h = self.kappa, self.half_words
-        res = None if self.memory is None else self.memory.residual
-        if res is not None:
-            values, idx = ops.error_feedback_compress(msg, res, k, self.topk.method,
-                                                      index_dtype=torch.int32)
-        else:
-            values, idx = ops.topk_compress(msg, k, self.topk.method, index_dtype=torch.int32)
+        values, idx, res = self.select(msg)
         lo, hi = torch.aminmax(values)
         amax = max(-float(lo), float(hi))
         if not math.isfinite(amax):
