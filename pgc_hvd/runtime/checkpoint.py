@@ -126,6 +126,20 @@ def check_model_state(saved, model: torch.nn.Module, source: str) -> None:
         raise CheckpointError(f"{source}: model tensor shapes differ ({'; '.join(bad[:3])})")
 
 
+def check_same_run(state: dict, current: dict, source: str = "the state dict",
+                   keys=("scheme", "n", "s", "rank")) -> None:
+    """CheckpointError unless ``state`` was saved with this run's ``keys`` (scheme, n, s, and
+    rank for a rank's own ring)."""
+    for key in keys:
+        if state.get(key) != current[key]:
+            hint = (", each rank its own file" if key == "rank" else
+                    "; for another world size load the parameters and a plain torch optimizer "
+                    "state, then call optimizer.start_at(version)" if key == "n" else "")
+            raise CheckpointError(f"{source}: saved with {key}={state.get(key)!r}, this run has "
+                                  f"{key}={current[key]!r}; restore with the scheme, stragglers "
+                                  f"and world size it was saved with{hint}")
+
+
 def check_pgc_state(state, current: dict, source: str = "the state dict") -> None:
     """CheckpointError unless ``state`` (a saved ``pgc_state_dict()``) can be restored into the
     optimizer whose own ``pgc_state_dict()`` is ``current``: the required keys, the same scheme,
@@ -138,11 +152,7 @@ def check_pgc_state(state, current: dict, source: str = "the state dict") -> Non
     if missing:
         raise CheckpointError(f"{source}: its optimizer state lacks {missing}; it was not written "
                               f"by pgc_state_dict() / save_checkpoint")
-    for key in ("scheme", "n", "s", "rank"):
-        if state[key] != current[key]:
-            raise CheckpointError(f"{source}: saved with {key}={state[key]!r}, this run has "
-                                  f"{key}={current[key]!r}; restore with the scheme, stragglers "
-                                  f"and world size it was saved with, each rank its own file")
+    check_same_run(state, current, source)
     v = state["version"]
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise CheckpointError(f"{source}: its step (version) is {v!r}, not an int >= 0")

@@ -14,8 +14,8 @@ per step:
   one of the UTF-8 JSON bytes; a few hundred bytes, polled with the timeout);
 - :func:`fingerprint_differences` and :func:`mismatch_message`: the fields whose values differ
   from rank 0's and the ranks that hold them;
-- :func:`final_version`: the version every rank ends at after ``close()`` (the largest any rank
-  reached in its loop);
+- :func:`gather_versions`: every rank's model version (at the first step: they must agree; at
+  ``close()``: every rank goes on to the largest any rank reached in its loop);
 - :func:`tensors_digest` and :func:`compare_digests`: a 63-bit BLAKE2b digest of the
   parameters' bits (one pass over d, at ``close()`` only), allgathered as one int64 per rank with
   the model version, so that no run ends with ranks that disagree.
@@ -254,15 +254,6 @@ def tensors_digest(tensors: Iterable[torch.Tensor]) -> int:
         h.update(str(t.dtype).encode())
         h.update(t.view(torch.uint8).cpu().numpy().tobytes())
     return int.from_bytes(h.digest(), "little") >> 1
-
-
-def final_version(hvd, version: int, *, name: str, timeout: float, rank: int) -> int:
-    """The version every rank ends at after ``close()``: the largest of the ranks' versions
-    when they left their loops (one int64 allgather). A rank that stopped early catches up to
-    it; a step decided after every rank had left its loop (bounded staleness decides a step
-    from its table of stale gradients alone) was applied by no rank and is not applied."""
-    return max(gather_versions(hvd, version, name=name, timeout=timeout, rank=rank,
-                               what="close()'s agreement on the final model version"))
 
 
 def gather_versions(hvd, version: int, *, name: str, timeout: float, rank: int,

@@ -326,7 +326,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_compute_start = None
         self._pgc_closed = False
         self._pgc_t0 = time.time()
-        self._pgc_width = width = self._pgc_codec.width
         if optimistic is None:   # small payloads ride with the control rows (compress.transport)
             optimistic = control == "allgather" and optimistic_default(
                 self._pgc_codec.payload_bytes, torch.device(lay.device).type == "cpu", self.n)
@@ -436,8 +435,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def work_plan(self):
         """The scheme's WorkPlan for this rank at its current step (= ``version``)."""
         if self._pgc_plan is None:
-            if not self._pgc_started:
-                self._pgc_adopt_broadcast_version()
             # a ring slot never filled (warm-up cancelled) is evaluated now (Ring.plan)
             self._pgc_plan = self._pgc_worker_ring.plan(self.version)
             self._pgc_done_slots = set()
@@ -548,10 +545,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 return  # straggler_policy="cancel": this step fired without us
             self.begin_partition(slot)
             yield loader.batch(partition, self.version)
-            if not self._pgc_got_grad:  # no backward reached the slot: step() names it
-                self._pgc_target_slot = None
-            elif i + 1 < len(evaluate):
-                self.end_partition()
+            if i + 1 < len(evaluate) or not self._pgc_got_grad:
+                self._pgc_end_pending()   # into its slot; no backward: step() names the slot
             elif self._pgc_sentinel is not None and self._pgc_sentinel.grad is not None:
                 # the last partition's gradient stays in p.grad until step(); what the loop
                 # body did to it (clipping) is in; a change after the loop is checked there
@@ -705,8 +700,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
                     "pgc_hvd: step() under skip_synchronize() without synchronize() first: call "
                     "optimizer.synchronize() (it sends this rank's message and puts the decoded "
                     "update in p.grad), then step() under skip_synchronize()")
-            self._pgc_exchange(loss, metrics)
-            self._pgc_load_update()
+            self.synchronize(loss, metrics)
         self._pgc_apply_grads()
         return ret
 
@@ -764,7 +758,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
         (one int64 allgather), start the agent."""
         from pgc_hvd.runtime import consistency
 
-        self._pgc_adopt_broadcast_version()
         versions = consistency.gather_versions(
             self._pgc_hvd, self.version, name=f"{self._pgc_name}.start.version",
             timeout=self._pgc_timeout, rank=self.rank)
@@ -772,8 +765,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
             by = {}
             for r, v in enumerate(versions):
                 by.setdefault(v, []).append(r)
+            listing = ", ".join(f"ranks {rs}: version {v}" for v, rs in sorted(by.items()))
             raise ValueError(
-                f"pgc_hvd: the ranks start at different model versions ({', '.join(f'ranks {rs}: version {v}' for v, rs in sorted(by.items()))}): "
+                f"pgc_hvd: the ranks start at different model versions ({listing}): "
                 f"a checkpoint was loaded on some ranks only. Load it on every rank "
                 f"(pgc_hvd.runtime.load_checkpoint), or load it on rank 0 and then call "
                 f"hvd.broadcast_parameters(model.state_dict(), 0) and "
@@ -808,6 +802,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         the zero gradients, as Horovod's does (the same on every rank), and sends nothing."""
         import sys
 
+        if self.state:   # Horovod creates the state only where there is none
+            return False
         frame, hops = sys._getframe(2), 0
         while frame is not None and hops < 4:   # through torch's step wrappers
             if _is_horovod_broadcast_state(frame.f_code):
@@ -1178,7 +1174,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         Every rank's agent stops at the same control round (the first that shows every rank
         done), so every rank has the same decisions. The ranks then agree on the final version
         V = max_r version_r, the furthest any rank got in its loop
-        (:func:`pgc_hvd.runtime.consistency.final_version`, one int64 allgather), and each rank
+        (:func:`pgc_hvd.runtime.consistency.gather_versions`, one int64 allgather), and each rank
         applies the decided updates it has not applied yet up to V: a rank that left its loop
         early catches up; a step decided after every rank had left (bounded staleness decides
         one from its stale table alone) was applied by no rank and is left out. Every rank ends
@@ -1333,7 +1329,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         loaded on every rank) restores the torch state and the version, with an empty ring that
         the first steps refill; a state of another world size or scheme is refused with
         :class:`~pgc_hvd.runtime.checkpoint.CheckpointError`."""
-        from pgc_hvd.runtime.checkpoint import CheckpointError
+        from pgc_hvd.runtime.checkpoint import CheckpointError, check_same_run
 
         sd = dict(state_dict)
         groups = [dict(g) for g in sd.get("param_groups", [])]
@@ -1347,14 +1343,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
             if not isinstance(extra, dict):
                 raise CheckpointError(f"the state dict's 'pgc' entry is {type(extra).__name__}, "
                                       f"not the dict state_dict() writes")
-            for key in ("scheme", "n", "s"):
-                if key in extra and extra[key] != self._pgc_extra_key(key):
-                    raise CheckpointError(
-                        f"the optimizer state was saved with {key}={extra[key]!r}, this run has "
-                        f"{key}={self._pgc_extra_key(key)!r}: a pgc_hvd state resumes only with "
-                        f"the scheme, stragglers and world size it was saved with (for a new "
-                        f"world size, load the model's parameters and a plain torch optimizer "
-                        f"state, then call optimizer.start_at(version))")
+            check_same_run(extra, {"scheme": self.scheme.name, "n": self.n, "s": self.scheme.s},
+                           "the optimizer state", keys=("scheme", "n", "s"))
         if extra is not None and extra.get("rank") == self.rank:
             self.load_pgc_state_dict({"optimizer": sd, **extra}, "the state dict")
             return
@@ -1375,9 +1365,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
             mine.update(loaded)
             mine["params"] = params
         self.param_groups = shared
-
-    def _pgc_extra_key(self, key):
-        return {"scheme": self.scheme.name, "n": self.n, "s": self.scheme.s}[key]
 
     def _pgc_extra_state(self, copy: bool = True) -> dict:
         keep = (lambda b: b.clone()) if copy else (lambda b: b)

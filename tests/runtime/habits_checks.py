@@ -37,11 +37,10 @@ import warnings
 
 import horovod.torch as hvd
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import pgc_hvd
-from pgc_hvd.runtime import AgentError, PartitionLoader
+from pgc_hvd.runtime import AgentError
 
 sys.path.insert(0, os.path.dirname(__file__))
 from audit_checks import clear, data, model, ok, same_on_all_ranks, same_version_on_all_ranks  # noqa: E402
