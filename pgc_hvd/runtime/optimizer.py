@@ -68,6 +68,7 @@ import torch
 import pgc_hvd.ops as ops
 from pgc_hvd.compress import TopK, make_codec, optimistic_default
 from pgc_hvd.compress.codecs import DenseCodec, ResidualMemory
+from pgc_hvd.control.momentum import compensated, momentum_correction
 from pgc_hvd.options import is_count
 from pgc_hvd.runtime.agent import AgentError, CommAgent, Outgoing
 from pgc_hvd.flat_layout import FlatLayout
@@ -209,6 +210,7 @@ class RuntimeConfig:
     op_scale: float = 1.0
     wire_dtype: Optional[str] = None     # "float16": dense messages travel as fp16
     metrics: tuple = ()                  # names of the user metrics step(metrics=) carries
+    momentum_correction: bool = True     # pgc_hvd.control.momentum (stale gradients' momentum)
 
     def checked(self, n: int) -> "RuntimeConfig":
         s, delays = _check_arguments(
@@ -217,7 +219,10 @@ class RuntimeConfig:
             on_record=self.on_record, on_update=self.on_update,
             replay_arrivals=self.replay_arrivals, scheme_options=self.scheme_options,
             optimistic=self.optimistic)
-        return dataclasses.replace(self, stragglers=s, delays=delays)
+        from pgc_hvd.control.momentum import parse_momentum_correction
+        return dataclasses.replace(self, stragglers=s, delays=delays,
+                                   momentum_correction=parse_momentum_correction(
+                                       self.momentum_correction))
 
 
 class _PGCOptimizer(torch.optim.Optimizer):
@@ -379,7 +384,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
             extra={"wire dtype": self._pgc_config.wire_dtype or "float32",
                    "op (update factor)": self._pgc_config.op_scale,
                    "backward_passes_per_step": self._pgc_config.backward_passes_per_step,
-                   "metrics (names)": list(self._pgc_config.metrics)})
+                   "metrics (names)": list(self._pgc_config.metrics),
+                   "momentum_correction": self._pgc_config.momentum_correction})
         rows = consistency.gather_fingerprints(
             self._pgc_hvd, fp, name="pgc.config", timeout=self._pgc_timeout, rank=self.rank,
             what="the construction check of DistributedOptimizer (every rank must construct it)")
@@ -1007,8 +1013,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
         # a GradScaler's grad_scale / found_inf are this optimizer's (the ring was unscaled),
         # not the user's rule's: torch's SGD/Adam would apply them to the decoded update
         amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
+        upd = self._pgc_last_update
+        mean_age = upd.decision.info.get("mean_age") if upd is not None else None
         try:
-            super(self.__class__, self).step()
+            with compensated(self.param_groups, mean_age, self._pgc_config.momentum_correction):
+                super(self.__class__, self).step()
         finally:
             self.__dict__.update(amp)
         for p in self._pgc_layout.params:
@@ -1299,6 +1308,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
                  "gpu": gpu_stats()}
         if self._pgc_c0 is not None:
             extra["c"] = self.staleness_bound  # the bound this decision was taken with
+        extra.update(momentum_correction(self.param_groups, info.get("mean_age"),
+                                         self._pgc_config.momentum_correction).record())
         rec = StepRecord.from_decision_info(
             dec.step, update.time - self._pgc_t0, info, step_time=update.info.get("step_time"),
             scheme=self.scheme.name, n=self.n, s=self.scheme.s,
@@ -1431,7 +1442,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = "allgather",
-                         name: str = "pgc", metrics=(), hvd=None):
+                         name: str = "pgc", metrics=(), momentum_correction: bool = True,
+                         hvd=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     Args:
@@ -1503,6 +1515,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         metrics: names of small user metrics (e.g. ``["accuracy"]``) that ``step(metrics=
             {"accuracy": a})`` sends in the control row; :attr:`metrics` gives every rank the
             decided step's means (and the loss's) with no extra collective.
+        momentum_correction: True (default): each update is applied with the optimizer's
+            momentum less the momentum its stale gradients already add (mu_imp = a/(1+a) for the
+            update's mean gradient age a; beta' = max(0, beta - mu_imp), SGD's lr scaled by
+            (1-beta')/(1-beta) so lr/(1-beta) is kept; Adam's beta1 likewise), the user's values
+            restored after the step; a no-op for fresh updates (DGD, GC, IS-SGD, BCGC). Records
+            carry ``implicit_momentum`` and ``effective_momentum``. False applies the
+            optimizer's own momentum to stale updates (:mod:`pgc_hvd.control.momentum`).
         control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
             Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
@@ -1528,7 +1547,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         poll_interval=poll_interval, name=name, on_record=on_record, on_update=on_update,
         replay_arrivals=replay_arrivals, straggler_policy=straggler_policy, optimistic=optimistic,
         control=control, backward_passes_per_step=backward_passes_per_step, op_scale=op_scale,
-        wire_dtype=wire_dtype, metrics=_metric_names(metrics))
+        wire_dtype=wire_dtype, metrics=_metric_names(metrics),
+        momentum_correction=momentum_correction)
     return cls(optimizer, named_parameters, config, hvd)
 
 
