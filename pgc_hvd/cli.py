@@ -22,6 +22,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
                     "one simulated run: n virtual workers, real gradients, virtual time"),
     ("experiment", "control"): ("pgc_hvd.apps.control_experiment", "main",
                                 "staleness control rule on its set-up (docs/control.md) --out DIR"),
+    ("experiment", "deep"): ("pgc_hvd.apps.deep_experiment", "main",
+                             "the papers' claims on MNIST-1D + a 1-D CNN (issue 22) --out DIR"),
     ("advise",): ("pgc_hvd.apps.advise", "main",
                   "advise RUN_DIR: fit delays per rank, simulate schemes and s, rank them"),
     ("experiment",): ("pgc_hvd.apps.experiments", "main",

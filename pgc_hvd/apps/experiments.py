@@ -298,52 +298,80 @@ def _plot_bcgc(path, rows):
 
 
 # ------------------------------------------------------------------------------- staleness
-def exp_staleness(out: Path, quick: bool) -> tuple[list, str]:
-    n = 8
-    budget = 120.0 if quick else 600.0
-    factors = [1.0, 1.0, 1.0, 1.0, 1.25, 1.5, 2.0, 3.0]  # heterogeneous workers
-    delay = (Heterogeneous(LogNormal(-1.0, 0.5, seed=5), factors)
-             + LongStraggler(0.02, 10.0, 30.0, seed=6))
-    variants = [("sync-dp", "dgd", 0, {}), ("gc", "gc-cr", 1, {})]
-    variants += [(f"bounded c={c}", "bounded-staleness", 1, {"r": 2, "c": c}) for c in (2, 4, 8)]
-    data = prepare_data("digits")
+STALENESS_FACTORS = [1.0, 1.0, 1.0, 1.0, 1.25, 1.5, 2.0, 3.0]  # heterogeneous workers
+STALENESS_VARIANTS = ([("sync-dp", "dgd", 0, {}), ("gc", "gc-cr", 1, {})]
+                      + [(f"bounded c={c}", "bounded-staleness", 1, {"r": 2, "c": c})
+                         for c in (2, 4, 8)])
+STALENESS_COLS = [("variant", "variant"), ("time to target (s)", "time_to_target"),
+                  ("acc. at equal time", "accuracy_at_equal_time"), ("final acc.", "test_accuracy"),
+                  ("steps", "steps"), ("grad evals", "grad_evals"), ("utilisation", "utilisation"),
+                  ("max age", "max_age"), ("err_total", "err_total_mean"),
+                  ("err_stale", "err_stale_mean"), ("err_coding", "err_coding_mean"),
+                  ("||g_hat||^2", "g_hat_sq_mean"), ("L_hat", "L_hat_max_mean"),
+                  ("corr", "corr_min_mean")]
+
+
+def staleness_delay():
+    """Log-normal(mu = -1, sigma = 0.5) delays scaled per worker by :data:`STALENESS_FACTORS`,
+    plus a 10-30 s straggler with probability 0.02 per worker-step (the design note's set-up)."""
+    return (Heterogeneous(LogNormal(-1.0, 0.5, seed=5), STALENESS_FACTORS)
+            + LongStraggler(0.02, 10.0, 30.0, seed=6))
+
+
+def staleness_runs(out: Path, data, budget: float, model: str = "softmax",
+                   optimizer: str = "sgd:lr=0.5", prefix: str = "", tag: str = "staleness",
+                   **sim) -> tuple[list, dict]:
+    """The design note's experiment on ``data`` (train, test) with ``model``: every variant of
+    :data:`STALENESS_VARIANTS` for the same virtual ``budget`` (s), n = 8. Returns (rows,
+    validation-loss curves); a row is the run's summary plus ``time_to_target`` (the validation
+    loss synchronous DP reaches at the end of the budget), ``accuracy_at_equal_time`` (at the
+    end of the shortest run). ``sim``: further :func:`~pgc_hvd.sim.run.simulate` options (e.g.
+    ``batch_size``); records go to ``out/records/<prefix><variant>.jsonl``."""
     rows, curves = [], {}
-    for label0, scheme, s, opts in variants:
-        label = label0.replace(" ", "_").replace("=", "")
-        _log(f"[staleness] {label}")
-        recs, summ = simulate(scheme, n, s, data=data, model="softmax", optimizer="sgd:lr=0.5",
-                              delay=delay, steps=100000, max_time=budget, scheme_options=opts,
-                              partition_time=1.0, overwrite=True, records_path=out / "records" / f"{label}.jsonl",
-                              label=label, progress=True)
+    sim = {"progress": True, **sim}
+    for label0, scheme, s, opts in STALENESS_VARIANTS:
+        label = prefix + label0.replace(" ", "_").replace("=", "")
+        _log(f"[{tag}] {label}")
+        recs, summ = simulate(scheme, len(STALENESS_FACTORS), s, data=data, model=model,
+                              optimizer=optimizer, delay=staleness_delay(), steps=100000,
+                              max_time=budget, scheme_options=opts, partition_time=1.0,
+                              overwrite=True, records_path=out / "records" / f"{label}.jsonl",
+                              label=label, **sim)
         summ.update({"variant": label0, "label": label})
         curves[label0] = ([r.time for r in recs], [r.extra.get("test_loss") for r in recs])
         rows.append((summ, recs))
     # target: the validation loss synchronous DP reaches at the end of the budget
-    target = rows[0][0]["test_loss"]
+    target = next((r.extra["test_loss"] for r in reversed(rows[0][1])
+                   if r.extra.get("test_loss") is not None), None)
     out_rows = []
     t_equal = min(summ["time"] for summ, _ in rows)
     for summ, recs in rows:
         st, tt = first_reaching(recs, target, key="test_loss")
         summ["target_test_loss"] = target
         summ["steps_to_target"], summ["time_to_target"] = st, tt
-        at = [r for r in recs if r.time <= t_equal]
+        at = [r for r in recs if r.time <= t_equal and r.extra.get("test_accuracy") is not None]
         summ["accuracy_at_equal_time"] = at[-1].extra.get("test_accuracy") if at else None
+        summ["equal_time"] = t_equal
         out_rows.append(summ)
-    _plot_staleness(out / "plot.png", curves, out_rows)
-    cols = [("variant", "variant"), ("time to target (s)", "time_to_target"),
-            ("acc. at equal time", "accuracy_at_equal_time"), ("final acc.", "test_accuracy"),
-            ("steps", "steps"), ("grad evals", "grad_evals"), ("utilisation", "utilisation"),
-            ("max age", "max_age"), ("err_total", "err_total_mean"), ("err_stale", "err_stale_mean"),
-            ("err_coding", "err_coding_mean"), ("||g_hat||^2", "g_hat_sq_mean"),
-            ("L_hat", "L_hat_max_mean"), ("corr", "corr_min_mean")]
-    return out_rows, _table(out_rows, cols)
+    return out_rows, curves
 
 
-def _plot_staleness(path, curves, rows):
+def exp_staleness(out: Path, quick: bool) -> tuple[list, str]:
+    """:func:`staleness_runs` on digits, softmax regression, SGD lr 0.5 (600 s; quick 120 s)."""
+    rows, curves = staleness_runs(out, prepare_data("digits"), 120.0 if quick else 600.0)
+    _plot_staleness(out / "plot.png", curves, rows)
+    return rows, _table(rows, STALENESS_COLS)
+
+
+def _plot_staleness(path, curves, rows, axes=None):
+    """Validation loss against virtual time per variant, and the delay histogram; into
+    ``axes`` (two) when given, else a figure saved at ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    own = axes is None
+    if own:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, (t, l) in curves.items():
         pts = [(a, b) for a, b in zip(t, l) if b is not None]
         axes[0].plot([a for a, _ in pts], [b for _, b in pts], label=label)
@@ -351,15 +379,16 @@ def _plot_staleness(path, curves, rows):
     axes[0].set_xlabel("virtual time (s)")
     axes[0].set_ylabel("validation loss")
     axes[0].legend()
-    hist = rows[-1]["delay_histogram"]
+    hist = rows[-1]["delay_histogram"] if rows else {"counts": []}
     if hist["counts"]:
         e = np.array(hist["edges"])
         axes[1].bar(e[:-1], hist["counts"], width=np.diff(e), align="edge")
         axes[1].set_yscale("log")
     axes[1].set_title("delay histogram (s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    if own:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
 
 
 def exp_scale(out: Path, quick: bool, **opts) -> tuple[list, str]:

@@ -18,13 +18,14 @@ ImageFolder from a local folder) for the details. Importing this package does no
 """
 
 from .datasets import (Dataset, LOADERS, load_breast_cancer, load_cifar10,
-                       load_dataset, load_digits, load_image_folder, load_iris, load_wine,
+                       load_dataset, load_digits, load_image_folder, load_iris, load_mnist1d,
+                       load_wine,
                        make_generated, standardize, train_test_split)
 from .partition import label_histogram, partition, partition_sizes
 
 __all__ = ["Dataset", "LOADERS", "load_dataset", "load_digits",
            "load_breast_cancer", "load_wine", "load_iris", "make_generated", "load_cifar10",
-           "load_image_folder", "standardize", "train_test_split", "partition",
+           "load_image_folder", "load_mnist1d", "standardize", "train_test_split", "partition",
            "partition_sizes", "label_histogram", "CodedLoader"]
 
 

@@ -11,6 +11,10 @@ its loss and its evaluation metric.
   (binary datasets only; the metric adds the ROC AUC);
 * ``cnn``:      small CNN for 1x8x8 (digits) or any CxHxW input: two 3x3 conv + ReLU + 2x2
   max-pool blocks (16, 32 channels), then Linear(.., K);
+* ``cnn1d``:    1-D CNN for (C, L) sequences (MNIST-1D: (1, 40)), as the MNIST-1D author's
+  small CNN (~94% there): three Conv1d + ReLU layers of 32 channels (kernel 5, 3, 3, stride 2,
+  'same' padding, so L -> ceil(L/8): 40 -> 5), then Linear(32 * 5, K); 8.1k parameters for
+  MNIST-1D, cheap enough for the 2-core simulator;
 * ``resnet18``: torchvision ResNet-18, ``weights=None`` (random init), K outputs; the first
   conv adapts to the input channels. Has batch norm, so the simulator evaluates its
   per-partition gradients one partition at a time (no vmap).
@@ -60,6 +64,27 @@ class SmallCNN(nn.Module):
         return self.fc(x.flatten(1))
 
 
+class CNN1D(nn.Module):
+    """x (N, C, L) -> logits (N, K): conv(k5, s2) -> conv(k3, s2) -> conv(k3, s2), 32 channels,
+    ReLU after each, then a linear layer on the flattened (32, ceil(L/8)) features."""
+
+    def __init__(self, in_shape=(1, 40), k: int = 10, width: int = 32):
+        super().__init__()
+        c, length = in_shape
+        self.conv1 = nn.Conv1d(c, width, 5, stride=2, padding=2)
+        self.conv2 = nn.Conv1d(width, width, 3, stride=2, padding=1)
+        self.conv3 = nn.Conv1d(width, width, 3, stride=2, padding=1)
+        for _ in range(3):
+            length = (length + 1) // 2
+        self.fc = nn.Linear(width * length, k)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = F.relu(self.conv3(x))
+        return self.fc(x.flatten(1))
+
+
 def resnet18(k: int, in_channels: int = 3) -> nn.Module:
     import torchvision
     m = torchvision.models.resnet18(weights=None, num_classes=k)
@@ -103,7 +128,7 @@ class Task:
         return res
 
 
-MODELS = ("softmax", "logistic", "cnn", "resnet18")
+MODELS = ("softmax", "logistic", "cnn", "cnn1d", "resnet18")
 
 
 def build_task(name: str, dataset, seed: int = 0, zero_init: bool = False,
@@ -122,6 +147,11 @@ def build_task(name: str, dataset, seed: int = 0, zero_init: bool = False,
         if len(shape) != 3:
             raise ValueError(f"cnn needs image inputs (C, H, W), {dataset.name} has shape {shape}")
         model, binary, vm = SmallCNN(shape, k), False, True
+    elif name == "cnn1d":
+        if len(shape) != 2:
+            raise ValueError(f"cnn1d needs sequence inputs (C, L), {dataset.name} has shape "
+                             f"{shape}; e.g. dataset mnist1d (1, 40)")
+        model, binary, vm = CNN1D(shape, k), False, True
     elif name == "resnet18":
         if len(shape) != 3:
             raise ValueError(f"resnet18 needs image inputs (C, H, W), got {shape}")

@@ -107,6 +107,8 @@ class SimConfig:
     batch_size: Optional[int] = None    # minibatch of each partition gradient (None: full partition)
     error_feedback: Optional[bool] = None
     eval_every: int = 1
+    eval_train: bool = True             # False: evaluate the validation set only (rec.loss None;
+                                        # the deep experiment, whose target is an accuracy)
     diagnostics: bool = True
     diag_batch: int = 128
     diag_every: int = 1                 # diagnostics every K steps
@@ -117,6 +119,8 @@ class SimConfig:
     momentum_correction: bool = True   # subtract the stale gradients' implicit momentum from the
                                         # optimizer's (pgc_hvd.control.momentum), as the runtime
     target_loss: Optional[float] = None
+    target_accuracy: Optional[float] = None  # with stop_at_target: stop once the evaluated
+                                            # accuracy (validation, else training) is >= it
     stop_at_target: bool = False
     max_time: Optional[float] = None
     seed: int = 0
@@ -287,7 +291,9 @@ class Simulator:
         return g
 
     def _evaluate(self) -> dict:
-        res = {"train_" + k: v for k, v in self.task.evaluate(self.X, self.y).items()}
+        res = {}
+        if self.cfg.eval_train or self.test is None:
+            res = {"train_" + k: v for k, v in self.task.evaluate(self.X, self.y).items()}
         if self.test is not None:
             res.update({"test_" + k: v for k, v in self.task.evaluate(*self.test).items()})
         return res
@@ -797,6 +803,9 @@ class Simulator:
             return True
         if cfg.stop_at_target and cfg.target_loss is not None and rec.loss is not None \
                 and rec.loss <= cfg.target_loss:
+            return True
+        if cfg.stop_at_target and cfg.target_accuracy is not None and rec.accuracy is not None \
+                and rec.accuracy >= cfg.target_accuracy:
             return True
         if cfg.max_time is not None and t >= cfg.max_time:
             return True

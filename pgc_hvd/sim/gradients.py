@@ -73,6 +73,11 @@ class PartitionGradients:
         """(n, m) per-sample weights of step ``step``'s minibatches over the padded partitions:
         1/B_k on the B_k = min(B, |D_k|) samples drawn (without replacement, seeded by
         (seed, step)) from partition k, 0 elsewhere. Rows sum to 1."""
+        return self._minibatch(step)[0]
+
+    def _minibatch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights (n, m) as :meth:`minibatch_weights`, pick (n, min(B, m)): the padded
+        columns drawn; weight 0 on a pick beyond a partition smaller than B)."""
         sizes = torch.tensor([len(p) for p in self.parts])
         m = int(sizes.max())
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, 104729, int(step)])
@@ -85,7 +90,7 @@ class PartitionGradients:
         w = torch.zeros(self.n, m, dtype=self.X.dtype)
         w.scatter_(1, pick, (1.0 / bk).unsqueeze(1).expand(-1, B).contiguous())
         w[scores >= 2.0] = 0.0  # partitions smaller than B: only their own samples
-        return w
+        return w, pick
 
     def all(self, flat: torch.Tensor, step: int | None = None) -> torch.Tensor:
         """(n, d): row k = g_k at the parameters ``flat`` (minibatch of ``step`` in minibatch
@@ -93,13 +98,17 @@ class PartitionGradients:
         self.evaluations += self.n
         mb = self.batch_size is not None and step is not None
         if self.vmap:
-            wp = self.minibatch_weights(step) if mb else self.wp
             if self.linear:
-                return self._linear(flat.detach(), wp)
+                return self._linear(flat.detach(), self.minibatch_weights(step) if mb else self.wp)
+            Xp, yp, wp = self.Xp, self.yp, self.wp
+            if mb:  # only the B drawn samples of each partition go through the network
+                w, pick = self._minibatch(step)
+                Xp = torch.stack([self.Xp[k, pick[k]] for k in range(self.n)])
+                yp, wp = self.yp.gather(1, pick), w.gather(1, pick)
             params = self.layout.unflatten(flat.detach())
             rows = []
             for a in range(0, self.n, self.chunk):
-                g = self._g(params, self.Xp[a:a + self.chunk], self.yp[a:a + self.chunk],
+                g = self._g(params, Xp[a:a + self.chunk], yp[a:a + self.chunk],
                             wp[a:a + self.chunk])
                 rows.append(torch.cat([g[name].reshape(g[name].shape[0], -1)
                                        for name in self.layout.names], dim=1))

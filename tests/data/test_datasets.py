@@ -115,3 +115,26 @@ def test_image_folder_is_read_by_torchvision(tmp_path):
     (empty / "cat").mkdir(parents=True)
     with pytest.raises(FileNotFoundError):   # torchvision's own message
         image_folder(empty)
+
+
+def test_mnist1d_is_generated_offline_and_cached(tmp_path, monkeypatch):
+    pytest.importorskip("mnist1d")
+    ds = load_dataset("mnist1d", root=tmp_path)
+    assert (tmp_path / "mnist1d_seed42.npz").is_file()
+    assert len(ds) == 5000 and ds.feature_shape == (1, 40) and ds.num_classes == 10
+    assert set(np.unique(ds.y).tolist()) == set(range(10))
+    # the cache is read back, not regenerated: the generator is not even importable now
+    import builtins
+    real = builtins.__import__
+
+    def no_mnist1d(name, *a, **k):
+        if name.startswith("mnist1d"):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_mnist1d)
+    test = load_dataset("mnist1d", root=tmp_path, split="test")
+    assert len(test) == 1000 and np.array_equal(test.X, ds.X[4000:])
+    # without the package and without a cache: an error naming the fix
+    with pytest.raises(ImportError, match="pip install mnist1d"):
+        load_dataset("mnist1d", root=tmp_path / "empty")
