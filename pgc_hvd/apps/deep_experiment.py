@@ -14,7 +14,9 @@ the user's), the latter with the staleness-aware momentum correction
    stale schemes (PGC-*) also with the remedy off; PGC-CR also with straggler policy
    ``cancel``. At s = 1, 2 (the momentum comparison only): DGD and PGC-CR, momentum 0.9, remedy
    on and off. Every run stops once its validation accuracy reaches ``TARGET`` (evaluated every
-   ``EVAL_EVERY`` steps) or after ``MAX_STEPS`` steps. Per group: steps and virtual time to the
+   ``EVAL_EVERY`` steps), or unreached after ``MAX_TIME`` virtual seconds (or ``MAX_STEPS``
+   steps): the same time budget for every scheme, not the same step count, which would cut
+   the schemes of shorter steps early. Per group: steps and virtual time to the
    target, median and the seeds' 2.5 / 97.5 percentiles (with 5 seeds: min and max), and per
    seed the ratio to DGD with the same seed, s and optimizer (median, interval); a run that
    never reaches the target counts as infinitely slow (the median is then ``inf`` when half
@@ -58,9 +60,10 @@ N = 12
 BATCH = 32
 SGD_PLAIN = "sgd:lr=0.5"
 SGD_MOM = "sgd:lr=0.1,momentum=0.9"
-TARGET = 0.45           # validation accuracy (chance 0.1; the author's small CNN: ~0.94)
+TARGET = 0.4            # validation accuracy (chance 0.1; the author's small CNN: ~0.94)
 EVAL_EVERY = 5
-MAX_STEPS = 170
+MAX_TIME = 600.0        # virtual seconds (partition times) after which a run stops unreached:
+MAX_STEPS = 400         # a time budget, so that schemes with shorter steps get more of them
 QUICK_STEPS = 20
 STALE = ("pgc-fr", "pgc-cr", "pgc-bcgc")
 SCHEMES = [("dgd", {}), ("is-sgd", {}), ("gc-cr", {}), ("is-gc", {"c": 2}), ("pgc-fr", {}),
@@ -69,15 +72,30 @@ OPTIMIZERS = {"sgd": (SGD_PLAIN, True), "mom": (SGD_MOM, True), "mom-off": (SGD_
 STALENESS_BUDGET = 200.0
 
 
-def grid(quick: bool, seeds: int) -> list[dict]:
-    """The runs (see the module docstring), one dict each."""
+def optimizers(momentum_lr=None) -> dict:
+    """``OPTIMIZERS`` with the momentum variants' lr replaced by ``momentum_lr`` when given."""
+    if momentum_lr is None:
+        return dict(OPTIMIZERS)
+    mom = f"sgd:lr={momentum_lr:g},momentum=0.9"
+    return {"sgd": OPTIMIZERS["sgd"], "mom": (mom, True), "mom-off": (mom, False)}
+
+
+def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
+         max_steps: int = MAX_STEPS) -> list[dict]:
+    """The runs (see the module docstring), one dict each; ``which="momentum"``: only DGD and
+    PGC-CR at s = 3 with momentum 0.9, remedy on and off (``--grid momentum``, e.g. with
+    ``--momentum-lr``)."""
     specs = []
+    opt_specs = optimizers(momentum_lr)
 
     def add(scheme, opts, s, opt, policy="continue"):
         for seed in range(1 if quick else seeds):
             label = f"{scheme}_s{s}_{opt}_{policy}_seed{seed}"
             specs.append({"scheme": scheme, "opts": opts, "s": s, "opt": opt, "policy": policy,
-                          "seed": seed, "label": label})
+                          "seed": seed, "label": label, "optimizer": opt_specs[opt][0],
+                          "correction": opt_specs[opt][1],
+                          "max_steps": QUICK_STEPS if quick else int(max_steps),
+                          "max_time": MAX_TIME})
 
     if quick:
         for name, opts in SCHEMES:
@@ -86,6 +104,11 @@ def grid(quick: bool, seeds: int) -> list[dict]:
         add("pgc-cr", {}, 1, "sgd")
         add("pgc-cr", {}, 1, "mom-off")
         add("pgc-cr", {}, 1, "mom", "cancel")
+        return specs
+    if which == "momentum":
+        add("dgd", {}, 3, "mom")
+        add("pgc-cr", {}, 3, "mom")
+        add("pgc-cr", {}, 3, "mom-off")
         return specs
     for name, opts in SCHEMES:
         for opt in ("sgd", "mom"):
@@ -115,21 +138,23 @@ def run_one(spec: dict, out: str, quick: bool, data_dir=None) -> dict:
     from pgc_hvd.delays import Exponential
     from pgc_hvd.sim.run import prepare_data, simulate
     data = _data(data_dir)
-    optimizer, correction = OPTIMIZERS[spec["opt"]]
+    optimizer, correction = spec["optimizer"], spec["correction"]
     s, seed = spec["s"], spec["seed"]
     t0 = time.perf_counter()
     recs, summ = simulate(spec["scheme"], N, s, data=data, model=MODEL, optimizer=optimizer,
                           delay=Exponential(1.0, seed=1000 * seed + s + 11),
-                          steps=QUICK_STEPS if quick else MAX_STEPS, scheme_options=spec["opts"],
+                          steps=spec["max_steps"], scheme_options=spec["opts"],
                           partition_time=1.0, batch_size=BATCH, seed=seed,
                           straggler_policy=spec["policy"], momentum_correction=correction,
                           eval_every=EVAL_EVERY, eval_train=False, diagnostics=seed == 0, diag_every=EVAL_EVERY,
-                          target_accuracy=TARGET, stop_at_target=True, overwrite=True,
+                          target_accuracy=TARGET, stop_at_target=True,
+                          max_time=None if quick else spec["max_time"], overwrite=True,
                           records_path=Path(out) / "records" / f"{spec['label']}.jsonl",
                           label=spec["label"])
     st, tt = first_at_least(recs, TARGET)
     mom = [r.extra.get("effective_momentum") for r in recs if r.extra.get("effective_momentum") is not None]
-    row = {k: spec[k] for k in ("scheme", "s", "opt", "policy", "seed", "label")}
+    row = {k: spec[k] for k in ("scheme", "s", "opt", "policy", "seed", "label", "optimizer",
+                                "correction")}
     row.update({k: summ[k] for k in ("steps", "time", "time_per_step", "test_accuracy",
                                      "test_loss", "grad_evals", "utilisation", "max_age",
                                      "err_total_mean", "err_coding_mean", "err_stale_mean")})
@@ -163,9 +188,11 @@ def _stats(vals) -> dict:
 
 
 def _ratio(a, b):
+    """a / b for one seed; a run that never reached the target is infinitely slow: inf when
+    only ``a`` missed it, 0 when only DGD (``b``) did, None (left out) when both did."""
     if a is None:
-        return math.inf
-    return None if b is None else a / b
+        return None if b is None else math.inf
+    return 0.0 if b is None else a / b
 
 
 def groups(rows: list[dict]) -> list[dict]:
@@ -184,8 +211,8 @@ def groups(rows: list[dict]) -> list[dict]:
         ref_opt = "mom" if opt == "mom-off" else opt
         dgd = {r["seed"]: r for r in rows if r["scheme"] == "dgd" and r["s"] == s
                and r["opt"] == ref_opt and r["policy"] == "continue"}
-        g = {"s": s, "opt": opt, "optimizer": OPTIMIZERS[opt][0],
-             "momentum_correction": OPTIMIZERS[opt][1], "policy": policy, "scheme": scheme,
+        g = {"s": s, "opt": opt, "optimizer": runs[0]["optimizer"],
+             "momentum_correction": runs[0]["correction"], "policy": policy, "scheme": scheme,
              "seeds": len(runs), "reached": sum(r["steps_to_target"] is not None for r in runs)}
         for key in ("steps_to_target", "time_to_target"):
             g[key] = _stats([r[key] for r in runs])
@@ -294,7 +321,8 @@ def plot(path, rows, gs, stale_curves, stale_rows) -> None:
                 ax.plot([a for a, _ in r["curve"]], [b for _, b in r["curve"]], ":",
                         label=r["scheme"] + " (remedy off)")
         ax.axhline(TARGET, color="grey", lw=0.6)
-        ax.set_title(f"{OPTIMIZERS[opt][0]}, seed 0: validation accuracy")
+        ax.set_title(f"{next((r['optimizer'] for r in rows if r['opt'] == opt), opt)}, seed 0: "
+                     "validation accuracy")
         ax.set_xlabel("virtual time (partition times)")
         ax.legend(fontsize=7)
     ax = axes[1, 0]
@@ -323,11 +351,11 @@ class _NullAxis:
 
 
 def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
-        staleness: bool = True):
+        staleness: bool = True, which: str = "full", momentum_lr=None, max_steps=MAX_STEPS):
     """The whole experiment (module docstring); returns the summary dict and the tables."""
     from .experiments import staleness_runs
     data = _data(data_dir)          # generate / cache once before the pool starts
-    specs = grid(quick, seeds)
+    specs = grid(quick, seeds, which, momentum_lr, max_steps)
     rows = []
     if jobs > 1:
         import multiprocessing as mp
@@ -350,9 +378,10 @@ def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
                                             eval_train=False,
                                             diag_every=1 if quick else 4, progress=False)
     plot(out / "plot.png", rows, gs, curves, stale_rows)
-    summary = {"experiment": "deep", "quick": quick, "dataset": DATASET, "model": MODEL, "n": N,
-               "batch_size": BATCH, "target_accuracy": TARGET, "max_steps": MAX_STEPS,
-               "optimizers": OPTIMIZERS, "groups": gs, "claims": cl,
+    summary = {"experiment": "deep", "quick": quick, "grid": which, "dataset": DATASET,
+               "model": MODEL, "n": N, "batch_size": BATCH, "target_accuracy": TARGET,
+               "max_steps": QUICK_STEPS if quick else max_steps, "max_time": MAX_TIME,
+               "optimizers": optimizers(momentum_lr), "groups": gs, "claims": cl,
                "runs": [{k: v for k, v in r.items() if k != "curve"} for r in rows],
                "staleness": stale_rows}
     return summary, tables(gs, cl, stale_rows)
@@ -370,11 +399,19 @@ def main(argv=None) -> int:
                    "(default $PGC_HVD_CACHE or ~/.cache/pgc_hvd)")
     p.add_argument("--no-staleness", action="store_true", help="skip part 2 (the design note's "
                    "experiment)")
+    p.add_argument("--grid", choices=["full", "momentum"], default="full",
+                   help="momentum: DGD and PGC-CR at s = 3, momentum 0.9, remedy on and off only")
+    p.add_argument("--momentum-lr", type=float, default=None,
+                   help=f"lr of the momentum-0.9 runs (default: {SGD_MOM})")
+    p.add_argument("--max-steps", type=int, default=MAX_STEPS,
+                   help="steps after which a run that has not reached the target stops")
     p.add_argument("--force", action="store_true",
                    help="replace the results of an earlier experiment in --out")
     a = p.parse_args(argv)
-    if a.seeds < 1 or a.jobs < 1:
-        p.error(f"--seeds {a.seeds} --jobs {a.jobs}: both must be >= 1")
+    if a.seeds < 1 or a.jobs < 1 or a.max_steps < 1:
+        p.error(f"--seeds {a.seeds} --jobs {a.jobs} --max-steps {a.max_steps}: each must be >= 1")
+    if a.momentum_lr is not None and not (math.isfinite(a.momentum_lr) and a.momentum_lr > 0):
+        p.error(f"--momentum-lr {a.momentum_lr}: give a learning rate > 0")
     out = Path(a.out)
     if (out / "summary.json").exists() and not a.force:
         p.error(f"{out} already holds an experiment's results; choose another --out or pass "
@@ -383,7 +420,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     (out / "records").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    summary, md = run(out, a.quick, a.seeds, a.jobs, a.data_dir, not a.no_staleness)
+    summary, md = run(out, a.quick, a.seeds, a.jobs, a.data_dir,
+                      not a.no_staleness and a.grid == "full", a.grid, a.momentum_lr, a.max_steps)
     wall = time.perf_counter() - t0
     summary["wall_seconds"] = wall
     cmd = "pgc-hvd experiment deep " + " ".join(argv if argv is not None else sys.argv[1:])
