@@ -81,7 +81,7 @@ def optimizers(momentum_lr=None) -> dict:
 
 
 def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
-         max_steps: int = MAX_STEPS) -> list[dict]:
+         max_steps: int = MAX_STEPS, max_time: float = MAX_TIME) -> list[dict]:
     """The runs (see the module docstring), one dict each; ``which="momentum"``: only DGD and
     PGC-CR at s = 3 with momentum 0.9, remedy on and off (``--grid momentum``, e.g. with
     ``--momentum-lr``)."""
@@ -95,7 +95,7 @@ def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
                           "seed": seed, "label": label, "optimizer": opt_specs[opt][0],
                           "correction": opt_specs[opt][1],
                           "max_steps": QUICK_STEPS if quick else int(max_steps),
-                          "max_time": MAX_TIME})
+                          "max_time": float(max_time)})
 
     if quick:
         for name, opts in SCHEMES:
@@ -351,11 +351,12 @@ class _NullAxis:
 
 
 def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
-        staleness: bool = True, which: str = "full", momentum_lr=None, max_steps=MAX_STEPS):
+        staleness: bool = True, which: str = "full", momentum_lr=None, max_steps=MAX_STEPS,
+        max_time=MAX_TIME):
     """The whole experiment (module docstring); returns the summary dict and the tables."""
     from .experiments import staleness_runs
     data = _data(data_dir)          # generate / cache once before the pool starts
-    specs = grid(quick, seeds, which, momentum_lr, max_steps)
+    specs = grid(quick, seeds, which, momentum_lr, max_steps, max_time)
     rows = []
     if jobs > 1:
         import multiprocessing as mp
@@ -380,7 +381,7 @@ def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
     plot(out / "plot.png", rows, gs, curves, stale_rows)
     summary = {"experiment": "deep", "quick": quick, "grid": which, "dataset": DATASET,
                "model": MODEL, "n": N, "batch_size": BATCH, "target_accuracy": TARGET,
-               "max_steps": QUICK_STEPS if quick else max_steps, "max_time": MAX_TIME,
+               "max_steps": QUICK_STEPS if quick else max_steps, "max_time": max_time,
                "optimizers": optimizers(momentum_lr), "groups": gs, "claims": cl,
                "runs": [{k: v for k, v in r.items() if k != "curve"} for r in rows],
                "staleness": stale_rows}
@@ -405,9 +406,13 @@ def main(argv=None) -> int:
                    help=f"lr of the momentum-0.9 runs (default: {SGD_MOM})")
     p.add_argument("--max-steps", type=int, default=MAX_STEPS,
                    help="steps after which a run that has not reached the target stops")
+    p.add_argument("--max-time", type=float, default=MAX_TIME,
+                   help="virtual seconds after which a run that has not reached the target stops")
     p.add_argument("--force", action="store_true",
                    help="replace the results of an earlier experiment in --out")
     a = p.parse_args(argv)
+    if not (math.isfinite(a.max_time) and a.max_time > 0):
+        p.error(f"--max-time {a.max_time}: give virtual seconds > 0")
     if a.seeds < 1 or a.jobs < 1 or a.max_steps < 1:
         p.error(f"--seeds {a.seeds} --jobs {a.jobs} --max-steps {a.max_steps}: each must be >= 1")
     if a.momentum_lr is not None and not (math.isfinite(a.momentum_lr) and a.momentum_lr > 0):
@@ -421,7 +426,8 @@ def main(argv=None) -> int:
     (out / "records").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     summary, md = run(out, a.quick, a.seeds, a.jobs, a.data_dir,
-                      not a.no_staleness and a.grid == "full", a.grid, a.momentum_lr, a.max_steps)
+                      not a.no_staleness and a.grid == "full", a.grid, a.momentum_lr, a.max_steps,
+                      a.max_time)
     wall = time.perf_counter() - t0
     summary["wall_seconds"] = wall
     cmd = "pgc-hvd experiment deep " + " ".join(argv if argv is not None else sys.argv[1:])
