@@ -155,10 +155,13 @@ def run_one(spec: dict, out: str, quick: bool, data_dir=None) -> dict:
     mom = [r.extra.get("effective_momentum") for r in recs if r.extra.get("effective_momentum") is not None]
     row = {k: spec[k] for k in ("scheme", "s", "opt", "policy", "seed", "label", "optimizer",
                                 "correction")}
-    row.update({k: summ[k] for k in ("steps", "time", "time_per_step", "test_accuracy",
-                                     "test_loss", "grad_evals", "utilisation", "max_age",
-                                     "err_total_mean", "err_coding_mean", "err_stale_mean")})
+    row.update({k: summ[k] for k in ("steps", "time", "time_per_step", "grad_evals",
+                                     "utilisation", "max_age", "err_total_mean",
+                                     "err_coding_mean", "err_stale_mean")})
     accs = [r.extra["test_accuracy"] for r in recs if r.extra.get("test_accuracy") is not None]
+    # the last evaluated step's (a run stopped by its time budget may end between evaluations)
+    row["test_accuracy"] = accs[-1]
+    row["test_loss"] = next(r.extra["test_loss"] for r in reversed(recs) if r.extra.get("test_loss") is not None)
     row.update({"steps_to_target": st, "time_to_target": tt, "best_accuracy": max(accs),
                 "implicit_momentum_mean": float(np.mean([r.extra.get("implicit_momentum") or 0.0
                                                          for r in recs])),
@@ -358,17 +361,23 @@ def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
     data = _data(data_dir)          # generate / cache once before the pool starts
     specs = grid(quick, seeds, which, momentum_lr, max_steps, max_time)
     rows = []
+    done = open(out / "runs.jsonl", "w")   # each row as it comes (kept if tabulating fails)
     if jobs > 1:
         import multiprocessing as mp
         with mp.get_context("spawn").Pool(jobs) as pool:
             pending = [pool.apply_async(run_one, (sp, str(out), quick, data_dir)) for sp in specs]
             for sp, p in zip(specs, pending):
                 rows.append(p.get())
+                done.write(json.dumps(to_jsonable({k: v for k, v in rows[-1].items() if k != "curve"})) + "\n")
+                done.flush()
                 _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {rows[-1]['wall_seconds']:.0f} s")
     else:
         for sp in specs:
             rows.append(run_one(sp, str(out), quick, data_dir))
+            done.write(json.dumps(to_jsonable({k: v for k, v in rows[-1].items() if k != "curve"})) + "\n")
+            done.flush()
             _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {rows[-1]['wall_seconds']:.0f} s")
+    done.close()
     gs = groups(rows)
     cl = claims(gs, s=1 if quick else 3)
     stale_rows, curves = [], {}

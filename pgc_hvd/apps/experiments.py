@@ -338,6 +338,9 @@ def staleness_runs(out: Path, data, budget: float, model: str = "softmax",
                               overwrite=True, records_path=out / "records" / f"{label}.jsonl",
                               label=label, **sim)
         summ.update({"variant": label0, "label": label})
+        if summ["test_accuracy"] is None:  # ended between evaluations: the last evaluated
+            summ["test_accuracy"] = next((r.extra["test_accuracy"] for r in reversed(recs)
+                                          if r.extra.get("test_accuracy") is not None), None)
         curves[label0] = ([r.time for r in recs], [r.extra.get("test_loss") for r in recs])
         rows.append((summ, recs))
     # target: the validation loss synchronous DP reaches at the end of the budget
