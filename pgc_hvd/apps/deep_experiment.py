@@ -136,7 +136,7 @@ def run_one(spec: dict, out: str, quick: bool, data_dir=None) -> dict:
     import torch
     torch.set_num_threads(1)
     from pgc_hvd.delays import Exponential
-    from pgc_hvd.sim.run import prepare_data, simulate
+    from pgc_hvd.sim.run import simulate
     data = _data(data_dir)
     optimizer, correction = spec["optimizer"], spec["correction"]
     s, seed = spec["s"], spec["seed"]
@@ -146,13 +146,15 @@ def run_one(spec: dict, out: str, quick: bool, data_dir=None) -> dict:
                           steps=spec["max_steps"], scheme_options=spec["opts"],
                           partition_time=1.0, batch_size=BATCH, seed=seed,
                           straggler_policy=spec["policy"], momentum_correction=correction,
-                          eval_every=EVAL_EVERY, eval_train=False, diagnostics=seed == 0, diag_every=EVAL_EVERY,
+                          eval_every=EVAL_EVERY, eval_train=False, diagnostics=seed == 0,
+                          diag_every=EVAL_EVERY,
                           target_accuracy=TARGET, stop_at_target=True,
                           max_time=None if quick else spec["max_time"], overwrite=True,
                           records_path=Path(out) / "records" / f"{spec['label']}.jsonl",
                           label=spec["label"])
     st, tt = first_at_least(recs, TARGET)
-    mom = [r.extra.get("effective_momentum") for r in recs if r.extra.get("effective_momentum") is not None]
+    mom = [r.extra["effective_momentum"] for r in recs
+           if r.extra.get("effective_momentum") is not None]
     row = {k: spec[k] for k in ("scheme", "s", "opt", "policy", "seed", "label", "optimizer",
                                 "correction")}
     row.update({k: summ[k] for k in ("steps", "time", "time_per_step", "grad_evals",
@@ -161,7 +163,8 @@ def run_one(spec: dict, out: str, quick: bool, data_dir=None) -> dict:
     accs = [r.extra["test_accuracy"] for r in recs if r.extra.get("test_accuracy") is not None]
     # the last evaluated step's (a run stopped by its time budget may end between evaluations)
     row["test_accuracy"] = accs[-1]
-    row["test_loss"] = next(r.extra["test_loss"] for r in reversed(recs) if r.extra.get("test_loss") is not None)
+    row["test_loss"] = next(r.extra["test_loss"] for r in reversed(recs)
+                            if r.extra.get("test_loss") is not None)
     row.update({"steps_to_target": st, "time_to_target": tt, "best_accuracy": max(accs),
                 "implicit_momentum_mean": float(np.mean([r.extra.get("implicit_momentum") or 0.0
                                                          for r in recs])),
@@ -247,7 +250,8 @@ def claims(gs: list[dict], s: int = 3) -> list[dict]:
         return None if g is None or g.get(key) is None else g[key]["median"]
 
     for opt in ("sgd", "mom", "mom-off"):
-        cr, fr, dgd = _find(gs, "pgc-cr", s, opt), _find(gs, "pgc-fr", s, opt), _find(gs, "dgd", s, "mom" if opt == "mom-off" else opt)
+        cr, fr = _find(gs, "pgc-cr", s, opt), _find(gs, "pgc-fr", s, opt)
+        dgd = _find(gs, "dgd", s, "mom" if opt == "mom-off" else opt)
         gc = _find(gs, "gc-cr", s, opt)
         if cr is None or dgd is None:
             continue
