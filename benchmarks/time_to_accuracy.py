@@ -14,8 +14,10 @@ sleep, which leaves the CPU free as a GPU would; the real forward/backward runs 
 user's optimizer with the user's hyper-parameters (``sgd``: SGD lr 0.05 momentum 0.9;
 ``adam``: Adam lr 3e-3), validation accuracy every ``--eval-every`` steps on every rank (the
 parameters are identical, so every rank stops at the same step; evaluation time is not
-counted). Straggler patterns (one delay per rank and step, slept after the backward; the same
-seeded schedule for every variant):
+counted). Straggler patterns (one delay per rank and step, slept with the emulated compute
+between the forward and the backward -- a slow GPU is slow before its gradients exist, so
+Horovod's hooks, which start the allreduce during the backward, wait for it; the same seeded
+schedule for every variant):
 
 * ``none``       no injected delay;
 * ``slow``       rank 1 sleeps 3 x compute every step (one rank 4x slow);
@@ -88,6 +90,14 @@ def _accuracy(model, X, y) -> float:
         return float((model(X).argmax(1) == y).float().mean())
 
 
+def _emulate(compute: float, delays, rank: int, step: int, first: bool) -> None:
+    """The GPU's forward/backward time and this rank's straggler delay for the step (once per
+    step), slept before the backward: a slow GPU is slow before its gradients exist, so
+    Horovod's hooks (which start the allreduce during the backward) see it."""
+    time.sleep(compute + (float(delays.sample(rank, step)) if (delays is not None and first)
+                          else 0.0))
+
+
 def _train_one(variant: str, index: int, args, hvd, train, Xte, yte) -> dict:
     import torch
     import torch.nn.functional as F
@@ -114,7 +124,7 @@ def _train_one(variant: str, index: int, args, hvd, train, Xte, yte) -> dict:
     else:
         opt = pgc_hvd.DistributedOptimizer(
             inner, named_parameters=model.named_parameters(), scheme=scheme,
-            stragglers=0 if scheme == "dgd" else 1, delays=delays, name=f"tta{index}",
+            stragglers=0 if scheme == "dgd" else 1, name=f"tta{index}",
             momentum_correction=(flag != "off"))
         loader = pgc_hvd.CodedLoader(train, n=n, batch_size=args.batch_size, seed=args.seed)
     trained, reached, acc, step = 0.0, None, _accuracy(model, Xte, yte), 0
@@ -129,15 +139,15 @@ def _train_one(variant: str, index: int, args, hvd, train, Xte, yte) -> dict:
                 sampler.set_epoch(epoch)
                 batches = iter(loader)
                 xb, yb = next(batches)
-            F.cross_entropy(model(xb), yb).backward()
-            time.sleep(args.compute)
-            if delays is not None:
-                time.sleep(float(delays.sample(rank, step - 1)))
+            loss = F.cross_entropy(model(xb), yb)
+            _emulate(args.compute, delays, rank, step - 1, first=True)
+            loss.backward()          # Horovod's hooks start the allreduce here
             opt.step()
         else:
-            for xb, yb in opt.batches(loader):
-                F.cross_entropy(model(xb), yb).backward()
-                time.sleep(args.compute)
+            for i, (xb, yb) in enumerate(opt.batches(loader)):
+                loss = F.cross_entropy(model(xb), yb)
+                _emulate(args.compute, delays, rank, opt.version, first=i == 0)
+                loss.backward()
             opt.step()
         trained += time.perf_counter() - t0
         if step % args.eval_every == 0:
