@@ -88,7 +88,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -101,7 +101,7 @@ from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_D
                                   metric_values, metrics_at, slot_versions)
 from pgc_hvd.schemes import Arrival, Decision
 
-__all__ = ["AgentError", "CommAgent", "Outgoing", "Update", "wait_for_handle"]
+__all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
 
 log = logging.getLogger("pgc_hvd.runtime")
 
@@ -167,6 +167,22 @@ class Update:
     info: dict = field(default_factory=dict)
 
 
+@dataclass
+class Report:
+    """What a decided step's record needs, taken on the agent thread when the step is decided
+    (no d-vector): the decision, when, ``info`` as in :class:`Update`, each rank's busy seconds
+    during the step, the ranks whose message for the step was non-finite, and the staleness
+    bound c the decision was taken with (None for schemes whose c is fixed)."""
+
+    step: int
+    decision: Decision
+    time: float
+    info: dict
+    busy: list
+    nonfinite_ranks: list
+    c: Optional[int] = None
+
+
 class CommAgent:
     """Runs the control/data protocol for one rank in a background thread (see module doc).
 
@@ -176,7 +192,7 @@ class CommAgent:
 
     def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, codec: Codec, device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
-                 on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc",
+                 reports: bool = False, name: str = "pgc",
                  replay: Optional[list] = None, optimistic: bool = False, channel=None,
                  metrics: int = 0, narrow_reduce: str = "auto"):
         self.hvd = hvd
@@ -190,7 +206,10 @@ class CommAgent:
         self.device = device
         self.poll_interval = float(poll_interval)
         self.timeout = float(timeout)
-        self.on_step = on_step
+        # reports: every decided step's Report is queued for the training thread
+        # (take_reports), which writes the records; the agent never calls into the optimizer
+        self.reports = bool(reports)
+        self._reports: list = []
         self.name = name
         self.step = int(start_step)          # the round being decided
         self._decided = int(start_step)      # number of steps decided (the next round's step)
@@ -373,10 +392,38 @@ class CommAgent:
                 self.pool.put(self._updates.pop(k).flat)
             self._applied = max(self._applied, int(step))
 
+    def take_reports(self) -> list:
+        """The :class:`Report` of every step decided since the last call, in step order (empty
+        unless the agent was built with ``reports=True``)."""
+        with self.cond:
+            out, self._reports = self._reports, []
+        return out
+
+    def _report(self, update: Update, busy_step: list) -> "Report":
+        sch = self.scheme
+        return Report(update.step, update.decision, update.time, dict(update.info), busy_step,
+                      [w for w, k in self.bad_log if k == update.step],
+                      int(sch.staleness_bound) if sch.staleness_bound_adjustable else None)
+
     @property
     def held_updates(self) -> int:
         """Decided updates not yet released (bounded by how far this rank lags)."""
         return len(self._updates)
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the agent thread to stop; whether it has."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def cut_off(self) -> None:
+        """Make every later collective of this agent fail (:meth:`Collectives.cut_off`)."""
+        self.coll.cut_off()
+
+    @property
+    def running(self) -> bool:
+        """Whether the agent thread is alive."""
+        return self._thread.is_alive()
 
     def finish(self, timeout: Optional[float] = None) -> None:
         """This rank's loop is done: keep serving collectives until every rank is done."""
@@ -399,7 +446,8 @@ class CommAgent:
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
-            raise AgentError(str(self.error)) from self.error
+            raise AgentError(str(self.error), failed_ranks=getattr(self.error, "failed_ranks", ())
+                             ) from self.error
 
     # -- agent thread --------------------------------------------------------
     def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
@@ -486,7 +534,7 @@ class CommAgent:
             failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
             if failed:
                 raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
-                                 f"stopping rank {self.rank}")
+                                 f"stopping rank {self.rank}", failed_ranks=failed)
             if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
                 return
             self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
@@ -547,9 +595,9 @@ class CommAgent:
             update = self._data_phase(decision, step_start)
             busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
             self._busy_prev = busy
-            if self.on_step is not None:
-                self.on_step(update, busy_step)
             with self.cond:
+                if self.reports:
+                    self._reports.append(self._report(update, busy_step))
                 self._updates[update.step] = update
                 self._decided += 1
                 self.cond.notify_all()

@@ -28,7 +28,14 @@ from pgc_hvd.runtime.wire import WireError, parse_packed
 
 
 class AgentError(RuntimeError):
-    """A fault the runtime cannot step past (dead/hung rank, failed rank, undecodable step)."""
+    """A fault the runtime cannot step past (dead/hung rank, failed rank, undecodable step).
+
+    ``failed_ranks``: the ranks whose training thread raised, when that is the fault (their
+    control rows said so); () otherwise. Read it, not the message text."""
+
+    def __init__(self, *args, failed_ranks=()):
+        super().__init__(*args)
+        self.failed_ranks = tuple(int(w) for w in failed_ranks)
 
 
 def wait_for_handle(hvd, handle, timeout: float) -> bool:
@@ -54,6 +61,12 @@ class Collectives:
         self.ops = 0
         self.step = 0          # the round being decided (for error messages)
         self._into = _output_entry_points(hvd)
+
+    def cut_off(self) -> None:
+        """Every later collective fails with AgentError (an abandoned world's agent that still
+        runs must never take part in the next world's collectives)."""
+        self.hvd = _Gone()
+        self._into = None
 
     def _run(self, kind: str, start):
         self.ops += 1
@@ -175,3 +188,12 @@ class LoopbackChannel:
 
     def close(self) -> None:
         pass
+
+
+class _Gone:
+    """Stands in for Horovod in an abandoned agent: every collective fails."""
+
+    def __getattr__(self, name):
+        def refuse(*args, **kwargs):
+            raise AgentError("pgc_hvd elastic: this agent's world was abandoned")
+        return refuse
