@@ -94,7 +94,7 @@ import torch
 
 from pgc_hvd.compress.codecs import Codec, DenseCodec, fp16_finite
 from pgc_hvd.compress.transport import allreduce_bytes, alltoall_reduce_bytes, choose_collective
-from pgc_hvd.runtime.channel import AgentError, AllgatherChannel, Collectives, wait_for_handle
+from pgc_hvd.runtime.channel import AgentError, Collectives, control_channel, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE, CTRL_ERROR,
                                   CTRL_FAILED, CTRL_FIXED, CTRL_LOSS, CTRL_PAYLOAD,
                                   CTRL_READY_STEP, CTRL_READY_TIME, CTRL_VERSION, ctrl_len,
@@ -193,7 +193,8 @@ class CommAgent:
     def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, codec: Codec, device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
                  reports: bool = False, name: str = "pgc",
-                 replay: Optional[list] = None, optimistic: bool = False, channel=None,
+                 replay: Optional[list] = None, optimistic: bool = False,
+                 control: str = "allgather", channel=None,
                  metrics: int = 0, narrow_reduce: str = "auto"):
         self.hvd = hvd
         self.scheme = scheme
@@ -255,13 +256,9 @@ class CommAgent:
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
         self.coll = Collectives(hvd, self.rank, name, self.timeout)
         self.pool = BufferPool(device)
-        if channel is None:
-            dev = torch.device(device) if device is not None else torch.device("cpu")
-            if optimistic and dev.type != "cpu":
-                raise ValueError("optimistic one-collective steps need CPU payloads (the control "
-                                 "rows live on the CPU)")
-            channel = AllgatherChannel(self.coll, self.n, self.ctrl_len, self.width,
-                                       carries_payloads=bool(optimistic))
+        if channel is None:   # the one builder of control channels (channel.control_channel)
+            channel = control_channel(control, self.coll, n=self.n, length=self.ctrl_len,
+                                      width=self.width, optimistic=optimistic, device=device)
         elif optimistic and not channel.carries_payloads:
             raise ValueError("control='store' exchanges control rows through a key-value "
                              "store, which cannot carry payloads: leave optimistic unset")

@@ -32,8 +32,7 @@ class GradientCapture:
     ``(plan, version)`` (the hook's only way to learn them)."""
 
     def __init__(self, layout: FlatLayout, worker_ring, *, ring_mode: bool, passes_per_step: int,
-                 current: Callable[[], tuple], own_partition_only: Callable[[], bool],
-                 names: Optional[dict] = None, scheme_name: str = "", rank: int = 0):
+                 current: Callable[[], tuple], scheme, rank: int, names: Optional[dict] = None):
         self.layout = layout
         self.worker_ring = worker_ring            # schemes.Ring: slot versions, plans
         self.ring_mode = bool(ring_mode)
@@ -43,9 +42,10 @@ class GradientCapture:
         self.msg = layout.zeros() if not self.complex else None
         self.passes_per_step = int(passes_per_step)
         self.current = current
-        self.own_partition_only = own_partition_only
+        self.scheme, self.rank = scheme, int(rank)
+        self.scheme_name = scheme.name
         self.names = names or {}
-        self.scheme_name, self.rank = scheme_name, int(rank)
+        self._own_only: Optional[bool] = None    # the scheme always asks for this rank's own
         self.done_slots: set = set()
         self.target_slot: Optional[int] = None    # the slot whose gradient accumulates in p.grad
         self.got_grad = False                     # a gradient reached the target slot
@@ -55,7 +55,13 @@ class GradientCapture:
         self._passes = 0
         self._grad_version = -1                   # its p.grad._version after the last backward
         self._zero_flat = None                    # zeros for p.grad in a catch-up under AMP
-        self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in layout.params]
+        self._hooks: list = []                    # attach() registers them
+
+    def attach(self) -> None:
+        """Register the gradient hooks (last in the optimizer's construction: a construction
+        that fails leaves no hook behind on the model)."""
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook)
+                       for p in self.layout.params]
 
     # -- the plan's partitions ------------------------------------------------------------
     def new_step(self) -> None:
@@ -174,6 +180,16 @@ class GradientCapture:
                 f"pgc_hvd: a backward pass ran at step {version} after every partition "
                 f"of the work plan was evaluated; call optimizer.step() first")
         self.begin(todo[0], plan, version)
+
+    def own_partition_only(self) -> bool:
+        """Does the scheme ask this rank for exactly its own partition at every step? (Checked
+        over 2n + ring steps once: the plans are periodic.)"""
+        if self._own_only is None:
+            span = 2 * self.scheme.n + self.worker_ring.size + 1
+            self._own_only = all(
+                [q for q, _ in self.scheme.work_plan(self.rank, t).evaluate] == [self.rank]
+                for t in range(span))
+        return self._own_only
 
     def remove_hooks(self) -> None:
         for h in self._hooks:

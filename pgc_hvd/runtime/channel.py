@@ -197,3 +197,24 @@ class _Gone:
         def refuse(*args, **kwargs):
             raise AgentError("pgc_hvd elastic: this agent's world was abandoned")
         return refuse
+
+
+def control_channel(control: str, coll: Collectives, *, n: int, length: int, width: int,
+                    optimistic: bool = False, device=None):
+    """The control channel ``control`` names, for an agent whose collectives are ``coll``:
+    ``"allgather"`` (:class:`AllgatherChannel`; payloads ride along when ``optimistic``, CPU
+    payloads only) or ``"store"`` (:class:`~pgc_hvd.runtime.control_store.StoreChannel`, a
+    TCPStore served by rank 0; a collective: every rank must build it)."""
+    if control == "store":
+        if optimistic:
+            raise ValueError("control='store' exchanges control rows through a key-value "
+                             "store, which cannot carry payloads: leave optimistic unset")
+        from pgc_hvd.runtime.control_store import StoreChannel
+        return StoreChannel.create(coll.hvd, coll.rank, n, coll.name, coll.timeout)
+    if control != "allgather":
+        raise ValueError(f"control must be 'allgather' or 'store', got {control!r}")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if optimistic and dev.type != "cpu":
+        raise ValueError("optimistic one-collective steps need CPU payloads (the control "
+                         "rows live on the CPU)")
+    return AllgatherChannel(coll, n, length, width, carries_payloads=bool(optimistic))

@@ -176,13 +176,27 @@ class RuntimeConfig:
     def wire(self) -> Optional[torch.dtype]:
         return None if self.wire_dtype is None else getattr(torch, self.wire_dtype)
 
+    def effective_optimistic(self, codec, device, n: int) -> bool:
+        """``optimistic``, or by default: small payloads ride with the control rows
+        (:func:`pgc_hvd.compress.optimistic_default`: CPU rows, n of them at most
+        ``PGC_HVD_OPTIMISTIC_BYTES``), with ``control="allgather"`` only."""
+        if self.optimistic is not None:
+            return bool(self.optimistic)
+        from pgc_hvd.compress import optimistic_default
+        return self.control == "allgather" and optimistic_default(
+            codec.payload_bytes, torch.device(device).type == "cpu", n)
 
-def cross_rank_fields(config: RuntimeConfig, optimistic_field) -> dict:
-    """The configuration fields every rank compares at construction, besides the scheme, s,
-    options, compression, control, name, optimism and replay that
-    :func:`pgc_hvd.runtime.consistency.optimizer_fingerprint` names itself (with the optimizer
-    class, its hyper-parameters and the parameters). ``optimistic_field`` is the effective
-    optimistic setting as compared (a bool, or "by payload size ...")."""
+
+def cross_rank_fields(config: RuntimeConfig) -> dict:
+    """The configuration fields every rank compares at construction
+    (:func:`pgc_hvd.runtime.consistency.optimizer_fingerprint`'s keywords; it adds the
+    optimizer class, its hyper-parameters and the parameters). The effective optimistic
+    setting follows from the payload size (the same on every rank once the rest agrees) and
+    PGC_HVD_OPTIMISTIC_BYTES (per rank), so an unset one is compared as that rule."""
+    from pgc_hvd.compress.transport import optimistic_threshold
+    optimistic_field = (bool(config.optimistic) if config.optimistic is not None else
+                        f"by payload size (n payloads at most {optimistic_threshold()} bytes, "
+                        f"PGC_HVD_OPTIMISTIC_BYTES)")
     return {"scheme": str(config.scheme), "stragglers": int(config.stragglers),
             "options": config.scheme_options, "compression": config.compression,
             "control": config.control, "name": config.name, "optimistic": optimistic_field,

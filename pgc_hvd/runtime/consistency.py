@@ -344,8 +344,12 @@ class LoaderCheck:
         self.timeout, self.scheme_name = float(timeout), scheme_name
         self._fps: list = []        # loader fingerprints already compared
         self._last = None           # the loader last checked
+        self._bound: list = []      # loaders already bound (compared by identity)
 
-    def __call__(self, loader) -> None:
+    def __call__(self, loader, bind: Optional[tuple] = None) -> None:
+        """Check ``loader`` (see the class doc); the first time, call its ``bind(*bind)`` if it
+        has one (``(scheme, rank)``: a prefetching loader then foresees the (partition, step)
+        pairs it will be asked for)."""
         if loader is self._last:
             return
         n_parts = getattr(loader, "n", None)
@@ -368,6 +372,11 @@ class LoaderCheck:
                     diffs, what="pgc_hvd: optimizer.batches(loader)", hint=LOADER_HINT,
                     fix="Build the loader from the same data and arguments on every rank."))
             self._fps.append(fp)
+        if bind is not None and not any(b is loader for b in self._bound):
+            fn = getattr(loader, "bind", None)
+            if callable(fn):
+                fn(*bind)
+            self._bound.append(loader)
         self._last = loader
 
 
@@ -392,3 +401,21 @@ def check_close(hvd, version: int, params, hyper: int, *, name: str, timeout: fl
                    "optimizer.metrics (the decided step's mean loss).")
     if differ is not None:
         raise AgentError(differ)
+
+
+def final_versions(hvd, version: int, *, name: str, timeout: float, rank: int) -> list:
+    """``close()``'s agreement on the final version: every rank's loop-end version (the final
+    version is their max), with a RuntimeWarning when the loops ended at different versions
+    (the missing updates are then applied without the loop's per-step code)."""
+    ends = gather_versions(hvd, version, name=name, timeout=timeout, rank=rank,
+                           what="close()'s agreement on the final model version")
+    if len(set(ends)) > 1:
+        import warnings
+        warnings.warn(
+            f"pgc_hvd: the ranks' training loops ended at different versions "
+            f"({dict(enumerate(ends))}): close() applies the missing decided updates "
+            f"(up to {max(ends)}) without the loop's own per-step code (schedulers, "
+            f"clipping). Give every rank the same number of step() calls (each applies "
+            f"one update), e.g. `for i in range(steps)` or `while opt.version < steps`",
+            RuntimeWarning, stacklevel=3)
+    return ends

@@ -10,7 +10,7 @@ Owns the two conventions by which Horovod's functions meet this optimizer:
   :func:`broadcast_version` reads it without changing anything (a property may use it);
   :func:`take_broadcast_version` removes it, for the facade to adopt at a point of its own.
 
-May import: the standard library (horovod lazily); nothing of the package.
+May import: the standard library and torch (horovod lazily); nothing of the package.
 """
 
 from __future__ import annotations
@@ -42,6 +42,24 @@ def called_by_broadcast_state(depth: int = 2, hops: int = 4) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def init_state_step(params, step) -> None:
+    """``hvd.broadcast_optimizer_state(opt, root)`` on an optimizer without state first sets
+    every ``p.grad`` to zeros and calls ``opt.step()`` to create the state (Adam's moments,
+    momentum buffers); for its own DistributedOptimizer it calls the wrapped class's step.
+    That call (recognised by :func:`called_by_broadcast_state`) runs the user's optimizer rule
+    ``step()`` on the zero gradients, as Horovod's does (the same on every rank), and sends
+    nothing. The zero-gradient step must not move the parameters (weight decay would, on the
+    ranks that had no state, e.g. all but rank 0 on a resume): they are put back."""
+    import torch
+
+    keep = [p.detach().clone() for p in params]
+    step()
+    with torch.no_grad():
+        for p, k in zip(params, keep):
+            p.copy_(k)
+            p.grad = None
 
 
 def broadcast_version(param_groups) -> Optional[int]:

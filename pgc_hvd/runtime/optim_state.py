@@ -7,7 +7,8 @@ staleness bound, RNG states, delay-trace position), its restore into the parts t
 ``load_state_dict`` done so that the param-group dicts a scheduler holds stay the optimizer's.
 The checks of a saved state are :mod:`pgc_hvd.runtime.checkpoint`'s.
 
-May import: numpy, torch, the standard library; nothing of ``runtime``.
+May import: numpy, torch, ``runtime.interop`` and ``runtime.checkpoint``'s checks. The
+optimizer itself is used through its public members only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Optional
 
 import numpy as np
 import torch
+
+from pgc_hvd.runtime import interop
 
 
 def rng_state() -> dict:
@@ -33,8 +36,8 @@ def set_rng_state(rng: dict) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def pgc_part(*, version: int, scheme, rank: int, capture, encoder, busy: float,
-             c_bound: Optional[int], copy: bool = True) -> dict:
+def pgc_part(version: int, scheme, rank: int, capture, encoder, busy: float,
+             c_bound: Optional[int], *, copy: bool = True) -> dict:
     """This rank's ``"pgc"`` part (tensors cloned with ``copy``, referenced without)."""
     keep = (lambda b: b.clone()) if copy else (lambda b: b)
     residual = encoder.residual
@@ -73,3 +76,34 @@ def load_torch_state(optimizer, sd: dict, load) -> None:
         mine.update(loaded)
         mine["params"] = params
     optimizer.param_groups = shared
+
+
+def load_state_dict(opt, state_dict: dict) -> None:
+    """``opt.load_state_dict(state_dict)`` (see its docstring), through ``opt``'s public
+    members: the torch part, then this rank's own ``"pgc"`` part in full
+    (``opt.load_pgc_state_dict``), or only the version (``opt.start_at``) for a state of
+    another rank of the same run; another world size or scheme is refused."""
+    from pgc_hvd.runtime.checkpoint import CheckpointError, check_same_run
+
+    sd = dict(state_dict)
+    groups = [dict(g) for g in sd.get("param_groups", [])]
+    version = interop.pop_version(groups)
+    sd["param_groups"] = groups
+    extra = sd.pop("pgc", None)
+    if (extra is not None or version is not None) and opt.started:
+        raise RuntimeError("pgc_hvd: load_state_dict() of a pgc_hvd state must come before "
+                           "the first step()")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise CheckpointError(f"the state dict's 'pgc' entry is {type(extra).__name__}, "
+                                  f"not the dict state_dict() writes")
+        check_same_run(extra, {"scheme": opt.scheme.name, "n": opt.n, "s": opt.scheme.s},
+                       "the optimizer state", keys=("scheme", "n", "s"))
+    if extra is not None and extra.get("rank") == opt.rank:
+        opt.load_pgc_state_dict({"optimizer": sd, **extra}, "the state dict")
+        return
+    opt.load_torch_state_dict(sd)
+    if extra is not None and version is None:
+        version = extra.get("version")
+    if version is not None:
+        opt.start_at(int(round(float(version))))

@@ -52,36 +52,25 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import math
-import time
-import warnings
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from pgc_hvd.compress import optimistic_default
 from pgc_hvd.compress.message import MessageEncoder
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime import consistency, interop, optim_state
-from pgc_hvd.runtime.agent import AgentError, CommAgent, Outgoing
+from pgc_hvd.runtime.agent import AgentError, CommAgent
 from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     from_horovod, metric_values, parameter_names)
 from pgc_hvd.runtime.faults import FaultMonitor
+from pgc_hvd.runtime.planner import StepPlanner
+from pgc_hvd.runtime.sender import MessageSender
+from pgc_hvd.runtime.staleness import StalenessKnob
 from pgc_hvd.runtime.step_records import StepRecorder
 from pgc_hvd.runtime.updates import UpdateApplier
 
-
-def _all_finite(x: torch.Tensor) -> bool:
-    """Whether every entry of ``x`` is finite, in one read of x and no allocation: any NaN or
-    Inf entry makes the sum NaN or Inf; a finite sum proves them all finite. Only a sum that
-    overflowed (or a real NaN/Inf) is checked entry by entry."""
-    total = float(x.sum()) if not x.is_complex() else complex(x.sum())
-    if (math.isfinite(total) if isinstance(total, float)
-            else math.isfinite(total.real) and math.isfinite(total.imag)):
-        return True
-    return bool(torch.isfinite(x).all())
 
 
 class _PGCOptimizer(torch.optim.Optimizer):
@@ -97,28 +86,19 @@ class _PGCOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(optimizer.param_groups)
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
-        self._pgc_hvd = hvd
-        self.rank, self.n = hvd.rank(), hvd.size()
+        self._pgc_hvd, self.rank, self.n = hvd, hvd.rank(), hvd.size()
         self._pgc_config = config = config.checked(self.n)
         params = [p for g in self.param_groups for p in g["params"]]
         self._pgc_names = parameter_names(params, named_parameters)
         lay = self._pgc_layout = FlatLayout(params)
         check_parameters(lay.params, self._pgc_names)
-        optimistic = config.optimistic
-        from pgc_hvd.compress.transport import optimistic_threshold
-        # the effective optimistic setting follows from the payload size (the same on every rank
-        # once the rest agrees) and PGC_HVD_OPTIMISTIC_BYTES (per rank)
-        consistency.check_construction(
-            hvd, type(self).__bases__[0], self.param_groups, lay.params, cross_rank_fields(
-                config, bool(optimistic) if optimistic is not None else
-                f"by payload size (n payloads at most {optimistic_threshold()} bytes, "
-                f"PGC_HVD_OPTIMISTIC_BYTES)"), rank=self.rank, n=self.n, timeout=config.timeout)
+        consistency.check_construction(hvd, type(self).__bases__[0], self.param_groups,
+                                       lay.params, cross_rank_fields(config), rank=self.rank,
+                                       n=self.n, timeout=config.timeout)
         from pgc_hvd.schemes import Ring, get_scheme
         self.scheme = get_scheme(config.scheme, self.n, config.stragglers, **config.scheme_options)
         config.check_scheme(self.scheme)
         self._pgc_version, self._pgc_started, self._pgc_closed = 0, False, False
-        self._pgc_replay_steps = config.replay_steps(self.rank)
-        self._pgc_cancelled = False
         worker_ring = Ring(self.scheme, self.rank)   # slot versions, plans, the unfilled-slot rule
         self._pgc_encoder = MessageEncoder(lay.numel, config.compression,
                                            complex_messages=worker_ring.complex,
@@ -127,20 +107,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
             lay, worker_ring, ring_mode=bool(self.scheme.pipelined or worker_ring.complex),
             passes_per_step=config.backward_passes_per_step,
             current=lambda: (self.work_plan, self.version),
-            own_partition_only=self._pgc_own_partition_only, names=self._pgc_names,
-            scheme_name=self.scheme.name, rank=self.rank)
-        self._pgc_plan = None
-        self._pgc_computes = True          # this rank sends a message at step `version`
+            scheme=self.scheme, rank=self.rank, names=self._pgc_names)
         self._pgc_skip_sync = False        # inside skip_synchronize()
-        self._pgc_own_only = None          # the scheme always asks for this rank's partition
-        self._pgc_last_update = None
-        self.catch_up_steps = 0            # step() calls that applied an update decided without
-        #                                    this rank's message, computing nothing
-        self._pgc_busy, self._pgc_compute_start = 0.0, None
-        if optimistic is None:   # small payloads ride with the control rows (compress.transport)
-            optimistic = config.control == "allgather" and optimistic_default(
-                self._pgc_encoder.codec.payload_bytes, torch.device(lay.device).type == "cpu",
-                self.n)
+        self.catch_up_steps = 0            # step() calls that computed nothing (catching up)
         self._pgc_recorder = StepRecorder(config.records, config.on_record,
                                           scheme_name=self.scheme.name, n=self.n, s=self.scheme.s)
         self._pgc_agent = CommAgent(
@@ -148,27 +117,32 @@ class _PGCOptimizer(torch.optim.Optimizer):
             codec=self._pgc_encoder.codec, device=lay.device, timeout=config.timeout,
             poll_interval=config.poll_interval,
             reports=self.rank == 0 and self._pgc_recorder.active, name=config.name,
-            replay=config.replay_arrivals, optimistic=bool(optimistic),
-            channel=_control_channel(hvd, config, self.rank, self.n),
+            replay=config.replay_arrivals,
+            optimistic=config.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n),
+            control=config.control,
             metrics=len(config.metrics))
         self._pgc_applier = UpdateApplier(lay, op_scale=config.op_scale,
                                           on_update=config.on_update)
+        self._pgc_sender = MessageSender(self._pgc_capture, self._pgc_encoder, self._pgc_agent,
+                                         self.scheme, self.rank, delays=config.delays,
+                                         cancel=config.cancel)
+        self._pgc_planner = StepPlanner(worker_ring, self._pgc_capture, self._pgc_sender,
+                                        self._pgc_agent, cancel=config.cancel,
+                                        replay_steps=config.replay_steps(self.rank))
         self._pgc_faults = FaultMonitor(self._pgc_agent, self.rank, lay.params,
                                         names=self._pgc_names, timeout=config.timeout)
         self._pgc_check_loader = consistency.LoaderCheck(
             hvd, n=self.n, rank=self.rank, name=config.name, timeout=config.timeout,
             scheme_name=self.scheme.name)
-        # bounded staleness: the bound c it was built with (set_staleness_bound may lower it)
-        self._pgc_c0 = (int(self.scheme.staleness_bound)
-                        if self.scheme.staleness_bound_adjustable else None)
+        self._pgc_staleness = StalenessKnob(self.scheme, self._pgc_agent)
+        self._pgc_capture.attach()
 
     # -- public parts and state --------------------------------------------------------------
     @property
     def version(self) -> int:
-        """The model version: the number of decided updates this rank has applied (= the step it
-        computes next). Before the first step, a version that ``hvd.broadcast_optimizer_state``
-        brought from rank 0 (:meth:`state_dict`); reading it changes nothing (the optimizer
-        adopts that version when it first uses it, :meth:`_pgc_adopt`)."""
+        """The number of decided updates this rank has applied (= the step it computes next);
+        before the first step, a version ``hvd.broadcast_optimizer_state`` brought (reading it
+        changes nothing: the optimizer adopts it at its first use, :meth:`_pgc_adopt`)."""
         if not self._pgc_started:
             v = interop.broadcast_version(self.param_groups)
             if v is not None:
@@ -209,6 +183,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     @property
     def agent(self) -> CommAgent:
+        """This rank's communication agent (decisions, ``c_changes``, ``bad_log``)."""
         return self._pgc_agent
 
     @property
@@ -218,64 +193,42 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     @property
     def busy_seconds(self) -> float:
-        return self._pgc_busy
+        return self._pgc_sender.busy
 
     @property
     def current_partition(self) -> Optional[int]:
         """The partition whose gradient the backward passes now accumulate (inside
         :meth:`batches`' loop body; None outside), e.g. to seed dropout by (partition, step)."""
         slot = self._pgc_capture.target_slot
-        return None if slot is None or self._pgc_plan is None else dict(
-            (sl, q) for q, sl in self._pgc_plan.evaluate).get(slot)
+        plan = self._pgc_planner.plan
+        return None if slot is None or plan is None else dict(
+            (sl, q) for q, sl in plan.evaluate).get(slot)
 
     @property
     def metrics(self) -> dict:
         """What the control rows said about the last update this rank applied, the same on
-        every rank without a collective: ``step``, ``loss`` (the mean of the losses sent with
-        the messages the decision used), each declared user metric's mean over those messages
-        (NaN where none carried it), and ``ranks`` (whose messages were used). A per-batch
-        ``hvd.allreduce`` of the loss would wait for every rank and put them back in lockstep,
-        which is the straggler tolerance lost; read this instead. Empty before the first
-        update."""
-        upd = self._pgc_last_update
-        if upd is None:
-            return {}
-        out = {"step": upd.step, "loss": upd.info.get("loss"),
-               "ranks": sorted({u.worker for u in upd.decision.uses})}
-        out.update(zip(self._pgc_config.metrics, upd.info.get("metrics", ())))
-        return out
+        every rank without a collective (:meth:`~pgc_hvd.runtime.updates.UpdateApplier.
+        metrics`: ``step``, ``loss``, each declared user metric's mean, ``ranks``); read this
+        instead of a per-batch ``hvd.allreduce`` of the loss, which would put the ranks back
+        in lockstep. Empty before the first update."""
+        return self._pgc_applier.metrics(self._pgc_config.metrics)
 
     # -- data side ---------------------------------------------------------------------------
     @property
     def work_plan(self):
         """The scheme's WorkPlan for this rank at its current step (= ``version``)."""
-        if self._pgc_plan is None:
-            self._pgc_adopt()
-            # a ring slot never filled (warm-up cancelled) is evaluated now (Ring.plan)
-            self._pgc_plan = self._pgc_capture.worker_ring.plan(self.version)
-            self._pgc_capture.new_step()
-            self._pgc_computes = self._pgc_decide_computes()
-            if self._pgc_compute_start is None:
-                self._pgc_compute_start = time.monotonic()
-        return self._pgc_plan
+        self._pgc_adopt()
+        return self._pgc_planner.current(self.version, self._pgc_started)
 
-    def _pgc_decide_computes(self) -> bool:
-        """Whether this rank evaluates its plan and sends a message at step ``version``: every
-        ``step()`` applies exactly one decided update, so a rank whose step has already been
-        decided without it (a straggler that is behind) computes nothing while it catches up;
-        replaying a schedule (``replay_arrivals``), it computes exactly the steps it computed
-        there."""
-        replay = self._pgc_replay_steps
-        if replay and self.version <= replay[-1]:
-            return self.version in replay
-        return not self._pgc_started or self.version >= self._pgc_agent.decided()
+    def _pgc_overtaken(self) -> bool:
+        return self._pgc_planner.overtaken(self.version, self._pgc_started)
 
     @property
     def computes(self) -> bool:
         """Whether this rank computes a message at its current step (False while it catches up
         on steps decided without it: :meth:`batches` then yields nothing)."""
         self.work_plan
-        return self._pgc_computes
+        return self._pgc_planner.computes
 
     def begin_partition(self, slot: int) -> None:
         """Backward passes until :meth:`end_partition` are the gradient of ring slot ``slot``:
@@ -296,28 +249,15 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     def batches(self, loader):
         """Yield the batch of every partition the scheme wants this rank to evaluate now, with
-        the gradient target set to its ring slot (run forward + backward on each). ``loader``:
-        :class:`pgc_hvd.CodedLoader` for any torch Dataset, or
-        :class:`~pgc_hvd.runtime.PartitionLoader` for in-memory tensors.
-
-        Nothing is yielded while this rank catches up on steps decided without it
-        (:attr:`computes`). The gradient of the last batch stays in ``p.grad`` until ``step()``
-        (or ``synchronize()``); the others move into their ring slots when the loop asks for
-        the next batch. A batch whose loop body runs no backward leaves its slot without a
-        gradient: :meth:`step` then refuses ("slots ... got no gradient"). The first time a
-        loader is seen its partitioning is compared across ranks
+        the gradient target set to its ring slot (run forward + backward on each); nothing while
+        this rank catches up (:attr:`computes`). ``loader``: :class:`pgc_hvd.CodedLoader` (any
+        torch Dataset) or :class:`~pgc_hvd.runtime.PartitionLoader`. The last batch's gradient
+        stays in ``p.grad`` until ``step()``; a batch without backward leaves its slot empty
+        (``step()`` names it). A loader's partitioning is compared across ranks at first sight
         (:class:`~pgc_hvd.runtime.consistency.LoaderCheck`)."""
-        self._pgc_check_loader(loader)
-        if getattr(loader, "_pgc_bound", None) is not self:
-            bind = getattr(loader, "bind", None)
-            if callable(bind):  # lets a prefetching loader foresee the (partition, step) pairs
-                bind(self.scheme, self.rank)
-            try:
-                loader._pgc_bound = self
-            except AttributeError:
-                pass
+        self._pgc_check_loader(loader, bind=(self.scheme, self.rank))
         plan, cap = self.work_plan, self._pgc_capture
-        if not self._pgc_computes:
+        if not self._pgc_planner.computes:
             if cap.amp:
                 cap.zero_grads()
             return
@@ -331,25 +271,6 @@ class _PGCOptimizer(torch.optim.Optimizer):
             else:
                 cap.last_batch_done()
 
-    def _pgc_overtaken(self) -> bool:
-        """straggler_policy="cancel": has the step this rank is computing been decided without
-        its message? (Then the rest of the step is abandoned: no message is sent, evaluated
-        ring slots are kept, and the rank moves on to the newest model.)"""
-        if (self._pgc_config.cancel and self._pgc_started
-                and self._pgc_agent.decided() > self.version):
-            self._pgc_cancelled = True
-        return self._pgc_cancelled
-
-    def _pgc_own_partition_only(self) -> bool:
-        """Does the scheme ask this rank for exactly its own partition at every step? (Checked
-        over 2n + ring steps once: the plans are periodic.)"""
-        if self._pgc_own_only is None:
-            span = 2 * self.n + self._pgc_capture.worker_ring.size + 1
-            self._pgc_own_only = all(
-                [q for q, _ in self.scheme.work_plan(self.rank, t).evaluate] == [self.rank]
-                for t in range(span))
-        return self._pgc_own_only
-
     # -- the step ------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's ``zero_grad``, refused (as Horovod refuses it) between the last
@@ -358,18 +279,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None, loss=None, metrics=None):
-        """Apply ONE decided update: update ``version``, then ``version += 1``.
-
-        If this rank computes at this step (:attr:`computes`) its message is formed from the
-        ring and sent first, and the call waits until the step is decided by the n - s fastest
-        ranks (or the scheme's rule); a rank that is behind applies the next decided update at
-        once. So the i-th ``step()`` call applies update i on every rank, and whatever the loop
-        does per iteration happens at the same update on every rank.
-
-        After :meth:`synchronize` (the decoded update already sits in ``p.grad``, perhaps
-        clipped), ``step()`` applies ``p.grad``. ``loss`` (a float) and ``metrics`` (``{name:
-        float}`` for the names given at construction) travel in the control row;
-        :attr:`metrics` shows the decided step's means on every rank."""
+        """Apply ONE decided update, update ``version``, then ``version += 1``: send this rank's
+        message if it computes at this step, wait until the step is decided (a rank that is
+        behind applies the next decided update at once), apply it with the user's rule. After
+        :meth:`synchronize` it applies ``p.grad`` as left there. ``loss`` (a float) and
+        ``metrics`` (``{name: float}``, names declared at construction) travel in the control
+        row; :attr:`metrics` shows the decided step's means on every rank."""
         ret = None
         if closure is not None:
             with torch.enable_grad():
@@ -405,12 +320,14 @@ class _PGCOptimizer(torch.optim.Optimizer):
         try:
             self.work_plan
             values = metric_values(self._pgc_config.metrics, metrics)
-            if self._pgc_computes:
-                self._pgc_send(loss, values)
+            if self._pgc_planner.computes:
+                self._pgc_sender.send(self.work_plan, self.version, loss=loss, metrics=values,
+                                      grad_scale=getattr(self, "grad_scale", None),
+                                      overtaken=self._pgc_overtaken)
             else:
                 self.catch_up_steps += 1
                 self._pgc_capture.discard()
-                self._pgc_busy += time.monotonic() - self._pgc_compute_start
+                self._pgc_sender.stop_clock()
             self._pgc_agent.wait_for(self.version)
         except AgentError as err:
             self._pgc_faults.raise_explained(err)
@@ -440,78 +357,18 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_started = True
 
     def _pgc_init_from_horovod(self) -> bool:
-        """``hvd.broadcast_optimizer_state(opt, root)`` on an optimizer without state first sets
-        every ``p.grad`` to zeros and calls ``opt.step()`` to create the state (Adam's moments,
-        momentum buffers). Recognised by the caller's code object
-        (:func:`~pgc_hvd.runtime.interop.called_by_broadcast_state`), that call runs the user's
-        optimizer rule on the zero gradients, as Horovod's does, and sends nothing; the
-        parameters are put back (weight decay would move them on the ranks without state)."""
+        """``hvd.broadcast_optimizer_state``'s state-creating ``step()``: the user's rule on zero
+        gradients, nothing sent (:func:`~pgc_hvd.runtime.interop.init_state_step`)."""
         if self.state or not interop.called_by_broadcast_state(depth=3):
             return False
-        keep = [p.detach().clone() for p in self._pgc_layout.params]
-        super(self.__class__, self).step()
-        with torch.no_grad():
-            for p, k in zip(self._pgc_layout.params, keep):
-                p.copy_(k)
-                p.grad = None
+        interop.init_state_step(self._pgc_layout.params, super(self.__class__, self).step)
         return True
-
-    def _pgc_send(self, loss, metrics: tuple = ()) -> None:
-        """Form this rank's message of step ``version`` from the ring, inject the configured
-        delay, check it is finite, encode it and hand it to the agent."""
-        plan, cap, enc, agent, t = self.work_plan, self._pgc_capture, self._pgc_encoder, \
-            self._pgc_agent, self.version
-        grad_scale = getattr(self, "grad_scale", None)
-        if cap.target_slot is not None:   # the last partition's gradient is in p.grad
-            cap.check_untouched(plan, t, grad_scale)
-            cap.end_pending(plan, t)
-        if not self._pgc_overtaken():
-            missing = cap.missing(plan)
-            if missing:
-                raise RuntimeError(
-                    f"pgc_hvd: scheme {self.scheme.name} asks rank {self.rank} to evaluate "
-                    f"partitions {[p for p, sl in plan.evaluate]} at step {t}, but slots "
-                    f"{missing} got no gradient; iterate `for batch in optimizer.batches(loader)` "
-                    f"(or use optimizer.partition(slot)) and run backward on each batch")
-            cap.unscale(grad_scale)
-            packed = payload = None
-            if not cap.ring_mode:
-                msg = cap.msg
-            else:
-                if enc.dense_rows:   # the dense payload row is the message: formed in place
-                    packed, payload = agent.payload_buffer()
-                msg = enc.form(*cap.slots(plan), out=payload if payload is not None else cap.msg)
-            self._pgc_delay(t)
-        self._pgc_busy += time.monotonic() - self._pgc_compute_start
-        if self._pgc_overtaken():
-            return
-        if not _all_finite(msg):
-            agent.report_bad(t, self._pgc_busy)
-            return
-        if payload is None:
-            packed, payload = agent.payload_buffer()
-        error_norm = enc.encode(msg, payload, error_norm=self.scheme.needs_error_norms)
-        agent.submit(Outgoing(t, t, payload, time.time(), math.nan if loss is None else float(loss),
-                              cap.worker_ring.message_versions(plan), packed=packed,
-                              error_norm=error_norm, metrics=metrics), self._pgc_busy)
-
-    def _pgc_delay(self, t: int) -> None:
-        """Straggler injection on the compute side (``delays``); under ``cancel`` cut short when
-        the step fires without this rank."""
-        delays = self._pgc_config.delays
-        delay = 0.0 if delays is None else float(delays.sample(self.rank, t))
-        if delay > 0:
-            if self._pgc_config.cancel:
-                self._pgc_agent.wait_decided_beyond(t, delay)
-            else:
-                time.sleep(delay)
 
     def _pgc_load_update(self) -> None:
         """Put the decided update of step ``version`` into ``p.grad``; the records of the steps
         decided so far are written first (rank 0, on this thread)."""
         self._pgc_recorder.drain(self._pgc_agent)
-        upd = self._pgc_last_update = self._pgc_agent.take(self.version)
-        self._pgc_applier.load(self.version, upd)
+        self._pgc_applier.load(self.version, self._pgc_agent.take(self.version))
 
     def _pgc_apply_grads(self) -> None:
         """The user's optimizer rule on ``p.grad`` (the decoded update), then ``version += 1``."""
@@ -529,9 +386,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     def _pgc_after_update(self) -> None:
         self._pgc_agent.release_before(self.version)
-        self._pgc_plan = None
-        self._pgc_cancelled = False
-        self._pgc_compute_start = time.monotonic()
+        self._pgc_planner.next()
+        self._pgc_sender.clock(restart=True)
         self._pgc_faults.check_params(report=not self._pgc_closed, started=self._pgc_started)
 
     def _pgc_apply_decided(self, upto: Optional[int] = None) -> None:
@@ -556,7 +412,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_capture.reset()
         self._pgc_encoder.reset()
         self._pgc_agent.restart_at(self._pgc_version)
-        self._pgc_plan = None
+        self._pgc_planner.next()
 
     def apply_decided(self) -> None:
         """Apply every update decided so far (no new message), e.g. before saving a checkpoint
@@ -582,21 +438,13 @@ class _PGCOptimizer(torch.optim.Optimizer):
         return int(self.version)
 
     def close(self) -> None:
-        """End of training on this rank: serve collectives until every rank is done, apply the
-        updates decided after this rank's loop ended, and compare the parameters across ranks.
-
-        Every rank's agent stops at the same control round (the first that shows every rank
-        done), so every rank has the same decisions. The ranks then agree on the final version
-        V = max_r version_r, the furthest any rank got in its loop
-        (:func:`pgc_hvd.runtime.consistency.gather_versions`, one int64 allgather), and each rank
-        applies the decided updates it has not applied yet up to V: a rank that left its loop
-        early catches up; a step decided after every rank had left (bounded staleness decides
-        one from its stale table alone) was applied by no rank and is left out. Every rank ends
-        at version V with, the updates being identical, the same parameters (so saving after
-        ``close()`` is safe). That is then checked (:func:`pgc_hvd.runtime.consistency.
-        check_close`: a digest of the parameters' bits and of the applied hyper-parameters),
-        and any disagreement raises :class:`AgentError` on every rank naming the ranks that
-        differ from the majority."""
+        """End of training: serve collectives until every rank is done (every agent stops at the
+        same control round, so all hold the same decisions), agree on the final version
+        V = max_r version_r (:func:`~pgc_hvd.runtime.consistency.final_versions`), apply the
+        decided updates up to V (a rank that left its loop early catches up; a step decided
+        after every rank had left is applied by none), then compare the parameters' and the
+        applied hyper-parameters' digests (:func:`~pgc_hvd.runtime.consistency.check_close`):
+        a disagreement raises :class:`AgentError` on every rank naming the ranks."""
         if self._pgc_closed:
             return
         self._pgc_closed = True
@@ -609,19 +457,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 self._pgc_agent.finish()
             except AgentError as err:
                 self._pgc_faults.raise_explained(err)
-            ends = consistency.gather_versions(
+            self.loop_end_versions = ends = consistency.final_versions(
                 hvd, self.version, name=f"{cfg.name}.close.version", timeout=cfg.timeout,
-                rank=self.rank, what="close()'s agreement on the final model version")
-            self.loop_end_versions = ends
+                rank=self.rank)
             target = max(ends)
-            if len(set(ends)) > 1:
-                warnings.warn(
-                    f"pgc_hvd: the ranks' training loops ended at different versions "
-                    f"({dict(enumerate(ends))}): close() applies the missing decided updates "
-                    f"(up to {target}) without the loop's own per-step code (schedulers, "
-                    f"clipping). Give every rank the same number of step() calls (each applies "
-                    f"one update), e.g. `for i in range(steps)` or `while opt.version < steps`",
-                    RuntimeWarning, stacklevel=2)
             fault = None
             try:
                 self._pgc_apply_decided(upto=target)
@@ -640,33 +479,23 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def staleness_bound(self) -> Optional[int]:
         """The bound c of a bounded-staleness scheme (entries used satisfy t - v < c) as the
         decisions currently use it; None for schemes whose c is fixed by their code."""
-        c = self.scheme.staleness_bound
-        return None if c is None else int(c)
+        return self._pgc_staleness.bound
 
     def set_staleness_bound(self, c: int) -> None:
-        """Change the staleness bound c of a bounded-staleness scheme during training.
-
-        Rank 0's value is what counts: it travels in rank 0's control rows and every rank applies
-        it at the same control round (:mod:`pgc_hvd.runtime.agent`, the one writer of the bound
-        once training runs). Call it on every rank with the same value (as
-        :class:`pgc_hvd.control.runtime.AdaptiveController` does) or on rank 0 only. ``c`` must
-        lie in [1, c_0], c_0 being the bound the optimizer was built with (its buffers and control
-        rows are sized for c_0). PGC and the exact codes have no such knob: their c is the code's.
-        """
-        if self._pgc_c0 is None:
-            raise ValueError(f"{self.scheme.name}: its pipeline depth c is fixed by the code; only "
-                             f"bounded-staleness has a staleness bound that can change (lower the "
-                             f"learning rate instead)")
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= c <= self._pgc_c0:
-            raise ValueError(f"staleness bound c must be an integer in [1, {self._pgc_c0}] (the c "
-                             f"this optimizer was built with), got {c!r}")
-        self._pgc_agent.request_c_bound(int(c))
+        """Change the staleness bound c of a bounded-staleness scheme during training, to
+        c in [1, c_0] (c_0: the bound the optimizer was built with). Rank 0's value is what
+        counts: every rank applies it at the same control round
+        (:class:`~pgc_hvd.runtime.staleness.StalenessKnob`). Call it on every rank with the
+        same value (as :class:`pgc_hvd.control.runtime.AdaptiveController` does) or on rank 0
+        only. PGC and the exact codes have no such knob: their c is the code's."""
+        self._pgc_staleness.request(c)
 
     # -- state dicts (the torch / Horovod way of saving and resuming; optim_state) ---------------
     def _pgc_part(self, copy: bool = True) -> dict:
-        return optim_state.pgc_part(version=self.version, scheme=self.scheme, rank=self.rank,
-                                    capture=self._pgc_capture, encoder=self._pgc_encoder,
-                                    busy=self._pgc_busy, c_bound=self.staleness_bound, copy=copy)
+        self._pgc_adopt()
+        return optim_state.pgc_part(self.version, self.scheme, self.rank, self._pgc_capture,
+                                    self._pgc_encoder, self._pgc_sender.busy,
+                                    self.staleness_bound, copy=copy)
 
     def state_dict(self) -> dict:
         """torch's optimizer state plus what a resume needs: ``param_groups[0]["pgc_version"]``
@@ -674,83 +503,46 @@ class _PGCOptimizer(torch.optim.Optimizer):
         0's to every rank) and ``"pgc"``: this rank's :meth:`pgc_state_dict` without the torch
         part (scheme, n, s, rank, ring, slot versions, error-feedback residual, RNG states).
         Tensors are referenced, not copied, as torch's own state_dict does."""
-        self._pgc_adopt()
+        part = self._pgc_part(copy=False)
         sd = super(self.__class__, self).state_dict()
         sd["param_groups"][0][interop.VERSION_KEY] = self.version
-        sd["pgc"] = self._pgc_part(copy=False)
+        sd["pgc"] = part
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore a :meth:`state_dict` (or a plain torch optimizer state dict), before the first
-        step. With this rank's own ``"pgc"`` part (same scheme, n, s and rank) everything is
-        restored, ring included; a state saved by another rank of the same run (rank 0's file
-        loaded on every rank) restores the torch state and the version, with an empty ring that
-        the first steps refill; a state of another world size or scheme is refused with
-        :class:`~pgc_hvd.runtime.checkpoint.CheckpointError`."""
-        from pgc_hvd.runtime.checkpoint import CheckpointError, check_same_run
+        """Restore a :meth:`state_dict` (or a plain torch one) before the first step: all of it
+        from this rank's own state, the torch state and the version (empty ring) from another
+        rank's of the same run; another world size or scheme raises CheckpointError
+        (:func:`~pgc_hvd.runtime.optim_state.load_state_dict`)."""
+        optim_state.load_state_dict(self, state_dict)
 
-        sd = dict(state_dict)
-        groups = [dict(g) for g in sd.get("param_groups", [])]
-        version = interop.pop_version(groups)
-        sd["param_groups"] = groups
-        extra = sd.pop("pgc", None)
-        if (extra is not None or version is not None) and self._pgc_started:
-            raise RuntimeError("pgc_hvd: load_state_dict() of a pgc_hvd state must come before "
-                               "the first step()")
-        if extra is not None:
-            if not isinstance(extra, dict):
-                raise CheckpointError(f"the state dict's 'pgc' entry is {type(extra).__name__}, "
-                                      f"not the dict state_dict() writes")
-            check_same_run(extra, {"scheme": self.scheme.name, "n": self.n, "s": self.scheme.s},
-                           "the optimizer state", keys=("scheme", "n", "s"))
-        if extra is not None and extra.get("rank") == self.rank:
-            self.load_pgc_state_dict({"optimizer": sd, **extra}, "the state dict")
-            return
-        self._pgc_torch_load(sd)
-        if extra is not None and version is None:
-            version = extra.get("version")
-        if version is not None:
-            self.start_at(int(round(float(version))))
-
-    def _pgc_torch_load(self, sd: dict) -> None:
+    def load_torch_state_dict(self, sd: dict) -> None:
+        """torch's ``load_state_dict`` of the wrapped class, keeping the param-group dicts the
+        user's optimizer shares with this one (:func:`~pgc_hvd.runtime.optim_state.
+        load_torch_state`)."""
         optim_state.load_torch_state(self, sd, super(self.__class__, self).load_state_dict)
 
     def pgc_state_dict(self) -> dict:
         """Optimizer state, ring buffers, step, RNG states and delay-trace position."""
-        self._pgc_adopt()
-        return {"optimizer": super(self.__class__, self).state_dict(), **self._pgc_part()}
+        part = self._pgc_part()
+        return {"optimizer": super(self.__class__, self).state_dict(), **part}
 
     def load_pgc_state_dict(self, state: dict, source: str = "the state dict") -> None:
-        """Restore a :meth:`pgc_state_dict` of this rank, before the first step. The whole state
-        is checked first (:func:`pgc_hvd.runtime.checkpoint.check_pgc_state`: keys, scheme, n,
-        s, rank, buffer shapes, parameter groups); a refused one raises
-        :class:`~pgc_hvd.runtime.checkpoint.CheckpointError` (naming ``source``) and changes
-        nothing. This rank only: :func:`~pgc_hvd.runtime.load_checkpoint` also makes the ranks
-        agree on the step."""
+        """Restore a :meth:`pgc_state_dict` of this rank before the first step, all or nothing
+        (checked first: :func:`~pgc_hvd.runtime.checkpoint.check_pgc_state`, CheckpointError
+        naming ``source``). This rank only: :func:`~pgc_hvd.runtime.load_checkpoint` also makes
+        the ranks agree on the step."""
         if self._pgc_started:
             raise RuntimeError("load_pgc_state_dict must be called before the first step()")
         from pgc_hvd.runtime.checkpoint import check_pgc_state
         check_pgc_state(state, self.pgc_state_dict(), source)
-        self._pgc_torch_load(state["optimizer"])
+        self.load_torch_state_dict(state["optimizer"])
         self.version = int(state["version"])
         optim_state.restore_pgc_part(state, self._pgc_capture, self._pgc_encoder)
-        self._pgc_busy = float(state.get("busy", 0.0))
-        if state.get("c_bound") is not None and self._pgc_c0 is not None:
-            # every rank restores its own value; rank 0's request makes them agree at once
-            self.scheme.staleness_bound = int(state["c_bound"])
-            self._pgc_agent.request_c_bound(int(state["c_bound"]))
+        self._pgc_sender.busy = float(state.get("busy", 0.0))
+        self._pgc_staleness.restore(state.get("c_bound"))
         self._pgc_agent.restart_at(self.version)
-        self._pgc_plan = None
-
-
-def _control_channel(hvd, config: RuntimeConfig, rank: int, n: int):
-    """The control channel the configuration asks for: None for ``control="allgather"`` (the
-    agent builds its :class:`~pgc_hvd.runtime.channel.AllgatherChannel` over its own
-    collectives), a :class:`~pgc_hvd.runtime.control_store.StoreChannel` for ``"store"``."""
-    if config.control != "store":
-        return None
-    from pgc_hvd.runtime.control_store import StoreChannel
-    return StoreChannel.create(hvd, rank, n, config.name, config.timeout)
+        self._pgc_planner.next()
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,

@@ -48,12 +48,28 @@ class UpdateApplier:
         self._bufs: dict = {}          # param id -> update buffer in the parameter's dtype
         #: running digest of the hyper-parameters of every applied update (:func:`hyper_digest`)
         self.hyper_digest = 0
+        #: the last update loaded (its decision and info), None before the first
+        self.last = None
+
+    def metrics(self, names: tuple) -> dict:
+        """What the control rows said about the last update: ``step``, ``loss`` (the mean of
+        the losses sent with the messages the decision used), each declared user metric's mean
+        over those messages (NaN where none carried it), and ``ranks`` (whose messages were
+        used); empty before the first update."""
+        upd = self.last
+        if upd is None:
+            return {}
+        out = {"step": upd.step, "loss": upd.info.get("loss"),
+               "ranks": sorted({u.worker for u in upd.decision.uses})}
+        out.update(zip(names, upd.info.get("metrics", ())))
+        return out
 
     def load(self, step: int, update) -> None:
         """Put ``update`` (an :class:`~pgc_hvd.runtime.agent.Update`, step ``step``) into
         ``p.grad``: fp32 parameters get views of the decoded vector, others (fp16, bf16, fp64) a
         cast copy in a buffer kept per parameter; ``op=hvd.Sum`` multiplies it by n.
         ``on_update`` sees it first."""
+        self.last = update
         flat = update.flat
         if self.on_update is not None:
             if self._with_decision:

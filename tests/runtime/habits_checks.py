@@ -21,6 +21,10 @@
                                          #   DataLoader) trains under dgd, is refused under pgc-cr
     python habits_checks.py metrics      # -np 3: opt.metrics: the decided step's mean loss and
                                          #   a user metric, the same on every rank
+    python habits_checks.py zero_grad    # -np 2: zero_grad() between the last backward and
+                                         #   step() raises as Horovod's does (dgd with the
+                                         #   user's loader, gc-cr in batches()); the gradient is
+                                         #   kept and step() still applies it
     python habits_checks.py diverge      # -np 3: an lr set from a rank-local value: close()
                                          #   names the parameters and the hyper-parameters
 
@@ -516,11 +520,48 @@ def check_diverge():
     ok("rank_local_lr_named")
 
 
+def check_zero_grad():
+    """Horovod raises on ``zero_grad()`` between ``backward()`` and ``step()``; so does this
+    optimizer (dgd would otherwise apply a zero update, gc-cr drop the last partition's
+    gradient from the message). The gradient is kept: the next step() applies it."""
+    n = hvd.size()
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(40, 6, generator=g)
+    y = (X[:, 0] > 0).long()
+    for scheme in ("dgd", "gc-cr"):
+        m = model()
+        before = [p.detach().clone() for p in m.parameters()]
+        opt = wrap(m, name=f"zg.{scheme}", scheme=scheme, delays=None)
+        loader = data(n)
+        for i in range(3):
+            opt.zero_grad()             # before the forward pass: fine
+            if scheme == "dgd":
+                xb, yb = X[10 * hvd.rank():10 * hvd.rank() + 10], y[10 * hvd.rank():][:10]
+                F.cross_entropy(m(xb), yb).backward()
+            else:
+                for xb, yb in opt.batches(loader):
+                    F.cross_entropy(m(xb), yb).backward()
+            try:
+                opt.zero_grad()         # after the last backward, before step(): refused
+                print(f"NO-ERROR rank={hvd.rank()}", flush=True)
+            except AssertionError as err:
+                assert "zero_grad() was called after loss.backward()" in str(err), err
+                if i == 0:
+                    clear(err)
+            opt.step()
+        opt.close()
+        assert opt.version == 3
+        moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(m.parameters(), before))
+        assert moved > 0, f"{scheme}: the parameters never moved (a zero update was applied)"
+        same_on_all_ranks(m, f"zg.{scheme}")
+    ok("zero_grad_before_step_refused")
+
+
 def main():
     hvd.init()
     {"schedulers": check_schedulers, "clipping": check_clipping, "amp": check_amp,
      "surface": check_surface, "broadcast": check_broadcast, "own_loader": check_own_loader,
-     "diverge": check_diverge, "metrics": check_metrics}[sys.argv[1]]()
+     "diverge": check_diverge, "metrics": check_metrics, "zero_grad": check_zero_grad}[sys.argv[1]]()
 
 
 if __name__ == "__main__":
