@@ -48,7 +48,7 @@ def worker(args) -> None:
     m = build_model(args.model)
     opt = pgc_hvd.DistributedOptimizer(
         torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
-        stragglers=0 if scheme == "dgd" else 1, timeout=300, poll_interval=args.poll,
+        timeout=300, poll_interval=args.poll,
         name=f"prof-{scheme}")
     agent = opt.agent
     T = {k: [] for k in ("compute", "send", "wait", "data", "apply", "rounds")}

@@ -2,11 +2,11 @@
 
 Owns :class:`RuntimeConfig` (the arguments of :func:`pgc_hvd.DistributedOptimizer` in one frozen
 object), the mapping of Horovod's keywords (``compression=hvd.Compression.fp16``, ``op=hvd.Sum``,
-the fusion options), every default (the straggler budget's included: :func:`default_stragglers`,
-written here once) and every check that needs no collective, each once and before any
-collective, each error naming the argument and the fix. It also lists the fields every rank
-compares at construction (:func:`cross_rank_fields`; the comparison itself is
-:mod:`pgc_hvd.runtime.consistency`'s).
+the fusion options), every default (the straggler budget's is
+:func:`pgc_hvd.schemes.default_stragglers`, written once, below both engines) and every check
+that needs no collective, each once and before any collective, each error naming the argument
+and the fix. It also lists the fields every rank compares at construction
+(:func:`cross_rank_fields`; the comparison itself is :mod:`pgc_hvd.runtime.consistency`'s).
 
 May import: ``options``, ``delays``, ``compress``, ``schemes`` (layers below ``runtime``) and
 torch; nothing else of ``runtime``.
@@ -25,6 +25,7 @@ import torch
 
 from pgc_hvd.compress import TopK
 from pgc_hvd.options import is_count
+from pgc_hvd.schemes import default_stragglers
 
 #: ``straggler_policy`` values (the simulator's option of the same name)
 POLICIES = ("continue", "cancel")
@@ -32,12 +33,6 @@ POLICIES = ("continue", "cancel")
 CONTROLS = ("allgather", "store")
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
-
-
-def default_stragglers(scheme: str) -> int:
-    """The straggler budget s when none is given: 0 for ``dgd`` (it waits for every rank), 1 for
-    every other scheme. The one place this default is written."""
-    return 0 if str(scheme).lower() == "dgd" else 1
 
 
 def takes_three(fn) -> bool:
