@@ -3,11 +3,13 @@
 Owns :class:`MessageEncoder`: the codec of a run's messages (:func:`make_codec`), its
 error-feedback memory, and the two things done to a message, in order:
 
-* :meth:`MessageEncoder.form`: m_j = sum_l b_{j,l} g_l from the ring slots g_l with the plan's
-  coefficients b_{j,l} (:func:`pgc_hvd.ops.coded_accumulate`, one pass over d); for complex
-  codes (Reed-Solomon) the sum is complex, m_j = sum_l b_{j,l} g_l in C^d, formed here once;
+* :func:`coded_sum` (:meth:`MessageEncoder.form`): m_j = sum_l b_{j,l} g_l from the ring slots
+  g_l with the plan's coefficients b_{j,l} (:func:`pgc_hvd.ops.coded_accumulate`, one pass over
+  d, for fp32); for complex codes (Reed-Solomon) the sum is complex, m_j in C^d. Written here
+  once: the runtime (through the encoder) and the simulator (``sim/engine.py``) call it;
 * :meth:`MessageEncoder.encode`: the payload row C(m_j) (dense, top-kappa with error feedback,
-  fp16) and, when the decoder needs it, ||C(u) - u||.
+  fp16) and, when the decoder needs it, ||C(u) - u||; :func:`topk_message` is the simulator's
+  form of the same top-kappa step, (values, int32 indices) instead of a packed row.
 
 May import: ``ops`` and this package's codecs (layers 0-2); never an engine.
 """
@@ -19,8 +21,46 @@ from typing import Optional, Sequence
 import torch
 
 import pgc_hvd.ops as ops
+from pgc_hvd.ops.reference import topk_compress_ref
 from pgc_hvd.compress.codecs import DenseCodec, ResidualMemory, make_codec
 from pgc_hvd.compress.topk import TopK
+
+
+def coded_sum(slots: Sequence[torch.Tensor], coefs: Sequence, *, complex_code: bool,
+              out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """m = sum_l b_l g_l over ``slots`` g_l with coefficients ``coefs`` b_l.
+
+    Complex codes: sum_l b_l g_l in C^d (complex64, complex128 for fp64 slots; Python's
+    ``sum`` in slot order). Real fp32 slots: :func:`pgc_hvd.ops.coded_accumulate` into ``out``
+    (a new d-vector when None). Other real dtypes (fp64): the sum in slot order."""
+    if complex_code:
+        return sum(complex(c) * g.to(torch.complex128 if g.dtype == torch.float64
+                                     else torch.complex64) for c, g in zip(coefs, slots))
+    if slots[0].dtype == torch.float32:
+        if out is None:
+            out = torch.empty(slots[0].numel())
+        return ops.coded_accumulate(out, list(slots), [float(c) for c in coefs])
+    return sum(float(c) * g for c, g in zip(coefs, slots))
+
+
+def topk_message(dense: torch.Tensor, kappa: int, *, error_feedback: bool = False,
+                 residual: Optional[torch.Tensor] = None) -> tuple:
+    """Top-kappa of one message: ``(values, int32 indices, ||C(u) - u||)``. With
+    ``error_feedback`` the kept entries are those of u + e (``residual`` e, updated in place
+    to u + e - C(u + e); real fp32 messages only). fp32 messages use the compiled kernels;
+    complex (by modulus) and fp64 ones the pure-PyTorch reference."""
+    if dense.is_complex() or dense.dtype != torch.float32:
+        if error_feedback:
+            raise ValueError("error feedback is implemented for real fp32 messages only: "
+                             "compress complex (RS) or fp64 messages with error_feedback="
+                             "False (--compression topk:R,ef=0)")
+        vals, idx = topk_compress_ref(dense, kappa)
+    elif error_feedback:
+        vals, idx = ops.error_feedback_compress(dense, residual, kappa, index_dtype=torch.int32)
+    else:
+        vals, idx = ops.topk_compress(dense, kappa, index_dtype=torch.int32)
+    err = ops.compression_error_norm(dense, vals, residual if error_feedback else None)
+    return vals, idx.to(torch.int32), err
 
 
 class MessageEncoder:
@@ -50,10 +90,7 @@ class MessageEncoder:
              = None) -> torch.Tensor:
         """m = sum_l b_l g_l over the ring slots ``slots`` with coefficients ``coefs``: complex
         (a new complex64 d-vector) for complex codes, else written into ``out`` (fp32)."""
-        if self.complex:
-            return sum(g.to(torch.complex64) * c for g, c in zip(slots, coefs))
-        ops.coded_accumulate(out, list(slots), [float(c) for c in coefs])
-        return out
+        return coded_sum(slots, coefs, complex_code=self.complex, out=out)
 
     def encode(self, msg: torch.Tensor, out: torch.Tensor, *, error_norm: bool = False) -> float:
         """Write the payload row of ``msg`` into ``out`` (no copy when ``out`` already is the

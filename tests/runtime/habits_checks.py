@@ -25,6 +25,10 @@
                                          #   step() raises as Horovod's does (dgd with the
                                          #   user's loader, gc-cr in batches()); the gradient is
                                          #   kept and step() still applies it
+    python habits_checks.py cancel       # -np 3: straggler_policy="cancel": the slow rank
+                                         #   abandons steps that fire without it (its delay cut
+                                         #   short), every loop ends at the same version with
+                                         #   identical parameters
     python habits_checks.py diverge      # -np 3: an lr set from a rank-local value: close()
                                          #   names the parameters and the hyper-parameters
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 import warnings
 
 import horovod.torch as hvd
@@ -562,11 +567,34 @@ def check_zero_grad():
     ok("zero_grad_before_step_refused")
 
 
+def check_cancel():
+    """``straggler_policy="cancel"`` (the runtime's path; the simulator has its own test): rank
+    SLOW sleeps 2 s per message, far longer than the others' steps, so its steps fire without
+    it; it abandons them (the injected delay is cut short when the step is decided), sends
+    nothing for them, keeps its ring slots and moves on to the newest model. Every rank applies
+    every update; the parameters agree."""
+    steps = 8
+    m = model()
+    opt = wrap(m, name="cancel", straggler_policy="cancel", delays=slow_rank(2.0))
+    loader = data(hvd.size())
+    t0 = time.monotonic()
+    train_steps(m, opt, loader, steps)
+    took = time.monotonic() - t0
+    opt.close()
+    assert opt.version == steps, opt.version
+    if hvd.rank() == SLOW % hvd.size():
+        # without cancelling, every step this rank computes would sleep 2 s
+        assert took < 2.0 * steps / 2, f"the slow rank took {took:.2f}s: its delays were not cut"
+    same_on_all_ranks(m, "cancel")
+    ok("cancel_policy_runtime")
+
+
 def main():
     hvd.init()
     {"schedulers": check_schedulers, "clipping": check_clipping, "amp": check_amp,
      "surface": check_surface, "broadcast": check_broadcast, "own_loader": check_own_loader,
-     "diverge": check_diverge, "metrics": check_metrics, "zero_grad": check_zero_grad}[sys.argv[1]]()
+     "diverge": check_diverge, "metrics": check_metrics, "zero_grad": check_zero_grad,
+     "cancel": check_cancel}[sys.argv[1]]()
 
 
 if __name__ == "__main__":

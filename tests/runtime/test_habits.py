@@ -113,3 +113,12 @@ def test_zero_grad_between_backward_and_step_raises(horovodrun):
     errors = _clear_errors(proc)
     assert _checks(proc, 2) >= {"zero_grad_before_step_refused"}, proc.stdout + proc.stderr
     assert len(errors) == 4 and all("AssertionError" in e for e in errors), errors
+
+
+@pytest.mark.multirank
+def test_cancel_policy_in_the_runtime(horovodrun):
+    """straggler_policy="cancel" on real ranks: the slow rank abandons the steps that fire
+    without it, its injected delays cut short; every rank ends at the same version with the
+    same parameters."""
+    proc = horovodrun(3, SCRIPT, "cancel", timeout=240)
+    assert _checks(proc, 3) >= {"cancel_policy_runtime"}, proc.stdout + proc.stderr
