@@ -16,8 +16,14 @@
 3. **Candidates.** DGD, and for s in ``--s-values``: IS-SGD, GC-CR, PGC-CR, BCGC, simulated with
    the fitted per-rank delays, tau, the protocol cost, the run's number of steps and the model
    and data given (``--model``, ``--dataset``, ``--batch-size``, ``--lr``), ``continue`` policy.
-4. **Ranking.** By simulated time to the target loss (the run's ``target_loss``; the
-   simulator's loss is the full training loss) where reached, else by time per step;
+4. **Ranking.** By predicted time to accuracy: simulated time to ``--target-accuracy``
+   (validation accuracy, the simulator's 20% held-out split) when given, else to the target loss
+   (the run's ``target_loss``; the simulator's loss is the full training loss), where reached,
+   else by time per step. Steps to a target depend on the optimizer: every candidate is
+   simulated with the user's optimizer (``--optimizer``, default SGD with the run's lr and
+   momentum 0.9, as ``pgc-hvd train``) and the runtime's default staleness-aware momentum
+   correction (``--momentum-correction off`` to predict without it), and the report says
+   which it assumed -- a scheme that is fast per step but stale can lose on time to accuracy;
    **confidence**: ``--bootstrap`` B replicates, each refitting the delays on a resample of
    every rank's delays and simulating with a fresh delay seed (timing only, a cheap model):
    mean +- sd of each candidate's time per step (and time to target = steps to target x that),
@@ -131,21 +137,38 @@ def candidates(n: int, s_values) -> list[tuple[str, int]]:
 
 
 def simulate_candidate(scheme, s, n, delay, tau, protocol, steps, model, dataset, batch_size,
-                       lr, data, seed=0, timing_only=False):
+                       lr, data, seed=0, timing_only=False, optimizer=None,
+                       momentum_correction=True):
     from pgc_hvd.sim.comm import CommModel
     from pgc_hvd.sim.run import simulate
     recs, summ = simulate(scheme, n, s, data=data, dataset=dataset,
                           model="softmax" if timing_only else model,
-                          optimizer=f"sgd:lr={lr}", delay=delay, steps=steps, seed=seed,
-                          partition_time=tau, decode_time=protocol, batch_size=batch_size,
-                          comm=CommModel(0.0, 1e15), diagnostics=False,
-                          eval_every=0 if timing_only else 1)
+                          optimizer=optimizer or f"sgd:lr={lr}", delay=delay, steps=steps,
+                          seed=seed, partition_time=tau, decode_time=protocol,
+                          batch_size=batch_size, comm=CommModel(0.0, 1e15), diagnostics=False,
+                          eval_every=0 if timing_only else 1,
+                          momentum_correction=momentum_correction)
     return recs, summ
+
+
+def _first_accuracy(recs, target: Optional[float]):
+    """(steps, time) at the first record whose validation accuracy reaches ``target``."""
+    if target is None:
+        return None, None
+    for r in recs:
+        a = r.extra.get("test_accuracy")
+        if a is not None and a >= target:
+            return r.step + 1, r.time
+    return None, None
 
 
 def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target=None,
            s_values=(1, 2), steps=None, partition_time=None, bootstrap=5, seed=0,
-           progress=False) -> dict:
+           progress=False, optimizer=None, momentum_correction=True,
+           target_accuracy=None) -> dict:
+    """``optimizer``: the user's optimizer spec (``pgc_hvd.sim.run.make_optimizer``), default
+    plain SGD at ``lr``; ``momentum_correction``: as the runtime's (default on);
+    ``target_accuracy``: rank by time to this validation accuracy instead of the loss."""
     import torch
     from pgc_hvd.metrics.targets import first_reaching
     from pgc_hvd.sim.run import prepare_data
@@ -166,11 +189,16 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
             print(f"[advise] simulating {scheme} s={s}", file=sys.stderr, flush=True)
         try:
             recs, summ = simulate_candidate(scheme, s, n, delay, obs["tau"], obs["protocol"], steps,
-                                            model, dataset, batch_size, lr, data, seed=seed)
+                                            model, dataset, batch_size, lr, data, seed=seed,
+                                            optimizer=optimizer,
+                                            momentum_correction=momentum_correction)
         except (ValueError, RuntimeError) as e:  # a code that does not exist for (n, s)
             rows.append({"scheme": scheme, "s": s, "error": str(e)[:120]})
             continue
-        st, tt = first_reaching(recs, target)
+        if target_accuracy is not None:
+            st, tt = _first_accuracy(recs, target_accuracy)
+        else:
+            st, tt = first_reaching(recs, target)
         rows.append({"scheme": scheme, "s": s, "time_per_step": summ["time_per_step"],
                      "time_to_target": tt, "steps_to_target": st, "final_loss": summ["final_loss"],
                      "tps_boot": []})
@@ -213,7 +241,10 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
     return {"run": str(run_dir), "observations": {k: v for k, v in obs.items() if k != "delays"},
             "fits": [{k: v for k, v in f.items() if k != "model"} | {"model": str(f["model"])}
                      for f in fits],
-            "target_loss": target, "steps": steps, "ranked": ok,
+            "target_loss": target, "target_accuracy": target_accuracy, "steps": steps,
+            "assumed": {"optimizer": str(optimizer or f"sgd:lr={lr}"),
+                        "momentum_correction": bool(momentum_correction)},
+            "ranked": ok,
             "failed": [r for r in rows if "error" in r],
             "recommendation": {"scheme": best["scheme"], "s": best["s"],
                                "predicted_time_per_step": best["time_per_step"],
@@ -240,9 +271,15 @@ def format_report(res: dict) -> str:
                f"{f['zeros']} of {f['n_samples']} delays are 0: exponential only")
         lines.append(f"  rank {r}: {f['kind']:<9} {f['model']}  (exp mean "
                      f"{f['exp_mean'] * 1e3:.1f} ms; {aic})")
+    assumed = res.get("assumed", {})
+    target_name = (f"accuracy {res['target_accuracy']}" if res.get("target_accuracy") is not None
+                   else f"loss {res['target_loss']}")
+    lines.append(f"assumed optimizer: {assumed.get('optimizer')} with the momentum correction "
+                 f"{'on' if assumed.get('momentum_correction', True) else 'off'} "
+                 f"(steps to a target depend on both; --optimizer, --momentum-correction)")
     lines.append("")
     lines.append(f"| rank | scheme | s | time/step (ms) | bootstrap mean +- sd (ms) | steps to "
-                 f"loss {res['target_loss']} | time to target (s) | final loss |")
+                 f"{target_name} | time to target (s) | final loss |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(res["ranked"], 1):
         bs = "-" if r.get("tps_mean") is None else (
@@ -261,7 +298,7 @@ def format_report(res: dict) -> str:
                     f"{rec['bootstrap']} bootstrap replicates" if share is not None else "") + ")")
     best = res["ranked"][0]
     if best.get("ttt_boot"):
-        lines.append(f"time to loss {res['target_loss']}: {best['time_to_target']:.2f} s (bootstrap "
+        lines.append(f"time to {target_name}: {best['time_to_target']:.2f} s (bootstrap "
                      f"{best['ttt_boot'][0]:.2f} +- {best['ttt_boot'][1]:.2f} s at "
                      f"{best['steps_to_target']} steps)")
     return "\n".join(lines)
@@ -274,8 +311,19 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="cnn")
     p.add_argument("--dataset", default="digits")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9,
+                   help="the user's SGD momentum (pgc-hvd train's default); ignored with "
+                        "--optimizer")
+    p.add_argument("--optimizer", default=None,
+                   help="the user's optimizer, e.g. adam:lr=3e-3 or sgd:lr=0.05,momentum=0.9 "
+                        "(default: SGD with --lr and --momentum)")
+    p.add_argument("--momentum-correction", choices=("on", "off"), default="on",
+                   help="predict with the runtime's staleness-aware momentum correction "
+                        "(default on, as the runtime)")
     p.add_argument("--target-loss", type=float, default=None, help="default: the run's summary")
+    p.add_argument("--target-accuracy", type=float, default=None,
+                   help="rank by time to this validation accuracy instead of the loss")
     p.add_argument("--s-values", default="1,2")
     p.add_argument("--steps", type=int, default=None, help="default: the run's")
     p.add_argument("--partition-time", type=float, default=None,
@@ -299,8 +347,19 @@ def main(argv=None) -> int:
     run_dir = Path(a.run_dir)
     if run_dir.is_file() and run_dir.name == "records.jsonl":
         p.error(f"pass the run folder ({run_dir.parent}), not its records.jsonl")
+    if a.target_accuracy is not None and not 0 < a.target_accuracy <= 1:
+        p.error(f"--target-accuracy must lie in (0, 1], got {a.target_accuracy}")
+    optimizer = a.optimizer or (f"sgd:lr={a.lr},momentum={a.momentum}" if a.momentum
+                                else f"sgd:lr={a.lr}")
+    try:
+        from pgc_hvd.sim.run import make_optimizer
+        make_optimizer(optimizer)
+    except ValueError as e:
+        p.error(str(e))
     res = advise(a.run_dir, a.model, a.dataset, a.batch_size, a.lr, a.target_loss,
-                 s_values, a.steps, a.partition_time, a.bootstrap, a.seed, progress=True)
+                 s_values, a.steps, a.partition_time, a.bootstrap, a.seed, progress=True,
+                 optimizer=optimizer, momentum_correction=a.momentum_correction == "on",
+                 target_accuracy=a.target_accuracy)
     n = res["observations"]["n"]
     dropped = sorted(s for s in s_values if s >= n)
     if dropped:

@@ -57,6 +57,9 @@ def main(argv=None) -> int:
                    help="minibatch per partition gradient (seeded by step); default: full partition")
     p.add_argument("--non-iid", action="store_true", help="partitions sorted by label")
     p.add_argument("--policy", default="continue", choices=["continue", "cancel"])
+    p.add_argument("--momentum-correction", default="on", choices=["on", "off"],
+                   help="subtract the stale gradients' implicit momentum from the optimizer's "
+                        "(default on, as the runtime; pgc_hvd.control.momentum)")
     p.add_argument("--adaptive", action="store_true",
                    help="staleness control rule (bounded staleness, PGC): lower lr or c when "
                         "L_hat^2*disp/||g_hat||^2 is large (pgc_hvd.control)")
@@ -124,6 +127,7 @@ def main(argv=None) -> int:
                              comm=comm, compress=None if topk is None else topk.ratio,
                              error_feedback=None if topk is None else topk.error_feedback,
                              straggler_policy=a.policy,
+                             momentum_correction=a.momentum_correction == "on",
                              batch_size=a.batch_size, adaptive=a.adaptive,
                              control=control, overwrite=a.force,
                              progress=True)

@@ -8,8 +8,8 @@ that needs no collective, each once and before any collective, each error naming
 and the fix. It also lists the fields every rank compares at construction
 (:func:`cross_rank_fields`; the comparison itself is :mod:`pgc_hvd.runtime.consistency`'s).
 
-May import: ``options``, ``delays``, ``compress``, ``schemes`` (layers below ``runtime``) and
-torch; nothing else of ``runtime``.
+May import: ``options``, ``delays``, ``compress``, ``schemes``, ``control`` (layers below
+``runtime``) and torch; nothing else of ``runtime``.
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ class RuntimeConfig:
     op_scale: float = 1.0
     wire_dtype: Optional[str] = None     # "float16": dense messages travel as fp16
     metrics: tuple = ()                  # names of the user metrics step(metrics=) carries
+    momentum_correction: bool = True     # pgc_hvd.control.momentum (stale gradients' momentum)
 
     def checked(self, n: int) -> "RuntimeConfig":
         stragglers = (default_stragglers(self.scheme) if self.stragglers is None
@@ -143,7 +144,10 @@ class RuntimeConfig:
                              f"got {self.straggler_policy!r}")
         replay = ([(int(w), int(k)) for w, k in self.replay_arrivals]
                   if self.replay_arrivals else None)
+        from pgc_hvd.control.momentum import parse_momentum_correction
         return dataclasses.replace(self, stragglers=s, delays=delays, name=str(self.name),
+                                   momentum_correction=parse_momentum_correction(
+                                       self.momentum_correction),
                                    scheme_options=dict(self.scheme_options or {}),
                                    timeout=float(self.timeout), replay_arrivals=replay)
 
@@ -199,7 +203,8 @@ def cross_rank_fields(config: RuntimeConfig) -> dict:
             "extra": {"wire dtype": config.wire_dtype or "float32",
                       "op (update factor)": config.op_scale,
                       "backward_passes_per_step": config.backward_passes_per_step,
-                      "metrics (names)": list(config.metrics)}}
+                      "metrics (names)": list(config.metrics),
+                      "momentum_correction": config.momentum_correction}}
 
 
 def check_parameters(params, names: dict) -> None:

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from pgc_hvd.compress.message import MessageEncoder
+from pgc_hvd.control.momentum import compensated
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime import consistency, interop, optim_state
 from pgc_hvd.runtime.agent import AgentError, CommAgent
@@ -110,8 +111,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
             scheme=self.scheme, rank=self.rank, names=self._pgc_names)
         self._pgc_skip_sync = False        # inside skip_synchronize()
         self.catch_up_steps = 0            # step() calls that computed nothing (catching up)
-        self._pgc_recorder = StepRecorder(config.records, config.on_record,
-                                          scheme_name=self.scheme.name, n=self.n, s=self.scheme.s)
+        self._pgc_recorder = StepRecorder(
+            config.records, config.on_record, scheme_name=self.scheme.name, n=self.n,
+            s=self.scheme.s, param_groups=self.param_groups,
+            momentum_correction=config.momentum_correction)
         self._pgc_agent = CommAgent(
             hvd, self.scheme, self.rank, lay.numel, self.scheme.lookback,
             codec=self._pgc_encoder.codec, device=lay.device, timeout=config.timeout,
@@ -375,8 +378,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
         # a GradScaler's grad_scale / found_inf are this optimizer's (the ring was unscaled),
         # not the user's rule's: torch's SGD/Adam would apply them to the decoded update
         amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
+        # the user's momentum less the stale gradients' implicit momentum (control.momentum)
+        last = self._pgc_applier.last
+        mean_age = last.decision.info.get("mean_age") if last is not None else None
         try:
-            super(self.__class__, self).step()
+            with compensated(self.param_groups, mean_age, self._pgc_config.momentum_correction):
+                super(self.__class__, self).step()
         finally:
             self.__dict__.update(amp)
         self._pgc_applier.applied(self.param_groups)
@@ -554,7 +561,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = "allgather",
-                         name: str = "pgc", metrics=(), hvd=None):
+                         name: str = "pgc", metrics=(), momentum_correction: bool = True,
+                         hvd=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     The positional arguments are Horovod's, in Horovod's order (``optimizer,
@@ -630,6 +638,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         metrics: names of small user metrics (e.g. ``["accuracy"]``) that ``step(metrics=
             {"accuracy": a})`` sends in the control row; :attr:`metrics` gives every rank the
             decided step's means (and the loss's) with no extra collective.
+        momentum_correction: True (default): each update is applied with the optimizer's
+            momentum less the momentum its stale gradients already add (mu_imp = a/(1+a) for the
+            update's mean gradient age a; beta' = max(0, beta - mu_imp), SGD's lr scaled by
+            (1-beta')/(1-beta) so lr/(1-beta) is kept; Adam's beta1 likewise), the user's values
+            restored after the step; a no-op for fresh updates (DGD, GC, IS-SGD, BCGC). Records
+            carry ``implicit_momentum`` and ``effective_momentum``. False applies the
+            optimizer's own momentum to stale updates (:mod:`pgc_hvd.control.momentum`).
         control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
             Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
@@ -652,5 +667,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         scheme=scheme, stragglers=stragglers, delays=delays, records=records,
         scheme_options=scheme_options, timeout=timeout, poll_interval=poll_interval, name=name,
         on_record=on_record, on_update=on_update, replay_arrivals=replay_arrivals,
-        straggler_policy=straggler_policy, optimistic=optimistic, control=control, **horovod)
+        straggler_policy=straggler_policy, optimistic=optimistic, control=control,
+        momentum_correction=momentum_correction, **horovod)
     return cls(optimizer, named_parameters, config, hvd)

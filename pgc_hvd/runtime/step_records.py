@@ -6,7 +6,7 @@ training thread drains the queue (:meth:`StepRecorder.drain`, at every applied u
 ``close()``/``abandon()``) and writes the records, so ``on_record`` and the writer run on the
 training thread, like every other user callback, and never race the optimizer's state.
 
-May import: ``metrics``, ``runtime.telemetry``.
+May import: ``metrics``, ``control.momentum``, ``runtime.telemetry``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ class StepRecorder:
     the origin of the records' times."""
 
     def __init__(self, records=None, on_record=None, *, scheme_name: str, n: int, s: int,
-                 t0: Optional[float] = None):
+                 t0: Optional[float] = None, param_groups=None, momentum_correction: bool = True):
         self.records, self.on_record = records, on_record
+        # the optimizer's param groups and whether updates are momentum-corrected: each record
+        # carries the implicit and effective momentum of its update (pgc_hvd.control.momentum)
+        self.param_groups, self.momentum_correction = param_groups, bool(momentum_correction)
         self.scheme_name, self.n, self.s = scheme_name, int(n), int(s)
         self.t0 = time.time() if t0 is None else float(t0)
 
@@ -49,6 +52,10 @@ class StepRecorder:
                  "gpu": gpu_stats()}
         if rep.c is not None:
             extra["c"] = rep.c  # the bound this decision was taken with
+        if self.param_groups is not None:
+            from pgc_hvd.control.momentum import momentum_correction
+            extra.update(momentum_correction(self.param_groups, dec.info.get("mean_age"),
+                                             self.momentum_correction).record())
         rec = StepRecord.from_decision_info(
             dec.step, rep.time - self.t0, dict(dec.info), step_time=rep.info.get("step_time"),
             scheme=self.scheme_name, n=self.n, s=self.s,

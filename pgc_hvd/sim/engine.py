@@ -75,6 +75,7 @@ import pgc_hvd.ops as ops
 from pgc_hvd.compress.message import coded_sum, topk_message
 from pgc_hvd.compress.topk import TopK
 from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
+from pgc_hvd.control.momentum import compensated
 from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
 from pgc_hvd.metrics.diagnostics import error_decomposition, staleness_diagnostics
@@ -111,6 +112,8 @@ class SimConfig:
                                         # reproducible, so off by default: replays compare records)
     step_hook: Optional[Callable] = None  # hook(sim, step, decision, g_hat, extra) before the update
                                           # is applied (pgc_hvd.control: control rule, error split)
+    momentum_correction: bool = True   # subtract the stale gradients' implicit momentum from the
+                                        # optimizer's (pgc_hvd.control.momentum), as the runtime
     target_loss: Optional[float] = None
     stop_at_target: bool = False
     max_time: Optional[float] = None
@@ -392,11 +395,15 @@ class Simulator:
                 acc.add_(m, alpha=float(wgt))
         return acc
 
-    def _apply(self, g_hat: torch.Tensor) -> None:
+    def _apply(self, g_hat: torch.Tensor, mean_age=None) -> dict:
+        """The optimizer's rule on g_hat, its momentum compensated for the update's mean
+        gradient age (:mod:`pgc_hvd.control.momentum`); returns the record's fields of it."""
         for p, gv in self.layout.views(g_hat):
             p.grad = gv.clone().to(p.dtype)
-        self.opt.step()
+        with compensated(self.opt.param_groups, mean_age, self.cfg.momentum_correction) as corr:
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        return corr.record()
 
     def _update(self, decision, step: int, decide_seconds: float) -> tuple[float, dict, dict]:
         """Decode and apply the decision's update (version step + 1); returns (decode seconds,
@@ -415,7 +422,7 @@ class Simulator:
                 extra["diag_seconds"] = _time.thread_time() - d0
         if self.cfg.step_hook is not None:
             self.cfg.step_hook(self, step, decision, g_hat, extra)
-        self._apply(g_hat)
+        extra.update(self._apply(g_hat, decision.info.get("mean_age")))
         self.version = step + 1
         self.snapshots[self.version] = self._flat()
         for old in [k for k in self.snapshots if k < self.version - 64]:

@@ -78,6 +78,24 @@ def test_advise_on_a_trace(tmp_path):
     assert "recommendation:" in format_report(res)
 
 
+def test_advise_ranks_by_time_to_accuracy_with_the_users_optimizer(tmp_path):
+    models = [Exponential(0.05, seed=1)] * 3 + [LogNormal(math.log(1.0), 0.2, seed=2)]
+    trace = DelayTrace({(w, t): models[w].sample(w, t) for w in range(4) for t in range(40)})
+    path = trace.save(tmp_path / "delay_trace.json")
+    res = advise(path, model="softmax", s_values=(1,), steps=20, partition_time=0.05,
+                 bootstrap=0, optimizer="sgd:lr=0.05,momentum=0.9", target_accuracy=0.6)
+    assert res["assumed"] == {"optimizer": "sgd:lr=0.05,momentum=0.9",
+                              "momentum_correction": True}
+    reached = [r for r in res["ranked"] if r["time_to_target"] is not None]
+    assert reached, "softmax on digits reaches 60% validation accuracy within 20 steps"
+    # ranked by time to the accuracy target first
+    times = [r["time_to_target"] for r in reached]
+    assert times == sorted(times) and res["ranked"][:len(reached)] == reached
+    report = format_report(res)
+    assert "assumed optimizer: sgd:lr=0.05,momentum=0.9 with the momentum correction on" in report
+    assert "steps to accuracy 0.6" in report
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--s-values", "a"], "comma-separated integers"),
     (["--s-values", "0,1"], "budgets >= 1"),

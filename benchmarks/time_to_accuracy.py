@@ -1,0 +1,297 @@
+"""Time to a target validation accuracy: the user's own loop under horovodrun, pgc_hvd against
+``hvd.DistributedOptimizer`` (issue 22: what users buy is time to a good-enough model).
+
+    python benchmarks/time_to_accuracy.py [--np 4] [--variants hvd,pgc-cr,pgc-cr:off]
+        [--patterns none,slow,exp,lognormal] [--optimizers sgd,adam] [--seeds 0,1,2]
+        [--target 0.95] [--compute 0.1] [--max-steps 300] [--json runs/tta.json]
+    python benchmarks/time_to_accuracy.py --quick      # one short launch (the smoke test's)
+
+The workload is the README's quick-start pattern as a user writes it: the 3-layer CNN
+(``pgc_hvd.models.SmallCNN``) on scikit-learn's digits, an 80/20 stratified split, a batch of
+16 per rank and step (per partition for pgc_hvd: the same samples per step as Horovod's
+``DistributedSampler`` of 16 per rank), ``--compute`` seconds of emulated GPU work per batch (a
+sleep, which leaves the CPU free as a GPU would; the real forward/backward runs too), the
+user's optimizer with the user's hyper-parameters (``sgd``: SGD lr 0.05 momentum 0.9;
+``adam``: Adam lr 3e-3), validation accuracy every ``--eval-every`` steps on every rank (the
+parameters are identical, so every rank stops at the same step; evaluation time is not
+counted). Straggler patterns (one delay per rank and step, slept with the emulated compute
+between the forward and the backward -- a slow GPU is slow before its gradients exist, so
+Horovod's hooks, which start the allreduce during the backward, wait for it; the same seeded
+schedule for every variant):
+
+* ``none``       no injected delay;
+* ``slow``       rank 1 sleeps 3 x compute every step (one rank 4x slow);
+* ``exp``        Exp(mean = compute) on every rank and step;
+* ``lognormal``  log-normal (median 0.3 x compute, sigma 0.5) plus, with probability 0.01, a
+                 10-30 x compute straggler (the design note's pattern, scaled).
+
+Variants: ``hvd`` (``hvd.DistributedOptimizer``), and any pgc_hvd scheme name (s = 0 for
+``dgd``, 1 otherwise), ``NAME:off`` with ``momentum_correction=False``. One horovodrun launch
+per (pattern, optimizer, seed) runs every variant in turn on fresh models with the same
+initialisation. Printed: per variant, median over seeds of steps and training seconds to the
+target and their ratio to Horovod's (the median of the per-seed ratios), and time per step. A
+run that misses the target in ``--max-steps`` counts as not reached (its ratio is reported as
+">"). Figures are measured on a shared 2-core machine: read ratios measured in one launch,
+never single numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hvd_launch import run_ranks  # noqa: E402
+
+OPTIMIZERS = {"sgd": "SGD lr 0.05 momentum 0.9", "adam": "Adam lr 3e-3"}
+PATTERNS = ("none", "slow", "exp", "lognormal")
+
+
+def delay_spec(pattern: str, compute: float, seed: int):
+    """The pattern's delay spec (``pgc_hvd.delays.parse_delay`` syntax), or None."""
+    if pattern == "none":
+        return None
+    if pattern == "slow":
+        return f"slow:worker=1,delay={3 * compute}"
+    if pattern == "exp":
+        return f"exp:mean={compute},seed={seed + 1}"
+    if pattern == "lognormal":
+        import math
+        return (f"lognormal:mu={math.log(0.3 * compute)},sigma=0.5,seed={seed + 1}"
+                f"+straggler:p=0.01,low={10 * compute},high={30 * compute},seed={seed + 1}")
+    raise ValueError(f"unknown pattern {pattern!r}; use one of {', '.join(PATTERNS)}")
+
+
+def make_optimizer(name: str, params):
+    import torch
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=3e-3)
+    raise ValueError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
+
+
+# ----------------------------------------------------------------------------- worker (per rank)
+def _data(split_seed: int = 0):
+    import torch
+    from pgc_hvd.data import load_dataset, train_test_split
+    tr, te = train_test_split(load_dataset("digits"), 0.2, seed=split_seed)
+    return (torch.utils.data.TensorDataset(torch.from_numpy(tr.X), torch.from_numpy(tr.y)),
+            torch.from_numpy(te.X), torch.from_numpy(te.y))
+
+
+def _accuracy(model, X, y) -> float:
+    import torch
+    with torch.no_grad():
+        return float((model(X).argmax(1) == y).float().mean())
+
+
+def _emulate(compute: float, delays, rank: int, step: int, first: bool) -> None:
+    """The GPU's forward/backward time and this rank's straggler delay for the step (once per
+    step), slept before the backward: a slow GPU is slow before its gradients exist, so
+    Horovod's hooks (which start the allreduce during the backward) see it."""
+    time.sleep(compute + (float(delays.sample(rank, step)) if (delays is not None and first)
+                          else 0.0))
+
+
+def _train_one(variant: str, index: int, args, hvd, train, Xte, yte) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import pgc_hvd
+    from pgc_hvd.delays import parse_delay
+    from pgc_hvd.models import SmallCNN
+
+    rank, n = hvd.rank(), hvd.size()
+    torch.manual_seed(args.seed)
+    model = SmallCNN()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    inner = make_optimizer(args.optimizer, model.parameters())
+    spec = delay_spec(args.pattern, args.compute, args.seed)
+    delays = parse_delay(spec) if spec else None
+    scheme, _, flag = variant.partition(":")
+    if scheme == "hvd":
+        opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters())
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            train, num_replicas=n, rank=rank, shuffle=True, seed=args.seed)
+        loader = torch.utils.data.DataLoader(train, batch_size=args.batch_size, sampler=sampler,
+                                             drop_last=True)
+        batches, epoch = iter(loader), 0
+    else:
+        opt = pgc_hvd.DistributedOptimizer(
+            inner, named_parameters=model.named_parameters(), scheme=scheme,
+            name=f"tta{index}",
+            momentum_correction=(flag != "off"))
+        loader = pgc_hvd.CodedLoader(train, n=n, batch_size=args.batch_size, seed=args.seed)
+    trained, reached, acc, step = 0.0, None, _accuracy(model, Xte, yte), 0
+    for step in range(1, args.max_steps + 1):
+        t0 = time.perf_counter()
+        if scheme == "hvd":
+            opt.zero_grad()
+            try:
+                xb, yb = next(batches)
+            except StopIteration:
+                epoch += 1
+                sampler.set_epoch(epoch)
+                batches = iter(loader)
+                xb, yb = next(batches)
+            loss = F.cross_entropy(model(xb), yb)
+            _emulate(args.compute, delays, rank, step - 1, first=True)
+            loss.backward()          # Horovod's hooks start the allreduce here
+            opt.step()
+        else:
+            for i, (xb, yb) in enumerate(opt.batches(loader)):
+                loss = F.cross_entropy(model(xb), yb)
+                _emulate(args.compute, delays, rank, opt.version, first=i == 0)
+                loss.backward()
+            opt.step()
+        trained += time.perf_counter() - t0
+        if step % args.eval_every == 0:
+            acc = _accuracy(model, Xte, yte)
+            if acc >= args.target:
+                reached = step
+                break
+    if scheme != "hvd":
+        opt.close()
+    from pgc_hvd.runtime.consistency import tensors_digest
+    digest = tensors_digest(list(model.parameters()))
+    digests = hvd.allgather(torch.tensor([digest], dtype=torch.int64),
+                            name=f"tta.digest{index}").tolist()
+    return {"variant": variant, "steps": reached, "time": trained if reached else None,
+            "steps_run": step, "seconds_run": trained, "time_per_step": trained / max(step, 1),
+            "accuracy": acc, "same_params": len(set(digests)) == 1}
+
+
+def worker(args) -> None:
+    import horovod.torch as hvd
+    import torch
+    torch.set_num_threads(1)
+    hvd.init()
+    train, Xte, yte = _data()
+    out = [_train_one(v, i, args, hvd, train, Xte, yte)
+           for i, v in enumerate(args.variants.split(","))]
+    if hvd.rank() == 0:
+        print("RESULT " + json.dumps({"pattern": args.pattern, "optimizer": args.optimizer,
+                                      "seed": args.seed, "runs": out}), flush=True)
+
+
+# ----------------------------------------------------------------------------- parent
+def _med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(results: list) -> list:
+    """One row per (pattern, optimizer, variant): medians over seeds and ratios to ``hvd``."""
+    rows = []
+    keys = sorted({(r["pattern"], r["optimizer"]) for r in results},
+                  key=lambda k: (PATTERNS.index(k[0]) if k[0] in PATTERNS else 9, k[1]))
+    for pattern, optimizer in keys:
+        launches = [r for r in results if (r["pattern"], r["optimizer"]) == (pattern, optimizer)]
+        variants = list(dict.fromkeys(v["variant"] for r in launches for v in r["runs"]))
+        for v in variants:
+            runs = [(r, next(x for x in r["runs"] if x["variant"] == v)) for r in launches]
+            ratios_t, ratios_s = [], []
+            for r, x in runs:
+                h = next((y for y in r["runs"] if y["variant"] == "hvd"), None)
+                if h is None or h["time"] is None:
+                    continue
+                ratios_t.append(x["time"] / h["time"] if x["time"] else float("inf"))
+                ratios_s.append(x["steps"] / h["steps"] if x["steps"] else float("inf"))
+            rows.append({
+                "pattern": pattern, "optimizer": optimizer, "variant": v, "seeds": len(runs),
+                "reached": sum(1 for _, x in runs if x["steps"] is not None),
+                "steps": [x["steps"] for _, x in runs], "time": [x["time"] for _, x in runs],
+                "steps_median": _med([x["steps"] for _, x in runs]),
+                "time_median": _med([x["time"] for _, x in runs]),
+                "time_per_step": _med([x["time_per_step"] for _, x in runs]),
+                "time_ratio": statistics.median(ratios_t) if ratios_t else None,
+                "steps_ratio": statistics.median(ratios_s) if ratios_s else None,
+                "same_params": all(x["same_params"] for _, x in runs)})
+    return rows
+
+
+def table(rows: list, target: float) -> str:
+    def f(x, fmt):
+        if x is None:
+            return "-"
+        return ">max" if x == float("inf") else format(x, fmt)
+    lines = [f"| pattern | optimizer | variant | reached | steps to {target:.0%} (per seed) | "
+             f"median s | s/step | time / Horovod | steps / Horovod |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        steps = ", ".join("-" if s is None else str(s) for s in r["steps"])
+        lines.append(f"| {r['pattern']} | {r['optimizer']} | {r['variant']} | "
+                     f"{r['reached']}/{r['seeds']} | {steps} | {f(r['time_median'], '.1f')} | "
+                     f"{f(r['time_per_step'], '.3f')} | {f(r['time_ratio'], '.2f')} | "
+                     f"{f(r['steps_ratio'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", type=int, default=4)
+    p.add_argument("--variants", default="hvd,pgc-cr,pgc-cr:off")
+    p.add_argument("--patterns", default="none,slow,exp")
+    p.add_argument("--optimizers", default="sgd")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--target", type=float, default=0.95)
+    p.add_argument("--compute", type=float, default=0.1)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument("--json", default=None, help="write the launches' results and the rows here")
+    p.add_argument("--quick", action="store_true",
+                   help="np 2, hvd and pgc-cr, exp delays, one seed, target 0.5 (a smoke run)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--pattern", default="none", help=argparse.SUPPRESS)
+    p.add_argument("--optimizer", default="sgd", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    if args.quick:
+        args.np, args.variants, args.patterns, args.seeds = 2, "hvd,pgc-cr", "exp", "0"
+        args.target, args.max_steps, args.compute = 0.5, 60, 0.02
+    results = []
+    t_start = time.time()
+    for pattern in args.patterns.split(","):
+        delay_spec(pattern, args.compute, 0)          # refuse an unknown pattern at once
+        for optimizer in args.optimizers.split(","):
+            if optimizer not in OPTIMIZERS:
+                raise SystemExit(f"unknown optimizer {optimizer!r}; use {', '.join(OPTIMIZERS)}")
+            for seed in (int(x) for x in args.seeds.split(",")):
+                wargs = ["--pattern", pattern, "--optimizer", optimizer, "--seed", seed,
+                         "--variants", args.variants, "--target", args.target,
+                         "--compute", args.compute, "--batch-size", args.batch_size,
+                         "--eval-every", args.eval_every, "--max-steps", args.max_steps]
+                t0 = time.time()
+                res = run_ranks(args.np, __file__, wargs, timeout=3600)
+                results.append(res)
+                print(f"# {pattern} {optimizer} seed {seed}: " + ", ".join(
+                    f"{r['variant']} {r['steps']} steps {r['time'] or float('nan'):.1f} s"
+                    for r in res["runs"]) + f"  ({time.time() - t0:.0f} s)", flush=True)
+    rows = summarize(results)
+    print(f"\nnp {args.np}, compute {args.compute} s per batch, target {args.target:.0%} "
+          f"validation accuracy, {time.time() - t_start:.0f} s in all")
+    print(table(rows, args.target))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results,
+                                               "rows": rows}, indent=1))
+    bad = [r for r in rows if not r["same_params"]]
+    if bad:
+        print("PARAMETERS DIFFER ACROSS RANKS in: " + ", ".join(
+            f"{r['pattern']}/{r['optimizer']}/{r['variant']}" for r in bad))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The staleness-aware momentum correction (pgc_hvd.control.momentum) on real torch optimizers."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pgc_hvd.control.momentum import (compensated, implicit_momentum, momentum_correction,
+                                      parse_momentum_correction)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+
+
+def _grads(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def _flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_implicit_momentum_of_a_mean_age():
+    assert implicit_momentum(None) == 0.0
+    assert implicit_momentum(0) == 0.0
+    assert implicit_momentum(0.5) == pytest.approx(1 / 3)   # PGC ring of c = 2, all slots used
+    assert implicit_momentum(1.0) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    lambda p: torch.optim.Adam(p, lr=1e-3),
+    lambda p: torch.optim.AdamW(p, lr=1e-3, betas=(0.8, 0.99)),
+    lambda p: torch.optim.SGD(p, lr=0.1),
+])
+def test_a_fresh_update_is_the_optimizers_own_step_bit_for_bit(make):
+    a, b = _model(), _model()
+    oa, ob = make(a.parameters()), make(b.parameters())
+    for t in range(4):
+        _grads(a, t), _grads(b, t)
+        oa.step()
+        with compensated(ob.param_groups, 0.0) as corr:
+            ob.step()
+        assert corr.mu == 0.0
+    assert torch.equal(_flat(a), _flat(b))
+
+
+def test_sgd_momentum_is_applied_as_beta_prime_with_the_gain_kept():
+    age = 1.0                                        # mu_imp = 1/2, beta' = 0.4, lr' = 0.3
+    a, b = _model(), _model()
+    oa = torch.optim.SGD(a.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-2)
+    ob = torch.optim.SGD(b.parameters(), lr=0.05 * 0.6 / 0.1, momentum=0.4, weight_decay=1e-2)
+    for t in range(5):
+        _grads(a, t), _grads(b, t)
+        with compensated(oa.param_groups, age) as corr:
+            assert oa.param_groups[0]["momentum"] == pytest.approx(0.4)
+            oa.step()
+        ob.step()
+    assert corr.record() == {"implicit_momentum": pytest.approx(0.5), "momentum": 0.9,
+                             "effective_momentum": pytest.approx(0.4)}
+    # the user's values are back: the scheduler, state_dict and the cross-rank digest see them
+    assert oa.param_groups[0]["momentum"] == 0.9 and oa.param_groups[0]["lr"] == 0.05
+    torch.testing.assert_close(_flat(a), _flat(b), rtol=0, atol=1e-6)
+
+
+def test_adam_moves_beta1_only():
+    a, b = _model(), _model()
+    oa = torch.optim.Adam(a.parameters(), lr=1e-2, betas=(0.9, 0.99))
+    ob = torch.optim.Adam(b.parameters(), lr=1e-2, betas=(0.9 - 1 / 3, 0.99))
+    for t in range(5):
+        _grads(a, t), _grads(b, t)
+        with compensated(oa.param_groups, 0.5):
+            oa.step()
+        ob.step()
+    assert oa.param_groups[0]["betas"] == (0.9, 0.99) and oa.param_groups[0]["lr"] == 1e-2
+    torch.testing.assert_close(_flat(a), _flat(b), rtol=0, atol=1e-6)
+
+
+def test_disabled_or_momentum_free_changes_nothing_and_errors_restore():
+    opt = torch.optim.SGD(_model().parameters(), lr=0.1, momentum=0.9)
+    with compensated(opt.param_groups, 3.0, enabled=False) as corr:
+        assert opt.param_groups[0]["momentum"] == 0.9
+    assert corr.mu == 0.0 and corr.effective_momentum == 0.9
+    plain = torch.optim.SGD(_model().parameters(), lr=0.1)
+    with compensated(plain.param_groups, 3.0):
+        assert plain.param_groups[0]["lr"] == 0.1 and plain.param_groups[0]["momentum"] == 0
+    with pytest.raises(RuntimeError):
+        with compensated(opt.param_groups, 1.0):
+            raise RuntimeError("inner step failed")
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["lr"] == 0.1
+
+
+@settings(max_examples=200, deadline=None)
+@given(beta=st.floats(0.0, 0.999), lr=st.floats(1e-4, 1.0), age=st.floats(0.0, 50.0))
+def test_property_beta_prime_in_range_and_total_gain_kept(beta, lr, age):
+    g = {"params": [], "lr": lr, "momentum": beta}
+    with compensated([g], age) as corr:
+        bp, lrp = g["momentum"], g["lr"]
+    assert g == {"params": [], "lr": lr, "momentum": beta}
+    if beta == 0.0:
+        assert (bp, lrp) == (0.0, lr)
+        return
+    assert 0.0 <= bp <= beta and bp == pytest.approx(max(0.0, beta - age / (1 + age)))
+    # a persistent gradient's total step lr / (1 - beta) is the user's
+    assert lrp / (1 - bp) == pytest.approx(lr / (1 - beta), rel=1e-9)
+    assert corr == momentum_correction([{"lr": lr, "momentum": beta}], age)
+
+
+def test_constant_gradient_reaches_the_users_terminal_velocity():
+    """A persistent gradient moves the parameters lr/(1-beta) per step in the end, corrected or
+    not (only the transient differs)."""
+    w = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.01, momentum=0.9)
+    last = 0.0
+    for _ in range(400):
+        w.grad = torch.ones(1, dtype=torch.float64)
+        with compensated(opt.param_groups, 0.7):
+            opt.step()
+        step, last = last - float(w.detach()), float(w.detach())
+    assert step == pytest.approx(0.01 / 0.1, rel=1e-6)
+
+
+def test_parse_momentum_correction():
+    assert parse_momentum_correction(True) and not parse_momentum_correction(False)
+    assert parse_momentum_correction("auto") and not parse_momentum_correction("off")
+    with pytest.raises(ValueError, match="momentum_correction=0.5"):
+        parse_momentum_correction(0.5)
+    assert math.isfinite(implicit_momentum(1e9))
