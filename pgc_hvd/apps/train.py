@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="per partition and step")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--momentum-correction", choices=("on", "off"), default="on",
+                   help="apply each stale update with the momentum its stale gradients have not "
+                        "already supplied (default on; pgc_hvd.control.momentum)")
     p.add_argument("--delay", default="zero", help="delay model spec, e.g. exp:mean=0.1,seed=1")
     p.add_argument("--compute-time", type=float, default=0.0,
                    help="emulated extra compute seconds per partition evaluated")
@@ -226,7 +229,7 @@ def main(argv=None) -> int:
         model.named_parameters(), scheme=args.scheme, stragglers=args.s,
         scheme_options=scheme_options, control=args.channel,
         compression=compression, delays=delays, timeout=args.timeout, name=f"pgc-{args.scheme}",
-        **hooks)
+        momentum_correction=args.momentum_correction == "on", **hooks)
     if ctl is not None:
         ctl.attach(opt)
     while opt.version < args.steps:

@@ -208,6 +208,52 @@ def check_config_errors():
     ok("config_errors")
 
 
+def check_momentum_correction(steps=10):
+    """The runtime applies each decoded update with the user's SGD momentum less the update's
+    implicit momentum (pgc_hvd.control.momentum), the user's values restored after the step:
+    replaying the decided updates through the same correction on a plain torch SGD gives the
+    trained parameters bit for bit; with momentum_correction=False, the plain replay does. A
+    rank built with another setting is named at construction."""
+    from pgc_hvd.control.momentum import compensated
+    r = hvd.rank()
+    for corr in (True, False):
+        seen, recs = [], []
+
+        def on_update(step, flat, decision):
+            seen.append((step, flat.clone(), decision.info.get("mean_age")))
+
+        m, opt = train("pgc-cr", steps, momentum=0.9, name=f"mc-{corr}", records=recs.append,
+                       delays=Jitter(0.02, seed=9),
+                       opt_kwargs={"on_update": on_update, "momentum_correction": corr})
+        assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["lr"] == 0.1
+        same_on_all_ranks(m, f"mc-{corr}")
+        ref = model()
+        sgd = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+        assert [st for st, _, _ in seen] == list(range(steps))
+        for _, flat, age in seen:
+            off = 0
+            for p in ref.parameters():
+                p.grad = flat[off:off + p.numel()].view_as(p).clone()
+                off += p.numel()
+            with compensated(sgd.param_groups, age, enabled=corr):
+                sgd.step()
+        assert torch.equal(flat_params(ref), flat_params(m)), f"replay differs (corr={corr})"
+        assert any(age and age > 0 for _, _, age in seen), "pgc-cr used no stale gradient"
+        if r == 0:
+            eff = [rec.extra["effective_momentum"] for rec in recs if rec.mean_age]
+            assert eff and (max(eff) < 0.9 if corr else set(eff) == {0.9}), eff
+    m = model()
+    try:
+        pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                     m.named_parameters(), scheme="pgc-cr",
+                                     momentum_correction=(r != 1), name="mc-bad")
+    except ValueError as err:
+        assert "momentum_correction" in str(err) and "ranks [1]" in str(err), str(err)
+    else:
+        raise AssertionError("a rank with another momentum_correction was not refused")
+    ok("momentum_correction")
+
+
 def check_checkpoint(scheme="pgc-cr", steps=8, half=4):
     s = 0 if scheme == "dgd" or hvd.size() == 1 else 1
     ref, _ = train(scheme, steps, s=s, momentum=0.9, name="ck-ref")
@@ -361,6 +407,7 @@ def main():
                     ["gc-cr", "bcgc", "rs", "gmds"])
         check_checkpoint("dgd")
         check_checkpoint("pgc-cr")
+        check_momentum_correction()
         check_staleness_bound()
         store = {"control": "store"}
         check_exact(["gc-cr", "bcgc", "bounded-staleness"], opt_kwargs=store, tag="-store")

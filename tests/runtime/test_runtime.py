@@ -32,7 +32,7 @@ def test_small_np3_config_errors_exact_checkpoint(horovodrun):
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"config_errors", "exact_gc-cr_bcgc_rs_gmds", "checkpoint_dgd",
-            "checkpoint_pgc-cr", "staleness_bound", "exact-store_gc-cr_bcgc_bounded-staleness",
+            "checkpoint_pgc-cr", "momentum_correction", "staleness_bound", "exact-store_gc-cr_bcgc_bounded-staleness",
             "straggler-store_pgc-cr"} <= checks
     # the mismatch error names the offending rank on every rank
     assert sum("ranks [1] were built with a different" in l for l in proc.stdout.splitlines()) == 3
