@@ -62,9 +62,9 @@ def same_on_all_ranks(t: torch.Tensor, what: str):
 class RecordingSimulator(Simulator):
     """The simulator, keeping each decoded update g_hat_t it applies."""
 
-    def _apply(self, g_hat):
+    def _apply(self, g_hat, mean_age=None):
         self.decoded.append(g_hat.detach().clone())
-        super()._apply(g_hat)
+        return super()._apply(g_hat, mean_age)
 
 
 def simulate(scheme_name, train, parts, delay_seed=2, s=1, options=None, compress=None):
