@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from pgc_hvd.compress.message import MessageEncoder
-from pgc_hvd.control.momentum import compensated
+from pgc_hvd.control.momentum import applies_to, compensated
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime import consistency, interop, optim_state
 from pgc_hvd.runtime.agent import AgentError, CommAgent
@@ -111,10 +111,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
             scheme=self.scheme, rank=self.rank, names=self._pgc_names)
         self._pgc_skip_sync = False        # inside skip_synchronize()
         self.catch_up_steps = 0            # step() calls that computed nothing (catching up)
+        # the staleness-aware momentum correction (control.momentum): pipelined schemes only
+        self._pgc_corrects_momentum = config.momentum_correction and applies_to(self.scheme)
         self._pgc_recorder = StepRecorder(
             config.records, config.on_record, scheme_name=self.scheme.name, n=self.n,
             s=self.scheme.s, param_groups=self.param_groups,
-            momentum_correction=config.momentum_correction)
+            momentum_correction=self._pgc_corrects_momentum)
         self._pgc_agent = CommAgent(
             hvd, self.scheme, self.rank, lay.numel, self.scheme.lookback,
             codec=self._pgc_encoder.codec, device=lay.device, timeout=config.timeout,
@@ -382,7 +384,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         last = self._pgc_applier.last
         mean_age = last.decision.info.get("mean_age") if last is not None else None
         try:
-            with compensated(self.param_groups, mean_age, self._pgc_config.momentum_correction):
+            with compensated(self.param_groups, mean_age, self._pgc_corrects_momentum):
                 super(self.__class__, self).step()
         finally:
             self.__dict__.update(amp)
@@ -642,9 +644,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             momentum less the momentum its stale gradients already add (mu_imp = a/(1+a) for the
             update's mean gradient age a; beta' = max(0, beta - mu_imp), SGD's lr scaled by
             (1-beta')/(1-beta) so lr/(1-beta) is kept; Adam's beta1 likewise), the user's values
-            restored after the step; a no-op for fresh updates (DGD, GC, IS-SGD, BCGC). Records
-            carry ``implicit_momentum`` and ``effective_momentum``. False applies the
-            optimizer's own momentum to stale updates (:mod:`pgc_hvd.control.momentum`).
+            restored after the step. Pipelined schemes only (PGC-FR, PGC-CR, PGC-BCGC: their
+            messages average evaluations over the last c models); exact schemes have nothing to
+            correct and bounded staleness (delayed, not averaged) measured worse with it.
+            Records carry ``implicit_momentum`` and ``effective_momentum``. False applies the
+            optimizer's own momentum unchanged (:mod:`pgc_hvd.control.momentum`).
         control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
             Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;

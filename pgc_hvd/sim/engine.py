@@ -75,7 +75,7 @@ import pgc_hvd.ops as ops
 from pgc_hvd.compress.message import coded_sum, topk_message
 from pgc_hvd.compress.topk import TopK
 from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
-from pgc_hvd.control.momentum import compensated
+from pgc_hvd.control.momentum import applies_to, compensated
 from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
 from pgc_hvd.metrics.diagnostics import error_decomposition, staleness_diagnostics
@@ -400,7 +400,8 @@ class Simulator:
         gradient age (:mod:`pgc_hvd.control.momentum`); returns the record's fields of it."""
         for p, gv in self.layout.views(g_hat):
             p.grad = gv.clone().to(p.dtype)
-        with compensated(self.opt.param_groups, mean_age, self.cfg.momentum_correction) as corr:
+        enabled = self.cfg.momentum_correction and applies_to(self.scheme)
+        with compensated(self.opt.param_groups, mean_age, enabled) as corr:
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return corr.record()
