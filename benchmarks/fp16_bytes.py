@@ -52,7 +52,7 @@ def worker(args) -> None:
 
     from pgc_hvd.compress import DenseCodec, from_horovod, make_codec
     from pgc_hvd.runtime.agent import CommAgent, Outgoing
-    from pgc_hvd.schemes import get_scheme
+    from pgc_hvd.schemes import default_stragglers, get_scheme
 
     torch.set_num_threads(1)
     hvd.init()
@@ -75,7 +75,7 @@ def worker(args) -> None:
         wire = from_horovod(hvd.Compression.fp16 if fp16 else hvd.Compression.none)
         codec = (make_codec(d, None, complex_messages=False, wire_dtype=wire) if fp16
                  else DenseCodec(d))
-        sch = get_scheme(scheme, n, 0 if scheme == "dgd" else 1)
+        sch = get_scheme(scheme, n, default_stragglers(scheme))
         agent = CommAgent(hvd, sch, rank, d, 1, codec=codec, device="cpu", timeout=300,
                           name=f"bench-{scheme}-{int(fp16)}-{reduce}", optimistic=False,
                           narrow_reduce=reduce)

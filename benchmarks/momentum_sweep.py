@@ -14,6 +14,10 @@ per run). For each seed it runs
   momentum, lowering the optimizer's own at equal gain must give the steps back;
 * plain SGD lr 0.5 (the PGC paper's setting, the same gain) for ``dgd`` and ``pgc-cr``.
 
+``--scope``: instead, the check behind the correction's scope (docs/control.md, "Scope"):
+``dgd`` and ``bounded-staleness`` with the correction forced on and off, SGD momentum 0.9,
+log-normal delays (median 0.3) plus 10-30 unit stragglers with probability 0.01, 300 steps.
+
 Prints, per variant, steps and virtual time to 90 / 93 / 95% validation accuracy (per seed, and
 the median) and the mean gradient age and effective momentum the runs applied.
 """
@@ -43,15 +47,29 @@ def variants(betas) -> list:
     return out
 
 
-def run_one(scheme: str, optimizer: str, correction: str, seed: int, steps: int) -> dict:
+LOGNORMAL = ("lognormal:mu=-1.2039728,sigma=0.5,seed={s}"
+             "+straggler:p=0.01,low=10,high=30,seed={s}")
+
+
+def scope_variants() -> list:
+    return [("dgd", "sgd:lr=0.05,momentum=0.9", "on"),
+            ("bounded-staleness", "sgd:lr=0.05,momentum=0.9", "off"),
+            ("bounded-staleness", "sgd:lr=0.05,momentum=0.9", "force")]
+
+
+def run_one(scheme: str, optimizer: str, correction: str, seed: int, steps: int,
+            delay: str = "exp:mean=1,seed={s}") -> dict:
     code = f"""
 import json, torch
 from pgc_hvd.sim.run import simulate, prepare_data
 torch.set_num_threads(1)
+if {correction == 'force'}:      # the correction on a scheme outside its scope (--scope)
+    import pgc_hvd.sim.engine as engine
+    engine.applies_to = lambda scheme: True
 recs, summ = simulate({scheme!r}, 4, 1, dataset="digits", model="cnn", optimizer={optimizer!r},
-    delay="exp:mean=1,seed={seed + 1}", steps={steps}, seed={seed},
+    delay={delay.format(s=seed + 1)!r}, steps={steps}, seed={seed},
     data=prepare_data("digits", seed={seed}), batch_size=16, partition_time=1.0, eval_every=5,
-    momentum_correction={correction == 'on'})
+    momentum_correction={correction != 'off'})
 curve = [(r.step + 1, r.time, r.extra["test_accuracy"]) for r in recs
          if r.extra.get("test_accuracy") is not None]
 ages = [r.mean_age for r in recs if r.mean_age is not None]
@@ -78,13 +96,19 @@ def main(argv=None) -> int:
     p.add_argument("--betas", default="0.7,0.5,0.0",
                    help="fixed optimizer momenta beta' to try on pgc-cr at the user's gain")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--scope", action="store_true",
+                   help="the scope check: bounded staleness with the correction forced on/off")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     seeds = [int(x) for x in a.seeds.split(",")]
-    jobs = [(v, s) for v in variants([float(b) for b in a.betas.split(",") if b.strip()])
-            for s in seeds]
+    if a.scope:
+        vs, steps, delay = scope_variants(), max(a.steps, 300), LOGNORMAL
+    else:
+        vs = variants([float(b) for b in a.betas.split(",") if b.strip()])
+        steps, delay = a.steps, "exp:mean=1,seed={s}"
+    jobs = [(v, s) for v in vs for s in seeds]
     with ThreadPoolExecutor(a.jobs) as ex:
-        results = list(ex.map(lambda j: run_one(*j[0], j[1], a.steps), jobs))
+        results = list(ex.map(lambda j: run_one(*j[0], j[1], steps, delay), jobs))
     print(f"| scheme | optimizer | correction | mean age | beta applied | "
           + " | ".join(f"steps to {t:.0%} (median; time)" for t in TARGETS) + " |")
     print("|---|---|---|---|---|" + "---|" * len(TARGETS))

@@ -125,7 +125,7 @@ def worker(args) -> None:
         kw = {} if not opt_mode else {"optimistic": opt_mode == "opt"}
         opt = pgc_hvd.DistributedOptimizer(
             torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
-            stragglers=0 if scheme == "dgd" else 1, delays=delays,
+            delays=delays,
             name=f"b-{scheme}-{policy}-{opt_mode}", straggler_policy=policy or "continue",
             on_record=on_record, timeout=300, **kw)
         while opt.version < steps:

@@ -90,7 +90,7 @@ def worker(args) -> None:
             kw["optimistic"] = args.optimistic == "on"
         opt = pgc_hvd.DistributedOptimizer(
             torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
-            stragglers=0 if scheme == "dgd" else 1, delays=args.delay,
+            delays=args.delay,
             name=f"svr-{scheme}", straggler_policy=args.policy, on_record=on_record, **kw)
         hvd.allreduce(torch.zeros(1), name=f"svr.barrier.{scheme}")
         while opt.version < steps:
@@ -128,7 +128,7 @@ def worker(args) -> None:
 
 # ----------------------------------------------------------------------------- simulator side
 def simulate(res: dict, scheme: str, comm_path: str, plane: str, policy: str) -> dict:
-    from pgc_hvd.schemes import get_scheme
+    from pgc_hvd.schemes import default_stragglers, get_scheme
     from pgc_hvd.sim.comm import load_fit
     from pgc_hvd.sim.engine import SimConfig
     from pgc_hvd.sim.timing import TimingSimulator, time_per_step
@@ -138,7 +138,7 @@ def simulate(res: dict, scheme: str, comm_path: str, plane: str, policy: str) ->
     cm = load_fit(comm_path, plane=plane)
     cfg = SimConfig(steps=res["steps"], delay=res["delay"], partition_time=run["partition_time"],
                     comm=cm, straggler_policy=policy, diagnostics=False, eval_every=0)
-    sim = TimingSimulator(get_scheme(scheme, n, 0 if scheme == "dgd" else 1), res["d"], cfg)
+    sim = TimingSimulator(get_scheme(scheme, n, default_stragglers(scheme)), res["d"], cfg)
     recs = sim.run()
     w = res["warmup"]
     meas = recs[w:]

@@ -48,7 +48,7 @@ def worker(args) -> None:
     m = build_model(args.model)
     opt = pgc_hvd.DistributedOptimizer(
         torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
-        stragglers=0 if scheme == "dgd" else 1, timeout=300, poll_interval=args.poll,
+        timeout=300, poll_interval=args.poll,
         name=f"prof-{scheme}")
     agent = opt.agent
     T = {k: [] for k in ("compute", "send", "wait", "data", "apply", "rounds")}
@@ -65,16 +65,23 @@ def worker(args) -> None:
             return out
         setattr(obj, attr, run)
     timed(agent, "_data_phase", "data", lambda u: T["rounds"].append(u.info["control_rounds"]))
-    timed(opt, "_pgc_send", "send")
-    timed(opt, "_pgc_apply", "apply")
     timed(agent, "wait_for", "wait")
+    sync = []
     while opt.version < args.steps:
         t0 = time.perf_counter()
         for xb, yb in opt.batches(loader):
             time.sleep(args.compute)
             F.cross_entropy(m(xb), yb).backward()
-        T["compute"].append(time.perf_counter() - t0)
-        opt.step()
+        t1 = time.perf_counter()
+        T["compute"].append(t1 - t0)
+        opt.synchronize()          # send (form, check, encode, hand off) + wait
+        t2 = time.perf_counter()
+        sync.append(t2 - t1)
+        with opt.skip_synchronize():
+            opt.step()             # apply: the user's rule on the decoded update
+        T["apply"].append(time.perf_counter() - t2)
+    # send = synchronize() minus the wait for the decision (a catch-up step waits only)
+    T["send"] = [max(0.0, s - w) for s, w in zip(sync, T["wait"])]
     opt.close()
     med = {k: float(np.median(v[3:])) * 1e3 for k, v in T.items() if k != "rounds" and v[3:]}
     med["rounds"] = float(np.diff(T["rounds"])[3:].mean())

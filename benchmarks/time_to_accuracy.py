@@ -124,7 +124,7 @@ def _train_one(variant: str, index: int, args, hvd, train, Xte, yte) -> dict:
     else:
         opt = pgc_hvd.DistributedOptimizer(
             inner, named_parameters=model.named_parameters(), scheme=scheme,
-            stragglers=0 if scheme == "dgd" else 1, name=f"tta{index}",
+            name=f"tta{index}",
             momentum_correction=(flag != "off"))
         loader = pgc_hvd.CodedLoader(train, n=n, batch_size=args.batch_size, seed=args.seed)
     trained, reached, acc, step = 0.0, None, _accuracy(model, Xte, yte), 0

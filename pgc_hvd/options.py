@@ -1,9 +1,10 @@
-"""``KEY=VALUE`` command-line options (scheme options, control-rule options) for every CLI, and
-the shared test of count-like arguments."""
+"""``KEY=VALUE`` command-line options (scheme options, control-rule options) for every CLI, the
+one parser of ``NAME:K=V,...`` specs (delays, compression, links, optimizers), and the shared
+test of count-like arguments."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple, Optional
 
 
 def is_count(value, minimum: int = 1) -> bool:
@@ -36,3 +37,29 @@ def parse_options(items: Iterable[str], what: str = "option") -> dict:
                                  f"separate several with commas")
             out[key.strip()] = _value(value.strip())
     return out
+
+
+class SpecPart(NamedTuple):
+    """One comma-separated part of a spec: ``key`` (stripped; None for a part without ``=``),
+    ``value`` (stripped) and the part's ``text`` as written (stripped), for error messages."""
+
+    key: Optional[str]
+    value: str
+    text: str
+
+
+def split_spec(spec) -> tuple[str, str, list]:
+    """``"NAME:K=V,K=V"`` -> ``(name, rest, [SpecPart, ...])``: the one parser of the package's
+    ``NAME:K=V`` specs (``exp:mean=0.1,seed=1``, ``topk:0.01,ef=0``, ``ring:alpha=1e-5,gbps=25``,
+    ``sgd:lr=0.5``). ``name`` is stripped (case kept), ``rest`` is the text after the first
+    colon; empty parts are skipped. Casting the values and naming a wrong part are the
+    caller's: each spec has its own keys and its own example of the right spelling."""
+    name, _, rest = str(spec).partition(":")
+    parts = []
+    for raw in rest.split(","):
+        if not raw.strip():
+            continue
+        key, eq, value = raw.partition("=")
+        parts.append(SpecPart(key.strip() if eq else None, (value if eq else raw).strip(),
+                              raw.strip()))
+    return name.strip(), rest, parts

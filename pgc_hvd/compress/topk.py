@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from pgc_hvd.options import is_count
+from pgc_hvd.options import is_count, split_spec
 
 METHODS = ("exact", "threshold")
 
@@ -65,12 +65,11 @@ def parse_compression(spec: Optional[str]) -> Optional[TopK]:
         return None
     example = ("use topk:RATIO[,ef=0|1][,method=exact|threshold] (or topk:k=COUNT,...), e.g. "
                "topk:0.01 or topk:0.01,ef=0,method=threshold")
-    kind, sep, rest = str(spec).partition(":")
-    if kind.strip().lower() != "topk" or not sep or not rest:
+    kind, rest, parts = split_spec(spec)
+    if kind.lower() != "topk" or not rest or not parts:
         raise ValueError(f"compression {spec!r}: use 'none' or a top-kappa spec; {example}")
-    parts = [p.strip() for p in rest.split(",")]
     kw: dict = {}
-    head = parts[0]
+    head = parts[0].text
     try:
         if head.startswith("k="):
             kw["k"] = int(head[2:])
@@ -80,10 +79,9 @@ def parse_compression(spec: Optional[str]) -> Optional[TopK]:
         raise ValueError(f"compression {spec!r}: {head!r} is not a ratio (a number in (0, 1]) "
                          f"nor k=COUNT; {example}") from None
     for part in parts[1:]:
-        key, eq, value = part.partition("=")
-        key = key.strip().lower()
-        if not eq:
-            raise ValueError(f"compression {spec!r}: {part!r} is not KEY=VALUE; {example}")
+        key, value = (part.key or "").lower(), part.value
+        if part.key is None:
+            raise ValueError(f"compression {spec!r}: {part.text!r} is not KEY=VALUE; {example}")
         if key == "ef":
             if value not in ("0", "1"):
                 raise ValueError(f"compression {spec!r}: ef={value!r}; use ef=0 (no error "

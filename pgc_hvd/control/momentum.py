@@ -49,8 +49,19 @@ import contextlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-__all__ = ["MomentumCorrection", "implicit_momentum", "momentum_correction", "compensated",
-           "parse_momentum_correction"]
+__all__ = ["MomentumCorrection", "applies_to", "implicit_momentum", "momentum_correction",
+           "compensated", "parse_momentum_correction"]
+
+
+def applies_to(scheme) -> bool:
+    """Whether the correction acts on ``scheme``'s updates: the pipelined schemes (PGC-FR,
+    PGC-CR, PGC-BCGC), whose message sums a partition's evaluations at the last c models -- an
+    average over time, which is momentum. Not bounded staleness: its table holds ONE gradient
+    per shard, delayed by up to c - 1 versions but never averaged with a fresher one, and the
+    correction measured worse there (digits CNN, n = 4, s = 1, log-normal delays with long
+    stragglers, SGD momentum 0.9: 181-281 steps to 95% with it against 151-196 without, 3 seeds;
+    docs/control.md). Exact schemes have no stale gradient (a = 0: nothing to correct)."""
+    return bool(scheme.pipelined)
 
 
 def implicit_momentum(mean_age: Optional[float]) -> float:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from pgc_hvd.options import split_spec
+
 from .models import (Constant, DelayModel, Exponential, FixedStragglers, Heterogeneous,
                      LogNormal, LongStraggler, Pareto, PerWorker, Scaled, SlowWorker, Sum, Zero)
 from .traces import DelayTrace, Replay
@@ -95,19 +97,16 @@ def parse_delay(text: str) -> DelayModel:
     parts = []
     for comp in text.split("+"):
         comp = comp.strip()
-        name, _, args = comp.partition(":")
-        name = _ALIASES.get(name.strip().lower(), name.strip().lower())
+        name, _, items = split_spec(comp)
+        name = _ALIASES.get(name.lower(), name.lower())
         if name not in _SIMPLE:
             raise ValueError(f"unknown delay model {name!r} in {text!r}; known: {sorted(_SIMPLE)}")
         kwargs: dict[str, float] = {}
-        for i, a in enumerate(x for x in args.split(",") if x.strip()):
-            if "=" in a:
-                k, v = a.split("=", 1)
-                k = k.strip()
-            else:
+        for i, part in enumerate(items):
+            k, v = part.key, part.value
+            if k is None:
                 k = {"const": "value", "exp": "mean", "lognormal": "mu", "pareto": "shape",
                      "straggler": "p", "fixed": "n", "slow": "worker"}[name]
-                v = a
                 if i != 0:
                     raise ValueError(f"positional value only allowed first, in {comp!r}")
             try:

@@ -1,5 +1,14 @@
 """The communication agent: one thread per rank that takes part in every collective on time.
 
+Owns the handoff with the training thread (the outbox of messages, the decided updates, the
+condition variable) and the decision loop (control rounds, the scheme's ``Round``). The data
+plane -- one decision in, one update out -- is :class:`~pgc_hvd.runtime.communicator.
+Communicator`; the control row's packing is :func:`pgc_hvd.runtime.wire.pack_row`; the control
+channel is built by :func:`pgc_hvd.runtime.channel.control_channel`. The agent never calls into
+the optimizer: it queues a :class:`Report` of each decided step, which the training thread
+turns into records. May import: ``compress``, ``schemes``, ``runtime.channel``,
+``runtime.communicator``, ``runtime.wire``.
+
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
 computing (or straggling) cannot be left out of a collective. So every rank runs this agent,
 which is never blocked by its rank's compute. A step is decided in two phases:
@@ -88,54 +97,22 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from pgc_hvd.compress.codecs import Codec, DenseCodec, fp16_finite
-from pgc_hvd.compress.transport import allreduce_bytes, alltoall_reduce_bytes, choose_collective
-from pgc_hvd.runtime.channel import AgentError, AllgatherChannel, Collectives, wait_for_handle
+from pgc_hvd.compress.codecs import Codec
+from pgc_hvd.runtime.communicator import Communicator
+from pgc_hvd.runtime.channel import AgentError, Collectives, control_channel, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE, CTRL_ERROR,
-                                  CTRL_FAILED, CTRL_FIXED, CTRL_LOSS, CTRL_PAYLOAD,
-                                  CTRL_READY_STEP, CTRL_READY_TIME, CTRL_VERSION, ctrl_len,
-                                  metric_values, metrics_at, slot_versions)
+                                  CTRL_FAILED, CTRL_LOSS, CTRL_READY_STEP, CTRL_READY_TIME,
+                                  CTRL_VERSION, ctrl_len, metric_values, metrics_at,
+                                  not_decided_message, pack_row, slot_versions, used_metrics)
 from pgc_hvd.schemes import Arrival, Decision
 
-__all__ = ["AgentError", "CommAgent", "Outgoing", "Update", "wait_for_handle"]
+__all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
 
 log = logging.getLogger("pgc_hvd.runtime")
-
-#: how a sum of fp16 contributions moves (module doc, :meth:`CommAgent._allreduce_narrow`)
-NARROW_REDUCE = ("auto", "alltoall", "allreduce")
-
-
-class BufferPool:
-    """Recycles flat float32 buffers of one size per size. A fresh buffer of tens of MB is
-    mmap'ed by the allocator and page-faulted (zeroed by the kernel) at its first write, every
-    step, which cost as much as a pass over it; the payload rows and decoded updates therefore
-    come from here and go back when the agent is done with them. At most ``keep`` free
-    buffers of each size are held, so memory stays bounded."""
-
-    def __init__(self, device, keep: int = 4):
-        self.device, self.keep = device, int(keep)
-        self._free: dict[tuple, list] = {}   # (numel, dtype) -> free buffers
-        self._lock = threading.Lock()
-
-    def get(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        with self._lock:
-            free = self._free.get((int(numel), dtype))
-            if free:
-                return free.pop()
-        return torch.empty(int(numel), dtype=dtype, device=self.device)
-
-    def put(self, buf: Optional[torch.Tensor]) -> None:
-        if buf is None or buf._base is not None or not buf.is_contiguous():
-            return   # views are not ours to recycle
-        with self._lock:
-            free = self._free.setdefault((buf.numel(), buf.dtype), [])
-            if len(free) < self.keep:
-                free.append(buf)
-
 
 @dataclass
 class Outgoing:
@@ -167,6 +144,22 @@ class Update:
     info: dict = field(default_factory=dict)
 
 
+@dataclass
+class Report:
+    """What a decided step's record needs, taken on the agent thread when the step is decided
+    (no d-vector): the decision, when, ``info`` as in :class:`Update`, each rank's busy seconds
+    during the step, the ranks whose message for the step was non-finite, and the staleness
+    bound c the decision was taken with (None for schemes whose c is fixed)."""
+
+    step: int
+    decision: Decision
+    time: float
+    info: dict
+    busy: list
+    nonfinite_ranks: list
+    c: Optional[int] = None
+
+
 class CommAgent:
     """Runs the control/data protocol for one rank in a background thread (see module doc).
 
@@ -176,8 +169,9 @@ class CommAgent:
 
     def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, codec: Codec, device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
-                 on_step: Optional[Callable[[Update, list], None]] = None, name: str = "pgc",
-                 replay: Optional[list] = None, optimistic: bool = False, channel=None,
+                 reports: bool = False, name: str = "pgc",
+                 replay: Optional[list] = None, optimistic: bool = False,
+                 control: str = "allgather", channel=None,
                  metrics: int = 0, narrow_reduce: str = "auto"):
         self.hvd = hvd
         self.scheme = scheme
@@ -190,7 +184,10 @@ class CommAgent:
         self.device = device
         self.poll_interval = float(poll_interval)
         self.timeout = float(timeout)
-        self.on_step = on_step
+        # reports: every decided step's Report is queued for the training thread
+        # (take_reports), which writes the records; the agent never calls into the optimizer
+        self.reports = bool(reports)
+        self._reports: list = []
         self.name = name
         self.step = int(start_step)          # the round being decided
         self._decided = int(start_step)      # number of steps decided (the next round's step)
@@ -201,7 +198,6 @@ class CommAgent:
         self._outbox: dict[int, Outgoing] = {}
         self._offered: set = set()            # (worker, step) already offered (same on all ranks)
         self._meta: dict = {}                 # (worker, step) -> loss from control rows
-        self._cache: dict = {}                # (worker, step) -> payload received with its row
         self._bad_seen: set = set()
         self.bad_log: list[tuple[int, int]] = []
         self._bad_step = -1
@@ -209,8 +205,6 @@ class CommAgent:
         self._done = False
         self._failed = False
         self.control_rounds = 0
-        self.data_rounds = 0
-        self._bytes_since = 0
         self._busy_prev = [0.0] * self.n
         self._c_request: Optional[int] = None   # rank 0: staleness bound to request
         self.c_changes: list[tuple[int, int]] = []
@@ -222,27 +216,18 @@ class CommAgent:
             raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
                              f"values each message carries in its control row (default 0)")
         self.metrics = int(metrics)
-        dev_type = torch.device(device).type if device is not None else "cpu"
-        if narrow_reduce not in NARROW_REDUCE:
-            raise ValueError(f"narrow_reduce={narrow_reduce!r}: use one of {NARROW_REDUCE} "
-                             f"(how an fp16 sum of contributions moves; 'auto' = 'alltoall' "
-                             f"on CPU, 'allreduce' on GPU)")
-        if narrow_reduce == "auto":
-            narrow_reduce = "alltoall" if dev_type == "cpu" else "allreduce"
-        self.narrow_reduce = narrow_reduce
         self._metric_at = metrics_at(self.ring_size)
         self._metric_meta: dict = {}         # (worker, step) -> its k metrics from control rows
         self.ctrl_len = ctrl_len(self.ring_size, self.metrics)  # float64 words per control row
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
         self.coll = Collectives(hvd, self.rank, name, self.timeout)
-        self.pool = BufferPool(device)
-        if channel is None:
-            dev = torch.device(device) if device is not None else torch.device("cpu")
-            if optimistic and dev.type != "cpu":
-                raise ValueError("optimistic one-collective steps need CPU payloads (the control "
-                                 "rows live on the CPU)")
-            channel = AllgatherChannel(self.coll, self.n, self.ctrl_len, self.width,
-                                       carries_payloads=bool(optimistic))
+        # the data plane (one decision in, one update out) and its recycled buffers
+        self.comm = Communicator(self.coll, codec, n=self.n, d=self.d, rank=self.rank,
+                                 device=device, own=self._own, narrow_reduce=narrow_reduce)
+        self.pool = self.comm.pool
+        if channel is None:   # the one builder of control channels (channel.control_channel)
+            channel = control_channel(control, self.coll, n=self.n, length=self.ctrl_len,
+                                      width=self.width, optimistic=optimistic, device=device)
         elif optimistic and not channel.carries_payloads:
             raise ValueError("control='store' exchanges control rows through a key-value "
                              "store, which cannot carry payloads: leave optimistic unset")
@@ -319,27 +304,14 @@ class CommAgent:
         self._raise_if_failed()
 
     def _not_decided(self, step: int, limit: float) -> str:
-        """Why ``step`` is not decided after ``limit`` seconds, naming the ranks it waits for."""
-        head = f"rank {self.rank}: step {step} was not decided within {limit:.0f}s (timeout)"
-        rows = self._last_rows
-        quiet = time.monotonic() - self._last_round_at
-        if self._ended_at is not None and step >= self._ended_at:
-            return (f"{head}: a rank's training loop ended at version {self._ended_at}, and no "
-                    f"step from there on is decided. Every rank must run the same number of "
-                    f"updates: give every rank's loop the same number of step() calls (each "
-                    f"applies one update), e.g. `for i in range(steps)` or `while "
-                    f"optimizer.version < steps`, not a loop that ends on time or on local "
-                    f"data")
-        if rows is None or quiet > min(limit / 2, 5.0 + 10 * self.poll_interval):
-            return (f"{head}: no control round has completed for {quiet:.0f}s, so a rank has "
-                    f"died or hung (its process is frozen; the allgather cannot tell which rank, "
-                    f"control='store' names it)")
+        """Why ``step`` is not decided after ``limit`` seconds (:func:`~pgc_hvd.runtime.wire.
+        not_decided_message`), naming the ranks it waits for."""
         rnd = self._round
-        arrived = set(rnd.arrived) if rnd is not None else set()
-        waiting = [w for w in range(self.n) if w not in arrived and rows[w][CTRL_DONE] <= 0]
-        return (f"{head}: the open round (step {self.step}) waits for ranks {waiting}, which are "
-                f"alive (their control rows keep coming) but have not delivered a message: they "
-                f"are slower than the timeout (raise timeout=) or their training loop hung")
+        return not_decided_message(
+            self.rank, step, limit, rows=self._last_rows, n=self.n,
+            quiet=time.monotonic() - self._last_round_at, ended_at=self._ended_at,
+            open_step=self.step, arrived=set(rnd.arrived) if rnd is not None else set(),
+            poll_interval=self.poll_interval)
 
     def wait_decided_beyond(self, step: int, seconds: float) -> bool:
         """Sleep up to ``seconds``, returning early (True) once ``step`` is decided."""
@@ -373,10 +345,38 @@ class CommAgent:
                 self.pool.put(self._updates.pop(k).flat)
             self._applied = max(self._applied, int(step))
 
+    def take_reports(self) -> list:
+        """The :class:`Report` of every step decided since the last call, in step order (empty
+        unless the agent was built with ``reports=True``)."""
+        with self.cond:
+            out, self._reports = self._reports, []
+        return out
+
+    def _report(self, update: Update, busy_step: list) -> "Report":
+        sch = self.scheme
+        return Report(update.step, update.decision, update.time, dict(update.info), busy_step,
+                      [w for w, k in self.bad_log if k == update.step],
+                      int(sch.staleness_bound) if sch.staleness_bound_adjustable else None)
+
     @property
     def held_updates(self) -> int:
         """Decided updates not yet released (bounded by how far this rank lags)."""
         return len(self._updates)
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the agent thread to stop; whether it has."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def cut_off(self) -> None:
+        """Make every later collective of this agent fail (:meth:`Collectives.cut_off`)."""
+        self.coll.cut_off()
+
+    @property
+    def running(self) -> bool:
+        """Whether the agent thread is alive."""
+        return self._thread.is_alive()
 
     def finish(self, timeout: Optional[float] = None) -> None:
         """This rank's loop is done: keep serving collectives until every rank is done."""
@@ -399,47 +399,31 @@ class CommAgent:
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
-            raise AgentError(str(self.error)) from self.error
+            raise AgentError(str(self.error), failed_ranks=getattr(self.error, "failed_ranks", ())
+                             ) from self.error
 
     # -- agent thread --------------------------------------------------------
     def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
-        """This rank's control row and, when its payload rides along, the message."""
-        row = self._row
-        row.fill_(-1.0)
+        """This rank's control row (:func:`~pgc_hvd.runtime.wire.pack_row`) and, when its
+        payload rides along, the message."""
         out_with_payload = None
         with self.cond:
             pending = sorted(k for k in self._outbox if (self.rank, k) not in self._offered)
-            if pending:
-                out = self._outbox[pending[0]]
-                row[CTRL_READY_STEP] = out.step
-                row[CTRL_VERSION] = out.version
-                row[CTRL_READY_TIME] = out.ready_time
-                row[CTRL_LOSS] = out.loss
-                row[CTRL_ERROR] = out.error_norm
-                for i, v in enumerate(out.slot_versions[: self.ring_size]):
-                    row[CTRL_FIXED + i] = v
-                for j in range(self.metrics):
-                    row[self._metric_at + j] = (float(out.metrics[j]) if out.metrics
-                                                else math.nan)
-                # optimistic: the payload goes with the first control row that shows the message,
-                # unless no decision can use it any more (a late message of an exact/pipelined
-                # scheme, which ignores arrivals for past steps)
-                if (self.optimistic and not out.sent and out.packed is not None
-                        and (out.step >= self.step or self._late_usable)):
-                    out.sent = True
-                    out_with_payload = out
-            else:
-                row[CTRL_LOSS] = math.nan
-                row[self._metric_at: self._metric_at + self.metrics] = math.nan
-            row[CTRL_BUSY] = self._busy_total
-            row[CTRL_BAD_STEP] = self._bad_step
+            out = self._outbox[pending[0]] if pending else None
+            # optimistic: the payload goes with the first control row that shows the message,
+            # unless no decision can use it any more (a late message of an exact/pipelined
+            # scheme, which ignores arrivals for past steps)
+            if (out is not None and self.optimistic and not out.sent and out.packed is not None
+                    and (out.step >= self.step or self._late_usable)):
+                out.sent = True
+                out_with_payload = out
             # done: 1 + the version the rank's loop ended at (no step at or past it is decided)
-            row[CTRL_DONE] = 1.0 + self._applied if self._done else 0.0
-            row[CTRL_FAILED] = 1.0 if self._failed else 0.0
-            row[CTRL_PAYLOAD] = 0.0 if out_with_payload is None else 1.0
-            if self.rank == 0 and self._c_request is not None:
-                row[CTRL_C_BOUND] = self._c_request
-        return row, out_with_payload
+            pack_row(self._row, out, ring_size=self.ring_size, metrics=self.metrics,
+                     busy=self._busy_total, bad_step=self._bad_step,
+                     done=1.0 + self._applied if self._done else 0.0, failed=self._failed,
+                     payload=out_with_payload is not None,
+                     c_request=self._c_request if self.rank == 0 else None)
+        return self._row, out_with_payload
 
     def _control_round(self) -> tuple[list, dict]:
         """One control exchange: every rank's control row (as lists of floats) and the payloads
@@ -447,7 +431,7 @@ class CommAgent:
         row, out = self._control_row()
         self.coll.step = self.step
         rows, payloads = self.channel.exchange(row, None if out is None else out.packed)
-        self._bytes_since += 8 * self.ctrl_len * (self.n - 1)
+        self.comm.bytes_since += 8 * self.ctrl_len * (self.n - 1)
         return rows, payloads
 
     def _run(self) -> None:
@@ -479,14 +463,11 @@ class CommAgent:
             ctl, payloads = self._control_round()
             self.control_rounds += 1
             self._last_rows, self._last_round_at = ctl, time.monotonic()
-            for key, p in payloads.items():
-                self._cache[key] = p
-                if key[0] != self.rank:
-                    self._bytes_since += p.numel() * p.element_size()
+            self.comm.received(payloads)
             failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
             if failed:
                 raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
-                                 f"stopping rank {self.rank}")
+                                 f"stopping rank {self.rank}", failed_ranks=failed)
             if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
                 return
             self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
@@ -547,9 +528,9 @@ class CommAgent:
             update = self._data_phase(decision, step_start)
             busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
             self._busy_prev = busy
-            if self.on_step is not None:
-                self.on_step(update, busy_step)
             with self.cond:
+                if self.reports:
+                    self._reports.append(self._report(update, busy_step))
                 self._updates[update.step] = update
                 self._decided += 1
                 self.cond.notify_all()
@@ -596,169 +577,21 @@ class CommAgent:
                 f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
                 f"(give every rank the same number of step() calls)")
 
-    def _own_payload(self, key) -> torch.Tensor:
+    def _own(self, step: int) -> Outgoing:
+        """This rank's message of ``step`` (the communicator reads own payloads here)."""
         with self.cond:
-            return self._outbox[key[1]].payload
-
-    def _contribution(self, mine: list, keep: set) -> torch.Tensor:
-        """This rank's sum_{u owned} a_u D(p_u) as a dense fp32 d-vector (zeros when it owns
-        none). A single dense use that no later decision needs is scaled in place, and its
-        buffer becomes the update (no copy, no new buffer)."""
-        codec = self.codec
-        if (len(mine) == 1 and isinstance(codec, DenseCodec)
-                and (mine[0].worker, mine[0].step) not in keep):
-            with self.cond:
-                out = self._outbox[mine[0].step]
-            if out.packed is not None and out.payload.data_ptr() == out.packed.data_ptr() \
-                    and out.packed.numel() == self.d:
-                out.consumed = True
-                return out.payload.mul_(float(mine[0].weight))
-        flat = self.pool.get(self.d)
-        codec.add_weighted(flat, [self._own_payload((u.worker, u.step)) for u in mine],
-                           [u.weight for u in mine])
-        return flat
-
-    def _allreduce_narrow(self, mine: list, keep: set) -> tuple[torch.Tensor, bool, int]:
-        """The sum over ranks of the contributions with the bytes in the codec's narrow
-        ``wire_dtype`` (fp16: half the bytes), c_r = this rank's sum_{u owned} a_u D(p_u),
-        rounded once to fp16 (:meth:`~pgc_hvd.compress.codecs.Fp16Codec.add_weighted_narrow`).
-        Two ways, both 2 (n-1)/n * 2d bytes received (``narrow_reduce``):
-
-        * ``"alltoall"`` (default on CPU): the n fp16 vectors are cut into n chunks of
-          m = ceil(d/n); an alltoall hands rank j the j-th chunk of every rank, rank j sums
-          them in fp32 in rank order and rounds once to fp16, and an allgather of the summed
-          chunks hands every rank the same fp16 update: fp16(sum_r fp16(c_r)), |error| <=
-          2^-11 (|g| + sum_r |c_r|) entrywise. Horovod's fp16 allreduce over Gloo on CPU
-          measured 3x slower than its fp32 one at d = 11.7M here (benchmarks/fp16_bytes.py):
-          the fp16 ring would lose more time than the bytes save; this sums with torch, in
-          fp32.
-        * ``"allreduce"`` (default on GPU, where NCCL sums fp16 natively): one in-place fp16
-          ring allreduce, Horovod's fp16 compression: each partial sum rounded to fp16,
-          |error| <= about (n + 1) 2^-11 sum_r |c_r|.
-
-        Returns ``(update, fell_back, bytes)``. When the summed fp16 update is not finite (a sum
-        passed 65504) every rank sees it (the same bits everywhere) and every rank repeats the
-        sum in fp32 from its contributions (the payloads are still in its outbox): one more
-        allreduce, this step only; an overflowed sum is never applied."""
-        codec, n, d = self.codec, self.n, self.d
-        payloads = [self._own_payload((u.worker, u.step)) for u in mine]
-        weights = [u.weight for u in mine]
-        chunk = -(-d // n) if self.narrow_reduce == "alltoall" else d
-        narrow = self.pool.get(chunk * n if self.narrow_reduce == "alltoall" else d,
-                               codec.wire_dtype)
-        spare: list = []                           # back to the pool once the sum is read
-        try:
-            scratch = self.pool.get(d) if len(mine) > 1 or codec.sparse else None
-            codec.add_weighted_narrow(narrow[:d], payloads, weights, scratch)
-            self.pool.put(scratch)
-            if self.narrow_reduce == "alltoall":
-                narrow[d:].zero_()
-                recv = self.pool.get(n * chunk, codec.wire_dtype)
-                spare.append(recv)
-                got = self.coll.alltoall(narrow, "a2a16", out=recv).view(n, chunk)
-                acc = self.pool.get(chunk)
-                acc.copy_(got[0])
-                for j in range(1, n):
-                    acc.add_(got[j])
-                mine16 = narrow[:chunk]            # reused: the alltoall's input is done with
-                mine16.copy_(acc)
-                self.pool.put(acc)
-                gathered = self.pool.get(n * chunk, codec.wire_dtype)
-                spare.append(gathered)
-                summed = self.coll.allgather(mine16, "ag16", out=gathered)[:d]
-                self.data_rounds += 1          # two collectives
-                nbytes = int(alltoall_reduce_bytes(n, d, codec.wire_itemsize))
-            else:
-                self.coll.allreduce_sum_(narrow, "sum16")
-                summed = narrow
-                nbytes = int(allreduce_bytes(n, d, codec.wire_itemsize))
-            if fp16_finite(summed):
-                flat = self.pool.get(d)
-                flat.copy_(summed)
-                return flat, False, nbytes
-        finally:
-            for buf in [narrow] + spare:
-                self.pool.put(buf)
-        if self.rank == 0:
-            log.warning("step %d: the fp16 sum of the contributions overflowed (beyond 65504); "
-                        "repeated in fp32 for this step", self.step)
-        flat = self._contribution(mine, keep)
-        self.coll.allreduce_sum_(flat, "sum")
-        self.data_rounds += 1
-        return flat, True, nbytes + int(allreduce_bytes(n, d))
-
-    def _used_metrics(self, uses) -> dict:
-        """The user metrics of the messages a decision used, from their control rows (the same
-        rows on every rank, so every rank gets the same values): ``metrics`` = per slot j, the
-        mean of the finite values x_{u,j} over the used messages u (NaN where none was finite),
-        ``metrics_count`` = how many were averaged per slot, ``metrics_from`` = the used
-        messages ``(worker, step)`` in that order."""
-        k = self.metrics
-        sums, counts = [0.0] * k, [0] * k
-        for u in uses:
-            vals = self._metric_meta.get((u.worker, u.step))
-            if vals is None:
-                continue
-            for j, x in enumerate(vals):
-                if math.isfinite(x):
-                    sums[j] += x
-                    counts[j] += 1
-        return {"metrics": tuple(sm / c if c else math.nan for sm, c in zip(sums, counts)),
-                "metrics_count": tuple(counts),
-                "metrics_from": tuple((u.worker, u.step) for u in uses)}
+            return self._outbox[step]
 
     def _data_phase(self, decision: Decision, step_start: float) -> Update:
-        """The decision's update g_hat = Re sum_u a_u D(p_u), through the collective
-        :func:`~pgc_hvd.compress.transport.choose_collective` picks (module doc): payloads
-        cached with their control rows are decoded locally by every rank; the missing ones move
-        in one allreduce of the owners' weighted contributions or one allgather of their rows."""
-        codec = self.codec
-        uses = sorted(decision.uses, key=lambda u: (u.worker, u.step))
-        missing = [u for u in uses if (u.worker, u.step) not in self._cache]
-        kind = choose_collective(sparse=codec.sparse, n=self.n, d=self.d, width=self.width,
-                                 needed=len(missing), itemsize=codec.wire_itemsize)
-        received: dict = {}
+        """The decision's update through the data plane (:class:`~pgc_hvd.runtime.
+        communicator.Communicator`), then this rank's outbox pruned (the buffers of the
+        messages no decision needs any more are recycled) and the update's ``info`` from the
+        control rows (losses, user metrics) and the communicator (bytes, collective)."""
         # what the scheme may use again (bounded staleness table): kept, by owner and in caches
         keep = self.scheme.retained()
-        fallback = False
-        if kind == "allreduce":
-            mine = [u for u in missing if u.worker == self.rank]
-            if codec.wire_dtype == torch.float32:
-                flat = self._contribution(mine, keep)
-                self.coll.allreduce_sum_(flat, "sum")
-                self._bytes_since += int(allreduce_bytes(self.n, self.d))
-            else:
-                flat, fallback, nbytes = self._allreduce_narrow(mine, keep)
-                self._bytes_since += nbytes
-            self.data_rounds += 1
-            cached = [u for u in uses if (u.worker, u.step) in self._cache]
-            if cached:
-                codec.add_weighted(flat, [self._cache[(u.worker, u.step)] for u in cached],
-                                   [u.weight for u in cached], accumulate=True)
-        else:
-            if kind == "allgather":
-                mine = [u for u in missing if u.worker == self.rank]
-                rows = [self._own_payload((u.worker, u.step)) for u in mine]
-                send = (torch.stack(rows) if rows else
-                        torch.zeros((0, self.width), dtype=torch.float32, device=self.device))
-                got = self.coll.allgather(send, "data")
-                self.data_rounds += 1
-                self._bytes_since += (got.numel() - send.numel()) * got.element_size()
-                for i, u in enumerate(missing):   # rank order = (worker, step) order
-                    received[(u.worker, u.step)] = got[i]
-            flat = self.pool.get(self.d)
-            rows = [self._cache.get((u.worker, u.step), received.get((u.worker, u.step)))
-                    for u in uses]
-            codec.add_weighted(flat, rows, [u.weight for u in uses])
+        comm = self.comm
+        flat, kind, fallback, uses = comm.combine(decision, keep, self._offered)
         now = time.time()
-        # keep only what the scheme may use again and payloads of messages not offered yet
-        # (shown in a control row after the decision fired); prune own outbox, recycling the
-        # buffers of the messages it no longer needs
-        for key, m in received.items():
-            if key in keep:
-                self._cache[key] = m
-        self._cache = {k: v for k, v in self._cache.items()
-                       if k in keep or (k not in self._offered and k[1] >= decision.step)}
         with self.cond:
             for k in list(self._outbox):
                 if (self.rank, k) in self._offered and (self.rank, k) not in keep:
@@ -769,12 +602,30 @@ class CommAgent:
         losses = [x for x in losses if math.isfinite(x)]
         info = {"loss": sum(losses) / len(losses) if losses else None,
                 "step_time": now - step_start, "control_rounds": self.control_rounds,
-                "data_rounds": self.data_rounds, "bytes": int(self._bytes_since),
+                "data_rounds": comm.data_rounds, "bytes": comm.take_bytes(),
                 "collective": kind}
-        if codec.wire_dtype != torch.float32:
+        if self.codec.wire_dtype != torch.float32:
             info["fp16_fallback"] = fallback
-            info["fp16_reduce"] = self.narrow_reduce if kind == "allreduce" else None
+            info["fp16_reduce"] = comm.narrow_reduce if kind == "allreduce" else None
         if self.metrics:
-            info.update(self._used_metrics(uses))
-        self._bytes_since = 0
+            info.update(used_metrics(uses, self._metric_meta, self.metrics))
         return Update(decision.step, flat, decision, now, info)
+
+    @property
+    def data_rounds(self) -> int:
+        """Data-phase collectives so far."""
+        return self.comm.data_rounds
+
+    @property
+    def narrow_reduce(self) -> str:
+        """How an fp16 sum of contributions moves (:data:`~pgc_hvd.runtime.communicator.
+        NARROW_REDUCE`)."""
+        return self.comm.narrow_reduce
+
+    def bookkeeping(self) -> dict:
+        """Sizes of every container the agent keeps (bounded whatever the run's length)."""
+        with self.cond:
+            return {"offered": len(self._offered), "meta": len(self._meta),
+                    "cache": len(self.comm.cache), "outbox": len(self._outbox),
+                    "updates": self.held_updates, "pool": self.pool.free_buffers,
+                    "bad_log": len(self.bad_log), "c_changes": len(self.c_changes)}

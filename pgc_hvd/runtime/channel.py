@@ -28,7 +28,14 @@ from pgc_hvd.runtime.wire import WireError, parse_packed
 
 
 class AgentError(RuntimeError):
-    """A fault the runtime cannot step past (dead/hung rank, failed rank, undecodable step)."""
+    """A fault the runtime cannot step past (dead/hung rank, failed rank, undecodable step).
+
+    ``failed_ranks``: the ranks whose training thread raised, when that is the fault (their
+    control rows said so); () otherwise. Read it, not the message text."""
+
+    def __init__(self, *args, failed_ranks=()):
+        super().__init__(*args)
+        self.failed_ranks = tuple(int(w) for w in failed_ranks)
 
 
 def wait_for_handle(hvd, handle, timeout: float) -> bool:
@@ -54,6 +61,12 @@ class Collectives:
         self.ops = 0
         self.step = 0          # the round being decided (for error messages)
         self._into = _output_entry_points(hvd)
+
+    def cut_off(self) -> None:
+        """Every later collective fails with AgentError (an abandoned world's agent that still
+        runs must never take part in the next world's collectives)."""
+        self.hvd = _Gone()
+        self._into = None
 
     def _run(self, kind: str, start):
         self.ops += 1
@@ -175,3 +188,33 @@ class LoopbackChannel:
 
     def close(self) -> None:
         pass
+
+
+class _Gone:
+    """Stands in for Horovod in an abandoned agent: every collective fails."""
+
+    def __getattr__(self, name):
+        def refuse(*args, **kwargs):
+            raise AgentError("pgc_hvd elastic: this agent's world was abandoned")
+        return refuse
+
+
+def control_channel(control: str, coll: Collectives, *, n: int, length: int, width: int,
+                    optimistic: bool = False, device=None):
+    """The control channel ``control`` names, for an agent whose collectives are ``coll``:
+    ``"allgather"`` (:class:`AllgatherChannel`; payloads ride along when ``optimistic``, CPU
+    payloads only) or ``"store"`` (:class:`~pgc_hvd.runtime.control_store.StoreChannel`, a
+    TCPStore served by rank 0; a collective: every rank must build it)."""
+    if control == "store":
+        if optimistic:
+            raise ValueError("control='store' exchanges control rows through a key-value "
+                             "store, which cannot carry payloads: leave optimistic unset")
+        from pgc_hvd.runtime.control_store import StoreChannel
+        return StoreChannel.create(coll.hvd, coll.rank, n, coll.name, coll.timeout)
+    if control != "allgather":
+        raise ValueError(f"control must be 'allgather' or 'store', got {control!r}")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if optimistic and dev.type != "cpu":
+        raise ValueError("optimistic one-collective steps need CPU payloads (the control "
+                         "rows live on the CPU)")
+    return AllgatherChannel(coll, n, length, width, carries_payloads=bool(optimistic))

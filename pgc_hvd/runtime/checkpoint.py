@@ -202,7 +202,7 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer) -> dict:
     file = _path(path, optimizer.rank)
     state, error = None, None
     try:
-        if getattr(optimizer, "_pgc_started", False):
+        if getattr(optimizer, "started", False):
             raise CheckpointError("load_checkpoint must be called before the first step()")
         state = read_checkpoint(file)
         check_model_state(state["model"], model, file)
@@ -242,7 +242,7 @@ def _gather(hvd, tensor: torch.Tensor, name: str, timeout: float, rank: int) -> 
 def _agree(optimizer, path, step, error) -> None:
     """Return when every rank's file passed its checks and all hold ``step``; else raise the
     same CheckpointError on every rank, naming each rank's problem."""
-    hvd, timeout, rank = optimizer._pgc_hvd, optimizer._pgc_timeout, optimizer.rank
+    hvd, timeout, rank = optimizer.hvd, optimizer.config.timeout, optimizer.rank
     text = (error or "").encode("utf-8")
     row = torch.tensor([[0 if error else 1, -1 if step is None else step, len(text)]],
                        dtype=torch.int64)

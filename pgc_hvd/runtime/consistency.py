@@ -39,7 +39,8 @@ from pgc_hvd.runtime.agent import AgentError
 
 class NonFiniteParameters(AgentError):
     """This rank's parameters hold NaN/Inf while the decoded updates are finite: they were
-    changed outside the optimizer; every rank stops (``DistributedOptimizer._pgc_check_params``)."""
+    changed outside the optimizer; every rank stops
+    (:meth:`pgc_hvd.runtime.faults.FaultMonitor.check_params`)."""
 
 #: why a field must agree, appended to the error when it differs
 HINTS = {
@@ -290,3 +291,131 @@ def compare_digests(hvd, version: int, digest: int, *, name: str, timeout: float
             f"parameters of some ranks (code that runs on one rank only, a different model or "
             f"initialisation without hvd.broadcast_parameters, a hardware fault). Do not save or "
             f"evaluate this model; restart from a checkpoint saved when the ranks agreed.")
+
+
+# -- the checks DistributedOptimizer runs, each once -----------------------------------------
+def check_construction(hvd, optimizer_class: type, param_groups, params, fields: dict, *,
+                       rank: int, n: int, timeout: float) -> None:
+    """Every rank compares everything that must agree across ranks before any scheme is built
+    (:func:`optimizer_fingerprint` of ``fields``, :func:`pgc_hvd.runtime.config.cross_rank_fields`);
+    a mismatch raises the same ValueError on every rank, naming each field that differs, the
+    ranks that differ from rank 0 and their values. The collectives are named ``pgc.config.*``
+    whatever ``name`` is, so a different ``name`` is reported, not waited on."""
+    fp = optimizer_fingerprint(optimizer_class, param_groups, params, **fields)
+    rows = gather_fingerprints(
+        hvd, fp, name="pgc.config", timeout=timeout, rank=rank,
+        what="the construction check of DistributedOptimizer (every rank must construct it)")
+    diffs = fingerprint_differences(rows)
+    if diffs:
+        raise ValueError(mismatch_message(
+            diffs, what="pgc_hvd.DistributedOptimizer",
+            fix=f"Every rank must build the optimizer with the same arguments, "
+                f"hyper-parameters and model: compute them from the same configuration, not "
+                f"from the rank (world size {n})."))
+
+
+def check_start(hvd, version: int, *, name: str, timeout: float, rank: int) -> None:
+    """Every rank starts at the same model version (one int64 allgather), or ValueError."""
+    versions = gather_versions(hvd, version, name=name, timeout=timeout, rank=rank)
+    if len(set(versions)) != 1:
+        by: dict = {}
+        for r, v in enumerate(versions):
+            by.setdefault(v, []).append(r)
+        listing = ", ".join(f"ranks {rs}: version {v}" for v, rs in sorted(by.items()))
+        raise ValueError(
+            f"pgc_hvd: the ranks start at different model versions ({listing}): "
+            f"a checkpoint was loaded on some ranks only. Load it on every rank "
+            f"(pgc_hvd.runtime.load_checkpoint), or load it on rank 0 and then call "
+            f"hvd.broadcast_parameters(model.state_dict(), 0) and "
+            f"hvd.broadcast_optimizer_state(optimizer, 0) on every rank before the first "
+            f"step")
+
+
+class LoaderCheck:
+    """Compares a loader's partitioning across ranks (:func:`loader_fingerprint`: class, n,
+    seed, batch size, partitions, samples and labels of a PartitionLoader) the first time a
+    loader object is passed to ``batches()``, and again whenever a loader with a partitioning
+    not compared before is passed: one collective on the training thread, so every rank must
+    pass its loaders in the same order; the same loader again costs nothing. A mismatch raises
+    the same ValueError on every rank naming the field and the ranks."""
+
+    def __init__(self, hvd, *, n: int, rank: int, name: str, timeout: float, scheme_name: str):
+        self.hvd, self.n, self.rank, self.name = hvd, int(n), int(rank), name
+        self.timeout, self.scheme_name = float(timeout), scheme_name
+        self._fps: list = []        # loader fingerprints already compared
+        self._last = None           # the loader last checked
+        self._bound: list = []      # loaders already bound (compared by identity)
+
+    def __call__(self, loader, bind: Optional[tuple] = None) -> None:
+        """Check ``loader`` (see the class doc); the first time, call its ``bind(*bind)`` if it
+        has one (``(scheme, rank)``: a prefetching loader then foresees the (partition, step)
+        pairs it will be asked for)."""
+        if loader is self._last:
+            return
+        n_parts = getattr(loader, "n", None)
+        if n_parts is not None and n_parts != self.n:
+            raise ValueError(f"pgc_hvd: the loader splits the data into n = {n_parts} partitions "
+                             f"but {self.scheme_name} runs on {self.n} ranks, one partition per "
+                             f"rank: build it with n=hvd.size()")
+        fp = loader_fingerprint(loader)
+        if fp not in self._fps:
+            k = len(self._fps)
+            rows = gather_fingerprints(
+                self.hvd, fp, name=f"{self.name}.loader.{k}", timeout=self.timeout,
+                rank=self.rank,
+                what=f"the comparison of loader {k} across ranks at its first batches() (every "
+                     f"rank must iterate optimizer.batches(loader) with its loaders in the same "
+                     f"order)")
+            diffs = fingerprint_differences(rows)
+            if diffs:
+                raise ValueError(mismatch_message(
+                    diffs, what="pgc_hvd: optimizer.batches(loader)", hint=LOADER_HINT,
+                    fix="Build the loader from the same data and arguments on every rank."))
+            self._fps.append(fp)
+        if bind is not None and not any(b is loader for b in self._bound):
+            fn = getattr(loader, "bind", None)
+            if callable(fn):
+                fn(*bind)
+            self._bound.append(loader)
+        self._last = loader
+
+
+def check_close(hvd, version: int, params, hyper: int, *, name: str, timeout: float,
+                rank: int, fault: Optional[BaseException] = None) -> None:
+    """``close()``'s comparison: the parameters' digests and the applied hyper-parameters'
+    digests (:func:`compare_digests`), then ``fault`` (this rank's own, raised after the
+    comparison the other ranks wait for), then AgentError on every rank when they differ."""
+    differ = compare_digests(hvd, version, tensors_digest(params), name=name, timeout=timeout,
+                             rank=rank)
+    hyper_differ = compare_digests(hvd, version, hyper, name=f"{name}.hyper", timeout=timeout,
+                                   rank=rank)
+    if fault is not None:
+        raise fault
+    if differ is not None and hyper_differ is not None:
+        differ += (" The hyper-parameters the updates were applied with (lr, momentum, "
+                   "...) also differ across ranks: a learning-rate change that depends "
+                   "on rank-local values (ReduceLROnPlateau on the rank's own loss, an "
+                   "lr set from wall time) trains a different model on each rank. Drive "
+                   "it from values every rank shares: the step count (optimizer.version "
+                   "or the loop counter: each step() applies one update) or "
+                   "optimizer.metrics (the decided step's mean loss).")
+    if differ is not None:
+        raise AgentError(differ)
+
+
+def final_versions(hvd, version: int, *, name: str, timeout: float, rank: int) -> list:
+    """``close()``'s agreement on the final version: every rank's loop-end version (the final
+    version is their max), with a RuntimeWarning when the loops ended at different versions
+    (the missing updates are then applied without the loop's per-step code)."""
+    ends = gather_versions(hvd, version, name=name, timeout=timeout, rank=rank,
+                           what="close()'s agreement on the final model version")
+    if len(set(ends)) > 1:
+        import warnings
+        warnings.warn(
+            f"pgc_hvd: the ranks' training loops ended at different versions "
+            f"({dict(enumerate(ends))}): close() applies the missing decided updates "
+            f"(up to {max(ends)}) without the loop's own per-step code (schedulers, "
+            f"clipping). Give every rank the same number of step() calls (each applies "
+            f"one update), e.g. `for i in range(steps)` or `while opt.version < steps`",
+            RuntimeWarning, stacklevel=3)
+    return ends

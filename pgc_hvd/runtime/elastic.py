@@ -123,21 +123,11 @@ def abandon(opt, join_timeout: float = 5.0) -> int:
     cut off, so that it can never take part in the next world's. Returns the version reached."""
     version = opt.abandon(join_timeout)
     agent = opt.agent
-    thread = getattr(agent, "_thread", None)
-    if thread is not None and thread.is_alive():
+    if agent.running:
         log.warning("pgc_hvd elastic: the old world's agent thread is still running after "
                     "%.0fs; its collectives are cut off", join_timeout)
-        agent.coll.hvd = _Gone()
+        agent.cut_off()
     return version
-
-
-class _Gone:
-    """Stands in for Horovod in an abandoned agent: every collective fails."""
-
-    def __getattr__(self, name):
-        def refuse(*args, **kwargs):
-            raise AgentError("pgc_hvd elastic: this agent's world was abandoned")
-        return refuse
 
 
 def _horovod_state_base():
@@ -382,7 +372,8 @@ def _check_timeouts(opt) -> None:
     """The optimizer's ``timeout`` must exceed gloo's: a dead rank must reach the survivors as
     Horovod's error (the world re-forms), not as pgc_hvd's timeout first (which ends the
     survivor's process, and Horovod then drops its host too)."""
-    control = getattr(getattr(opt, "_pgc_config", None), "control", "allgather")
+    config = getattr(opt, "config", None)   # DistributedOptimizer.config (RuntimeConfig)
+    control = getattr(config, "control", "allgather")
     if control != "allgather":
         raise ValueError(
             f"pgc_hvd elastic: control={control!r} exchanges the control rows through a store "
@@ -390,7 +381,7 @@ def _check_timeouts(opt) -> None:
             f"(and a dead rank 0 takes the store with it); use the default control='allgather' "
             f"in make_optimizer")
     gloo = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30"))
-    mine = getattr(opt, "_pgc_timeout", None)
+    mine = getattr(config, "timeout", None)
     if mine is not None and mine <= gloo:
         raise ValueError(
             f"pgc_hvd elastic: the optimizer's timeout ({mine:g} s) must be longer than "

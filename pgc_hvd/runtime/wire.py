@@ -1,5 +1,8 @@
 """The control row: what every rank tells the others each control round (float64 words).
 
+Owns the row's layout, its packing (:func:`pack_row`) and parsing, and what is read back from
+the rows alone (:func:`used_metrics`, :func:`not_decided_message`). May import: torch.
+
 ======================  ==========================================================================
 field                   meaning
 ======================  ==========================================================================
@@ -29,6 +32,8 @@ allgathered concatenation back into rows and payloads.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -70,6 +75,39 @@ def metric_values(row, ring_size: int, metrics: int) -> tuple:
     return tuple(float(v) for v in row[start: start + int(metrics)])
 
 
+def pack_row(row: torch.Tensor, out=None, *, ring_size: int, metrics: int = 0, busy: float = 0.0,
+             bad_step: int = -1, done: float = 0.0, failed: bool = False,
+             payload: bool = False, c_request=None) -> torch.Tensor:
+    """Write one control row into ``row`` (float64, ``ctrl_len(ring_size, metrics)`` words):
+    the message ``out`` (an :class:`~pgc_hvd.runtime.agent.Outgoing`: step, version, ready
+    time, loss, compression error, slot versions, user metrics; None: no message, -1 and nan)
+    and the rank's state (busy seconds, newest non-finite step, done = 1 + the version its loop
+    ended at or 0, failed, payload follows, rank 0's requested staleness bound or None)."""
+    row.fill_(-1.0)
+    at = metrics_at(ring_size)
+    if out is not None:
+        row[CTRL_READY_STEP] = out.step
+        row[CTRL_VERSION] = out.version
+        row[CTRL_READY_TIME] = out.ready_time
+        row[CTRL_LOSS] = out.loss
+        row[CTRL_ERROR] = out.error_norm
+        for i, v in enumerate(out.slot_versions[: ring_size]):
+            row[CTRL_FIXED + i] = v
+        for j in range(metrics):
+            row[at + j] = float(out.metrics[j]) if out.metrics else math.nan
+    else:
+        row[CTRL_LOSS] = math.nan
+        row[at: at + metrics] = math.nan
+    row[CTRL_BUSY] = busy
+    row[CTRL_BAD_STEP] = bad_step
+    row[CTRL_DONE] = done
+    row[CTRL_FAILED] = 1.0 if failed else 0.0
+    row[CTRL_PAYLOAD] = 1.0 if payload else 0.0
+    if c_request is not None:
+        row[CTRL_C_BOUND] = c_request
+    return row
+
+
 class WireError(RuntimeError):
     """An allgathered control tensor does not parse: ranks disagree on the layout."""
 
@@ -94,3 +132,46 @@ def parse_packed(got: torch.Tensor, n: int, length: int, width: int) -> tuple[li
         raise WireError(f"control allgather of {got.numel()} words does not parse ({off} "
                         f"expected): ranks disagree on the message layout")
     return rows, payloads
+
+
+def used_metrics(uses, metric_meta: dict, k: int) -> dict:
+    """The user metrics of the messages a decision used, from their control rows (the same
+    rows on every rank, so every rank gets the same values; ``metric_meta``: (worker, step) ->
+    its k values): ``metrics`` = per slot j, the mean of the finite values x_{u,j} over the used
+    messages u (NaN where none was finite), ``metrics_count`` = how many were averaged per
+    slot, ``metrics_from`` = the used messages ``(worker, step)`` in that order."""
+    sums, counts = [0.0] * k, [0] * k
+    for u in uses:
+        vals = metric_meta.get((u.worker, u.step))
+        if vals is None:
+            continue
+        for j, x in enumerate(vals):
+            if math.isfinite(x):
+                sums[j] += x
+                counts[j] += 1
+    return {"metrics": tuple(sm / c if c else math.nan for sm, c in zip(sums, counts)),
+            "metrics_count": tuple(counts),
+            "metrics_from": tuple((u.worker, u.step) for u in uses)}
+
+
+def not_decided_message(rank: int, step: int, limit: float, *, rows, n: int, quiet: float,
+                        ended_at, open_step: int, arrived: set, poll_interval: float) -> str:
+    """Why ``step`` is not decided after ``limit`` seconds, from what the last control rows
+    showed (``rows``, ``quiet`` seconds ago): a rank's loop ended (``ended_at``), no round
+    completes (a rank died or hung), or the open round waits for named ranks."""
+    head = f"rank {rank}: step {step} was not decided within {limit:.0f}s (timeout)"
+    if ended_at is not None and step >= ended_at:
+        return (f"{head}: a rank's training loop ended at version {ended_at}, and no "
+                f"step from there on is decided. Every rank must run the same number of "
+                f"updates: give every rank's loop the same number of step() calls (each "
+                f"applies one update), e.g. `for i in range(steps)` or `while "
+                f"optimizer.version < steps`, not a loop that ends on time or on local "
+                f"data")
+    if rows is None or quiet > min(limit / 2, 5.0 + 10 * poll_interval):
+        return (f"{head}: no control round has completed for {quiet:.0f}s, so a rank has "
+                f"died or hung (its process is frozen; the allgather cannot tell which rank, "
+                f"control='store' names it)")
+    waiting = [w for w in range(n) if w not in arrived and rows[w][CTRL_DONE] <= 0]
+    return (f"{head}: the open round (step {open_step}) waits for ranks {waiting}, which are "
+            f"alive (their control rows keep coming) but have not delivered a message: they "
+            f"are slower than the timeout (raise timeout=) or their training loop hung")

@@ -66,6 +66,7 @@ import numpy as np
 import torch
 
 from pgc_hvd.compress.transport import OPTIMISTIC_BYTES
+from pgc_hvd.options import split_spec
 
 PLANES = ("allgather", "allgather-2phase", "allreduce")
 FIT_FORMAT = "pgc_hvd.comm_fit/1"
@@ -295,21 +296,20 @@ def parse_comm_model(spec, **options):
     if isinstance(spec, CollectiveModel):
         return spec.replace(**options) if options else spec
     text = str(spec).strip()
-    kind, _, rest = text.partition(":")
-    kind = kind.strip().lower()
+    kind, rest, parts = split_spec(text)
+    kind = kind.lower()
     if kind == "fitted":
         if not rest.strip():
             raise ValueError("comm model 'fitted:' needs a path: fitted:comm.json")
         return load_fit(rest.strip(), **options)
     kv: dict = {}
-    for part in (x for x in rest.split(",") if x.strip()):
-        k, eq, v = part.partition("=")
+    for part in parts:
         try:
-            if not eq:
+            if part.key is None:
                 raise ValueError
-            kv[k.strip().lower()] = float(v)
+            kv[part.key.lower()] = float(part.value)
         except ValueError:
-            raise ValueError(f"comm model {text!r}: {part.strip()!r} is not KEY=NUMBER; e.g. "
+            raise ValueError(f"comm model {text!r}: {part.text!r} is not KEY=NUMBER; e.g. "
                              "ring:alpha=10e-6,gbps=25") from None
     if kind == "master":
         bad = sorted(set(kv) - {"alpha", "bandwidth", "serial"})

@@ -72,9 +72,10 @@ import numpy as np
 import torch
 
 import pgc_hvd.ops as ops
+from pgc_hvd.compress.message import coded_sum, topk_message
 from pgc_hvd.compress.topk import TopK
 from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
-from pgc_hvd.control.momentum import compensated
+from pgc_hvd.control.momentum import applies_to, compensated
 from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
 from pgc_hvd.metrics.diagnostics import error_decomposition, staleness_diagnostics
@@ -83,9 +84,6 @@ from pgc_hvd.schemes import Arrival, Ring, Scheme
 from .comm import CollectiveModel, CommModel, message_bytes, parse_comm_model
 from pgc_hvd.delays import DelayModel, as_delay_model, check_trace_covers, check_workers
 from .gradients import PartitionGradients
-
-# complex (RS) and fp64 messages: the compiled kernels are fp32, so those use the reference
-from pgc_hvd.ops.reference import topk_compress_ref as _topk_ref
 
 
 @dataclasses.dataclass
@@ -358,34 +356,21 @@ class Simulator:
         return [G[p] for G, p in entries]
 
     def _message(self, w: _Worker, plan):
+        """The worker's coded message (:func:`pgc_hvd.compress.message.coded_sum`) and, with
+        compression, its top-kappa (:func:`pgc_hvd.compress.message.topk_message`): the
+        message code both engines share."""
         form = w.ring.form(plan)
         slots = self._slot_rows(w, form.slots)
-        coefs = form.coefs
-        if form.complex:
-            dense = sum(complex(c) * s.to(torch.complex128 if s.dtype == torch.float64 else torch.complex64)
-                        for c, s in zip(coefs, slots))
-        elif slots[0].dtype == torch.float32:
-            dense = ops.coded_accumulate(torch.empty(self.d), slots, list(form.float_coefs))
-        else:
-            dense = sum(float(c) * s for c, s in zip(coefs, slots))
+        coefs = form.float_coefs if not form.complex and slots[0].dtype == torch.float32 \
+            else form.coefs
+        dense = coded_sum(slots, coefs, complex_code=form.complex)
         if self.kappa is None:
             return dense, dense, None
-        if dense.is_complex() or dense.dtype != torch.float32:
-            # the compiled kernels are fp32; complex (RS: by modulus) and fp64 use the reference
-            if self.cfg.uses_error_feedback:
-                raise ValueError("error feedback is implemented for real fp32 messages only: "
-                                 "compress complex (RS) or fp64 messages with error_feedback="
-                                 "False (--compression topk:R,ef=0)")
-            vals, idx = _topk_ref(dense, self.kappa)
-        elif self.cfg.uses_error_feedback:
-            if w.residual is None:
-                w.residual = torch.zeros(self.d)
-            vals, idx = ops.error_feedback_compress(dense, w.residual, self.kappa, index_dtype=torch.int32)
-        else:
-            vals, idx = ops.topk_compress(dense, self.kappa, index_dtype=torch.int32)
-        err = ops.compression_error_norm(dense, vals,
-                                         w.residual if self.cfg.uses_error_feedback else None)
-        return (vals, idx.to(torch.int32)), dense, err
+        ef = self.cfg.uses_error_feedback
+        if ef and w.residual is None and not dense.is_complex() and dense.dtype == torch.float32:
+            w.residual = torch.zeros(self.d)
+        vals, idx, err = topk_message(dense, self.kappa, error_feedback=ef, residual=w.residual)
+        return (vals, idx), dense, err
 
     # ------------------------------------------------------------------ decoder
     def _decode(self, decision) -> torch.Tensor:
@@ -421,7 +406,8 @@ class Simulator:
         gradient age (:mod:`pgc_hvd.control.momentum`); returns the record's fields of it."""
         for p, gv in self.layout.views(g_hat):
             p.grad = gv.clone().to(p.dtype)
-        with compensated(self.opt.param_groups, mean_age, self.cfg.momentum_correction) as corr:
+        enabled = self.cfg.momentum_correction and applies_to(self.scheme)
+        with compensated(self.opt.param_groups, mean_age, enabled) as corr:
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return corr.record()

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from pgc_hvd.options import split_spec
 from pgc_hvd.data import load_dataset, partition, standardize, train_test_split
 from pgc_hvd.metrics.diagnostics import delay_histogram
 from pgc_hvd.metrics.records import RecordWriter
@@ -29,19 +30,18 @@ from .engine import SimConfig, Simulator
 def make_optimizer(spec: Any) -> Callable:
     if callable(spec):
         return spec
-    name, _, args = str(spec).partition(":")
+    name, _, parts = split_spec(spec)
     kw: dict = {}
-    for a in (x for x in args.split(",") if x.strip()):
-        k, eq, v = a.partition("=")
-        v = v.strip()
+    for part in parts:
+        v = part.value
         try:
-            if not eq:
+            if part.key is None:
                 raise ValueError
-            kw[k.strip()] = (v.lower() == "true") if v.lower() in ("true", "false") else float(v)
+            kw[part.key] = (v.lower() == "true") if v.lower() in ("true", "false") else float(v)
         except ValueError:
-            raise ValueError(f"optimizer spec {spec!r}: {a.strip()!r} is not KEY=NUMBER (or "
+            raise ValueError(f"optimizer spec {spec!r}: {part.text!r} is not KEY=NUMBER (or "
                              "true/false); e.g. sgd:lr=0.5,momentum=0.9") from None
-    name = name.strip().lower()
+    name = name.lower()
     if name == "nesterov":
         kw.setdefault("momentum", 0.9)
         kw.setdefault("nesterov", True)

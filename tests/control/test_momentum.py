@@ -133,3 +133,28 @@ def test_parse_momentum_correction():
     with pytest.raises(ValueError, match="momentum_correction=0.5"):
         parse_momentum_correction(0.5)
     assert math.isfinite(implicit_momentum(1e9))
+
+
+def test_applies_to_the_pipelined_schemes_only():
+    from pgc_hvd.control.momentum import applies_to
+    from pgc_hvd.schemes import get_scheme
+    assert all(applies_to(get_scheme(name, 4, 1)) for name in ("pgc-cr", "pgc-fr", "pgc-bcgc"))
+    assert not any(applies_to(get_scheme(name, 4, s)) for name, s in (
+        ("dgd", 0), ("gc-cr", 1), ("is-sgd", 1), ("bcgc", 1), ("bounded-staleness", 1)))
+
+
+def test_simulator_applies_it_to_pgc_and_not_to_bounded_staleness():
+    from pgc_hvd.sim.run import simulate
+    for scheme, corrected in (("pgc-cr", True), ("bounded-staleness", False)):
+        recs, _ = simulate(scheme, 4, 1, dataset="iris", model="softmax", steps=12,
+                           optimizer="sgd:lr=0.1,momentum=0.9", delay="exp:mean=1,seed=3",
+                           partition_time=1.0, eval_every=0)
+        stale = [r for r in recs if r.mean_age]
+        assert stale, f"{scheme} used no stale gradient"
+        eff = {round(r.extra["effective_momentum"], 12) for r in stale}
+        if corrected:
+            assert max(eff) < 0.9 and all(
+                r.extra["implicit_momentum"] == pytest.approx(r.mean_age / (1 + r.mean_age))
+                for r in stale)
+        else:
+            assert eff == {0.9} and all(r.extra["implicit_momentum"] == 0.0 for r in stale)

@@ -115,7 +115,7 @@ def dataclasses_replace(cfg, **kw):
 def test_on_update_arity_detection():
     """The runtime passes the decision only to callbacks that take three positional arguments;
     two-argument on_update callbacks keep working."""
-    from pgc_hvd.runtime.optimizer import _takes_three
+    from pgc_hvd.runtime.config import takes_three as _takes_three
 
     class C:
         def two(self, step, flat): ...

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -36,7 +38,7 @@ def test_optimizer_timeout_must_exceed_gloo_timeout(monkeypatch):
     from pgc_hvd.runtime.elastic import _check_timeouts
 
     class Opt:
-        _pgc_timeout = 20.0
+        config = SimpleNamespace(timeout=20.0, control="allgather")
 
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "30")
     with pytest.raises(ValueError, match=r"timeout \(20 s\) must be longer than "
@@ -46,10 +48,7 @@ def test_optimizer_timeout_must_exceed_gloo_timeout(monkeypatch):
     _check_timeouts(Opt())
 
     class StoreOpt(Opt):
-        _pgc_timeout = 60.0
-
-        class _pgc_config:
-            control = "store"
+        config = SimpleNamespace(timeout=60.0, control="store")
 
     with pytest.raises(ValueError, match="control='store' exchanges the control rows"):
         _check_timeouts(StoreOpt())

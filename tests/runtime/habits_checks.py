@@ -21,6 +21,14 @@
                                          #   DataLoader) trains under dgd, is refused under pgc-cr
     python habits_checks.py metrics      # -np 3: opt.metrics: the decided step's mean loss and
                                          #   a user metric, the same on every rank
+    python habits_checks.py zero_grad    # -np 2: zero_grad() between the last backward and
+                                         #   step() raises as Horovod's does (dgd with the
+                                         #   user's loader, gc-cr in batches()); the gradient is
+                                         #   kept and step() still applies it
+    python habits_checks.py cancel       # -np 3: straggler_policy="cancel": the slow rank
+                                         #   abandons steps that fire without it (its delay cut
+                                         #   short), every loop ends at the same version with
+                                         #   identical parameters
     python habits_checks.py diverge      # -np 3: an lr set from a rank-local value: close()
                                          #   names the parameters and the hyper-parameters
 
@@ -33,6 +41,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 import warnings
 
 import horovod.torch as hvd
@@ -516,11 +525,76 @@ def check_diverge():
     ok("rank_local_lr_named")
 
 
+def check_zero_grad():
+    """Horovod raises on ``zero_grad()`` between ``backward()`` and ``step()``; so does this
+    optimizer (dgd would otherwise apply a zero update, gc-cr drop the last partition's
+    gradient from the message). The gradient is kept: the next step() applies it."""
+    n = hvd.size()
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(40, 6, generator=g)
+    y = (X[:, 0] > 0).long()
+    for scheme in ("dgd", "gc-cr"):
+        m = model()
+        before = [p.detach().clone() for p in m.parameters()]
+        opt = wrap(m, name=f"zg.{scheme}", scheme=scheme, delays=None)
+        loader = data(n)
+        for i in range(3):
+            opt.zero_grad()             # before the forward pass: fine
+            if scheme == "dgd":
+                xb, yb = X[10 * hvd.rank():10 * hvd.rank() + 10], y[10 * hvd.rank():][:10]
+                F.cross_entropy(m(xb), yb).backward()
+            else:
+                for xb, yb in opt.batches(loader):
+                    F.cross_entropy(m(xb), yb).backward()
+            # after the last backward, before step(): refused where this rank computed (a rank
+            # that catches up ran no backward, so p.grad holds nothing of the step)
+            computed = opt.computes
+            try:
+                opt.zero_grad()
+                if computed:
+                    print(f"NO-ERROR rank={hvd.rank()}", flush=True)
+            except AssertionError as err:
+                assert computed and "zero_grad() was called after loss.backward()" in str(err), \
+                    err
+                if i == 0:
+                    clear(err)
+            opt.step()
+        opt.close()
+        assert opt.version == 3
+        moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(m.parameters(), before))
+        assert moved > 0, f"{scheme}: the parameters never moved (a zero update was applied)"
+        same_on_all_ranks(m, f"zg.{scheme}")
+    ok("zero_grad_before_step_refused")
+
+
+def check_cancel():
+    """``straggler_policy="cancel"`` (the runtime's path; the simulator has its own test): rank
+    SLOW sleeps 2 s per message, far longer than the others' steps, so its steps fire without
+    it; it abandons them (the injected delay is cut short when the step is decided), sends
+    nothing for them, keeps its ring slots and moves on to the newest model. Every rank applies
+    every update; the parameters agree."""
+    steps = 8
+    m = model()
+    opt = wrap(m, name="cancel", straggler_policy="cancel", delays=slow_rank(2.0))
+    loader = data(hvd.size())
+    t0 = time.monotonic()
+    train_steps(m, opt, loader, steps)
+    took = time.monotonic() - t0
+    opt.close()
+    assert opt.version == steps, opt.version
+    if hvd.rank() == SLOW % hvd.size():
+        # without cancelling, every step this rank computes would sleep 2 s
+        assert took < 2.0 * steps / 2, f"the slow rank took {took:.2f}s: its delays were not cut"
+    same_on_all_ranks(m, "cancel")
+    ok("cancel_policy_runtime")
+
+
 def main():
     hvd.init()
     {"schedulers": check_schedulers, "clipping": check_clipping, "amp": check_amp,
      "surface": check_surface, "broadcast": check_broadcast, "own_loader": check_own_loader,
-     "diverge": check_diverge, "metrics": check_metrics}[sys.argv[1]]()
+     "diverge": check_diverge, "metrics": check_metrics, "zero_grad": check_zero_grad,
+     "cancel": check_cancel}[sys.argv[1]]()
 
 
 if __name__ == "__main__":

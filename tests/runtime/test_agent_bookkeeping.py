@@ -18,10 +18,7 @@ STEPS = 100_000
 
 
 def sizes(agent: CommAgent) -> dict:
-    return {"offered": len(agent._offered), "meta": len(agent._meta), "cache": len(agent._cache),
-            "outbox": len(agent._outbox), "updates": agent.held_updates,
-            "pool": sum(len(v) for v in agent.pool._free.values()),
-            "bad_log": len(agent.bad_log), "c_changes": len(agent.c_changes)}
+    return agent.bookkeeping()
 
 
 def test_bookkeeping_is_bounded_over_100k_decisions():

@@ -102,3 +102,23 @@ def test_metrics_read_from_the_control_rows(horovodrun):
     equal to the mean over the used messages of what their ranks sent, with no collective."""
     proc = horovodrun(3, SCRIPT, "metrics", timeout=180)
     assert _checks(proc, 3) >= {"metrics_from_control_rows"}, proc.stdout + proc.stderr
+
+
+@pytest.mark.multirank
+def test_zero_grad_between_backward_and_step_raises(horovodrun):
+    """zero_grad() after the last backward and before step() raises as Horovod's does, instead
+    of a zero update (dgd) or a message without the last partition (gc-cr); the gradient is
+    kept and step() applies it: the parameters move, identically on every rank."""
+    proc = horovodrun(2, SCRIPT, "zero_grad", timeout=240)
+    errors = _clear_errors(proc)
+    assert _checks(proc, 2) >= {"zero_grad_before_step_refused"}, proc.stdout + proc.stderr
+    assert len(errors) == 4 and all("AssertionError" in e for e in errors), errors
+
+
+@pytest.mark.multirank
+def test_cancel_policy_in_the_runtime(horovodrun):
+    """straggler_policy="cancel" on real ranks: the slow rank abandons the steps that fire
+    without it, its injected delays cut short; every rank ends at the same version with the
+    same parameters."""
+    proc = horovodrun(3, SCRIPT, "cancel", timeout=240)
+    assert _checks(proc, 3) >= {"cancel_policy_runtime"}, proc.stdout + proc.stderr

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from pgc_hvd.runtime.optimizer import TopK, _check_arguments
+from pgc_hvd.compress import TopK
+from pgc_hvd.runtime.config import _check_arguments
 from pgc_hvd.apps.train import main as train_main
 from pgc_hvd.delays import Exponential
 

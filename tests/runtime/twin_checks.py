@@ -62,9 +62,9 @@ def same_on_all_ranks(t: torch.Tensor, what: str):
 class RecordingSimulator(Simulator):
     """The simulator, keeping each decoded update g_hat_t it applies."""
 
-    def _apply(self, g_hat):
+    def _apply(self, g_hat, mean_age=None):
         self.decoded.append(g_hat.detach().clone())
-        super()._apply(g_hat)
+        return super()._apply(g_hat, mean_age)
 
 
 def simulate(scheme_name, train, parts, delay_seed=2, s=1, options=None, compress=None):
@@ -159,13 +159,13 @@ def check_min_error():
     errors = {}
 
     def spy(opt):
-        real = opt._pgc_payload
+        real = opt.encoder.encode
 
-        def payload(msg, out):
-            e = real(msg, out)
+        def payload(msg, out, **kw):
+            e = real(msg, out, **kw)
             errors[opt.version] = e
             return e
-        opt._pgc_payload = payload
+        opt.encoder.encode = payload
 
     decisions = check_twin("bcgc", s=s, options={"decoder": "min-error"}, compress=0.05,
                            tag="-min-error", spy=spy)
@@ -234,15 +234,15 @@ def check_compression(scheme_name="pgc-cr"):
     seen = []
 
     def spy(opt):
-        real = opt._pgc_payload
+        real = opt.encoder.encode
 
-        def payload(msg, out):
-            old = opt._pgc_residual.clone()
+        def payload(msg, out, **kw):
+            old = opt.encoder.residual.clone()
             m = msg.clone()
-            e = real(msg, out)
-            seen.append((opt.version, m, old, out.clone(), opt._pgc_residual.clone()))
+            e = real(msg, out, **kw)
+            seen.append((opt.version, m, old, out.clone(), opt.encoder.residual.clone()))
             return e
-        opt._pgc_payload = payload
+        opt.encoder.encode = payload
 
     model, updates, _, decisions = run_runtime(scheme_name, train, parts, order,
                                                compression=TopK(k=k), name="c-small", spy=spy)

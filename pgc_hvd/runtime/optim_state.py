@@ -1,0 +1,109 @@
+"""The optimizer's state-dict parts: what a resume needs besides torch's optimizer state.
+
+Owns the layout of the ``"pgc"`` part of ``state_dict()`` / of ``pgc_state_dict()`` (version,
+scheme, n, s, rank, ring buffers, slot versions, error-feedback residual, busy seconds,
+staleness bound, RNG states, delay-trace position), its restore into the parts that hold it
+(:class:`~pgc_hvd.runtime.capture.GradientCapture`, the message encoder), and torch's
+``load_state_dict`` done so that the param-group dicts a scheduler holds stay the optimizer's.
+The checks of a saved state are :mod:`pgc_hvd.runtime.checkpoint`'s.
+
+May import: numpy, torch, ``runtime.interop`` and ``runtime.checkpoint``'s checks. The
+optimizer itself is used through its public members only.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+import numpy as np
+import torch
+
+from pgc_hvd.runtime import interop
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(rng: dict) -> None:
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def pgc_part(version: int, scheme, rank: int, capture, encoder, busy: float,
+             c_bound: Optional[int], *, copy: bool = True) -> dict:
+    """This rank's ``"pgc"`` part (tensors cloned with ``copy``, referenced without)."""
+    keep = (lambda b: b.clone()) if copy else (lambda b: b)
+    residual = encoder.residual
+    return {
+        "version": int(version),
+        "scheme": scheme.name, "n": scheme.n, "s": scheme.s, "rank": int(rank),
+        "ring": [keep(b) for b in capture.ring],
+        "slot_versions": list(capture.worker_ring.versions),
+        "residual": None if residual is None else keep(residual),
+        "busy": busy,
+        "c_bound": c_bound,
+        "rng": rng_state(),
+        "trace_position": {"worker": int(rank), "step": int(version)},
+    }
+
+
+def restore_pgc_part(state: dict, capture, encoder) -> None:
+    """Ring buffers, slot versions, residual and RNG states of a checked ``"pgc"`` part."""
+    for b, saved in zip(capture.ring, state["ring"]):
+        b.copy_(saved)
+    capture.worker_ring.restore(state["slot_versions"])
+    if state.get("residual") is not None and encoder.residual is not None:
+        encoder.residual.copy_(state["residual"])
+    set_rng_state(state["rng"])
+
+
+def load_torch_state(optimizer, sd: dict, load) -> None:
+    """torch's ``load_state_dict`` (``load(sd)``, the wrapped class's method), keeping the
+    param-group dicts the user's optimizer shares with this one (torch replaces them; a
+    scheduler built before the wrap holds them)."""
+    shared = optimizer.param_groups
+    load(sd)
+    for mine, loaded in zip(shared, optimizer.param_groups):
+        params = mine["params"]
+        mine.clear()
+        mine.update(loaded)
+        mine["params"] = params
+    optimizer.param_groups = shared
+
+
+def load_state_dict(opt, state_dict: dict) -> None:
+    """``opt.load_state_dict(state_dict)`` (see its docstring), through ``opt``'s public
+    members: the torch part, then this rank's own ``"pgc"`` part in full
+    (``opt.load_pgc_state_dict``), or only the version (``opt.start_at``) for a state of
+    another rank of the same run; another world size or scheme is refused."""
+    from pgc_hvd.runtime.checkpoint import CheckpointError, check_same_run
+
+    sd = dict(state_dict)
+    groups = [dict(g) for g in sd.get("param_groups", [])]
+    version = interop.pop_version(groups)
+    sd["param_groups"] = groups
+    extra = sd.pop("pgc", None)
+    if (extra is not None or version is not None) and opt.started:
+        raise RuntimeError("pgc_hvd: load_state_dict() of a pgc_hvd state must come before "
+                           "the first step()")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise CheckpointError(f"the state dict's 'pgc' entry is {type(extra).__name__}, "
+                                  f"not the dict state_dict() writes")
+        check_same_run(extra, {"scheme": opt.scheme.name, "n": opt.n, "s": opt.scheme.s},
+                       "the optimizer state", keys=("scheme", "n", "s"))
+    if extra is not None and extra.get("rank") == opt.rank:
+        opt.load_pgc_state_dict({"optimizer": sd, **extra}, "the state dict")
+        return
+    opt.load_torch_state_dict(sd)
+    if extra is not None and version is None:
+        version = extra.get("version")
+    if version is not None:
+        opt.start_at(int(round(float(version))))
