@@ -59,7 +59,7 @@ def applies_to(scheme) -> bool:
     average over time, which is momentum. Not bounded staleness: its table holds ONE gradient
     per shard, delayed by up to c - 1 versions but never averaged with a fresher one, and the
     correction measured worse there (digits CNN, n = 4, s = 1, log-normal delays with long
-    stragglers, SGD momentum 0.9: 181-281 steps to 95% with it against 151-196 without, 3 seeds;
+    stragglers, SGD momentum 0.9: 216-261 steps to 95% with it against 151-206 without, 3 seeds;
     docs/control.md). Exact schemes have no stale gradient (a = 0: nothing to correct)."""
     return bool(scheme.pipelined)
 
