@@ -61,6 +61,7 @@ def run_one(scheme: str, optimizer: str, correction: str, seed: int, steps: int,
             delay: str = "exp:mean=1,seed={s}") -> dict:
     code = f"""
 import json, torch
+from pgc_hvd.metrics.targets import first_at_least
 from pgc_hvd.sim.run import simulate, prepare_data
 torch.set_num_threads(1)
 if {correction == 'force'}:      # the correction on a scheme outside its scope (--scope)
@@ -70,11 +71,10 @@ recs, summ = simulate({scheme!r}, 4, 1, dataset="digits", model="cnn", optimizer
     delay={delay.format(s=seed + 1)!r}, steps={steps}, seed={seed},
     data=prepare_data("digits", seed={seed}), batch_size=16, partition_time=1.0, eval_every=5,
     momentum_correction={correction != 'off'})
-curve = [(r.step + 1, r.time, r.extra["test_accuracy"]) for r in recs
-         if r.extra.get("test_accuracy") is not None]
+hits = {{tg: first_at_least(recs, tg) for tg in {TARGETS!r}}}
 ages = [r.mean_age for r in recs if r.mean_age is not None]
 eff = [r.extra["effective_momentum"] for r in recs if r.extra.get("effective_momentum") is not None]
-print("RESULT " + json.dumps(dict(curve=curve, mean_age=sum(ages) / max(len(ages), 1),
+print("RESULT " + json.dumps(dict(hits=list(hits.items()), mean_age=sum(ages) / max(len(ages), 1),
                                   effective_momentum=sum(eff) / len(eff) if eff else None)))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -83,9 +83,8 @@ print("RESULT " + json.dumps(dict(curve=curve, mean_age=sum(ages) / max(len(ages
         raise SystemExit(f"{scheme} {optimizer} seed {seed} failed:\n{out.stderr[-2000:]}")
     res = json.loads(line[0][7:])
     res.update(scheme=scheme, optimizer=optimizer, correction=correction, seed=seed)
-    for tg in TARGETS:
-        hit = next(((s, t) for s, t, a in res["curve"] if a >= tg), (None, None))
-        res[f"steps_{tg}"], res[f"time_{tg}"] = hit
+    for tg, (steps_to, time_to) in res.pop("hits"):
+        res[f"steps_{tg}"], res[f"time_{tg}"] = steps_to, time_to
     return res
 
 

@@ -151,17 +151,6 @@ def simulate_candidate(scheme, s, n, delay, tau, protocol, steps, model, dataset
     return recs, summ
 
 
-def _first_accuracy(recs, target: Optional[float]):
-    """(steps, time) at the first record whose validation accuracy reaches ``target``."""
-    if target is None:
-        return None, None
-    for r in recs:
-        a = r.extra.get("test_accuracy")
-        if a is not None and a >= target:
-            return r.step + 1, r.time
-    return None, None
-
-
 def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target=None,
            s_values=(1, 2), steps=None, partition_time=None, bootstrap=5, seed=0,
            progress=False, optimizer=None, momentum_correction=True,
@@ -170,7 +159,7 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
     plain SGD at ``lr``; ``momentum_correction``: as the runtime's (default on);
     ``target_accuracy``: rank by time to this validation accuracy instead of the loss."""
     import torch
-    from pgc_hvd.metrics.targets import first_reaching
+    from pgc_hvd.metrics.targets import first_at_least, first_reaching
     from pgc_hvd.sim.run import prepare_data
     torch.set_num_threads(1)
     obs = observations(Path(run_dir), partition_time)
@@ -196,7 +185,7 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
             rows.append({"scheme": scheme, "s": s, "error": str(e)[:120]})
             continue
         if target_accuracy is not None:
-            st, tt = _first_accuracy(recs, target_accuracy)
+            st, tt = first_at_least(recs, target_accuracy)
         else:
             st, tt = first_reaching(recs, target)
         rows.append({"scheme": scheme, "s": s, "time_per_step": summ["time_per_step"],

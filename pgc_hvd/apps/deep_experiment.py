@@ -51,9 +51,9 @@ from pathlib import Path
 import numpy as np
 
 from pgc_hvd.metrics.records import to_jsonable
-from pgc_hvd.metrics.targets import first_reaching
+from pgc_hvd.metrics.targets import first_at_least
 
-from .tables import fmt, log as _log, markdown_table
+from .tables import fmt, log as _log, markdown_table, write_experiment
 
 DATASET, MODEL = "mnist1d", "cnn1d"
 N = 12
@@ -121,14 +121,6 @@ def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
         add("pgc-cr", {}, s, "mom")
         add("pgc-cr", {}, s, "mom-off")
     return specs
-
-
-def first_at_least(recs, target: float, key: str = "test_accuracy"):
-    """(steps, time) at the first record whose ``key`` is >= ``target``
-    (:func:`~pgc_hvd.metrics.targets.first_reaching` on -key), or (None, None)."""
-    neg = [{"step": r.step, "time": r.time, "v": -r.extra[key]} for r in recs
-           if r.extra.get(key) is not None]
-    return first_reaching(neg, -target, key="v")
 
 
 def run_one(spec: dict, out: str, quick: bool, data_dir=None) -> dict:
@@ -365,23 +357,27 @@ def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
     data = _data(data_dir)          # generate / cache once before the pool starts
     specs = grid(quick, seeds, which, momentum_lr, max_steps, max_time)
     rows = []
-    done = open(out / "runs.jsonl", "w")   # each row as it comes (kept if tabulating fails)
-    if jobs > 1:
-        import multiprocessing as mp
-        with mp.get_context("spawn").Pool(jobs) as pool:
-            pending = [pool.apply_async(run_one, (sp, str(out), quick, data_dir)) for sp in specs]
-            for sp, p in zip(specs, pending):
-                rows.append(p.get())
-                done.write(json.dumps(to_jsonable({k: v for k, v in rows[-1].items() if k != "curve"})) + "\n")
-                done.flush()
-                _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {rows[-1]['wall_seconds']:.0f} s")
-    else:
-        for sp in specs:
-            rows.append(run_one(sp, str(out), quick, data_dir))
-            done.write(json.dumps(to_jsonable({k: v for k, v in rows[-1].items() if k != "curve"})) + "\n")
+
+    def results():
+        """The rows in the grid's order, from ``jobs`` processes or this one."""
+        if jobs > 1:
+            import multiprocessing as mp
+            with mp.get_context("spawn").Pool(jobs) as pool:
+                pending = [pool.apply_async(run_one, (sp, str(out), quick, data_dir))
+                           for sp in specs]
+                for p in pending:
+                    yield p.get()
+        else:
+            for sp in specs:
+                yield run_one(sp, str(out), quick, data_dir)
+
+    with open(out / "runs.jsonl", "w") as done:   # each row as it comes (kept if tabulating fails)
+        for sp, row in zip(specs, results()):
+            rows.append(row)
+            done.write(json.dumps(to_jsonable({k: v for k, v in row.items() if k != "curve"}))
+                       + "\n")
             done.flush()
-            _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {rows[-1]['wall_seconds']:.0f} s")
-    done.close()
+            _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {row['wall_seconds']:.0f} s")
     gs = groups(rows)
     cl = claims(gs, s=1 if quick else 3)
     stale_rows, curves = [], {}
@@ -444,9 +440,8 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     summary["wall_seconds"] = wall
     cmd = "pgc-hvd experiment deep " + " ".join(argv if argv is not None else sys.argv[1:])
-    (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=1))
-    (out / "table.md").write_text(f"# experiment deep{' (quick)' if a.quick else ''}\n\n"
-                                  f"command: `{cmd}`\n\n{md}\n\nwall time {wall:.1f} s\n")
+    write_experiment(out, f"experiment deep{' (quick)' if a.quick else ''}", summary, md, wall,
+                     command=cmd)
     print(md)
     _log(f"[deep] done in {wall:.1f} s -> {out}")
     return 0

@@ -27,7 +27,6 @@ entry per scheme and setting with the table's figures), ``table.md`` and ``plot.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -36,12 +35,11 @@ import numpy as np
 import torch
 
 from pgc_hvd.delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
-from pgc_hvd.metrics.records import to_jsonable
 from pgc_hvd.metrics.targets import first_reaching
 
 from pgc_hvd.sim.run import prepare_data, simulate
 
-from .tables import log as _log, table as _table
+from .tables import log as _log, table as _table, write_experiment
 
 
 # ------------------------------------------------------------------------------------- PGC
@@ -449,9 +447,8 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     summary = {"experiment": a.name, "quick": a.quick, "options": opts, "wall_seconds": wall,
                "runs": rows}
-    (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=1))
-    (out / "table.md").write_text(f"# experiment {a.name}{' (quick)' if a.quick else ''}\n\n"
-                                  f"{table}\n\nwall time {wall:.1f} s\n")
+    write_experiment(out, f"experiment {a.name}{' (quick)' if a.quick else ''}", summary, table,
+                     wall)
     print(table)
     _log(f"[{a.name}] done in {wall:.1f} s -> {out}")
     return 0

@@ -9,6 +9,17 @@ from typing import Iterable, Sequence
 import numpy as np
 
 
+def write_experiment(out, title: str, summary: dict, table_md: str, wall: float,
+                     command: str | None = None) -> None:
+    """An experiment's ``summary.json`` and ``table.md`` (title, the command when given, the
+    tables, the wall time) in folder ``out``."""
+    import json
+    from pgc_hvd.metrics.records import to_jsonable
+    (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=1))
+    cmd = f"command: `{command}`\n\n" if command else ""
+    (out / "table.md").write_text(f"# {title}\n\n{cmd}{table_md}\n\nwall time {wall:.1f} s\n")
+
+
 def log(msg: str) -> None:
     """A progress line on stderr (the tables go to stdout and files)."""
     print(msg, file=sys.stderr, flush=True)

@@ -17,6 +17,9 @@ The window is the one choice that differs between engines, and it is explicit at
   moving average of :data:`RUNTIME_WINDOW` = 5 steps.
 
 Keys other than the StepRecord fields (``test_loss`` for instance) are read from ``extra``.
+
+A metric that grows (validation accuracy) uses :func:`first_at_least`: the first record whose
+value is at or above the target, with the same ``(t + 1, time_t)`` convention.
 """
 
 from __future__ import annotations
@@ -61,5 +64,18 @@ def first_reaching(records: Iterable[Any], target: Optional[float], key: str = "
         if len(recent) > window:
             recent.pop(0)
         if len(recent) == window and sum(recent) / window <= target:
+            return int(_field(r, "step")) + 1, float(_field(r, "time"))
+    return None, None
+
+
+def first_at_least(records: Iterable[Any], target: Optional[float], key: str = "test_accuracy"
+                   ) -> Tuple[Optional[int], Optional[float]]:
+    """``(steps, time)`` at the first record whose ``key`` (default the validation accuracy) is
+    >= ``target``; records without it are skipped; ``target=None`` gives ``(None, None)``."""
+    if target is None:
+        return None, None
+    for r in records:
+        value = _field(r, key)
+        if value is not None and float(value) >= target:
             return int(_field(r, "step")) + 1, float(_field(r, "time"))
     return None, None

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pgc_hvd.metrics import RecordWriter, StepRecord, read_records
-from pgc_hvd.metrics.targets import RUNTIME_WINDOW, SIM_WINDOW, first_reaching
+from pgc_hvd.metrics.targets import RUNTIME_WINDOW, SIM_WINDOW, first_at_least, first_reaching
 
 LOSSES = [2.0, 1.0, 0.4, 0.9, 0.5, 0.45, 0.42, 0.41, 0.3, 0.2]
 
@@ -52,3 +52,16 @@ def test_no_target_and_bad_window():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="window"):
             first_reaching(_records(LOSSES), 0.4, window=bad)
+
+
+def test_first_at_least_is_the_first_record_at_or_above_target():
+    accs = [0.1, 0.5, None, 0.94, 0.95, 0.93, 0.97]
+    recs = [StepRecord(step=t, time=0.5 * (t + 1), extra={} if a is None else {"test_accuracy": a})
+            for t, a in enumerate(accs)]
+    assert first_at_least(recs, 0.95) == (5, 2.5)
+    assert first_at_least(recs, 0.5) == (2, 1.0)
+    assert first_at_least(recs, 0.99) == (None, None)
+    assert first_at_least(recs, None) == (None, None)
+    dicts = [{"step": t, "time": 1.0 * t, "extra": {"test_accuracy": a}}
+             for t, a in enumerate(accs) if a is not None]
+    assert first_at_least(dicts, 0.95) == (5, 4.0)
