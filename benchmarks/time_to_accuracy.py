@@ -26,7 +26,8 @@ schedule for every variant):
                  10-30 x compute straggler (the design note's pattern, scaled).
 
 Variants: ``hvd`` (``hvd.DistributedOptimizer``), and any pgc_hvd scheme name (s = 0 for
-``dgd``, 1 otherwise), ``NAME:off`` with ``momentum_correction=False``. One horovodrun launch
+``dgd``, 1 otherwise), ``NAME:off`` with ``momentum_correction=False``, ``NAME:KEY=VALUE`` with a scheme option
+(e.g. ``pgc-cr:decay=0.5``; flags chain: ``pgc-cr:off:decay=0.5``). One horovodrun launch
 per (pattern, optimizer, seed) runs every variant in turn on fresh models with the same
 initialisation. Printed: per variant, median over seeds of steps and training seconds to the
 target and their ratio to Horovod's (the median of the per-seed ratios), and time per step. A
@@ -113,7 +114,8 @@ def _train_one(variant: str, index: int, args, hvd, train, Xte, yte) -> dict:
     inner = make_optimizer(args.optimizer, model.parameters())
     spec = delay_spec(args.pattern, args.compute, args.seed)
     delays = parse_delay(spec) if spec else None
-    scheme, _, flag = variant.partition(":")
+    scheme, *flags = variant.split(":")
+    options = dict(f.split("=", 1) for f in flags if "=" in f)
     if scheme == "hvd":
         opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters())
         sampler = torch.utils.data.distributed.DistributedSampler(
@@ -124,8 +126,8 @@ def _train_one(variant: str, index: int, args, hvd, train, Xte, yte) -> dict:
     else:
         opt = pgc_hvd.DistributedOptimizer(
             inner, named_parameters=model.named_parameters(), scheme=scheme,
-            name=f"tta{index}",
-            momentum_correction=(flag != "off"))
+            name=f"tta{index}", scheme_options=options or None,
+            momentum_correction=("off" not in flags))
         loader = pgc_hvd.CodedLoader(train, n=n, batch_size=args.batch_size, seed=args.seed)
     trained, reached, acc, step = 0.0, None, _accuracy(model, Xte, yte), 0
     for step in range(1, args.max_steps + 1):

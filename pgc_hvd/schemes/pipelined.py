@@ -68,16 +68,38 @@ class PGCCRScheme(Scheme):
     uses_stale_gradients = True
     round_type = FirstKRound
 
-    def __init__(self, n: int, s: int):
+    def __init__(self, n: int, s: int, decay: float = 1.0):
         n, s = check_scheme_n_s(self.name, n, s)
         super().__init__(n, s)
+        decay = float(decay)
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"pgc-cr decay must be in [0, 1] (1: the paper's equal ring sum, "
+                             f"0: the fresh gradient only); got {decay}")
         self._supports = cyclic_supports(n, s)
         self.code = None
         self.wait_for = n - s
-        self.mu = (n - s) * (s + 1) / n
+        self.decay = decay
+        self.age_weighted = decay != 1.0
+        c = s + 1
+        self.ring_weight = sum(decay ** a for a in range(c))     # W = sum_{a<c} rho^a
+        self.mu = (n - s) * self.ring_weight / n
 
     def supports(self):
         return self._supports
+
+    def work_plan(self, worker: int, step: int):
+        plan = super().work_plan(worker, step)
+        if self.decay == 1.0:
+            return plan
+        c = len(plan.slot_partitions)
+        if step == 0:       # warm-up: every slot fresh; equal coefficients of the same sum W
+            coefs = [self.ring_weight / c] * c
+        else:               # slot (t-1-a) mod c was evaluated a steps ago
+            coefs = [0.0] * c
+            for a in range(c):
+                coefs[(step - 1 - a) % c] = self.decay ** a
+        return type(plan)(plan.worker, plan.step, plan.evaluate,
+                          tuple(enumerate(coefs)), plan.slot_partitions)
 
     def weights_for(self, workers, rnd):
         w = 1.0 / (self.n * self.mu)

@@ -298,7 +298,7 @@ class Round:
                 Use(w, self.step, self.arrivals[w].model_version, _scalar(x)) for w, x in weights.items()
             )
         info = dict(sch.effective_coefficients(uses))
-        info.update(_ages(self.step, uses, self.arrivals))
+        info.update(_ages(self.step, uses, self.arrivals, sch))
         info["n_used"] = len(uses)
         info["n_arrived"] = len(self.arrived)
         if extra:
@@ -309,17 +309,29 @@ class Round:
         )
 
 
-def _ages(step: int, uses: Sequence[Use], arrivals: Mapping[int, Arrival]) -> dict:
-    ages = []
+def _ages(step: int, uses: Sequence[Use], arrivals: Mapping[int, Arrival],
+          scheme: Optional["Scheme"] = None) -> dict:
+    """max and mean age of the entries the decision uses; the mean weighted by each entry's
+    |coefficient| in its message when the scheme's coefficients depend on age
+    (``Scheme.age_weighted``: PGC-CR with decay < 1), so that it is the mean age of the update."""
+    ages, wts = [], []
+    weighted = scheme is not None and scheme.age_weighted
     for u in uses:
         arr = arrivals.get(u.worker)
         if arr is not None and arr.step == u.step and arr.slot_versions:
             ages.extend(step - v for v in arr.slot_versions)
+            if weighted:
+                wts.extend(abs(c) for _, c in scheme.work_plan(u.worker, u.step).combine)
+            else:
+                wts.extend([1.0] * len(arr.slot_versions))
         else:
             ages.append(step - u.version)
+            wts.append(1.0)
     if not ages:
         return {"max_age": 0, "mean_age": 0.0}
-    return {"max_age": int(max(ages)), "mean_age": float(sum(ages) / len(ages))}
+    tot = float(sum(wts))
+    mean = sum(a * w for a, w in zip(ages, wts)) / tot if tot > 0 else 0.0
+    return {"max_age": int(max(ages)), "mean_age": float(mean)}
 
 
 class Scheme:
@@ -358,6 +370,7 @@ class Scheme:
     staleness_bound: Optional[int] = None
     staleness_bound_adjustable = False
     uses_stale_gradients = False
+    age_weighted = False
     round_type: type = Round
 
     def __init__(self, n: int, s: int):

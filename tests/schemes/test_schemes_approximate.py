@@ -177,3 +177,72 @@ def test_bounded_staleness_keeps_the_newest_version():
     rnd.offer(Arrival(0, 3, 3, np.ones(1)))
     rnd.offer(Arrival(0, 2, 2, np.zeros(1)))     # older version of shard 0: ignored
     assert scheme.table[0][2] == 3
+
+
+# -- PGC-CR with the ring weighted by age (decay rho) ------------------------------------------
+
+def _steady_rings(scheme, t, static=False, seed=3, dim=4):
+    """Every worker's ring after steps 0..t-1 with no straggler, and step t's arrivals."""
+    from scheme_test_helpers import GradientTable, Rings
+    grads = GradientTable(scheme.n, dim, np.random.default_rng(seed), static=static)
+    rings = Rings(scheme, grads)
+    for step in range(t):
+        for w in range(scheme.n):
+            rings.compute(w, step)
+    return grads, {w: rings.compute(w, t) for w in range(scheme.n)}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(3, 8), st.data())
+def test_pgc_cr_decay_unbiased_for_the_age_weighted_average(n, data):
+    # E over straggler sets of g^ = (1/(n W)) sum_k sum_{a<c} rho^a g_k^(t-a), W = sum_a rho^a:
+    # partition k is evaluated at t, t-1, ..., t-c+1 by its c holders (one each), and each
+    # holder's message weights its slot of age a by rho^a.
+    s = data.draw(st.integers(1, n - 1))
+    rho = data.draw(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]))
+    c, t = s + 1, 2 * (s + 1) + 1
+    scheme = get_scheme("pgc-cr", n, s, decay=rho)
+    grads, arrivals = _steady_rings(scheme, t)
+    W = sum(rho ** a for a in range(c))
+    want = sum(rho ** a * grads(k, t - a) for k in range(n) for a in range(c)) / (n * W)
+    total, count = 0.0, 0
+    for stragglers in itertools.combinations(range(n), s):
+        rnd = scheme.open_round(t)
+        d = None
+        for j in range(n):
+            if j not in stragglers:
+                d = rnd.offer(arrivals[j]) or d
+        total = total + rnd.combine(d)
+        count += 1
+        if rho < 1:
+            ages = [a for a in range(c)]
+            assert d.info["mean_age"] == pytest.approx(
+                sum(rho ** a * a for a in ages) / W, abs=1e-12)
+            assert d.info["max_age"] == c - 1
+    assert np.allclose(total / count, want, atol=1e-10)
+
+
+def test_pgc_cr_decay_one_is_the_paper_scheme_and_zero_keeps_only_fresh_gradients():
+    n, s, t = 12, 3, 9
+    paper, one = get_scheme("pgc-cr", n, s), get_scheme("pgc-cr", n, s, decay=1.0)
+    for w in range(n):
+        for step in range(6):
+            assert one.work_plan(w, step) == paper.work_plan(w, step)
+    zero = get_scheme("pgc-cr", n, s, decay=0.0)
+    grads, arrivals = _steady_rings(zero, t)
+    order = [4, 0, 7, 11, 2, 9, 5, 1, 3, 6, 8, 10]
+    d = zero.decide(t, [arrivals[j] for j in order])
+    used = order[: n - s]
+    fresh = [zero.work_plan(j, t).evaluate[0][0] for j in used]
+    assert np.allclose(d.combine({j: arrivals[j].message for j in used}),
+                       sum(grads(k, t) for k in fresh) / (n - s))
+    assert d.info["mean_age"] == 0.0
+    # warm-up (step 0): every slot fresh, the message still sums to W times a gradient
+    half = get_scheme("pgc-cr", n, s, decay=0.5)
+    assert sum(coef for _, coef in half.work_plan(3, 0).combine) == pytest.approx(1.875)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan")])
+def test_pgc_cr_decay_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match="decay must be in"):
+        get_scheme("pgc-cr", 6, 1, decay=bad)
