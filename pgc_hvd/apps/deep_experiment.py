@@ -70,6 +70,7 @@ SCHEMES = [("dgd", {}), ("is-sgd", {}), ("gc-cr", {}), ("is-gc", {"c": 2}), ("pg
            ("pgc-cr", {}), ("pgc-bcgc", {})]
 OPTIMIZERS = {"sgd": (SGD_PLAIN, True), "mom": (SGD_MOM, True), "mom-off": (SGD_MOM, False)}
 STALENESS_BUDGET = 200.0
+DECAYS = (1.0, 0.5, 0.25, 0.0)   # ``--grid decay``: PGC-CR's ring weighted by rho^age
 
 
 def optimizers(momentum_lr=None) -> dict:
@@ -84,14 +85,19 @@ def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
          max_steps: int = MAX_STEPS, max_time: float = MAX_TIME) -> list[dict]:
     """The runs (see the module docstring), one dict each; ``which="momentum"``: only DGD and
     PGC-CR at s = 3 with momentum 0.9, remedy on and off (``--grid momentum``, e.g. with
-    ``--momentum-lr``)."""
+    ``--momentum-lr``); ``which="decay"``: DGD, IS-SGD and PGC-CR with its ring weighted by
+    age, ``decay`` in ``DECAYS`` (1: the paper's; 0: fresh gradients only), s = 3, momentum 0.9
+    with the remedy (``--grid decay``)."""
     specs = []
     opt_specs = optimizers(momentum_lr)
 
-    def add(scheme, opts, s, opt, policy="continue"):
+    def add(scheme, opts, s, opt, policy="continue", named=False):
+        # named: the scheme's options are part of its name in the tables ("pgc-cr decay=0.5")
+        variant = scheme + "".join(f" {k}={v:g}" for k, v in opts.items()) if named else scheme
         for seed in range(1 if quick else seeds):
-            label = f"{scheme}_s{s}_{opt}_{policy}_seed{seed}"
-            specs.append({"scheme": scheme, "opts": opts, "s": s, "opt": opt, "policy": policy,
+            label = f"{variant.replace(' ', '_')}_s{s}_{opt}_{policy}_seed{seed}"
+            specs.append({"scheme": scheme, "variant": variant, "opts": opts, "s": s, "opt": opt,
+                          "policy": policy,
                           "seed": seed, "label": label, "optimizer": opt_specs[opt][0],
                           "correction": opt_specs[opt][1],
                           "max_steps": QUICK_STEPS if quick else int(max_steps),
@@ -109,6 +115,12 @@ def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
         add("dgd", {}, 3, "mom")
         add("pgc-cr", {}, 3, "mom")
         add("pgc-cr", {}, 3, "mom-off")
+        return specs
+    if which == "decay":
+        add("dgd", {}, 3, "mom")
+        add("is-sgd", {}, 3, "mom")
+        for rho in DECAYS:
+            add("pgc-cr", {"decay": rho}, 3, "mom", named=True)
         return specs
     for name, opts in SCHEMES:
         for opt in ("sgd", "mom"):
@@ -149,6 +161,7 @@ def run_one(spec: dict, out: str, quick: bool, data_dir=None) -> dict:
            if r.extra.get("effective_momentum") is not None]
     row = {k: spec[k] for k in ("scheme", "s", "opt", "policy", "seed", "label", "optimizer",
                                 "correction")}
+    row["scheme"] = spec.get("variant", spec["scheme"])
     row.update({k: summ[k] for k in ("steps", "time", "time_per_step", "grad_evals",
                                      "utilisation", "max_age", "err_total_mean",
                                      "err_coding_mean", "err_stale_mean")})
@@ -409,8 +422,9 @@ def main(argv=None) -> int:
                    "(default $PGC_HVD_CACHE or ~/.cache/pgc_hvd)")
     p.add_argument("--no-staleness", action="store_true", help="skip part 2 (the design note's "
                    "experiment)")
-    p.add_argument("--grid", choices=["full", "momentum"], default="full",
-                   help="momentum: DGD and PGC-CR at s = 3, momentum 0.9, remedy on and off only")
+    p.add_argument("--grid", choices=["full", "momentum", "decay"], default="full",
+                   help="momentum: DGD and PGC-CR at s = 3, momentum 0.9, remedy on and off only; "
+                   f"decay: DGD, IS-SGD and PGC-CR with decay in {DECAYS} at s = 3, momentum 0.9")
     p.add_argument("--momentum-lr", type=float, default=None,
                    help=f"lr of the momentum-0.9 runs (default: {SGD_MOM})")
     p.add_argument("--max-steps", type=int, default=MAX_STEPS,

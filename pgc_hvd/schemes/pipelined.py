@@ -17,6 +17,14 @@ which equals the GC message when nothing is stale.
   uniformly random straggler set this is unbiased for
   g-bar = (1/(nc)) sum_{i,j} g_i^{(s(t,i,j))} (eq. (2)), and partition k enters with
   total weight |N_k|/mu in [0, 2).
+  ``decay`` = rho in [0, 1] (default 1, the paper's) weights the ring slot of age a by rho^a:
+  m_j^(t) = sum_{a<c} rho^a g^{(t-a)}_{S_j[(t-1-a) mod c]}, and mu = (n-s)W/n with
+  W = sum_{a<c} rho^a. Partition k is evaluated at t, t-1, ..., t-c+1 by its c holders (one
+  each), so the decoder is unbiased for (1/(nW)) sum_k sum_{a<c} rho^a g_k^{(t-a)}; rho = 0
+  keeps only the n-s fresh gradients (IS-SGD with rotating partitions). Which rho is fastest
+  depends on the workload (docs/experiments.md, section 5: 1 on the convex softmax, 0.25-0.5 on
+  the digits CNN, 0 on MNIST-1D); the decision's ``mean_age`` is then the coefficient-weighted
+  mean (``age_weighted``), which the momentum correction reads.
 * naive PGC-CR: GC-CR's real coefficients c_{j,l} = B[j, (j+l) mod n] on the ring
   and GC-CR's decoding a_I; exact without staleness but the effective
   coefficients alpha_{m,k} = a_m c_{j_m,l} are unbounded (``alpha_min/max`` in
