@@ -46,7 +46,7 @@ Example::
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
         opt.step()
-    opt.close()
+    # no close() needed: the end of the script closes it (runtime.lifecycle)
 """
 
 from __future__ import annotations
@@ -60,13 +60,15 @@ import torch
 from pgc_hvd.compress.message import MessageEncoder
 from pgc_hvd.control.momentum import applies_to, compensated
 from pgc_hvd.flat_layout import FlatLayout
-from pgc_hvd.runtime import consistency, interop, optim_state
+from pgc_hvd.runtime import consistency, interop, lifecycle, optim_state
 from pgc_hvd.runtime.agent import AgentError, CommAgent
 from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     from_horovod, metric_values, parameter_names)
 from pgc_hvd.runtime.faults import FaultMonitor
 from pgc_hvd.runtime.planner import StepPlanner
+from pgc_hvd.runtime.replica_check import ReplicaDataCheck
+from pgc_hvd.runtime.replica_rng import ReplicaRNG, agree_seed
 from pgc_hvd.runtime.sender import MessageSender
 from pgc_hvd.runtime.staleness import StalenessKnob
 from pgc_hvd.runtime.step_records import StepRecorder
@@ -140,7 +142,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
             hvd, n=self.n, rank=self.rank, name=config.name, timeout=config.timeout,
             scheme_name=self.scheme.name)
         self._pgc_staleness = StalenessKnob(self.scheme, self._pgc_agent)
+        # the forward pass's randomness per (seed, partition, step); the first step's data
+        self._pgc_rng = ReplicaRNG(agree_seed(hvd, name=f"{config.name}.seed", rank=self.rank,
+                                              timeout=config.timeout), lay.device)
+        self._pgc_replicas = ReplicaDataCheck(self.n, self.rank)
         self._pgc_capture.attach()
+        self._pgc_serial = lifecycle.register(self)   # closed at exit if close() is not called
 
     # -- public parts and state --------------------------------------------------------------
     @property
@@ -175,6 +182,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def hvd(self):
         """The Horovod module (or stand-in) the optimizer runs on."""
         return self._pgc_hvd
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` (or :meth:`abandon`, :meth:`abort`) has run."""
+        return self._pgc_closed
 
     @property
     def started(self) -> bool:
@@ -270,7 +282,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
             if self._pgc_overtaken():
                 return  # straggler_policy="cancel": this step fired without us
             cap.begin(slot, plan, self.version)
-            yield loader.batch(partition, self.version)
+            batch = loader.batch(partition, self.version)
+            if not self._pgc_started:
+                self._pgc_replicas.note(partition, batch)
+            with self._pgc_rng.scope(partition, self.version):
+                yield batch
             if i + 1 < len(plan.evaluate) or not cap.got_grad:
                 cap.end_pending(plan, self.version)  # no backward: step() names the slot
             else:
@@ -356,8 +372,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
         """First step: take a version broadcast by ``hvd.broadcast_optimizer_state``, check that
         every rank starts at the same version (one int64 allgather), start the agent."""
         self._pgc_adopt()
-        consistency.check_start(self._pgc_hvd, self.version, timeout=self._pgc_config.timeout,
-                                name=f"{self._pgc_config.name}.start.version", rank=self.rank)
+        cfg = self._pgc_config
+        consistency.check_start(self._pgc_hvd, self.version, timeout=cfg.timeout,
+                                name=f"{cfg.name}.start.version", rank=self.rank)
+        self._pgc_replicas.check(self._pgc_hvd, step=self.version, name=f"{cfg.name}.replicas",
+                                 timeout=cfg.timeout)
         self._pgc_agent.start()
         self._pgc_started = True
 
@@ -446,8 +465,28 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_closed = True
         return int(self.version)
 
+    def abort(self) -> None:
+        """The training thread failed and will not step again: tell the other ranks (they stop
+        with an error naming this rank), remove the hooks, mark closed; no collective of the
+        training thread (what :mod:`~pgc_hvd.runtime.lifecycle` does at an exit by an uncaught
+        exception)."""
+        if self._pgc_closed:
+            return
+        self._pgc_closed = True
+        try:
+            self._pgc_faults.fail(self._pgc_started)
+        finally:
+            self._pgc_capture.remove_hooks()
+            self._pgc_recorder.close()
+
+    def __del__(self):
+        serial = getattr(self, "_pgc_serial", None)
+        if serial is not None:   # a construction that failed registered nothing
+            lifecycle.collected(self, serial)
+
     def close(self) -> None:
-        """End of training: serve collectives until every rank is done (every agent stops at the
+        """End of training (not needed: an optimizer not closed is closed at exit, at
+        ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`): serve collectives until every rank is done (every agent stops at the
         same control round, so all hold the same decisions), agree on the final version
         V = max_r version_r (:func:`~pgc_hvd.runtime.consistency.final_versions`), apply the
         decided updates up to V (a rank that left its loop early catches up; a step decided
