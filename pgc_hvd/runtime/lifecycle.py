@@ -79,6 +79,13 @@ def collected(opt, serial: int) -> None:
         pass
 
 
+def kept() -> list:
+    """The optimizers collected before they were closed, waiting for exit or
+    ``hvd.shutdown()``, in construction order."""
+    with _lock:
+        return [_kept[k] for k in sorted(_kept)]
+
+
 def unclosed(hvd=None) -> list:
     """The registered optimizers not closed yet (of Horovod module ``hvd`` when given), in
     construction order."""

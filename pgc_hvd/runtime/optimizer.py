@@ -52,6 +52,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -74,6 +75,21 @@ from pgc_hvd.runtime.staleness import StalenessKnob
 from pgc_hvd.runtime.step_records import StepRecorder
 from pgc_hvd.runtime.updates import UpdateApplier
 
+
+
+def _current_of(opt):
+    """``() -> (plan, version)`` of ``opt`` for the gradient hooks, holding it weakly: the hooks
+    live on the model's parameters, which must not keep the optimizer from being collected
+    (and closed, :mod:`~pgc_hvd.runtime.lifecycle`)."""
+    ref = weakref.ref(opt)
+
+    def current():
+        o = ref()
+        if o is None:
+            raise RuntimeError("pgc_hvd: a backward pass ran on a model whose optimizer was "
+                               "collected: keep the optimizer while the model trains")
+        return o.work_plan, o.version
+    return current
 
 
 class _PGCOptimizer(torch.optim.Optimizer):
@@ -109,7 +125,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_capture = GradientCapture(
             lay, worker_ring, ring_mode=bool(self.scheme.pipelined or worker_ring.complex),
             passes_per_step=config.backward_passes_per_step,
-            current=lambda: (self.work_plan, self.version),
+            current=_current_of(self),
             scheme=self.scheme, rank=self.rank, names=self._pgc_names)
         self._pgc_skip_sync = False        # inside skip_synchronize()
         self.catch_up_steps = 0            # step() calls that computed nothing (catching up)
