@@ -38,6 +38,7 @@ parameters, equal on every rank.
 """
 
 import argparse
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -268,6 +269,7 @@ def main(args):
         return correct / count
 
     accuracy = float("nan")
+    start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         train_epoch(epoch)
         accuracy = test(epoch)
@@ -275,6 +277,7 @@ def main(args):
     if hvd.rank() == 0:
         print(f"Final accuracy: {100.0 * accuracy:.2f}% after {optimizer.version} steps "
               f"({args.epochs} epochs)", flush=True)
+        print(f"Training time: {time.perf_counter() - start:.1f}s", flush=True)
     print(f"rank {hvd.rank()}: {optimizer.catch_up_steps} catch-up steps (decided without "
           f"this rank)", flush=True)
     print(f"PARAMS digest={tensors_digest(model.parameters()):016x} rank={hvd.rank()}", flush=True)
