@@ -24,14 +24,15 @@ the first of:
   every rank is done, no wait) and keeps the optimizer until exit or ``hvd.shutdown()`` closes it.
 
 An uncaught exception ended the script (``sys.last_value``, set by the interpreter before the
-atexit hooks run): the optimizers are not closed but aborted (``abort()``: the other ranks are
-told that this rank's training thread raised and stop with an error that names it, not one
-about a rank that died). An explicit ``close()`` (or ``abandon()``) makes all this a no-op: the
+atexit hooks run), or the optimizer's own step raised (``failed``: a check refused the first
+step on every rank, the agent stopped on an error): the optimizers are not closed but aborted
+(``abort()``: the other ranks are told that this rank's training thread raised and stop with an
+error that names it, not one about a rank that died). An explicit ``close()`` (or ``abandon()``) makes all this a no-op: the
 registry only holds optimizers whose ``closed`` is False.
 
 Runs on the training thread (``__del__``: any thread, no collective). May import nothing of
-``runtime``; the optimizers are used through their public members (``closed``, ``close``,
-``abort``, ``abandon``, ``agent``, ``hvd``).
+``runtime``; the optimizers are used through their public members (``closed``, ``failed``,
+``close``, ``abort``, ``abandon``, ``agent``, ``hvd``).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def close_all(hvd=None, *, failed: bool = False) -> list:
     errors = []
     for serial, opt in unclosed(hvd):
         try:
-            if failed:
+            if failed or opt.failed:
                 opt.abort()
             elif not _running(opt.hvd):   # Horovod already shut down: no collective possible
                 opt.abandon()

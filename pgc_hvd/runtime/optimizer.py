@@ -118,6 +118,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self.scheme = get_scheme(config.scheme, self.n, config.stragglers, **config.scheme_options)
         config.check_scheme(self.scheme)
         self._pgc_version, self._pgc_started, self._pgc_closed = 0, False, False
+        self._pgc_failed = False   # a step raised (the end of training aborts, not closes)
         worker_ring = Ring(self.scheme, self.rank)   # slot versions, plans, the unfilled-slot rule
         self._pgc_encoder = MessageEncoder(lay.numel, config.compression,
                                            complex_messages=worker_ring.complex,
@@ -203,6 +204,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def closed(self) -> bool:
         """Whether :meth:`close` (or :meth:`abandon`, :meth:`abort`) has run."""
         return self._pgc_closed
+
+    @property
+    def failed(self) -> bool:
+        """Whether a step raised here or the agent stopped on an error (the end of training
+        then aborts instead of closing, :mod:`~pgc_hvd.runtime.lifecycle`)."""
+        return self._pgc_failed or self._pgc_agent.error is not None
 
     @property
     def started(self) -> bool:
@@ -352,9 +359,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
             raise RuntimeError("pgc_hvd optimizer is closed")
         if self._pgc_capture.update_in_grad:
             return
-        if not self._pgc_started:
-            self._pgc_start()
         try:
+            if not self._pgc_started:
+                self._pgc_start()
             self.work_plan
             values = metric_values(self._pgc_config.metrics, metrics)
             if self._pgc_planner.computes:
@@ -367,8 +374,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 self._pgc_sender.stop_clock()
             self._pgc_agent.wait_for(self.version)
         except AgentError as err:
+            self._pgc_failed = True
             self._pgc_faults.raise_explained(err)
         except BaseException:
+            self._pgc_failed = True
             self._pgc_faults.fail(self._pgc_started)
             raise
         self._pgc_load_update()
@@ -502,8 +511,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     def close(self) -> None:
         """End of training (not needed: an optimizer not closed is closed at exit, at
-        ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`): serve collectives until every rank is done (every agent stops at the
-        same control round, so all hold the same decisions), agree on the final version
+        ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`): serve
+        collectives until every rank is done (every agent stops at the same control round, so all hold the same decisions), agree on the final version
         V = max_r version_r (:func:`~pgc_hvd.runtime.consistency.final_versions`), apply the
         decided updates up to V (a rank that left its loop early catches up; a step decided
         after every rank had left is applied by none), then compare the parameters' and the
