@@ -514,8 +514,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
         ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`): serve
         collectives until every rank is done (every agent stops at the same control round, so
         all hold the same decisions), agree on the final version V = max_r version_r
-        (:func:`~pgc_hvd.runtime.consistency.final_versions`), apply the decided updates up to V (a rank that left its loop early catches up; a step decided
-        after every rank had left is applied by none), then compare the parameters' and the
+        (:func:`~pgc_hvd.runtime.consistency.final_versions`), apply the decided updates up to
+        V (a rank that left its loop early catches up; a step decided after every rank had left
+        is applied by none), then compare the parameters' and the
         applied hyper-parameters' digests (:func:`~pgc_hvd.runtime.consistency.check_close`):
         a disagreement raises :class:`AgentError` on every rank naming the ranks."""
         if self._pgc_closed:
