@@ -9,8 +9,9 @@ what differs, and why:
 * Data. Nothing is downloaded: torchvision's MNIST is read when ``--data-dir`` holds it
   (``<data-dir>/MNIST/raw``), else scikit-learn's bundled 8x8 digits (1797 images) are used,
   80/20 split, and the net's convolutions are sized for 8x8 inputs.
-* The training set goes through ``pgc_hvd.data.CodedLoader`` instead of a DistributedSampler:
-  gradient coding replicates the n data partitions over the ranks, so the optimizer says which
+* The training ``DataLoader`` becomes a ``pgc_hvd.data.CodedLoader`` (``from_dataloader``: its
+  dataset and settings, the sampler replaced by the scheme's partitions): gradient coding
+  replicates the n data partitions over the ranks, so the optimizer says which
   partition(s) a rank evaluates at each step (``opt.batches(loader)``). ``len(loader)`` is the
   number of steps in an epoch.
 * Each ``opt.step()`` applies exactly one decided update (the average gradient decoded from the
@@ -19,8 +20,10 @@ what differs, and why:
   inner loop assumes a batch was computed.
 * Logging reads ``opt.metrics`` (the decided step's mean loss and accuracy, the same on every
   rank, no collective); an allreduce of the loss per batch would put the ranks back in lockstep.
-* Dropout: replicas of a partition must compute the same gradient, so the dropout masks are drawn
-  from a generator seeded by (seed, partition, step), not from each rank's own stream.
+* Dropout works unchanged: inside ``opt.batches()`` torch's generators are seeded by (seed,
+  partition, step), so the replicas of a partition draw the same masks (pgc_hvd does it).
+* No ``close()``: the end of the script closes the optimizer on every rank (catch-up and the
+  parameters compared across ranks, as ``close()`` does).
 * ``--use-adasum`` is kept, and refused: pgc_hvd raises a ValueError for ``op=hvd.Adasum``
   (Adasum needs every rank's gradient; gradient coding never waits for all of them).
 * ``--use-mixed-precision`` also runs on the CPU (bfloat16 autocast), with a GradScaler
@@ -35,6 +38,7 @@ parameters, equal on every rank.
 """
 
 import argparse
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -125,12 +129,6 @@ class Net(nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
-def partition_seed(seed, partition, step):
-    """The dropout seed of (partition, step): every replica of the partition draws the same
-    masks, so they compute the same gradient, as the code's exact decoding assumes."""
-    return (seed * 1_000_003 + partition * 10_007 + step) % (2 ** 63)
-
-
 def load_data(args):
     """(train dataset, test dataset, image size): torchvision's MNIST from --data-dir when it is
     there, else the 8x8 digits as TensorDatasets."""
@@ -175,9 +173,13 @@ def main(args):
     if (args.cuda and workers > 0 and hasattr(mp, "_supports_context") and mp._supports_context
             and "forkserver" in mp.get_all_start_methods()):
         kwargs["multiprocessing_context"] = "forkserver"
-    # the n partitions of the training set (the DistributedSampler's place)
-    train_loader = CodedLoader(train_dataset, n=hvd.size(), batch_size=args.batch_size,
-                               seed=args.seed, device=device, **kwargs)
+    # Horovod's loader, then the n partitions of the training set in the sampler's place
+    train_sampler = torch.utils.data.distributed.DistributedSampler(
+        train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
+    train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size,
+                                               sampler=train_sampler, **kwargs)
+    train_loader = CodedLoader.from_dataloader(train_loader, n=hvd.size(), seed=args.seed,
+                                               device=device)
     # testing: each rank evaluates its own shard; the sums are allreduced
     test_shard = torch.utils.data.Subset(test_dataset,
                                          range(hvd.rank(), len(test_dataset), hvd.size()))
@@ -220,8 +222,6 @@ def main(args):
             losses, accs = [], []
             # the partitions this rank evaluates now (none while it catches up)
             for data, target in optimizer.batches(train_loader):
-                torch.manual_seed(partition_seed(args.seed, optimizer.current_partition,
-                                                 optimizer.version))
                 with torch.autocast(amp_device, dtype=amp_dtype, enabled=scaler is not None):
                     output = model(data)
                     loss = F.nll_loss(output, target)
@@ -269,14 +269,15 @@ def main(args):
         return correct / count
 
     accuracy = float("nan")
+    start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         train_epoch(epoch)
         accuracy = test(epoch)
 
-    optimizer.close()   # every rank at the same final version; parameters compared
     if hvd.rank() == 0:
         print(f"Final accuracy: {100.0 * accuracy:.2f}% after {optimizer.version} steps "
               f"({args.epochs} epochs)", flush=True)
+        print(f"Training time: {time.perf_counter() - start:.1f}s", flush=True)
     print(f"rank {hvd.rank()}: {optimizer.catch_up_steps} catch-up steps (decided without "
           f"this rank)", flush=True)
     print(f"PARAMS digest={tensors_digest(model.parameters()):016x} rank={hvd.rank()}", flush=True)

@@ -378,12 +378,18 @@ class CommAgent:
         """Whether the agent thread is alive."""
         return self._thread.is_alive()
 
-    def finish(self, timeout: Optional[float] = None) -> None:
-        """This rank's loop is done: keep serving collectives until every rank is done."""
+    def leave(self) -> None:
+        """This rank's loop is done (at the version the training thread has applied): the
+        agent serves collectives until every rank is done, then stops; no wait (safe from a
+        finaliser, :mod:`pgc_hvd.runtime.lifecycle`)."""
         with self.cond:
             self._done = True
             self._wake = True
             self.cond.notify_all()
+
+    def finish(self, timeout: Optional[float] = None) -> None:
+        """This rank's loop is done: keep serving collectives until every rank is done."""
+        self.leave()
         self._thread.join(self.timeout if timeout is None else timeout)
         if self._thread.is_alive():
             raise AgentError(f"rank {self.rank}: the other ranks did not finish within "

@@ -184,6 +184,12 @@ def _wait(hvd, handle, timeout: float, what: str, rank: int):
     return hvd.synchronize(handle)
 
 
+def allgather_polled(hvd, tensor: torch.Tensor, *, name: str, timeout: float, rank: int,
+                     what: str) -> torch.Tensor:
+    """Every rank's ``tensor`` (rows concatenated in rank order), polled with ``timeout``."""
+    return _wait(hvd, hvd.allgather_async(tensor, name=name), timeout, what, rank)
+
+
 def gather_fingerprints(hvd, fingerprint: dict, *, name: str, timeout: float, rank: int,
                         what: str) -> list[dict]:
     """Every rank's ``fingerprint`` on every rank, in rank order: two allgathers (the byte

@@ -46,12 +46,13 @@ Example::
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
         opt.step()
-    opt.close()
+    # no close() needed: the end of the script closes it (runtime.lifecycle)
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -60,18 +61,35 @@ import torch
 from pgc_hvd.compress.message import MessageEncoder
 from pgc_hvd.control.momentum import applies_to, compensated
 from pgc_hvd.flat_layout import FlatLayout
-from pgc_hvd.runtime import consistency, interop, optim_state
+from pgc_hvd.runtime import consistency, interop, lifecycle, optim_state
 from pgc_hvd.runtime.agent import AgentError, CommAgent
 from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     from_horovod, metric_values, parameter_names)
 from pgc_hvd.runtime.faults import FaultMonitor
 from pgc_hvd.runtime.planner import StepPlanner
+from pgc_hvd.runtime.replica_check import ReplicaDataCheck
+from pgc_hvd.runtime.replica_rng import ReplicaRNG, agree_seed
 from pgc_hvd.runtime.sender import MessageSender
 from pgc_hvd.runtime.staleness import StalenessKnob
 from pgc_hvd.runtime.step_records import StepRecorder
 from pgc_hvd.runtime.updates import UpdateApplier
 
+
+
+def _current_of(opt):
+    """``() -> (plan, version)`` of ``opt`` for the gradient hooks, holding it weakly: the hooks
+    live on the model's parameters, which must not keep the optimizer from being collected
+    (and closed, :mod:`~pgc_hvd.runtime.lifecycle`)."""
+    ref = weakref.ref(opt)
+
+    def current():
+        o = ref()
+        if o is None:
+            raise RuntimeError("pgc_hvd: a backward pass ran on a model whose optimizer was "
+                               "collected: keep the optimizer while the model trains")
+        return o.work_plan, o.version
+    return current
 
 
 class _PGCOptimizer(torch.optim.Optimizer):
@@ -100,6 +118,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self.scheme = get_scheme(config.scheme, self.n, config.stragglers, **config.scheme_options)
         config.check_scheme(self.scheme)
         self._pgc_version, self._pgc_started, self._pgc_closed = 0, False, False
+        self._pgc_failed = False   # a step raised (the end of training aborts, not closes)
         worker_ring = Ring(self.scheme, self.rank)   # slot versions, plans, the unfilled-slot rule
         self._pgc_encoder = MessageEncoder(lay.numel, config.compression,
                                            complex_messages=worker_ring.complex,
@@ -107,7 +126,7 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_capture = GradientCapture(
             lay, worker_ring, ring_mode=bool(self.scheme.pipelined or worker_ring.complex),
             passes_per_step=config.backward_passes_per_step,
-            current=lambda: (self.work_plan, self.version),
+            current=_current_of(self),
             scheme=self.scheme, rank=self.rank, names=self._pgc_names)
         self._pgc_skip_sync = False        # inside skip_synchronize()
         self.catch_up_steps = 0            # step() calls that computed nothing (catching up)
@@ -140,7 +159,12 @@ class _PGCOptimizer(torch.optim.Optimizer):
             hvd, n=self.n, rank=self.rank, name=config.name, timeout=config.timeout,
             scheme_name=self.scheme.name)
         self._pgc_staleness = StalenessKnob(self.scheme, self._pgc_agent)
+        # the forward pass's randomness per (seed, partition, step); the first step's data
+        self._pgc_rng = ReplicaRNG(agree_seed(hvd, name=f"{config.name}.seed", rank=self.rank,
+                                              timeout=config.timeout), lay.device)
+        self._pgc_replicas = ReplicaDataCheck(self.n, self.rank)
         self._pgc_capture.attach()
+        self._pgc_serial = lifecycle.register(self)   # closed at exit if close() is not called
 
     # -- public parts and state --------------------------------------------------------------
     @property
@@ -175,6 +199,17 @@ class _PGCOptimizer(torch.optim.Optimizer):
     def hvd(self):
         """The Horovod module (or stand-in) the optimizer runs on."""
         return self._pgc_hvd
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` (or :meth:`abandon`, :meth:`abort`) has run."""
+        return self._pgc_closed
+
+    @property
+    def failed(self) -> bool:
+        """Whether a step raised here or the agent stopped on an error (the end of training
+        then aborts instead of closing, :mod:`~pgc_hvd.runtime.lifecycle`)."""
+        return self._pgc_failed or self._pgc_agent.error is not None
 
     @property
     def started(self) -> bool:
@@ -270,7 +305,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
             if self._pgc_overtaken():
                 return  # straggler_policy="cancel": this step fired without us
             cap.begin(slot, plan, self.version)
-            yield loader.batch(partition, self.version)
+            batch = loader.batch(partition, self.version)
+            if not self._pgc_started:
+                self._pgc_replicas.note(partition, batch)
+            with self._pgc_rng.scope(partition, self.version):
+                yield batch
             if i + 1 < len(plan.evaluate) or not cap.got_grad:
                 cap.end_pending(plan, self.version)  # no backward: step() names the slot
             else:
@@ -320,9 +359,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
             raise RuntimeError("pgc_hvd optimizer is closed")
         if self._pgc_capture.update_in_grad:
             return
-        if not self._pgc_started:
-            self._pgc_start()
         try:
+            if not self._pgc_started:
+                self._pgc_start()
             self.work_plan
             values = metric_values(self._pgc_config.metrics, metrics)
             if self._pgc_planner.computes:
@@ -335,8 +374,10 @@ class _PGCOptimizer(torch.optim.Optimizer):
                 self._pgc_sender.stop_clock()
             self._pgc_agent.wait_for(self.version)
         except AgentError as err:
+            self._pgc_failed = True
             self._pgc_faults.raise_explained(err)
         except BaseException:
+            self._pgc_failed = True
             self._pgc_faults.fail(self._pgc_started)
             raise
         self._pgc_load_update()
@@ -356,8 +397,11 @@ class _PGCOptimizer(torch.optim.Optimizer):
         """First step: take a version broadcast by ``hvd.broadcast_optimizer_state``, check that
         every rank starts at the same version (one int64 allgather), start the agent."""
         self._pgc_adopt()
-        consistency.check_start(self._pgc_hvd, self.version, timeout=self._pgc_config.timeout,
-                                name=f"{self._pgc_config.name}.start.version", rank=self.rank)
+        cfg = self._pgc_config
+        consistency.check_start(self._pgc_hvd, self.version, timeout=cfg.timeout,
+                                name=f"{cfg.name}.start.version", rank=self.rank)
+        self._pgc_replicas.check(self._pgc_hvd, step=self.version, name=f"{cfg.name}.replicas",
+                                 timeout=cfg.timeout)
         self._pgc_agent.start()
         self._pgc_started = True
 
@@ -446,12 +490,33 @@ class _PGCOptimizer(torch.optim.Optimizer):
         self._pgc_closed = True
         return int(self.version)
 
+    def abort(self) -> None:
+        """The training thread failed and will not step again: tell the other ranks (they stop
+        with an error naming this rank), remove the hooks, mark closed; no collective of the
+        training thread (what :mod:`~pgc_hvd.runtime.lifecycle` does at an exit by an uncaught
+        exception)."""
+        if self._pgc_closed:
+            return
+        self._pgc_closed = True
+        try:
+            self._pgc_faults.fail(self._pgc_started)
+        finally:
+            self._pgc_capture.remove_hooks()
+            self._pgc_recorder.close()
+
+    def __del__(self):
+        serial = getattr(self, "_pgc_serial", None)
+        if serial is not None:   # a construction that failed registered nothing
+            lifecycle.collected(self, serial)
+
     def close(self) -> None:
-        """End of training: serve collectives until every rank is done (every agent stops at the
-        same control round, so all hold the same decisions), agree on the final version
-        V = max_r version_r (:func:`~pgc_hvd.runtime.consistency.final_versions`), apply the
-        decided updates up to V (a rank that left its loop early catches up; a step decided
-        after every rank had left is applied by none), then compare the parameters' and the
+        """End of training (not needed: an optimizer not closed is closed at exit, at
+        ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`): serve
+        collectives until every rank is done (every agent stops at the same control round, so
+        all hold the same decisions), agree on the final version V = max_r version_r
+        (:func:`~pgc_hvd.runtime.consistency.final_versions`), apply the decided updates up to
+        V (a rank that left its loop early catches up; a step decided after every rank had left
+        is applied by none), then compare the parameters' and the
         applied hyper-parameters' digests (:func:`~pgc_hvd.runtime.consistency.check_close`):
         a disagreement raises :class:`AgentError` on every rank naming the ranks."""
         if self._pgc_closed:
