@@ -78,11 +78,12 @@ TWIN = HERE / "twin_checks.py"
 def test_runtime_replaying_simulated_arrivals_matches_simulator(horovodrun):
     """Given the same arrival pattern (the simulator's arrival log under seeded exponential +
     long-straggler delays, replayed by the agent), the runtime takes the same decisions and its
-    decoded updates and parameters match the simulator's within fp32 tolerance (pgc-cr, bcgc)."""
+    decoded updates and parameters match the simulator's within fp32 tolerance (pgc-cr, pgc-cr
+    with its ring weighted by age, bcgc)."""
     proc = horovodrun(4, TWIN, "twin", timeout=180)
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
-    assert {"twin_pgc-cr", "twin_bcgc"} <= checks
+    assert {"twin_pgc-cr", "twin_pgc-cr_decay", "twin_bcgc"} <= checks
 
 
 @pytest.mark.multirank

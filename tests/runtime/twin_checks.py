@@ -279,6 +279,7 @@ def main():
     mode = sys.argv[1]
     if mode == "twin":
         check_twin("pgc-cr")
+        check_twin("pgc-cr", options={"decay": 0.5}, tag="-decay")   # slots weighted by age
         check_twin("bcgc")
     elif mode == "min-error":
         check_min_error()
