@@ -116,6 +116,8 @@ def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
         add("pgc-cr", {}, 3, "mom")
         add("pgc-cr", {}, 3, "mom-off")
         return specs
+    if which == "staleness":        # part 2 only (run by :func:`run`)
+        return specs
     if which == "decay":
         add("dgd", {}, 3, "mom")
         add("is-sgd", {}, 3, "mom")
@@ -422,9 +424,10 @@ def main(argv=None) -> int:
                    "(default $PGC_HVD_CACHE or ~/.cache/pgc_hvd)")
     p.add_argument("--no-staleness", action="store_true", help="skip part 2 (the design note's "
                    "experiment)")
-    p.add_argument("--grid", choices=["full", "momentum", "decay"], default="full",
+    p.add_argument("--grid", choices=["full", "momentum", "decay", "staleness"], default="full",
                    help="momentum: DGD and PGC-CR at s = 3, momentum 0.9, remedy on and off only; "
-                   f"decay: DGD, IS-SGD and PGC-CR with decay in {DECAYS} at s = 3, momentum 0.9")
+                   f"decay: DGD, IS-SGD and PGC-CR with decay in {DECAYS} at s = 3, momentum 0.9; "
+                   "staleness: part 2 only (the design note's experiment)")
     p.add_argument("--momentum-lr", type=float, default=None,
                    help=f"lr of the momentum-0.9 runs (default: {SGD_MOM})")
     p.add_argument("--max-steps", type=int, default=MAX_STEPS,
@@ -449,7 +452,8 @@ def main(argv=None) -> int:
     (out / "records").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     summary, md = run(out, a.quick, a.seeds, a.jobs, a.data_dir,
-                      not a.no_staleness and a.grid == "full", a.grid, a.momentum_lr, a.max_steps,
+                      not a.no_staleness and a.grid in ("full", "staleness"), a.grid, a.momentum_lr,
+                      a.max_steps,
                       a.max_time)
     wall = time.perf_counter() - t0
     summary["wall_seconds"] = wall

@@ -306,7 +306,7 @@ STALENESS_COLS = [("variant", "variant"), ("time to target (s)", "time_to_target
                   ("max age", "max_age"), ("err_total", "err_total_mean"),
                   ("err_stale", "err_stale_mean"), ("err_coding", "err_coding_mean"),
                   ("||g_hat||^2", "g_hat_sq_mean"), ("L_hat", "L_hat_max_mean"),
-                  ("corr", "corr_min_mean")]
+                  ("corr", "corr_min_mean"), ("diverged at step", "diverged")]
 
 
 def staleness_delay():

@@ -250,6 +250,7 @@ class Simulator:
         self.version = 0
         self.store: dict[tuple[int, int], dict] = {}
         self.records: list[StepRecord] = []
+        self.diverged: Optional[int] = None   # the step at which the run diverged (non-finite)
         self.arrival_log: list[tuple[float, int, int]] = []  # (time, worker, step) at the decoder
         self.delays_seen: list[float] = []
         self.total_evals = 0
@@ -777,6 +778,17 @@ class Simulator:
             w.job = None
             self._start(w, t)
 
+    def _non_finite(self, decision) -> bool:
+        """Whether a message the decision uses holds Inf or NaN (the model has diverged: the
+        runtime stops with an error naming the rank and step; a simulated run ends, marked
+        ``diverged``)."""
+        for u in decision.uses:
+            m = self.store[(u.worker, u.step)]["payload"]
+            vals = m[0] if isinstance(m, tuple) else m
+            if not bool(torch.isfinite(vals).all()):
+                return True
+        return False
+
     def _emit(self, rec: StepRecord, t: float, clock: "_Progress") -> bool:
         """Keep and write a step's record; True when the run stops here."""
         cfg = self.cfg
@@ -794,6 +806,9 @@ class Simulator:
                 and rec.accuracy >= cfg.target_accuracy:
             return True
         if cfg.max_time is not None and t >= cfg.max_time:
+            return True
+        if not bool(torch.isfinite(self.snapshots[self.version]).all()):
+            self.diverged = step        # non-finite parameters: every later message would be
             return True
         return False
 
@@ -831,6 +846,10 @@ class Simulator:
                 decision = rnd.offer(arrival)
                 decide_seconds = _time.thread_time() - w0
             while decision is not None:
+                if self._non_finite(decision):
+                    self.diverged = step      # a used message is Inf / NaN: the run diverged
+                    step = cfg.steps
+                    break
                 rec = self._fire(rnd, decision, t, decide_seconds)
                 decide_seconds = 0.0
                 step += 1

@@ -132,6 +132,7 @@ def summarize(sim: Simulator, recs) -> dict:
         "utilisation": float(sim.busy_total.sum() / (sim.n * T)) if T > 0 else None,
         "max_age": int(max(ages)) if ages else 0,
         "delay_histogram": delay_histogram(sim.delays_seen),
+        "diverged": sim.diverged,   # the step at which the run diverged (None: it did not)
     }
     out["time_excl_decode"] = T - out["decode_time_total"]
     for k in ("err_total", "err_coding", "err_stale", "err_compress", "g_hat_sq", "disp_max",

@@ -168,3 +168,20 @@ def test_staleness_diagnostics_present(digits):
         assert r.extra["disp_max"] > 0 and -1 <= r.extra["corr_min"] <= 1 and r.extra["L_hat_max"] >= 0
         parts = r.extra["err_coding"] + r.extra["err_stale"] + r.extra["err_compress"]
         assert r.extra["err_total"] <= 3 * parts + 1e-12  # ||a+b+c||^2 <= 3 (|a|^2+|b|^2+|c|^2)
+
+
+def test_a_diverged_run_ends_marked_instead_of_raising(digits):
+    """lr 1e38 makes the gradients (then the parameters) non-finite within a few steps: the run
+    stops there with ``sim.diverged`` set instead of raising from the decoder, its records kept
+    up to that step; a healthy run has ``diverged`` None."""
+    tr, te = digits
+    task = build_task("softmax", tr, seed=0)
+    scheme = get_scheme("bounded-staleness", N, S, r=2, c=2)
+    sim = Simulator(scheme, task, tr, partition(tr.y, N, seed=0),
+                    lambda p: torch.optim.SGD(p, lr=1e38, momentum=0.9),
+                    SimConfig(steps=200, delay=Exponential(1.0, seed=1), partition_time=0.5),
+                    test=te)
+    recs = sim.run()
+    assert sim.diverged is not None and len(recs) <= sim.diverged < 200
+    healthy, _ = run(digits, "pgc-cr")
+    assert healthy.diverged is None
