@@ -345,7 +345,9 @@ def staleness_runs(out: Path, data, budget: float, model: str = "softmax",
     target = next((r.extra["test_loss"] for r in reversed(rows[0][1])
                    if r.extra.get("test_loss") is not None), None)
     out_rows = []
-    t_equal = min(summ["time"] for summ, _ in rows)
+    # equal time: the end of the shortest run that did not diverge (a diverged run ends early)
+    t_equal = min((summ["time"] for summ, _ in rows if summ.get("diverged") is None),
+                  default=min(summ["time"] for summ, _ in rows))
     for summ, recs in rows:
         st, tt = first_reaching(recs, target, key="test_loss")
         summ["target_test_loss"] = target
