@@ -1,6 +1,4 @@
-"""The README's quick start, runnable under either launcher:
-    horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python launch/quickstart.py
-    torchrun --nproc-per-node 4 launch/quickstart.py     (torch.distributed; Horovod not imported)"""
+"""The README's quick start, runnable: horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python launch/quickstart.py, or torchrun --nproc-per-node 4 launch/quickstart.py"""
 import torch
 from sklearn.datasets import load_digits
 
