@@ -1,10 +1,10 @@
-"""The README's quick start, runnable: horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python launch/quickstart.py"""
-import horovod.torch as hvd
+"""The README's quick start, runnable: horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python launch/quickstart.py, or torchrun --nproc-per-node 4 launch/quickstart.py"""
 import torch
 from sklearn.datasets import load_digits
 
 import pgc_hvd
 
+hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 hvd.init()
 torch.manual_seed(0)
 X, y = load_digits(return_X_y=True)         # shipped with scikit-learn: 1797 8x8 images

@@ -15,6 +15,8 @@
 #   7. checks: import pgc_hvd, pgc_hvd._C, horovod.torch; horovodrun --check-build lists
 #      PyTorch and Gloo
 # A second run on the same machine only verifies (and rebuilds pgc_hvd._C if csrc/ changed).
+# PGC_HVD_WITH_HOROVOD=0: skip step 4 and its checks (torchrun only: the torch engine,
+# pgc_hvd.torch, needs no Horovod; docs/install.md).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -91,7 +93,10 @@ step "4/7 horovod==$HOROVOD_VERSION (built from source against torch $TORCH_VERS
 horovod_ok() {
   have_version horovod "$HOROVOD_VERSION" && "$PY" -c 'import horovod.torch' 2>/dev/null
 }
-if ! horovod_ok; then
+WITH_HOROVOD="${PGC_HVD_WITH_HOROVOD:-1}"
+if [[ "$WITH_HOROVOD" == 0 ]]; then
+  echo "[setup]   skipped (PGC_HVD_WITH_HOROVOD=0: torchrun and pgc_hvd.torch only)"
+elif ! horovod_ok; then
   # A compiler wrapper that forces C++20 on every host C++ compile (nvcc passes its own
   # host flags through -Xcompiler and is not routed through this wrapper).
   WRAP_DIR="$VENV/pgc-hvd-cxx20"
@@ -163,6 +168,11 @@ fi
 
 # ---------------------------------------------------------------- 7. checks
 step "7/7 checks"
+if [[ "$WITH_HOROVOD" == 0 ]]; then
+  "$PY" -c 'import pgc_hvd, pgc_hvd._C, pgc_hvd.torch; print("[setup]   pgc_hvd", pgc_hvd.__version__, "(torch engine only) | CUDA kernels compiled:", pgc_hvd._C.cuda_compiled())'
+  echo "[setup] done in $(( $(date +%s) - t0 )) s; environment: $VENV"
+  exit 0
+fi
 "$PY" -c 'import pgc_hvd, pgc_hvd._C, horovod.torch; print("[setup]   pgc_hvd", pgc_hvd.__version__, "| CUDA kernels compiled:", pgc_hvd._C.cuda_compiled())'
 CHECK="$("$VENV/bin/horovodrun" --check-build 2>&1)"
 for want in PyTorch Gloo; do

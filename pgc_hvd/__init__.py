@@ -17,7 +17,7 @@ the same ``schemes``, which use ``codes`` (linear algebra) and ``ops`` (the comp
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "DistributedOptimizer", "CodedLoader"]
+__all__ = ["__version__", "DistributedOptimizer", "CodedLoader", "engine"]
 
 
 def __getattr__(name):
@@ -30,6 +30,8 @@ def __getattr__(name):
         from pgc_hvd.data.coded_loader import CodedLoader
 
         return CodedLoader
+    if name == "engine":     # the launcher's engine module: horovod.torch or pgc_hvd.torch
+        return _engine
     if name in _SUBPACKAGES:   # `pgc_hvd.data.CodedLoader` after a bare `import pgc_hvd`
         import importlib
 
@@ -39,3 +41,17 @@ def __getattr__(name):
 
 _SUBPACKAGES = ("apps", "codes", "compress", "control", "data", "delays", "metrics", "models",
                 "ops", "runtime", "schemes", "sim")
+
+
+def _engine(name=None):
+    """The engine module a launcher-agnostic script uses as ``hvd``: ``horovod.torch`` under
+    ``horovodrun``, :mod:`pgc_hvd.torch` (torch.distributed) under ``torchrun``
+    (:func:`pgc_hvd.runtime.engines.from_environment`); ``name``: ``"horovod"`` or ``"torch"``.
+    Not initialised: call its ``init()``."""
+    import importlib
+
+    from pgc_hvd.runtime.engines import from_environment
+    chosen = name or from_environment()
+    if chosen not in ("horovod", "torch"):
+        raise ValueError(f"engine must be 'horovod' or 'torch', got {name!r}")
+    return importlib.import_module("horovod.torch" if chosen == "horovod" else "pgc_hvd.torch")

@@ -3,7 +3,9 @@
 Markers (declared in pyproject.toml):
   * ``gpu``: needs a CUDA device; skipped cleanly when torch sees none.
   * ``multirank``: runs a script under ``horovodrun --gloo -np N -H localhost:N`` through the
-    :func:`horovodrun` fixture; skipped when horovod is not installed.
+    :func:`horovodrun` fixture (skipped when horovod is not installed), or under
+    ``torchrun --standalone --nproc-per-node N`` through the :func:`torchrun` fixture (the torch
+    engine; horovod hidden from the ranks by default).
   * ``bench``: pytest-benchmark suites, kept in ``benchmarks/`` (not collected by default).
 """
 
@@ -62,6 +64,54 @@ def horovodrun(tmp_path):
         full_env.setdefault("OMP_NUM_THREADS", "1")
         full_env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT)] + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        if env:
+            full_env.update(env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=full_env, cwd=str(tmp_path))
+        if check and proc.returncode != 0:
+            pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
+                        f"\n--- stderr\n{proc.stderr}")
+        return proc
+
+    return run
+
+
+HIDDEN_HOROVOD = "raise ImportError('horovod is hidden from this run (tests/conftest.py torchrun)')\n"
+
+
+@pytest.fixture
+def torchrun(tmp_path):
+    """Run ``python SCRIPT ARGS`` on N local ranks under ``torchrun --standalone`` (gloo, the
+    torch engine); returns the CompletedProcess.
+
+    Usage: ``torchrun(np, script, *args, timeout=120, hide_horovod=True)``. With
+    ``hide_horovod`` a ``horovod`` package that raises ImportError comes first on the ranks'
+    PYTHONPATH, so the run proves it needs no Horovod. Fails the test with both streams when a
+    rank exits non-zero (``check``)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        pytest.skip("torch.distributed is not available")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed has no gloo backend")
+
+    def run(np: int, script: str | os.PathLike, *args: str, timeout: float = 180.0,
+            env: dict | None = None, check: bool = True, hide_horovod: bool = True):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(np), "--monitor-interval", "0.5", "--tee", "3", str(script),
+               *map(str, args)]
+        paths = [str(REPO_ROOT)]
+        if hide_horovod:
+            hide = tmp_path / "hidden-horovod"
+            (hide / "horovod").mkdir(parents=True, exist_ok=True)
+            (hide / "horovod" / "__init__.py").write_text(HIDDEN_HOROVOD)
+            paths.insert(0, str(hide))
+        full_env = dict(os.environ)
+        full_env.setdefault("OMP_NUM_THREADS", "1")
+        for k in [k for k in full_env if k.startswith("HOROVOD_")]:
+            del full_env[k]
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            paths + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
         if env:
             full_env.update(env)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,

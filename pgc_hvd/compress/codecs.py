@@ -447,6 +447,9 @@ def from_horovod(compression) -> torch.dtype:
     :class:`~pgc_hvd.compress.TopK`). Horovod is imported only here, only when needed."""
     if compression is None:
         return torch.float32
+    wire = getattr(compression, "pgc_wire_dtype", None)    # pgc_hvd.torch.Compression.*
+    if wire in ("float32", "float16"):
+        return getattr(torch, wire)
     try:
         from horovod.torch.compression import FP16Compressor, NoneCompressor
     except ImportError as err:

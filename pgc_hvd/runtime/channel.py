@@ -57,7 +57,12 @@ class Collectives:
     agent."""
 
     def __init__(self, hvd, rank: int, name: str, timeout: float):
+        # an engine that matches collectives by call order (pgc_hvd.torchdist) gives each
+        # agent its own process groups, never shared with the training thread
+        groups = getattr(hvd, "agent_ops", None)
+        hvd = groups(name, timeout) if callable(groups) else hvd
         self.hvd, self.rank, self.name, self.timeout = hvd, int(rank), name, float(timeout)
+        self.engine = getattr(hvd, "ENGINE", "Horovod")
         self.ops = 0
         self.step = 0          # the round being decided (for error messages)
         self._into = _output_entry_points(hvd)
@@ -76,16 +81,22 @@ class Collectives:
             if not wait_for_handle(self.hvd, handle, self.timeout):
                 raise AgentError(
                     f"rank {self.rank}: collective {name} #{self.ops} (step {self.step}) got no "
-                    f"answer within {self.timeout:.0f}s: a rank has died or hung; stopping "
-                    f"instead of hanging")
+                    f"answer within {self.timeout:.0f}s: a rank has died or hung{self._who()}; "
+                    f"stopping instead of hanging")
             return self.hvd.synchronize(handle)
         except AgentError:
             raise
         except Exception as err:
             raise AgentError(
                 f"rank {self.rank}: collective {name} #{self.ops} (step {self.step}) failed: a "
-                f"rank has died or shut down Horovod; stopping ({type(err).__name__}: "
+                f"rank has died or shut down {self.engine}; stopping ({type(err).__name__}: "
                 f"{err})") from err
+
+    def _who(self) -> str:
+        """The engine's note on which ranks are gone (the torch engine's; Horovod has none)."""
+        explain = getattr(self.hvd, "explain_failure", None)
+        why = explain() if callable(explain) else ""
+        return f" ({why})" if why else ""
 
     def allgather(self, tensor: torch.Tensor, kind: str,
                   out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -22,7 +22,12 @@ VERSION_KEY = "pgc_version"   # rank 0's version in param_groups[0] of state_dic
 
 
 def _is_horovod_broadcast_state(code) -> bool:
-    """Whether ``code`` is horovod.torch's ``broadcast_optimizer_state``."""
+    """Whether ``code`` is horovod.torch's ``broadcast_optimizer_state`` (or the torch
+    engine's, :mod:`pgc_hvd.torchdist.state`, looked up without importing it)."""
+    torch_engine = sys.modules.get("pgc_hvd.torchdist.state")
+    fn = getattr(torch_engine, "broadcast_optimizer_state", None)
+    if fn is not None and code is fn.__code__:
+        return True
     try:
         from horovod.torch import functions
     except ImportError:

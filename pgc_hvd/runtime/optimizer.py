@@ -629,7 +629,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = "allgather",
                          name: str = "pgc", metrics=(), momentum_correction: bool = True,
-                         hvd=None):
+                         hvd=None, engine=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     The positional arguments are Horovod's, in Horovod's order (``optimizer,
@@ -719,12 +719,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
             a round costs 0.3-0.6 ms instead of 1.3-7.7 ms here, payloads then move in one data
             allgather per step; rank 0's address from ``PGC_HVD_STORE_ADDR`` or its host name).
+        engine: whose collectives: ``"horovod"`` (``horovod.torch``), ``"torch"``
+            (torch.distributed, :mod:`pgc_hvd.torch`) or None: from the launcher's environment
+            (:func:`pgc_hvd.runtime.engines.resolve`); ``hvd``, when given, is used as it is.
 
     Every argument is checked (type and range) before any collective; a bad one raises
     TypeError or ValueError naming it.
     """
     if hvd is None:
-        import horovod.torch as hvd
+        from pgc_hvd.runtime.engines import resolve
+        hvd = resolve(engine)
     horovod = from_horovod(hvd, compression=compression,
                            backward_passes_per_step=backward_passes_per_step, op=op,
                            gradient_predivide_factor=gradient_predivide_factor,

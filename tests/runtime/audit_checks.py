@@ -26,12 +26,13 @@ import os
 import sys
 import time
 
-import horovod.torch as hvd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import pgc_hvd
+
+hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 from pgc_hvd.runtime import AgentError, PartitionLoader
 
 torch.set_num_threads(1)

@@ -44,11 +44,12 @@ import tempfile
 import time
 import warnings
 
-import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
 import pgc_hvd
+
+hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 from pgc_hvd.runtime import AgentError
 
 sys.path.insert(0, os.path.dirname(__file__))

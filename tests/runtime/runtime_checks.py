@@ -1,4 +1,5 @@
-"""Runs on every rank under horovodrun: checks of the pgc_hvd runtime.
+"""Runs on every rank under horovodrun or torchrun (the engine from the launcher's
+environment, pgc_hvd.engine()): checks of the pgc_hvd runtime.
 
     python runtime_checks.py core     # -np 4: dgd == hvd.DistributedOptimizer, exact decoding,
                                       #   one straggler, NaN message, bit-identical parameters
@@ -18,12 +19,13 @@ import sys
 import tempfile
 import time
 
-import horovod.torch as hvd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import pgc_hvd
+
+hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 from pgc_hvd.runtime import AgentError, PartitionLoader, load_checkpoint, save_checkpoint
 
 torch.set_num_threads(1)
@@ -108,18 +110,24 @@ def check_dgd_equals_horovod(steps=6):
     n, r = hvd.size(), hvd.rank()
     loader = data(n)
     ref = model()
-    hopt = hvd.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9),
-                                    named_parameters=ref.named_parameters())
+    if hvd.__name__ == "pgc_hvd.torch":   # the torch engine's anchor: torch's own DDP
+        ddp = torch.nn.parallel.DistributedDataParallel(ref)
+        hopt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        fwd = ddp
+    else:
+        hopt = hvd.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9),
+                                        named_parameters=ref.named_parameters())
+        fwd = ref
     for t in range(steps):
         hopt.zero_grad()
         xb, yb = loader.batch(r, t)
-        F.cross_entropy(ref(xb), yb).backward()
+        F.cross_entropy(fwd(xb), yb).backward()
         hopt.step()
     mine, _ = train("dgd", steps, s=0, momentum=0.9, name="dgd-eq")
     a, b = flat_params(ref), flat_params(mine)
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"dgd differs from hvd: {(a - b).abs().max()}"
     same_on_all_ranks(mine, "dgd-eq")
-    ok("dgd_equals_hvd")
+    ok("dgd_equals_hvd" if fwd is ref else "dgd_equals_ddp")
 
 
 def full_gradient_average(loader, n):

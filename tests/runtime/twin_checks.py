@@ -22,11 +22,12 @@ from __future__ import annotations
 import hashlib
 import sys
 
-import horovod.torch as hvd
 import numpy as np
 import torch
 
 import pgc_hvd
+
+hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 from pgc_hvd.data import load_dataset, partition, train_test_split
 from pgc_hvd.models import build_task
 from pgc_hvd.runtime import PartitionLoader, TopK

@@ -1,0 +1,125 @@
+"""pgc_hvd on the torch engine against torch's own DistributedDataParallel, under torchrun.
+
+    torchrun --standalone --nproc-per-node 4 benchmarks/torchrun_bench.py \
+        [--model resnet18] [--compute 0.3] [--steps 12] [--warmup 3] [--json out.json]
+
+One launch, every rank: the same model (torchvision ResNet-18, d = 11,689,512, on batches of 2
+images of 32x32, as benchmarks/runtime_bench.py), emulated compute of ``--compute`` seconds
+per partition evaluated (a sleep, as a GPU would leave the CPU free) plus the model's real
+forward/backward, gloo on the CPU:
+
+a) no stragglers: time per step of ``DistributedDataParallel`` (SGD; its bucketed allreduce),
+   pgc_hvd ``dgd`` and ``pgc-cr`` (s = 1) on the torch engine; bytes each rank receives per
+   step (pgc_hvd's records: rank 0's count) over the ring allreduce's 2 (n-1)/n * 4d (what
+   DDP's gloo allreduce moves);
+b) exponential delays with mean ``--compute`` (seeded, the same schedule for both): DDP sleeps
+   each rank's delay before its step's backward; pgc-cr gets them as ``delays=``.
+
+Time per step = (time of the last step's end - that of the first measured one) / steps, on
+rank 0, after ``--warmup`` steps. Prints one table; ``--json`` writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runtime_bench import build_loader, build_model, ring_bytes  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--compute", type=float, default=0.3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--runs", default="a:ddp,a:dgd,a:pgc-cr,b:ddp,b:pgc-cr")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+
+    import pgc_hvd.torch as hvd
+    from pgc_hvd.delays import Exponential, Zero
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    loader = build_loader(args.model, n)
+    steps, warm, compute = args.steps, args.warmup, args.compute
+    d = sum(q.numel() for q in build_model(args.model).parameters())
+
+    def run_ddp(delays):
+        m = build_model(args.model)
+        ddp = torch.nn.parallel.DistributedDataParallel(m)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        ends = []
+        for t in range(steps):
+            opt.zero_grad()
+            time.sleep(compute + delays.sample(rank, t))
+            xb, yb = loader.batch(rank, t)
+            F.cross_entropy(ddp(xb), yb).backward()
+            opt.step()
+            ends.append(time.time())
+        return ends, []
+
+    def run_pgc(scheme, delays, tag):
+        m = build_model(args.model)
+        decided, nbytes = {}, {}
+
+        def on_record(r):
+            decided[r.step] = time.time()
+            nbytes[r.step] = r.bytes
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
+                                       m.named_parameters(), scheme=scheme, delays=delays,
+                                       name=f"tb-{scheme}-{tag}", on_record=on_record,
+                                       timeout=300)
+        while opt.version < steps:
+            for xb, yb in opt.batches(loader):
+                time.sleep(compute)
+                F.cross_entropy(m(xb), yb).backward()
+            opt.step()
+        opt.close()
+        if rank != 0:
+            return [], []
+        return [decided[t] for t in range(steps)], [nbytes[t] for t in range(warm, steps)]
+
+    out = {"n": n, "model": args.model, "d": d, "compute": compute, "steps": steps,
+           "warmup": warm, "engine": "torch.distributed (gloo)", "ring_bytes": ring_bytes(n, d)}
+    for run in args.runs.split(","):
+        part, scheme = run.split(":")
+        delays = Exponential(compute, seed=args.seed) if part == "b" else Zero()
+        hvd.barrier(name=f"bench.{run}")
+        ends, nbytes = run_ddp(delays) if scheme == "ddp" else run_pgc(scheme, delays, part)
+        if rank == 0:
+            out[run] = (ends[-1] - ends[warm - 1]) / (steps - warm)
+            if nbytes:
+                out[f"{run}.bytes"] = sum(nbytes) / len(nbytes)
+            print(f"[torchrun bench np={n} {args.model}] {run}: {out[run] * 1e3:.0f} ms/step",
+                  file=sys.stderr, flush=True)
+    if rank == 0:
+        print(f"\nnp={n} {args.model} d={d} compute={compute}s, {steps - warm} measured steps")
+        print(f"{'run':<12} {'ms/step':>8} {'/ DDP':>7} {'bytes/rank':>12} {'/ ring':>7}")
+        for run in args.runs.split(","):
+            part = run.split(":")[0]
+            ref = out.get(f"{part}:ddp")
+            b = out.get(f"{run}.bytes", out["ring_bytes"] if run.endswith("ddp") else None)
+            print(f"{run:<12} {out[run] * 1e3:8.0f} "
+                  f"{(out[run] / ref if ref else float('nan')):7.2f} "
+                  f"{(b or 0) / 1e6:10.1f}MB {((b or 0) / out['ring_bytes']):7.2f}")
+        print("RESULT " + json.dumps(out), flush=True)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,327 @@
+"""Horovod-shaped collectives on one ``torch.distributed`` process group.
+
+:class:`GroupOps` implements the subset of ``horovod.torch`` that the runtime calls
+(``allgather_async``, ``alltoall_async``, ``allreduce_async_``, ``broadcast``, ``poll``,
+``synchronize`` and their blocking forms) on one process group. Horovod matches collectives
+across ranks by name; torch.distributed matches them by call order on a group, so every group
+is used by one thread only and that thread issues the same sequence on every rank
+(:mod:`pgc_hvd.torchdist` says which thread owns which group). The ``name`` of a collective is
+kept for error messages and, with ``PGC_HVD_TORCH_CHECK_ORDER=1``, checked across ranks.
+
+Handles: an asynchronous collective returns a :class:`Handle`; :meth:`Handle.poll` (torch's
+``Work.is_completed()``) never blocks, :meth:`Handle.wait` (``Work.wait()``) does. A failed
+collective raises :class:`CollectiveError`, naming the ranks whose processes are gone when the
+engine can tell (``explain``).
+
+Allgather of rows of different lengths (Horovod concatenates them; the optimistic control rows
+carry a payload on some ranks only): first one allgather of every rank's (rows, signature);
+then, when every rank has the same number of rows, one ``all_gather_single``; otherwise one
+``all_to_all_single`` with the exact splits (each rank sends its own rows to every rank), so no
+row is padded to the longest: the bytes are the rows' own.
+
+May import: the standard library and torch; nothing of the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+
+class CollectiveError(RuntimeError):
+    """A collective of the torch engine failed (a rank died, the group was shut down, the
+    ranks disagree on the call)."""
+
+
+class _Op:
+    """A reduction op (``Sum``, ``Average``, ...), Horovod's names."""
+
+    def __init__(self, name: str, torch_op):
+        self.name, self.torch_op = name, torch_op
+
+    def __repr__(self) -> str:
+        return f"pgc_hvd.torch.{self.name}"
+
+
+Sum = _Op("Sum", dist.ReduceOp.SUM)
+Average = _Op("Average", dist.ReduceOp.SUM)     # summed, then divided by the size
+Min = _Op("Min", dist.ReduceOp.MIN)
+Max = _Op("Max", dist.ReduceOp.MAX)
+Product = _Op("Product", dist.ReduceOp.PRODUCT)
+Adasum = _Op("Adasum", None)                    # named so that pgc_hvd can refuse it by name
+
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+CHECK_ORDER = os.environ.get("PGC_HVD_TORCH_CHECK_ORDER", "") not in ("", "0")
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
+
+
+class _Next:
+    """The next stage of a multi-stage collective: its Work and what to do when it is done."""
+
+    def __init__(self, work, then: Callable):
+        self.work, self.then = work, then
+
+
+class _Done:
+    """A Work that has already completed (a stage that needed no collective)."""
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> bool:
+        return True
+
+
+class Handle:
+    """An asynchronous collective in flight (Horovod's handle): one or more torch ``Work``
+    objects in sequence; the result when the last one is done."""
+
+    _PENDING = object()
+
+    def __init__(self, ops: "GroupOps", name: str, work, then: Callable):
+        self.ops, self.name = ops, name
+        self.work, self.then = work, then
+        self.result = Handle._PENDING
+        self.error: Optional[BaseException] = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not Handle._PENDING or self.error is not None
+
+    def _advance(self) -> None:
+        """The current stage is complete (or wait() blocks on it): run what follows it."""
+        try:
+            self.work.wait()
+            nxt = self.then()
+        except Exception as err:         # noqa: BLE001 -- re-raised by wait() with the rank
+            self.error = err
+            return
+        if isinstance(nxt, _Next):
+            self.work, self.then = nxt.work, nxt.then
+        else:
+            self.result = nxt
+
+    def poll(self) -> bool:
+        """Whether the collective has completed (or failed); never blocks."""
+        while not self.done:
+            if not self.work.is_completed():
+                return False
+            self._advance()
+        return True
+
+    def wait(self):
+        """The result; blocks until the collective completes; CollectiveError if it failed."""
+        while not self.done:
+            self._advance()
+        if self.error is not None:
+            err = self.error
+            if isinstance(err, CollectiveError):
+                raise err
+            raise CollectiveError(self.ops.failure(self.name, err)) from err
+        return self.result
+
+
+class GroupOps:
+    """Horovod's collective API on one process group (module doc). ``rank``, ``size``: this
+    process's rank and the world size (every group spans the world); ``explain()``: a sentence
+    naming the ranks whose processes are gone ("" when none is known)."""
+
+    Sum, Average, Min, Max, Product, Adasum = Sum, Average, Min, Max, Product, Adasum
+
+    def __init__(self, group, label: str, rank: int, size: int,
+                 explain: Callable[[], str] = lambda: ""):
+        self.group, self.label = group, label
+        self._rank, self._size = int(rank), int(size)
+        self.explain = explain
+        self.calls = 0
+
+    # -- the world ----------------------------------------------------------------------------
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def failure(self, name: str, err: BaseException) -> str:
+        why = self.explain()
+        return (f"collective {name!r} (#{self.calls} on process group {self.label!r}) failed"
+                f"{': ' + why if why else ''} ({type(err).__name__}: {err})")
+
+    def _start(self, name: Optional[str], issue: Callable[[], "_Next | object"]) -> Handle:
+        """Issue a collective (``issue`` returns its first stage), with the order check first
+        when ``PGC_HVD_TORCH_CHECK_ORDER`` is set."""
+        self.calls += 1
+        name = name or f"{self.label}.{self.calls}"
+        try:
+            if CHECK_ORDER and self._size > 1:
+                mine = torch.tensor([_digest(name)], dtype=torch.int64)
+                got = torch.empty(self._size, dtype=torch.int64)
+                work = _all_gather(got, mine, group=self.group, async_op=True)
+
+                def check():
+                    bad = [r for r, v in enumerate(got.tolist()) if v != int(mine)]
+                    if bad:
+                        raise CollectiveError(
+                            f"collective {name!r} (#{self.calls} on process group "
+                            f"{self.label!r}): ranks {bad} issued a different collective at this "
+                            f"point: the ranks' call orders differ")
+                    return issue()
+                return Handle(self, name, work, check)
+            first = issue()
+        except CollectiveError:
+            raise
+        except Exception as err:
+            raise CollectiveError(self.failure(name, err)) from err
+        if isinstance(first, _Next):
+            return Handle(self, name, first.work, first.then)
+        return Handle(self, name, _Done(), lambda: first)
+
+    @staticmethod
+    def poll(handle: Handle) -> bool:
+        return handle.poll()
+
+    @staticmethod
+    def synchronize(handle: Handle):
+        return handle.wait()
+
+    # -- allgather ----------------------------------------------------------------------------
+    def allgather_async(self, tensor: torch.Tensor, name: Optional[str] = None) -> Handle:
+        """Every rank's ``tensor`` concatenated along dim 0 in rank order (first dimensions may
+        differ, the others and the dtype must agree)."""
+        if tensor.dim() == 0:
+            raise ValueError("allgather needs a tensor of at least one dimension")
+        t = tensor.contiguous()
+        n, k, rest = self._size, int(t.shape[0]), tuple(t.shape[1:])
+        sig = _digest(f"{t.dtype} {rest}")
+        mine = torch.tensor([k, sig], dtype=torch.int64)
+        heads = torch.empty(2 * n, dtype=torch.int64)
+
+        def gather_rows():
+            sizes, sigs = heads[0::2].tolist(), heads[1::2].tolist()
+            if len(set(sigs)) != 1:
+                raise CollectiveError(
+                    f"allgather {name!r}: the ranks' tensors differ in dtype or trailing shape "
+                    f"(this rank: {t.dtype} {rest})")
+            out = torch.empty((sum(sizes),) + rest, dtype=t.dtype, device=t.device)
+            if len(set(sizes)) == 1:
+                return _Next(_all_gather(out, t, group=self.group, async_op=True), lambda: out)
+            # rows of different lengths: exact splits, no padding (module doc)
+            send = t.repeat((n,) + (1,) * len(rest)) if k else t
+            work = dist.all_to_all_single(out, send, output_split_sizes=sizes,
+                                          input_split_sizes=[k] * n, group=self.group,
+                                          async_op=True)
+            return _Next(work, lambda: out)
+
+        def issue():
+            if n == 1:
+                return t.clone()
+            return _Next(_all_gather(heads, mine, group=self.group, async_op=True), gather_rows)
+        return self._start(name, issue)
+
+    def allgather(self, tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
+        return self.allgather_async(tensor, name=name).wait()
+
+    # -- allreduce ----------------------------------------------------------------------------
+    def allreduce_async_(self, tensor: torch.Tensor, average=None, name: Optional[str] = None,
+                         op=None, prescale_factor: float = 1.0,
+                         postscale_factor: float = 1.0) -> Handle:
+        """In place: ``tensor`` becomes the reduction over ranks (``op``: ``Average`` by
+        default, ``Sum``, ``Min``, ``Max``, ``Product``). Every rank ends with the same bits
+        (gloo's and NCCL's allreduce hand every rank the reduced chunks)."""
+        op = _resolve_op(op, average)
+        if not tensor.is_contiguous():
+            raise ValueError("allreduce_async_ needs a contiguous tensor")
+
+        def finish():
+            if op is Average:
+                if tensor.is_floating_point() or tensor.is_complex():
+                    tensor.div_(self._size)
+                else:
+                    tensor.floor_divide_(self._size)
+            if postscale_factor != 1.0:
+                tensor.mul_(postscale_factor)
+            return tensor
+
+        def issue():
+            if prescale_factor != 1.0:
+                tensor.mul_(prescale_factor)
+            if self._size == 1:
+                return finish()
+            return _Next(dist.all_reduce(tensor, op=op.torch_op, group=self.group,
+                                         async_op=True), finish)
+        return self._start(name, issue)
+
+    def allreduce_async(self, tensor: torch.Tensor, average=None, name: Optional[str] = None,
+                        op=None, **scale) -> Handle:
+        return self.allreduce_async_(tensor.detach().clone(), average, name, op, **scale)
+
+    def allreduce_(self, tensor, average=None, name=None, op=None, **scale) -> torch.Tensor:
+        return self.allreduce_async_(tensor, average, name, op, **scale).wait()
+
+    def allreduce(self, tensor, average=None, name=None, op=None, **scale) -> torch.Tensor:
+        return self.allreduce_async(tensor, average, name, op, **scale).wait()
+
+    # -- alltoall -----------------------------------------------------------------------------
+    def alltoall_async(self, tensor: torch.Tensor, splits=None,
+                       name: Optional[str] = None) -> Handle:
+        """Equal splits (``splits`` None): rank j receives the j-th of n equal chunks (along
+        dim 0) of every rank's ``tensor``, in rank order."""
+        if splits is not None:
+            raise NotImplementedError("alltoall with explicit splits is not used by pgc_hvd")
+        t = tensor.contiguous()
+        if t.shape[0] % self._size:
+            raise ValueError(f"alltoall: dim 0 ({t.shape[0]}) is not a multiple of the size "
+                             f"{self._size}")
+        out = torch.empty_like(t)
+
+        def issue():
+            if self._size == 1:
+                return t.clone()
+            return _Next(dist.all_to_all_single(out, t, group=self.group, async_op=True),
+                         lambda: out)
+        return self._start(name, issue)
+
+    def alltoall(self, tensor, splits=None, name=None) -> torch.Tensor:
+        return self.alltoall_async(tensor, splits, name).wait()
+
+    # -- broadcast ----------------------------------------------------------------------------
+    def broadcast_async_(self, tensor: torch.Tensor, root_rank: int,
+                         name: Optional[str] = None) -> Handle:
+        """In place: ``tensor`` becomes rank ``root_rank``'s (every group spans the world, so
+        the root's group rank is its global rank)."""
+        def issue():
+            if self._size == 1:
+                return tensor
+            return _Next(dist.broadcast(tensor, src=int(root_rank), group=self.group,
+                                        async_op=True), lambda: tensor)
+        return self._start(name, issue)
+
+    def broadcast_(self, tensor, root_rank, name=None) -> torch.Tensor:
+        return self.broadcast_async_(tensor, root_rank, name).wait()
+
+    def broadcast_async(self, tensor, root_rank, name=None) -> Handle:
+        return self.broadcast_async_(tensor.detach().clone().contiguous(), root_rank, name)
+
+    def broadcast(self, tensor, root_rank, name=None) -> torch.Tensor:
+        return self.broadcast_async(tensor, root_rank, name).wait()
+
+    def barrier(self, name: Optional[str] = None) -> None:
+        self.allreduce(torch.zeros(1), name=name or "barrier", op=Sum)
+
+
+def _resolve_op(op, average):
+    if op is None:
+        if average is None:
+            return Average
+        return Average if average else Sum
+    if op is Adasum or not isinstance(op, _Op):
+        raise ValueError(f"op must be one of Sum, Average, Min, Max, Product of "
+                         f"pgc_hvd.torch, got {op!r}")
+    return op

@@ -1,0 +1,117 @@
+"""The torch engine under torchrun (horovod hidden from the ranks): its collectives, the
+quick start, and the runtime's multi-rank checks that matter, launched as the horovodrun tests
+launch them (the same check scripts and assertions, the engine taken from the launcher)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+RUNTIME = HERE.parent / "runtime"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"_torchrun_{name}", RUNTIME / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+runtime_tests = _load("test_runtime")
+habits_tests = _load("test_habits")
+SCRIPT = RUNTIME / "runtime_checks.py"
+
+
+def _checks(proc):
+    lines = proc.stdout.splitlines()
+    return ({line.split("CHECK ", 1)[1].split(" ok")[0] for line in lines
+             if "CHECK " in line and " ok rank=0" in line},
+            sum("ALL OK rank=" in line for line in lines))
+
+
+@pytest.mark.multirank
+def test_torch_engine_collectives(torchrun):
+    """allgather of equal and different row lengths, alltoall, allreduce (bits equal on every
+    rank), broadcasts, broadcast_optimizer_state (the version travels), a thread on its own
+    groups beside the training thread."""
+    proc = torchrun(3, HERE / "torchdist_checks.py", "ops", timeout=120)
+    checks, all_ok = _checks(proc)
+    assert all_ok == 3, proc.stdout + proc.stderr
+    assert {"allgather_equal_and_variable_lengths", "allreduce_alltoall_broadcast",
+            "broadcast_parameters_and_optimizer_state", "threads_on_their_own_groups"} <= checks
+
+
+@pytest.mark.multirank
+def test_call_order_check_names_the_rank(torchrun):
+    proc = torchrun(3, HERE / "torchdist_checks.py", "order", timeout=120,
+                    env={"PGC_HVD_TORCH_CHECK_ORDER": "1"})
+    checks, all_ok = _checks(proc)
+    assert all_ok == 3 and "order_mismatch_named" in checks, proc.stdout + proc.stderr
+
+
+@pytest.mark.multirank
+def test_quickstart_under_torchrun_np4_without_horovod(torchrun):
+    """`torchrun --nproc-per-node 4 launch/quickstart.py` trains with pgc-cr and ends with the
+    same parameters on every rank, on ranks where horovod cannot be imported."""
+    proc = torchrun(4, HERE / "quickstart_ranks.py", timeout=240)
+    ok = [l for l in proc.stdout.splitlines() if "QUICKSTART-OK" in l]
+    assert len(ok) == 4, proc.stdout + proc.stderr
+    assert len({l.split("hash=")[1].split()[0] for l in ok}) == 1, ok
+    assert "training accuracy" in proc.stdout
+
+
+@pytest.mark.multirank
+def test_core_np4(torchrun):
+    """dgd == torch's DDP; exact schemes decode the full-gradient average; one injected
+    straggler is left out; a NaN message is a straggler; parameters bit-identical across ranks
+    under random delays."""
+    proc = torchrun(4, SCRIPT, "core", timeout=240)
+    checks, all_ok = _checks(proc)
+    assert all_ok == 4, proc.stdout + proc.stderr
+    assert {"dgd_equals_ddp", "exact_dgd_gc-cr_bcgc_bounded-staleness", "straggler_pgc-cr",
+            "straggler_bcgc", "nan_message_is_a_straggler", "bit_identical_pgc-cr"} <= checks
+
+
+@pytest.mark.multirank
+def test_small_np3_config_errors_exact_checkpoint(torchrun):
+    runtime_tests.test_small_np3_config_errors_exact_checkpoint(torchrun)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("mode", ["dead", "dead-store"])
+def test_dead_rank_stops_others_with_clear_error(torchrun, mode):
+    """As under horovodrun; and the torch engine names the dead rank."""
+    proc = torchrun(3, SCRIPT, mode, timeout=120, check=False)
+    clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
+    assert len(clear) == 2, proc.stdout + proc.stderr
+    assert all("died" in l for l in clear), clear
+    assert "NO-ERROR" not in proc.stdout
+    if mode == "dead":
+        assert any("rank 2 (pid" in l for l in clear), clear
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("kind", ["process", "thread"])
+def test_hung_rank_stops_others_with_clear_error(torchrun, kind):
+    runtime_tests.test_hung_rank_stops_others_with_clear_error(torchrun, kind)
+
+
+@pytest.mark.multirank
+def test_runtime_replaying_simulated_arrivals_matches_simulator(torchrun):
+    runtime_tests.test_runtime_replaying_simulated_arrivals_matches_simulator(torchrun)
+
+
+@pytest.mark.multirank
+def test_broadcast_optimizer_state_and_rank0_resume(torchrun):
+    habits_tests.test_broadcast_optimizer_state_and_rank0_resume(torchrun)
+
+
+@pytest.mark.multirank
+def test_horovod_keywords_fp16_and_refusals(torchrun):
+    habits_tests.test_horovod_keywords_fp16_and_refusals(torchrun)
+
+
+@pytest.mark.multirank
+def test_metrics_read_from_the_control_rows(torchrun):
+    habits_tests.test_metrics_read_from_the_control_rows(torchrun)
