@@ -29,7 +29,8 @@ import torch
 import pgc_hvd
 from pgc_hvd.data import load_dataset, partition, train_test_split
 from pgc_hvd.models import build_task
-from pgc_hvd.runtime import PartitionLoader, TopK
+from pgc_hvd.compress import TopK
+from pgc_hvd.runtime import PartitionLoader
 from pgc_hvd.schemes import get_scheme
 from pgc_hvd.delays import Exponential, LongStraggler
 from pgc_hvd.sim.engine import SimConfig, Simulator
