@@ -6,7 +6,7 @@ error-feedback memory, and the two things done to a message, in order:
 * :func:`coded_sum` (:meth:`MessageEncoder.form`): m_j = sum_l b_{j,l} g_l from the ring slots
   g_l with the plan's coefficients b_{j,l} (:func:`pgc_hvd.ops.coded_accumulate`, one pass over
   d, for fp32); for complex codes (Reed-Solomon) the sum is complex, m_j in C^d. Written here
-  once: the runtime (through the encoder) and the simulator (``sim/engine.py``) call it;
+  once: the runtime and the simulator (``sim/workers.py``) call it through the encoder;
 * :meth:`MessageEncoder.encode`: the payload row C(m_j) (dense, top-kappa with error feedback,
   fp16) and, when the decoder needs it, ||C(u) - u||; :meth:`MessageEncoder.compress`
   (:func:`topk_message`) is the simulator's form of the same top-kappa step, the payload kept
