@@ -23,7 +23,7 @@ __all__ = ["__version__", "DistributedOptimizer", "CodedLoader", "engine"]
 def __getattr__(name):
     # lazy: `import pgc_hvd` stays free of torch and horovod
     if name == "DistributedOptimizer":
-        from pgc_hvd.runtime.optimizer import DistributedOptimizer
+        from pgc_hvd.runtime.distributed import DistributedOptimizer
 
         return DistributedOptimizer
     if name == "CodedLoader":

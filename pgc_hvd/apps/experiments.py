@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pgc_hvd.compress import TopK
 from pgc_hvd.delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
 from pgc_hvd.metrics.targets import first_reaching
 
@@ -225,7 +226,9 @@ def exp_bcgc(out: Path, quick: bool, datasets=None) -> tuple[list, str]:
                 _log(f"[bcgc] {label}")
                 recs, summ = simulate(scheme, n, s, data=data, model=model, optimizer=opt,
                                       delay=FixedStragglers(n, s, 0.1, seed=s), steps=steps,
-                                      zero_init=True, compress=comp, error_feedback=False,
+                                      zero_init=True,
+                                      compression=None if comp is None else
+                                      TopK(comp, error_feedback=False),
                                       partition_time=ptime,
                                       scheme_options=opts,
                                       decode_time="measured", straggler_policy="cancel",
@@ -244,7 +247,8 @@ def exp_bcgc(out: Path, quick: bool, datasets=None) -> tuple[list, str]:
                 _log(f"[bcgc] {label}")
                 recs, summ = simulate(scheme, n, s, data=data, model=model, optimizer=opt,
                                       delay=FixedStragglers(n, s, 0.1, seed=s), steps=steps,
-                                      zero_init=True, compress=0.05, error_feedback=False,
+                                      zero_init=True,
+                                      compression=TopK(0.05, error_feedback=False),
                                       iid=iid,
                                       scheme_options={"decoder": "min-error"}, partition_time=ptime,
                                       decode_time="measured", straggler_policy="cancel",

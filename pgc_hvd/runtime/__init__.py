@@ -15,7 +15,7 @@ from pgc_hvd.runtime.agent import AgentError
 from pgc_hvd.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pgc_hvd.runtime.loader import PartitionLoader
 from pgc_hvd.compress import TopK
-from pgc_hvd.runtime.optimizer import DistributedOptimizer
+from pgc_hvd.runtime.distributed import DistributedOptimizer
 
 __all__ = ["DistributedOptimizer", "TopK", "PartitionLoader", "AgentError", "save_checkpoint",
            "load_checkpoint", "CheckpointError"]

@@ -6,8 +6,10 @@ plane -- one decision in, one update out -- is :class:`~pgc_hvd.runtime.communic
 Communicator`; the control row's packing is :func:`pgc_hvd.runtime.wire.pack_row`; the control
 channel is built by :func:`pgc_hvd.runtime.channel.control_channel`. The agent never calls into
 the optimizer: it queues a :class:`Report` of each decided step, which the training thread
-turns into records. May import: ``compress``, ``schemes``, ``runtime.channel``,
-``runtime.communicator``, ``runtime.wire``.
+turns into records; what the control rows have shown (offered arrivals, their losses and
+metrics, non-finite messages, the replayed order) is :class:`~pgc_hvd.runtime.arrivals.
+ArrivalBook`'s. May import: ``compress``, ``schemes``, ``runtime.arrivals``,
+``runtime.channel``, ``runtime.communicator``, ``runtime.wire``.
 
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
 computing (or straggling) cannot be left out of a collective. So every rank runs this agent,
@@ -102,13 +104,13 @@ from typing import Optional
 import torch
 
 from pgc_hvd.compress.codecs import Codec
+from pgc_hvd.runtime.arrivals import ArrivalBook
 from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.channel import AgentError, Collectives, control_channel, wait_for_handle
-from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE, CTRL_ERROR,
-                                  CTRL_FAILED, CTRL_LOSS, CTRL_READY_STEP, CTRL_READY_TIME,
-                                  CTRL_VERSION, ctrl_len, metric_values, metrics_at,
-                                  not_decided_message, pack_row, slot_versions, used_metrics)
-from pgc_hvd.schemes import Arrival, Decision
+from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE,
+                                  CTRL_FAILED, ctrl_len, metrics_at, not_decided_message,
+                                  pack_row)
+from pgc_hvd.schemes import Decision
 
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
 
@@ -196,10 +198,6 @@ class CommAgent:
         self.cond = threading.Condition()
         self.error: Optional[BaseException] = None
         self._outbox: dict[int, Outgoing] = {}
-        self._offered: set = set()            # (worker, step) already offered (same on all ranks)
-        self._meta: dict = {}                 # (worker, step) -> loss from control rows
-        self._bad_seen: set = set()
-        self.bad_log: list[tuple[int, int]] = []
         self._bad_step = -1
         self._busy_total = 0.0
         self._done = False
@@ -208,16 +206,14 @@ class CommAgent:
         self._busy_prev = [0.0] * self.n
         self._c_request: Optional[int] = None   # rank 0: staleness bound to request
         self.c_changes: list[tuple[int, int]] = []
-        # replayed arrival order: (worker, step) pairs offered strictly in this order while it
-        # lasts (a message that is ready early waits), then ready-time order
-        self._replay = [(int(w), int(k)) for w, k in replay] if replay else []
-        self._replay_pos = 0
         if isinstance(metrics, bool) or not isinstance(metrics, int) or metrics < 0:
             raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
                              f"values each message carries in its control row (default 0)")
         self.metrics = int(metrics)
         self._metric_at = metrics_at(self.ring_size)
-        self._metric_meta: dict = {}         # (worker, step) -> its k metrics from control rows
+        # what the control rows showed: offered arrivals, their losses and metrics, non-finite
+        # messages, the replayed order (a message ready early waits for its turn)
+        self.book = ArrivalBook(self.n, self.ring_size, self.metrics, replay)
         self.ctrl_len = ctrl_len(self.ring_size, self.metrics)  # float64 words per control row
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
         self.coll = Collectives(hvd, self.rank, name, self.timeout)
@@ -241,7 +237,6 @@ class CommAgent:
         self._last_round_at = time.monotonic()
         self._round = None
         self._ended_at: Optional[int] = None    # the version the first finished rank ended at
-        self._newest = [-1] * self.n             # newest step each rank has shown a message for
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
@@ -355,7 +350,7 @@ class CommAgent:
     def _report(self, update: Update, busy_step: list) -> "Report":
         sch = self.scheme
         return Report(update.step, update.decision, update.time, dict(update.info), busy_step,
-                      [w for w, k in self.bad_log if k == update.step],
+                      [w for w, k in self.book.bad_log if k == update.step],
                       int(sch.staleness_bound) if sch.staleness_bound_adjustable else None)
 
     @property
@@ -408,13 +403,18 @@ class CommAgent:
             raise AgentError(str(self.error), failed_ranks=getattr(self.error, "failed_ranks", ())
                              ) from self.error
 
+    @property
+    def bad_log(self) -> list:
+        """(rank, step) of every message that held NaN/Inf (:attr:`ArrivalBook.bad_log`)."""
+        return self.book.bad_log
+
     # -- agent thread --------------------------------------------------------
     def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
         """This rank's control row (:func:`~pgc_hvd.runtime.wire.pack_row`) and, when its
         payload rides along, the message."""
         out_with_payload = None
         with self.cond:
-            pending = sorted(k for k in self._outbox if (self.rank, k) not in self._offered)
+            pending = sorted(k for k in self._outbox if (self.rank, k) not in self.book.offered)
             out = self._outbox[pending[0]] if pending else None
             # optimistic: the payload goes with the first control row that shows the message,
             # unless no decision can use it any more (a late message of an exact/pipelined
@@ -464,7 +464,7 @@ class CommAgent:
     def _loop(self) -> None:
         rnd = self._round = self.scheme.open_round(self.step)
         step_start = time.time()
-        n = self.n
+        n, book = self.n, self.book
         while True:
             ctl, payloads = self._control_round()
             self.control_rounds += 1
@@ -477,11 +477,10 @@ class CommAgent:
             if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
                 return
             self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
-            for w in range(n):
-                self._newest[w] = max(self._newest[w], int(ctl[w][CTRL_READY_STEP]))
+            book.see_ready(ctl)
             ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
             if ended and self.step >= min(ended) and not any(
-                    ctl[w][CTRL_DONE] <= 0 and self._newest[w] >= self.step for w in range(n)):
+                    ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
                 # a rank's loop ended at or before this step, and no rank still training has
                 # computed it: it is not needed (every rank loops on `optimizer.version <
                 # steps`), and deciding it (a bounded-staleness round can fire from its table,
@@ -491,36 +490,9 @@ class CommAgent:
                 self._ended_at = min(ended)
                 self._idle(hurry=False)
                 continue
-            for w in range(n):
-                b = int(ctl[w][CTRL_BAD_STEP])
-                if b >= 0 and (w, b) not in self._bad_seen:
-                    self._bad_seen.add((w, b))
-                    self.bad_log.append((w, b))
-                    if self.rank == 0:
-                        log.warning("rank %d's message for step %d holds NaN/Inf: treated as a "
-                                    "straggler, never applied", w, b)
-            arrivals = []
-            for w in range(n):
-                k = int(ctl[w][CTRL_READY_STEP])
-                if k >= 0 and (w, k) not in self._offered:
-                    arrivals.append((ctl[w][CTRL_READY_TIME], w, k))
-            arrivals.sort()
-            replaying = self._replay_pos < len(self._replay)
-            if replaying:
-                arrivals = self._replay_order(arrivals)
+            book.see_bad(ctl, warn=self.rank == 0)
             decision = None
-            for _, w, k in arrivals:
-                if replaying:
-                    self._replay_pos += 1
-                row = ctl[w]
-                self._offered.add((w, k))
-                self._meta[(w, k)] = row[CTRL_LOSS]
-                if self.metrics:
-                    self._metric_meta[(w, k)] = metric_values(row, self.ring_size, self.metrics)
-                err = row[CTRL_ERROR]
-                arr = Arrival(w, k, version=int(row[CTRL_VERSION]), message=None,
-                              error_norm=None if math.isnan(err) else float(err),
-                              slot_versions=slot_versions(row, self.ring_size) or None)
+            for arr in book.arrivals(ctl):
                 decision = rnd.offer(arr)
                 if decision is not None:
                     break  # later arrivals of this batch are offered to the next round
@@ -543,10 +515,7 @@ class CommAgent:
             self.step += 1
             step_start = update.time
             if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
-                old = self.step - 32
-                self._offered = {k for k in self._offered if k[1] >= old}
-                self._meta = {k: v for k, v in self._meta.items() if k[1] >= old}
-                self._metric_meta = {k: v for k, v in self._metric_meta.items() if k[1] >= old}
+                book.forget_before(self.step - 32)
             rnd = self._round = self.scheme.open_round(self.step)
 
     def _apply_c_bound(self, c: int) -> None:
@@ -555,17 +524,6 @@ class CommAgent:
         if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
             sch.staleness_bound = c
             self.c_changes.append((self.step, c))
-
-    def _replay_order(self, arrivals: list) -> list:
-        """The ready arrivals that come next in the replayed order, in that order (each rank's
-        control row shows one message, so the run continues over the next control rounds)."""
-        ready = {(w, k): (tm, w, k) for tm, w, k in arrivals}
-        out = []
-        pos = self._replay_pos
-        while pos < len(self._replay) and self._replay[pos] in ready:
-            out.append(ready.pop(self._replay[pos]))
-            pos += 1
-        return out
 
     def _check_stuck(self, ctl, rnd) -> None:
         """Raise when the scheme says the open round can no longer fire
@@ -596,25 +554,23 @@ class CommAgent:
         # what the scheme may use again (bounded staleness table): kept, by owner and in caches
         keep = self.scheme.retained()
         comm = self.comm
-        flat, kind, fallback, uses = comm.combine(decision, keep, self._offered)
+        offered = self.book.offered
+        flat, kind, fallback, uses = comm.combine(decision, keep, offered)
         now = time.time()
         with self.cond:
             for k in list(self._outbox):
-                if (self.rank, k) in self._offered and (self.rank, k) not in keep:
+                if (self.rank, k) in offered and (self.rank, k) not in keep:
                     gone = self._outbox.pop(k)
                     if not gone.consumed:
                         self.pool.put(gone.packed)
-        losses = [self._meta.get((u.worker, u.step), math.nan) for u in uses]
-        losses = [x for x in losses if math.isfinite(x)]
-        info = {"loss": sum(losses) / len(losses) if losses else None,
-                "step_time": now - step_start, "control_rounds": self.control_rounds,
+        used = self.book.used_info(uses)     # loss, user metrics: from the control rows
+        info = {"loss": used.pop("loss"), "step_time": now - step_start, "control_rounds": self.control_rounds,
                 "data_rounds": comm.data_rounds, "bytes": comm.take_bytes(),
                 "collective": kind}
         if self.codec.wire_dtype != torch.float32:
             info["fp16_fallback"] = fallback
             info["fp16_reduce"] = comm.narrow_reduce if kind == "allreduce" else None
-        if self.metrics:
-            info.update(used_metrics(uses, self._metric_meta, self.metrics))
+        info.update(used)
         return Update(decision.step, flat, decision, now, info)
 
     @property
@@ -631,7 +587,8 @@ class CommAgent:
     def bookkeeping(self) -> dict:
         """Sizes of every container the agent keeps (bounded whatever the run's length)."""
         with self.cond:
-            return {"offered": len(self._offered), "meta": len(self._meta),
+            sizes = self.book.sizes()
+            return {"offered": sizes["offered"], "meta": sizes["meta"],
                     "cache": len(self.comm.cache), "outbox": len(self._outbox),
                     "updates": self.held_updates, "pool": self.pool.free_buffers,
-                    "bad_log": len(self.bad_log), "c_changes": len(self.c_changes)}
+                    "bad_log": sizes["bad_log"], "c_changes": len(self.c_changes)}

@@ -65,8 +65,9 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
         raise TypeError(f"stragglers must be an int (the straggler budget s), got "
                         f"{stragglers!r}") from None
     if compression is not None and not isinstance(compression, TopK):
-        raise TypeError(f"compression must be None (dense messages) or pgc_hvd.runtime.TopK(...), "
-                        f"got {compression!r}; Horovod's hvd.Compression does not apply here")
+        raise TypeError(f"compression must be None (dense messages) or "
+                        f"pgc_hvd.compress.TopK(...), got {compression!r}; Horovod's "
+                        f"hvd.Compression does not apply here")
     if optimistic is not None and not isinstance(optimistic, bool):
         raise TypeError(f"optimistic must be None (by message size), True or False, got "
                         f"{optimistic!r}")
@@ -95,7 +96,7 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
     if (scheme_options or {}).get("decoder") == "min-error" and compression is None:
         raise ValueError("decoder='min-error' picks the complete class whose messages lost least "
                          "to compression (sum of ||C(u_i) - u_i||), so it needs compressed "
-                         "messages: pass compression=pgc_hvd.runtime.TopK(...), or use "
+                         "messages: pass compression=pgc_hvd.compress.TopK(...), or use "
                          "decoder='n-s' for dense ones")
     return s, delays
 

@@ -64,6 +64,22 @@ def restore_pgc_part(state: dict, capture, encoder) -> None:
     set_rng_state(state["rng"])
 
 
+def load_pgc_state(opt, state: dict, source: str, *, capture, encoder, sender,
+                   staleness) -> None:
+    """``opt.load_pgc_state_dict(state, source)`` before the first step, all or nothing: the
+    state is checked first against ``opt.pgc_state_dict()`` (:func:`~pgc_hvd.runtime.checkpoint.
+    check_pgc_state`, CheckpointError naming ``source``), then the torch part, the version,
+    the ring and residual, busy seconds and the staleness bound are restored (the agent and
+    the plan restart from the version: the facade's)."""
+    from pgc_hvd.runtime.checkpoint import check_pgc_state
+    check_pgc_state(state, opt.pgc_state_dict(), source)
+    opt.load_torch_state_dict(state["optimizer"])
+    opt.version = int(state["version"])
+    restore_pgc_part(state, capture, encoder)
+    sender.busy = float(state.get("busy", 0.0))
+    staleness.restore(state.get("c_bound"))
+
+
 def load_torch_state(optimizer, sd: dict, load) -> None:
     """torch's ``load_state_dict`` (``load(sd)``, the wrapped class's method), keeping the
     param-group dicts the user's optimizer shares with this one (torch replaces them; a

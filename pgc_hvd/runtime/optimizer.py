@@ -1,9 +1,10 @@
-"""``pgc_hvd.DistributedOptimizer``: a Horovod optimizer that steps with the n-s fastest ranks.
+"""The optimizer behind ``pgc_hvd.DistributedOptimizer``: it steps with the n-s fastest ranks.
 
-Shaped like ``hvd.DistributedOptimizer``: it returns an instance of a dynamic subclass of the
-user's optimizer class, so ``isinstance(opt, torch.optim.SGD)`` still holds and the user's
-``step`` rule (momentum, weight decay, Adam moments, ...) applies the decoded update. Each rank
-is one worker of the scheme (n = ``hvd.size()``).
+Shaped like ``hvd.DistributedOptimizer``: the constructor (:mod:`pgc_hvd.runtime.distributed`,
+Horovod's signature) returns an instance of a dynamic subclass of the user's optimizer class
+with the methods of :class:`PGCOptimizer`, so ``isinstance(opt, torch.optim.SGD)`` still holds
+and the user's ``step`` rule (momentum, weight decay, Adam moments, ...) applies the decoded
+update. Each rank is one worker of the scheme (n = ``hvd.size()``).
 
 Per step t (= the rank's model version, the number of updates it has applied):
 
@@ -20,12 +21,16 @@ Per step t (= the rank's model version, the number of updates it has applied):
    and applies the next decided update at once. So the i-th ``step()`` call applies update i on
    every rank (docs/from_horovod.md).
 
-This module is the facade: Horovod's step API (``step``, ``synchronize``,
+This module is the facade (:class:`PGCOptimizer`): Horovod's step API (``step``, ``synchronize``,
 ``skip_synchronize``, ``zero_grad``), ``batches``, the wiring and the lifecycle. The parts own
 their state and take the plan and the version as arguments (docs/architecture.md, "The
 runtime's parts"): :mod:`~pgc_hvd.runtime.config` (Horovod's keywords, defaults, local checks),
 :mod:`~pgc_hvd.runtime.consistency` (the cross-rank checks), :mod:`~pgc_hvd.runtime.capture`
 (gradients into ring slots), :mod:`pgc_hvd.compress.message` (message formation and encoding),
+:mod:`~pgc_hvd.runtime.closing` (the order of ``close()`` / ``abandon()``),
+:mod:`~pgc_hvd.runtime.lifecycle` (closed at exit when ``close()`` is not called),
+:mod:`~pgc_hvd.runtime.replica_rng` / :mod:`~pgc_hvd.runtime.replica_check` (the replicas'
+forward-pass randomness and first-step data),
 :mod:`~pgc_hvd.runtime.agent` (the decision), :mod:`~pgc_hvd.runtime.updates` (decided update
 into ``p.grad``), :mod:`~pgc_hvd.runtime.faults`, :mod:`~pgc_hvd.runtime.step_records`,
 :mod:`~pgc_hvd.runtime.interop` (Horovod's broadcast of the optimizer state) and
@@ -53,19 +58,19 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
 from pgc_hvd.compress.message import MessageEncoder
-from pgc_hvd.control.momentum import applies_to, compensated
+from pgc_hvd.control.momentum import applies_to
 from pgc_hvd.flat_layout import FlatLayout
-from pgc_hvd.runtime import consistency, interop, lifecycle, optim_state
+from pgc_hvd.runtime import closing, consistency, interop, lifecycle, optim_state
 from pgc_hvd.runtime.agent import AgentError, CommAgent
 from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
-                                    from_horovod, metric_values, parameter_names)
+                                    metric_values, parameter_names)
 from pgc_hvd.runtime.faults import FaultMonitor
 from pgc_hvd.runtime.planner import StepPlanner
 from pgc_hvd.runtime.replica_check import ReplicaDataCheck
@@ -74,7 +79,6 @@ from pgc_hvd.runtime.sender import MessageSender
 from pgc_hvd.runtime.staleness import StalenessKnob
 from pgc_hvd.runtime.step_records import StepRecorder
 from pgc_hvd.runtime.updates import UpdateApplier
-
 
 
 def _current_of(opt):
@@ -92,8 +96,70 @@ def _current_of(opt):
     return current
 
 
-class _PGCOptimizer(torch.optim.Optimizer):
-    """Methods copied into the dynamic subclass of the user's optimizer class."""
+class _StateDicts(torch.optim.Optimizer):
+    """The facade's state-dict methods (the torch / Horovod way of saving and resuming), kept
+    apart from :class:`PGCOptimizer`'s step API; the dynamic subclass gets both
+    (:func:`facade_methods`)."""
+
+    def _pgc_part(self, copy: bool = True) -> dict:
+        self._pgc_adopt()
+        return optim_state.pgc_part(self.version, self.scheme, self.rank, self._pgc_capture,
+                                    self._pgc_encoder, self._pgc_sender.busy,
+                                    self.staleness_bound, copy=copy)
+
+    def state_dict(self) -> dict:
+        """torch's optimizer state plus what a resume needs: ``param_groups[0]["pgc_version"]``
+        (the model version; a scalar option, so ``hvd.broadcast_optimizer_state`` carries rank
+        0's to every rank) and ``"pgc"``: this rank's :meth:`pgc_state_dict` without the torch
+        part (scheme, n, s, rank, ring, slot versions, error-feedback residual, RNG states).
+        Tensors are referenced, not copied, as torch's own state_dict does."""
+        part = self._pgc_part(copy=False)
+        sd = super(self.__class__, self).state_dict()
+        sd["param_groups"][0][interop.VERSION_KEY] = self.version
+        sd["pgc"] = part
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore a :meth:`state_dict` (or a plain torch one) before the first step: all of it
+        from this rank's own state, the torch state and the version (empty ring) from another
+        rank's of the same run; another world size or scheme raises CheckpointError
+        (:func:`~pgc_hvd.runtime.optim_state.load_state_dict`)."""
+        optim_state.load_state_dict(self, state_dict)
+
+    def load_torch_state_dict(self, sd: dict) -> None:
+        """torch's ``load_state_dict`` of the wrapped class, keeping the param-group dicts the
+        user's optimizer shares with this one (:func:`~pgc_hvd.runtime.optim_state.
+        load_torch_state`)."""
+        optim_state.load_torch_state(self, sd, super(self.__class__, self).load_state_dict)
+
+    def pgc_state_dict(self) -> dict:
+        """Optimizer state, ring buffers, step, RNG states and delay-trace position."""
+        part = self._pgc_part()
+        return {"optimizer": super(self.__class__, self).state_dict(), **part}
+
+    def load_pgc_state_dict(self, state: dict, source: str = "the state dict") -> None:
+        """Restore a :meth:`pgc_state_dict` of this rank before the first step, all or nothing
+        (checked first: :func:`~pgc_hvd.runtime.checkpoint.check_pgc_state`, CheckpointError
+        naming ``source``). This rank only: :func:`~pgc_hvd.runtime.load_checkpoint` also makes
+        the ranks agree on the step."""
+        if self._pgc_started:
+            raise RuntimeError("load_pgc_state_dict must be called before the first step()")
+        optim_state.load_pgc_state(self, state, source, capture=self._pgc_capture,
+                                   encoder=self._pgc_encoder, sender=self._pgc_sender,
+                                   staleness=self._pgc_staleness)
+        self._pgc_agent.restart_at(self.version)
+        self._pgc_planner.next()
+
+
+def facade_methods() -> dict:
+    """The methods (and class attributes) the dynamic subclass of the user's optimizer class
+    carries: :class:`_StateDicts`' and :class:`PGCOptimizer`'s."""
+    return {**_StateDicts.__dict__, **PGCOptimizer.__dict__}
+
+
+class PGCOptimizer(_StateDicts):
+    """Methods copied into the dynamic subclass of the user's optimizer class (built by
+    :func:`pgc_hvd.DistributedOptimizer`; not instantiated directly)."""
 
     # GradScaler.step(opt) hands this optimizer the scale (``opt.grad_scale``) instead of
     # unscaling p.grad itself: the ring slots of the current step are unscaled in step()
@@ -402,6 +468,9 @@ class _PGCOptimizer(torch.optim.Optimizer):
                                 name=f"{cfg.name}.start.version", rank=self.rank)
         self._pgc_replicas.check(self._pgc_hvd, step=self.version, name=f"{cfg.name}.replicas",
                                  timeout=cfg.timeout)
+        self._pgc_start_agent()
+
+    def _pgc_start_agent(self) -> None:
         self._pgc_agent.start()
         self._pgc_started = True
 
@@ -421,18 +490,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     def _pgc_apply_grads(self) -> None:
         """The user's optimizer rule on ``p.grad`` (the decoded update), then ``version += 1``."""
-        # a GradScaler's grad_scale / found_inf are this optimizer's (the ring was unscaled),
-        # not the user's rule's: torch's SGD/Adam would apply them to the decoded update
-        amp = {k: self.__dict__.pop(k) for k in ("grad_scale", "found_inf") if k in self.__dict__}
-        # the user's momentum less the stale gradients' implicit momentum (control.momentum)
-        last = self._pgc_applier.last
-        mean_age = last.decision.info.get("mean_age") if last is not None else None
-        try:
-            with compensated(self.param_groups, mean_age, self._pgc_corrects_momentum):
-                super(self.__class__, self).step()
-        finally:
-            self.__dict__.update(amp)
-        self._pgc_applier.applied(self.param_groups)
+        self._pgc_applier.apply(super(self.__class__, self).step, self.param_groups,
+                                self.__dict__, correct_momentum=self._pgc_corrects_momentum)
         self._pgc_capture.update_in_grad = False
         self.version += 1
         self._pgc_after_update()
@@ -478,15 +537,8 @@ class _PGCOptimizer(torch.optim.Optimizer):
         ``join_timeout`` seconds for the agent thread to stop (its next collective fails),
         apply every update it decided (the same on every survivor), remove the gradient hooks
         and mark the optimizer closed. Returns the version reached."""
-        self._pgc_agent.join(join_timeout)
-        try:
-            self._pgc_apply_decided()
-        except Exception as err:   # e.g. the non-finite check: keep the version reached
-            import logging
-            logging.getLogger("pgc_hvd.runtime").warning(
-                "pgc_hvd: applying the abandoned world's decided updates stopped: %s", err)
-        self._pgc_recorder.drain(self._pgc_agent)
-        self._pgc_capture.remove_hooks()
+        closing.abandon(join_timeout, agent=self._pgc_agent, recorder=self._pgc_recorder,
+                        capture=self._pgc_capture, apply_decided=self._pgc_apply_decided)
         self._pgc_closed = True
         return int(self.version)
 
@@ -511,42 +563,22 @@ class _PGCOptimizer(torch.optim.Optimizer):
 
     def close(self) -> None:
         """End of training (not needed: an optimizer not closed is closed at exit, at
-        ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`): serve
-        collectives until every rank is done (every agent stops at the same control round, so
-        all hold the same decisions), agree on the final version V = max_r version_r
-        (:func:`~pgc_hvd.runtime.consistency.final_versions`), apply the decided updates up to
-        V (a rank that left its loop early catches up; a step decided after every rank had left
-        is applied by none), then compare the parameters' and the
-        applied hyper-parameters' digests (:func:`~pgc_hvd.runtime.consistency.check_close`):
-        a disagreement raises :class:`AgentError` on every rank naming the ranks."""
+        ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`); the
+        steps are :func:`~pgc_hvd.runtime.closing.close`'s: serve collectives until every rank
+        is done, agree on the final version V = max_r version_r, apply the decided updates up
+        to V (a rank that left its loop early catches up), then compare the parameters' and the
+        applied hyper-parameters' digests: a disagreement raises :class:`AgentError` on every
+        rank naming the ranks."""
         if self._pgc_closed:
             return
         self._pgc_closed = True
-        cfg, hvd = self._pgc_config, self._pgc_hvd
-        try:
-            if not self._pgc_started:
-                self._pgc_agent.start()
-                self._pgc_started = True
-            try:
-                self._pgc_agent.finish()
-            except AgentError as err:
-                self._pgc_faults.raise_explained(err)
-            self.loop_end_versions = ends = consistency.final_versions(
-                hvd, self.version, name=f"{cfg.name}.close.version", timeout=cfg.timeout,
-                rank=self.rank)
-            target = max(ends)
-            fault = None
-            try:
-                self._pgc_apply_decided(upto=target)
-            except consistency.NonFiniteParameters as err:
-                fault = err   # raised after the comparison, which the other ranks wait for
-            self._pgc_recorder.drain(self._pgc_agent)
-            consistency.check_close(hvd, self.version, self._pgc_layout.params,
-                                    self._pgc_applier.hyper_digest, name=f"{cfg.name}.close",
-                                    timeout=cfg.timeout, rank=self.rank, fault=fault)
-        finally:
-            self._pgc_capture.remove_hooks()
-            self._pgc_recorder.close()
+        closing.close(self._pgc_hvd, self._pgc_config, self.rank, version=lambda: self.version,
+                      start=None if self._pgc_started else self._pgc_start_agent,
+                      agent=self._pgc_agent, faults=self._pgc_faults,
+                      recorder=self._pgc_recorder, capture=self._pgc_capture,
+                      applier=self._pgc_applier, params=self._pgc_layout.params,
+                      apply_decided=self._pgc_apply_decided,
+                      on_versions=lambda ends: setattr(self, "loop_end_versions", ends))
 
     # -- the staleness knob ----------------------------------------------------------------------
     @property
@@ -563,183 +595,3 @@ class _PGCOptimizer(torch.optim.Optimizer):
         same value (as :class:`pgc_hvd.control.runtime.AdaptiveController` does) or on rank 0
         only. PGC and the exact codes have no such knob: their c is the code's."""
         self._pgc_staleness.request(c)
-
-    # -- state dicts (the torch / Horovod way of saving and resuming; optim_state) ---------------
-    def _pgc_part(self, copy: bool = True) -> dict:
-        self._pgc_adopt()
-        return optim_state.pgc_part(self.version, self.scheme, self.rank, self._pgc_capture,
-                                    self._pgc_encoder, self._pgc_sender.busy,
-                                    self.staleness_bound, copy=copy)
-
-    def state_dict(self) -> dict:
-        """torch's optimizer state plus what a resume needs: ``param_groups[0]["pgc_version"]``
-        (the model version; a scalar option, so ``hvd.broadcast_optimizer_state`` carries rank
-        0's to every rank) and ``"pgc"``: this rank's :meth:`pgc_state_dict` without the torch
-        part (scheme, n, s, rank, ring, slot versions, error-feedback residual, RNG states).
-        Tensors are referenced, not copied, as torch's own state_dict does."""
-        part = self._pgc_part(copy=False)
-        sd = super(self.__class__, self).state_dict()
-        sd["param_groups"][0][interop.VERSION_KEY] = self.version
-        sd["pgc"] = part
-        return sd
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Restore a :meth:`state_dict` (or a plain torch one) before the first step: all of it
-        from this rank's own state, the torch state and the version (empty ring) from another
-        rank's of the same run; another world size or scheme raises CheckpointError
-        (:func:`~pgc_hvd.runtime.optim_state.load_state_dict`)."""
-        optim_state.load_state_dict(self, state_dict)
-
-    def load_torch_state_dict(self, sd: dict) -> None:
-        """torch's ``load_state_dict`` of the wrapped class, keeping the param-group dicts the
-        user's optimizer shares with this one (:func:`~pgc_hvd.runtime.optim_state.
-        load_torch_state`)."""
-        optim_state.load_torch_state(self, sd, super(self.__class__, self).load_state_dict)
-
-    def pgc_state_dict(self) -> dict:
-        """Optimizer state, ring buffers, step, RNG states and delay-trace position."""
-        part = self._pgc_part()
-        return {"optimizer": super(self.__class__, self).state_dict(), **part}
-
-    def load_pgc_state_dict(self, state: dict, source: str = "the state dict") -> None:
-        """Restore a :meth:`pgc_state_dict` of this rank before the first step, all or nothing
-        (checked first: :func:`~pgc_hvd.runtime.checkpoint.check_pgc_state`, CheckpointError
-        naming ``source``). This rank only: :func:`~pgc_hvd.runtime.load_checkpoint` also makes
-        the ranks agree on the step."""
-        if self._pgc_started:
-            raise RuntimeError("load_pgc_state_dict must be called before the first step()")
-        from pgc_hvd.runtime.checkpoint import check_pgc_state
-        check_pgc_state(state, self.pgc_state_dict(), source)
-        self.load_torch_state_dict(state["optimizer"])
-        self.version = int(state["version"])
-        optim_state.restore_pgc_part(state, self._pgc_capture, self._pgc_encoder)
-        self._pgc_sender.busy = float(state.get("busy", 0.0))
-        self._pgc_staleness.restore(state.get("c_bound"))
-        self._pgc_agent.restart_at(self.version)
-        self._pgc_planner.next()
-
-
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
-                         compression: Any = None, backward_passes_per_step: int = 1, op=None,
-                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                         groups=None, sparse_as_dense: bool = False, process_set=None, *,
-                         scheme: str = "pgc-cr", stragglers: Optional[int] = None,
-                         delays=None, records=None, scheme_options: Optional[dict] = None,
-                         timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
-                         on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
-                         optimistic: Optional[bool] = None, control: str = "allgather",
-                         name: str = "pgc", metrics=(), momentum_correction: bool = True,
-                         hvd=None, engine=None):
-    """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
-
-    The positional arguments are Horovod's, in Horovod's order (``optimizer,
-    named_parameters, compression, backward_passes_per_step, op, ...``); the scheme, the
-    straggler budget and every pgc_hvd option are keyword-only.
-
-    Args:
-        optimizer: the user's torch optimizer (its class and hyper-parameters are kept).
-        named_parameters: ``model.named_parameters()`` (checked to cover the optimizer's).
-        scheme: any name of :func:`pgc_hvd.schemes.get_scheme` (``dgd``, ``pgc-cr``, ``bcgc``,
-            ``gc-cr``, ``bounded-staleness``, ...); n = ``hvd.size()``.
-        stragglers: the straggler budget s; default (None): 0 for ``dgd`` (it waits for every
-            rank), 1 for every other scheme.
-        compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback);
-            Horovod's ``hvd.Compression.none`` (dense) and ``hvd.Compression.fp16`` (dense
-            messages travel as float16: half the bytes) are accepted.
-        backward_passes_per_step: as Horovod's: the gradients of up to this many backward
-            passes per partition accumulate in ``p.grad`` before ``step()``; more raise.
-        op: ``hvd.Average`` (default: the decoded update is the average gradient, as Horovod's)
-            or ``hvd.Sum`` (n times it); ``hvd.Adasum`` is refused (its pairwise projections
-            need every rank's gradient, which gradient coding does not wait for).
-        gradient_predivide_factor: accepted (> 0, with ``op=hvd.Average``, as Horovod requires);
-            it only splits Horovod's averaging into a pre- and post-division for fp16
-            range; pgc_hvd decodes in fp32 with the code's coefficients, so it changes nothing.
-        num_groups, groups, sparse_as_dense, process_set: Horovod's allreduce fusion and
-            sparse options; accepted for compatibility (one flat coded message per step; sparse
-            gradients are densified into the ring). A ``process_set`` other than the global one
-            is refused.
-        delays: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
-            simulator's delay models and traces, :mod:`pgc_hvd.delays`) or a spec string in
-            the simulator's ``--delay`` syntax (``"exp:mean=0.1,seed=1"``); slept on the
-            compute side of this rank.
-        records: a :class:`~pgc_hvd.metrics.records.RecordWriter` (rank 0 writes one StepRecord
-            per step) or None; ``on_record`` is called with each record on rank 0.
-        scheme_options: extra options for the scheme (e.g. ``{"decoder": "first-complete"}``;
-            ``"min-error"`` with ``compression``: every rank sends ||C(u) - u|| in its control
-            row, and the step takes the complete class of least total error, BCGC Sec. VI-B).
-        timeout: seconds after which a collective or a step with no answer raises
-            :class:`~pgc_hvd.runtime.agent.AgentError` (a rank died or hung).
-        poll_interval: seconds between control rounds while waiting.
-        on_update: ``on_update(step, flat_update)`` is called on the training thread with every
-            decoded update (the flat vector handed to the user's optimizer) before it is applied;
-            its buffer is recycled after the step, so clone it to keep it.
-            A callable that takes three positional arguments is called as
-            ``on_update(step, flat_update, decision)`` with the step's
-            :class:`~pgc_hvd.schemes.protocol.Decision` (messages used, their versions,
-            ``decision.info["max_age"]`` counting ring slots); decided once from its signature.
-        replay_arrivals: ``[(worker, step), ...]`` in arrival order, e.g. a simulator's
-            ``arrival_log``: the ranks' messages are offered to the scheme in exactly that order
-            (while it lasts), and each rank computes exactly the steps it computes there, so the
-            run takes the simulated run's decisions whatever the real timing (twin tests,
-            reproducing a schedule). Every rank must pass the same list.
-        straggler_policy: what a rank does when the step it is computing fires without it
-            (the simulator's option of the same name). ``"continue"`` (default): it finishes
-            the step and sends its late message (dropped by exact and pipelined schemes, used by
-            bounded staleness). ``"cancel"`` (exact and pipelined schemes): it abandons the rest
-            of the step at the next point the runtime controls -- before its next partition, or
-            during the injected ``delays`` -- keeps the ring slots it has evaluated (PGC paper:
-            every worker stores its own gradients whether it straggles or not), sends nothing
-            and starts the newest model; the model of the paper's analysis, where every worker
-            starts every step and s(t, i) >= t - c + 1. It cannot interrupt a forward/backward
-            pass in progress.
-        optimistic: one-collective steps: a rank's payload travels in the same allgather as
-            the control row that first shows it ready, so a step that fires on that control
-            round needs no second collective (every rank then receives every current-step
-            payload, also the ones the decision leaves out: n payloads). Default (None): on for
-            CPU payload rows while n of them are at most
-            ``pgc_hvd.compress.transport.OPTIMISTIC_BYTES`` (4 MiB, measured;
-            ``PGC_HVD_OPTIMISTIC_BYTES``), where latency dominates; off above it, where the
-            step is decided on control rows alone and dense messages move in ONE allreduce of
-            the ranks' weighted contributions (2 (n-1)/n * 4d bytes per rank, as Horovod's),
-            sparse ones in an allgather of the chosen rows (:mod:`pgc_hvd.compress.transport`).
-        metrics: names of small user metrics (e.g. ``["accuracy"]``) that ``step(metrics=
-            {"accuracy": a})`` sends in the control row; :attr:`metrics` gives every rank the
-            decided step's means (and the loss's) with no extra collective.
-        momentum_correction: True (default): each update is applied with the optimizer's
-            momentum less the momentum its stale gradients already add (mu_imp = a/(1+a) for the
-            update's mean gradient age a; beta' = max(0, beta - mu_imp), SGD's lr scaled by
-            (1-beta')/(1-beta) so lr/(1-beta) is kept; Adam's beta1 likewise), the user's values
-            restored after the step. Pipelined schemes only (PGC-FR, PGC-CR, PGC-BCGC: their
-            messages average evaluations over the last c models); exact schemes have nothing to
-            correct and bounded staleness (delayed, not averaged) measured worse with it.
-            Records carry ``implicit_momentum`` and ``effective_momentum``. False applies the
-            optimizer's own momentum unchanged (:mod:`pgc_hvd.control.momentum`).
-        control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
-            Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
-            ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
-            a round costs 0.3-0.6 ms instead of 1.3-7.7 ms here, payloads then move in one data
-            allgather per step; rank 0's address from ``PGC_HVD_STORE_ADDR`` or its host name).
-        engine: whose collectives: ``"horovod"`` (``horovod.torch``), ``"torch"``
-            (torch.distributed, :mod:`pgc_hvd.torch`) or None: from the launcher's environment
-            (:func:`pgc_hvd.runtime.engines.resolve`); ``hvd``, when given, is used as it is.
-
-    Every argument is checked (type and range) before any collective; a bad one raises
-    TypeError or ValueError naming it.
-    """
-    if hvd is None:
-        from pgc_hvd.runtime.engines import resolve
-        hvd = resolve(engine)
-    horovod = from_horovod(hvd, compression=compression,
-                           backward_passes_per_step=backward_passes_per_step, op=op,
-                           gradient_predivide_factor=gradient_predivide_factor,
-                           num_groups=num_groups, groups=groups, sparse_as_dense=sparse_as_dense,
-                           process_set=process_set, metrics=metrics)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_PGCOptimizer.__dict__))
-    config = RuntimeConfig(
-        scheme=scheme, stragglers=stragglers, delays=delays, records=records,
-        scheme_options=scheme_options, timeout=timeout, poll_interval=poll_interval, name=name,
-        on_record=on_record, on_update=on_update, replay_arrivals=replay_arrivals,
-        straggler_policy=straggler_policy, optimistic=optimistic, control=control,
-        momentum_correction=momentum_correction, **horovod)
-    return cls(optimizer, named_parameters, config, hvd)

@@ -3,10 +3,13 @@
 Owns what turns the agent's decoded update g_hat (an fp32 d-vector) into the gradient the
 user's optimizer rule applies: the ``on_update`` callback (two or three arguments, decided once
 from its signature), Horovod's ``op`` factor (``hvd.Sum``: n g_hat), the per-parameter buffers
-of fp16/bf16/fp64 parameters, and the running digest of the hyper-parameters each update was
-applied with (compared across ranks at ``close()``). The step and the update are arguments.
+of fp16/bf16/fp64 parameters, the user's rule applied to it (:meth:`UpdateApplier.apply`: a
+GradScaler's ``grad_scale`` / ``found_inf`` kept away from it, the staleness-aware momentum
+correction around it) and the running digest of the hyper-parameters each update was applied
+with (compared across ranks at ``close()``). The step and the update are arguments.
 
-Runs on the training thread. May import: ``flat_layout``, ``runtime.config`` and torch.
+Runs on the training thread. May import: ``flat_layout``, ``control.momentum``,
+``runtime.config`` and torch.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import zlib
 
 import torch
 
+from pgc_hvd.control.momentum import compensated
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime.config import takes_three
 
@@ -87,6 +91,23 @@ class UpdateApplier:
                 buf.copy_(v)
                 v = buf
             p.grad = v
+
+    def apply(self, rule, param_groups, owner: dict, *, correct_momentum: bool) -> None:
+        """The user's rule (``rule()``, the wrapped class's ``step``) on the loaded update, then
+        :meth:`applied`. A GradScaler's ``grad_scale`` / ``found_inf`` in ``owner`` (the
+        optimizer's ``__dict__``) are this optimizer's (the ring was unscaled), not the rule's:
+        torch's SGD/Adam would apply them to the decoded update, so they are set aside while it
+        runs. With ``correct_momentum`` the rule runs with the user's momentum less the stale
+        gradients' implicit momentum (:mod:`pgc_hvd.control.momentum`)."""
+        amp = {k: owner.pop(k) for k in ("grad_scale", "found_inf") if k in owner}
+        last = self.last
+        mean_age = last.decision.info.get("mean_age") if last is not None else None
+        try:
+            with compensated(param_groups, mean_age, correct_momentum):
+                rule()
+        finally:
+            owner.update(amp)
+        self.applied(param_groups)
 
     def applied(self, param_groups) -> None:
         """An update was applied with these hyper-parameters: clear p.grad, extend the digest."""

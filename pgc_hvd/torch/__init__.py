@@ -43,7 +43,7 @@ def shutdown() -> None:
 def DistributedOptimizer(optimizer, named_parameters=None, *args, **kwargs):
     """:func:`pgc_hvd.DistributedOptimizer` on the torch.distributed engine (every argument as
     there); initialises the engine when :func:`init` was not called."""
-    from pgc_hvd.runtime.optimizer import DistributedOptimizer as build
+    from pgc_hvd.runtime.distributed import DistributedOptimizer as build
 
     kwargs.pop("engine", None)
     kwargs.setdefault("hvd", _engine)

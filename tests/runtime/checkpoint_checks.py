@@ -28,7 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import pgc_hvd
-from pgc_hvd.runtime import PartitionLoader, TopK, load_checkpoint, save_checkpoint
+from pgc_hvd.compress import TopK
+from pgc_hvd.runtime import PartitionLoader, load_checkpoint, save_checkpoint
 from pgc_hvd.runtime.checkpoint import CheckpointError
 
 torch.set_num_threads(1)

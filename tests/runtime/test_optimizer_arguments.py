@@ -39,7 +39,7 @@ def test_good_arguments_pass_and_a_delay_spec_is_parsed():
     ({"poll_interval": 0}, ValueError, "poll_interval must be finite seconds > 0"),
     ({"replay_arrivals": [(5, 0)]}, ValueError, "outside \\[0, n\\)"),
     ({"scheme_options": {"decoder": "min-error"}}, ValueError,
-     "needs compressed messages: pass compression=pgc_hvd.runtime.TopK"),
+     "needs compressed messages: pass compression=pgc_hvd.compress.TopK"),
 ])
 def test_bad_arguments_are_named(overrides, error, message):
     with pytest.raises(error, match=message):

@@ -30,7 +30,8 @@ import pgc_hvd
 hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 from pgc_hvd.data import load_dataset, partition, train_test_split
 from pgc_hvd.models import build_task
-from pgc_hvd.runtime import PartitionLoader, TopK
+from pgc_hvd.compress import TopK
+from pgc_hvd.runtime import PartitionLoader
 from pgc_hvd.schemes import get_scheme
 from pgc_hvd.delays import Exponential, LongStraggler
 from pgc_hvd.sim.engine import SimConfig, Simulator
