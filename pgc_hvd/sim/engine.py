@@ -425,6 +425,8 @@ class Simulator:
         extra.update(self._apply(g_hat, decision.info.get("mean_age")))
         self.version = step + 1
         self.snapshots[self.version] = self._flat()
+        if not bool(torch.isfinite(self.snapshots[self.version]).all()):
+            self.diverged = step        # non-finite parameters: the run stops after this step
         for old in [k for k in self.snapshots if k < self.version - 64]:
             del self.snapshots[old]
         extra["lr"] = float(self.opt.param_groups[0]["lr"])
@@ -481,8 +483,8 @@ class Simulator:
         for u in decision.uses:
             m = self.store[(u.worker, u.step)]["payload"]
             vals = m[0] if isinstance(m, tuple) else m
-            if not bool(torch.isfinite(vals).all()):
-                return True
+            if isinstance(vals, torch.Tensor) and not bool(torch.isfinite(vals).all()):
+                return True     # (the time-only simulator's payloads are sizes, not tensors)
         return False
 
     def _emit(self, rec: StepRecord, t: float, clock: Progress) -> bool:
@@ -492,9 +494,8 @@ class Simulator:
             self.writer.write(rec)
         step = len(self.records)
         clock.tick(step, t, rec)
-        if not bool(torch.isfinite(self.snapshots[self.version]).all()):
-            self.diverged = step        # non-finite parameters: every later message would be
-            return True
+        if self.diverged is not None:   # non-finite parameters (_update): every later
+            return True                 # message would be non-finite
         return stops(self.cfg, rec, t, step)
 
     def _next_event(self, step: int) -> tuple:

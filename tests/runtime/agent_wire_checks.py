@@ -187,20 +187,27 @@ def check_fp16():
     assert sum(data_bytes(c16, n, ctl)) > 0
     ok("fp16_optimistic_path")
     # overflow: entries of 60000 fit fp16, their sum does not -> the step is summed in fp32
+    # whether a step's sum overflows depends on which ranks' messages it uses (the decoding
+    # weights a_I of the straggler set): a loaded machine may give sets that never overflow, so
+    # the run is repeated (up to 3 times, the same on every rank: fell is agreed) until one does
     for reduce in ("alltoall", "allreduce"):
-        big = drive(f16, d, f"big16{reduce}", optimistic=False, big=True, narrow_reduce=reduce)
-        fell = 0
-        for t, (flat, dec, info) in enumerate(big):
-            want = want_update(dec, d, big=True)
-            assert torch.isfinite(flat).all(), f"step {t}: an overflowed fp16 sum was applied"
-            if info["fp16_fallback"]:
-                fell += 1
-                rel = float((flat.double() - want).norm() / want.norm())
-                assert rel < 1e-6, f"fp32 fallback step {t}: relative error {rel:.2e}"
-            else:
-                assert float(want.abs().max()) <= 65520, f"step {t}: overflow not caught"
-            same_on_all_ranks(flat, f"big16{reduce}.{t}")
-        assert fell > 0, f"{reduce}: no step overflowed, the check did not exercise the fallback"
+        for attempt in range(3):
+            big = drive(f16, d, f"big16{reduce}{attempt}", optimistic=False, big=True,
+                        narrow_reduce=reduce)
+            fell = 0
+            for t, (flat, dec, info) in enumerate(big):
+                want = want_update(dec, d, big=True)
+                assert torch.isfinite(flat).all(), f"step {t}: an overflowed fp16 sum was applied"
+                if info["fp16_fallback"]:
+                    fell += 1
+                    rel = float((flat.double() - want).norm() / want.norm())
+                    assert rel < 1e-6, f"fp32 fallback step {t}: relative error {rel:.2e}"
+                else:
+                    assert float(want.abs().max()) <= 65520, f"step {t}: overflow not caught"
+                same_on_all_ranks(flat, f"big16{reduce}{attempt}.{t}")
+            if fell > 0:
+                break
+        assert fell > 0, f"{reduce}: no step overflowed in 3 runs, the fallback was not exercised"
         one = int(alltoall_reduce_bytes(n, d) if reduce == "alltoall"
                   else allreduce_bytes(n, d, 2))
         b = data_bytes(big, n, ctl)
