@@ -116,6 +116,8 @@ __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_
 
 log = logging.getLogger("pgc_hvd.runtime")
 
+_END, _IDLE, _WAIT = object(), object(), object()   # outcomes of CommAgent._decide
+
 @dataclass
 class Outgoing:
     step: int
@@ -228,6 +230,9 @@ class CommAgent:
             raise ValueError("control='store' exchanges control rows through a key-value "
                              "store, which cannot carry payloads: leave optimistic unset")
         self.channel = channel
+        # control='log': rows are appended where events happen, decisions read (control_log)
+        self._log = getattr(channel, "kind", None) == "log"
+        self._ops_prev = 0     # the channel's control operations at the previous decision
         self.optimistic = bool(channel.carries_payloads)
         # can a message for a past step still be used (bounded staleness table)?
         self._late_usable = scheme.late_usable
@@ -247,6 +252,8 @@ class CommAgent:
             self._c_request = int(c)
             self._wake = True
             self.cond.notify_all()
+        if self._log and self.rank == 0:
+            self._append_row()
 
     def start(self) -> None:
         self._thread.start()
@@ -277,6 +284,8 @@ class CommAgent:
             self._busy_total = busy_total
             self._wake = True
             self.cond.notify_all()
+        if self._log:
+            self._append_row()
         self._raise_if_failed()
 
     def report_bad(self, step: int, busy_total: float) -> None:
@@ -285,11 +294,14 @@ class CommAgent:
             self._busy_total = busy_total
             self._wake = True
             self.cond.notify_all()
+        if self._log:
+            self._append_row()
 
     def wait_for(self, step: int, timeout: Optional[float] = None) -> None:
         """Block until the update of ``step`` is decided (or raise the agent's error)."""
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        # control='log': the decider's verdict on a missing rank comes first (it names it)
+        deadline = time.monotonic() + limit + (self.channel.grace if self._log else 0.0)
         with self.cond:
             while self.error is None and self._decided <= step:
                 left = deadline - time.monotonic()
@@ -378,9 +390,12 @@ class CommAgent:
         agent serves collectives until every rank is done, then stops; no wait (safe from a
         finaliser, :mod:`pgc_hvd.runtime.lifecycle`)."""
         with self.cond:
+            again = self._done
             self._done = True
             self._wake = True
             self.cond.notify_all()
+        if self._log and not again:
+            self._append_row()
 
     def finish(self, timeout: Optional[float] = None) -> None:
         """This rank's loop is done: keep serving collectives until every rank is done."""
@@ -394,9 +409,12 @@ class CommAgent:
     def fail(self) -> None:
         """The training thread raised: tell the other ranks (they stop with a clear error)."""
         with self.cond:
+            again = self._failed
             self._failed = True
             self._wake = True
             self.cond.notify_all()
+        if self._log and not again:
+            self._append_row()
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -462,61 +480,168 @@ class CommAgent:
             self._wake = False
 
     def _loop(self) -> None:
-        rnd = self._round = self.scheme.open_round(self.step)
-        step_start = time.time()
-        n, book = self.n, self.book
+        if getattr(self.channel, "kind", None) == "log":
+            return self._log_loop()
+        self._round = self.scheme.open_round(self.step)
+        self._step_start = time.time()
         while True:
             ctl, payloads = self._control_round()
-            self.control_rounds += 1
-            self._last_rows, self._last_round_at = ctl, time.monotonic()
             self.comm.received(payloads)
-            failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
-            if failed:
-                raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
-                                 f"stopping rank {self.rank}", failed_ranks=failed)
-            if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
+            got = self._decide(ctl)
+            if got is _END:
                 return
-            self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
-            book.see_ready(ctl)
-            ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
-            if ended and self.step >= min(ended) and not any(
-                    ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
-                # a rank's loop ended at or before this step, and no rank still training has
-                # computed it: it is not needed (every rank loops on `optimizer.version <
-                # steps`), and deciding it (a bounded-staleness round can fire from its table,
-                # or on a late message) would move every rank past the version its loop
-                # stopped at. A rank still training that computes it makes it needed again
-                # (a rank that left its loop early catches up at close()).
-                self._ended_at = min(ended)
+            if got is _IDLE:
                 self._idle(hurry=False)
-                continue
-            book.see_bad(ctl, warn=self.rank == 0)
-            decision = None
-            for arr in book.arrivals(ctl):
-                decision = rnd.offer(arr)
-                if decision is not None:
-                    break  # later arrivals of this batch are offered to the next round
-            if decision is None:
-                decision = rnd.poll()
-            if decision is None:
-                self._check_stuck(ctl, rnd)
-                self._idle(hurry=bool(rnd.arrived))
-                continue
-            busy = [ctl[w][CTRL_BUSY] for w in range(n)]
-            update = self._data_phase(decision, step_start)
-            busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
-            self._busy_prev = busy
-            with self.cond:
-                if self.reports:
-                    self._reports.append(self._report(update, busy_step))
-                self._updates[update.step] = update
-                self._decided += 1
-                self.cond.notify_all()
-            self.step += 1
-            step_start = update.time
-            if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
-                book.forget_before(self.step - 32)
-            rnd = self._round = self.scheme.open_round(self.step)
+            elif got is _WAIT:
+                self._idle(hurry=bool(self._round.arrived))
+            else:
+                self._fire(got, ctl)
+
+    def _decide(self, ctl) -> object:
+        """The decision body on one view of every rank's control row (the same on every rank):
+        raises on a failed rank or a round that cannot fire; returns ``_END`` (every rank is
+        done), ``_IDLE`` (a rank's loop ended before the open step: nothing to decide),
+        ``_WAIT`` (the open round needs more arrivals) or the scheme's Decision."""
+        self.control_rounds += 1
+        self._last_rows, self._last_round_at = ctl, time.monotonic()
+        n, book, rnd = self.n, self.book, self._round
+        failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
+        if failed:
+            raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
+                             f"stopping rank {self.rank}", failed_ranks=failed)
+        if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
+            return _END
+        self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
+        book.see_ready(ctl)
+        ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
+        if ended and self.step >= min(ended) and not any(
+                ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
+            # a rank's loop ended at or before this step, and no rank still training has
+            # computed it: it is not needed (every rank loops on `optimizer.version <
+            # steps`), and deciding it (a bounded-staleness round can fire from its table,
+            # or on a late message) would move every rank past the version its loop
+            # stopped at. A rank still training that computes it makes it needed again
+            # (a rank that left its loop early catches up at close()).
+            self._ended_at = min(ended)
+            return _IDLE
+        book.see_bad(ctl, warn=self.rank == 0)
+        decision = None
+        for arr in book.arrivals(ctl):
+            decision = rnd.offer(arr)
+            if decision is not None:
+                break  # later arrivals of this batch are offered to the next round
+        if decision is None:
+            decision = rnd.poll()
+        if decision is None:
+            self._check_stuck(ctl, rnd)
+            return _WAIT
+        return decision
+
+    def _fire(self, decision: Decision, ctl) -> None:
+        """A decided step: the data phase, its report and update handed over, the next round
+        opened."""
+        n = self.n
+        busy = [ctl[w][CTRL_BUSY] for w in range(n)]
+        update = self._data_phase(decision, self._step_start)
+        busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
+        self._busy_prev = busy
+        with self.cond:
+            if self.reports:
+                self._reports.append(self._report(update, busy_step))
+            self._updates[update.step] = update
+            self._decided += 1
+            self.cond.notify_all()
+        self.step += 1
+        self._step_start = update.time
+        if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
+            self.book.forget_before(self.step - 32)
+        self._round = self.scheme.open_round(self.step)
+
+    # -- control="log": one decider, every other rank follows its published rows ---------
+    def _log_loop(self) -> None:
+        """:mod:`pgc_hvd.runtime.control_log`: rank 0 takes the rows in log order, runs
+        :meth:`_decide` once per row and once more after each outcome, and publishes each
+        outcome's rows; every other rank runs :meth:`_decide` on the same rows in the same
+        order, so it reaches the same outcomes."""
+        from pgc_hvd.runtime.control_log import LogView
+
+        chan = self.channel
+        view = LogView(self.n, self.ctrl_len, self.ring_size, self.metrics)
+        self._round = self.scheme.open_round(self.step)
+        self._step_start = time.time()
+        if self.rank == 0:
+            taken: list = []
+            last_seen = [time.monotonic()] * self.n
+            deadline = time.monotonic() + self.timeout
+            while True:
+                ctl = view.rows(self.book.offered)
+                try:
+                    got = self._decide(ctl)
+                    if got is _END:
+                        chan.publish(self.step, taken)
+                        return
+                    if isinstance(got, Decision):
+                        chan.publish(self.step, taken)
+                        taken = []
+                        self._fire(got, ctl)
+                        deadline = time.monotonic() + self.timeout
+                        continue
+                    nxt = chan.next_row(deadline)
+                    if nxt is None:
+                        raise AgentError(self._log_timeout(ctl, last_seen))
+                except Exception as err:   # every rank stops with the decider's text
+                    chan.publish(self.step, taken, error=err)
+                    raise
+                view.add(*nxt)
+                last_seen[nxt[0]] = time.monotonic()
+                taken.append(nxt)
+        while True:
+            rec = chan.decision(self.step)
+            if rec.error is not None:
+                raise AgentError(f"rank {self.rank}: stopping: {rec.error}",
+                                 failed_ranks=rec.failed)
+            rows = iter(rec.rows)
+            while True:
+                ctl = view.rows(self.book.offered)
+                got = self._decide(ctl)
+                if got is _END:
+                    return
+                if isinstance(got, Decision):
+                    self._fire(got, ctl)
+                    break
+                nxt = next(rows, None)
+                if nxt is None:
+                    raise AgentError(f"rank {self.rank}: control log, step {self.step}: the "
+                                     f"decider's rows do not decide it here (a bug)")
+                view.add(*nxt)
+
+    def _log_timeout(self, ctl, last_seen: list) -> str:
+        """The decider's error when no row came within ``timeout``: the ranks the open step
+        waits for, and how long since each one's last row."""
+        t, rnd, now = self.step, self._round, time.monotonic()
+        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
+        bad = {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
+        waiting = [w for w in range(self.n) if w not in set(rnd.arrived) | done | bad]
+        if not waiting:
+            waiting = [w for w in range(self.n) if w not in done]
+        quiet = ", ".join(f"rank {w}: {now - last_seen[w]:.1f}s" for w in waiting)
+        return (f"rank 0 (control log decider): step {t} was not decided within "
+                f"{self.timeout:.0f}s: no control row from rank(s) {waiting} (last row: "
+                f"{quiet}): a rank has died or hung, or computes longer than the timeout; "
+                f"stopping instead of hanging")
+
+    def _append_row(self) -> None:
+        """control='log': this rank's control row, showing its newest message, joins the log
+        (called where the event happens: submit, non-finite message, done, failed, staleness
+        bound request)."""
+        with self.cond:
+            out = self._outbox[max(self._outbox)] if self._outbox else None
+            pack_row(self._row, out, ring_size=self.ring_size, metrics=self.metrics,
+                     busy=self._busy_total, bad_step=self._bad_step,
+                     done=1.0 + self._applied if self._done else 0.0, failed=self._failed,
+                     c_request=self._c_request if self.rank == 0 else None)
+            row = self._row.clone()
+        self.channel.append(row)
 
     def _apply_c_bound(self, c: int) -> None:
         """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
@@ -566,12 +691,21 @@ class CommAgent:
         used = self.book.used_info(uses)     # loss, user metrics: from the control rows
         info = {"loss": used.pop("loss"), "step_time": now - step_start, "control_rounds": self.control_rounds,
                 "data_rounds": comm.data_rounds, "bytes": comm.take_bytes(),
-                "collective": kind}
+                "collective": kind, "control_ops": self._control_ops()}
         if self.codec.wire_dtype != torch.float32:
             info["fp16_fallback"] = fallback
             info["fp16_reduce"] = comm.narrow_reduce if kind == "allreduce" else None
         info.update(used)
         return Update(decision.step, flat, decision, now, info)
+
+    def _control_ops(self) -> Optional[int]:
+        """Control messages this rank issued since the previous decided step (collectives or
+        store operations of its control channel; None for a channel that does not count)."""
+        ops = getattr(self.channel, "ops", None)
+        if ops is None:
+            return None
+        n, self._ops_prev = ops - self._ops_prev, ops
+        return int(n)
 
     @property
     def data_rounds(self) -> int:
