@@ -542,7 +542,15 @@ class CommAgent:
         opened."""
         n = self.n
         busy = [ctl[w][CTRL_BUSY] for w in range(n)]
-        update = self._data_phase(decision, self._step_start)
+        self.coll.step = self.step
+        try:
+            update = self._data_phase(decision, self._step_start)
+        except AgentError as err:
+            if not self._log:
+                raise
+            # control='log': a dead or frozen rank stops the data collective first; the
+            # control store's census names it
+            raise AgentError(self.channel.census(self.step, err)) from err
         busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
         self._busy_prev = busy
         with self.cond:

@@ -277,6 +277,38 @@ class LogChannel:
             return LogRecord(error=msg, failed=[int(w) for w in failed.split(",") if w])
         return LogRecord(rows=decode_rows(raw, self.length))
 
+    def census(self, step: int, err: BaseException) -> str:
+        """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
+        frozen rank is in it too, so it fails before the decider misses a row): every rank
+        that gets here says so under ``pgc/<name>/fault/<step>/<rank>`` and waits a little for
+        the others; the ranks that never say so are named. Only on this failure path."""
+        key = lambda w: f"{self.prefix}/fault/{int(step)}/{w}"   # noqa: E731
+        read = f"{self.prefix}/fault/{int(step)}/read"
+        wait = min(self.timeout, max(3.0, 0.75 * self.timeout))
+        try:
+            self.store.set(key(self.rank), b"1")
+            try:
+                self.store.wait([key(w) for w in range(self.n)], timedelta(seconds=wait))
+            except Exception:
+                pass   # some never report: they are the ones
+            missing = [w for w in range(self.n) if not self.store.check([key(w)])]
+            self.store.add(read, 1)
+            if self.rank == 0:   # the server: stay until the others have read the census
+                deadline = time.monotonic() + wait
+                while (int(self.store.add(read, 0)) < self.n - len(missing)
+                       and time.monotonic() < deadline):
+                    time.sleep(0.01)
+        except Exception:
+            return (f"rank {self.rank}: step {step}: the data collective failed and the "
+                    f"control store on rank 0 is unreachable: rank 0 died or hung; stopping "
+                    f"({err})")
+        if not missing:
+            return f"rank {self.rank}: step {step}: {err}"
+        return (f"rank {self.rank}: step {step}: the data collective failed and rank(s) "
+                f"{missing} did not answer a census over the control store within "
+                f"{wait:.0f}s: rank(s) {missing} died or hung (timeout {self.timeout:.0f}s); "
+                f"stopping ({err})")
+
     def close(self) -> None:
         """After the last outcome: stop rank 0's reader, then the bye protocol of
         ``control="store"``."""
