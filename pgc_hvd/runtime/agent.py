@@ -594,6 +594,8 @@ class CommAgent:
                         self._fire(got, ctl)
                         deadline = time.monotonic() + self.timeout
                         continue
+                    if view.moved(ctl, self.book.offered):
+                        continue   # an offer uncovered a rank's next message: see it first
                     nxt = chan.next_row(deadline)
                     if nxt is None:
                         raise AgentError(self._log_timeout(ctl, last_seen))
@@ -617,6 +619,8 @@ class CommAgent:
                 if isinstance(got, Decision):
                     self._fire(got, ctl)
                     break
+                if view.moved(ctl, self.book.offered):
+                    continue
                 nxt = next(rows, None)
                 if nxt is None:
                     raise AgentError(f"rank {self.rank}: control log, step {self.step}: the "
@@ -634,7 +638,7 @@ class CommAgent:
             waiting = [w for w in range(self.n) if w not in done]
         quiet = ", ".join(f"rank {w}: {now - last_seen[w]:.1f}s" for w in waiting)
         return (f"rank 0 (control log decider): step {t} was not decided within "
-                f"{self.timeout:.0f}s: no control row from rank(s) {waiting} (last row: "
+                f"{self.timeout:.0f}s: it waits for rank(s) {waiting} (their last control row: "
                 f"{quiet}): a rank has died or hung, or computes longer than the timeout; "
                 f"stopping instead of hanging")
 

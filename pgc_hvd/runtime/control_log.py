@@ -91,6 +91,12 @@ class LogView:
             self.pending[w][k] = row
             self.top[w] = k
 
+    def moved(self, ctl: list, offered) -> bool:
+        """Whether the messages shown differ from ``ctl``'s now that more are offered (a
+        rank's next pending message came into view)."""
+        return [r[CTRL_READY_STEP] for r in self.rows(offered)] != \
+            [r[CTRL_READY_STEP] for r in ctl]
+
     def rows(self, offered) -> list:
         out = []
         for w, base in enumerate(self.latest):
