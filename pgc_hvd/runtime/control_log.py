@@ -39,8 +39,11 @@ sees every row, in log order); payloads move in the data phase (``carries_payloa
 Faults: no row for ``timeout`` seconds while the open step waits makes the decider publish an
 error naming the ranks it waits for (and how long since each one's last row) and raise; the
 others raise the decider's text. A decider that died is named by the others' failed ``get``
-(its store is gone) or, hung, by a ``get`` that outlasts ``timeout`` (their reads wait
-``timeout + grace``, so a decider's verdict arrives first). Close: as ``control="store"``
+(its store is gone) or, hung, by a ``get`` that outlasts ``2 timeout + 3`` s (longer than
+the decider's own wait, so its verdict arrives first). A dead or frozen rank is also in the
+data collective, which then fails or times out first: every rank that gets there says so in
+the store (``fault/<t>/<rank>``) and waits up to ``timeout`` + 1 s for the others; the ranks that
+never say so are named (:meth:`LogChannel.census`). Close: as ``control="store"``
 (every rank adds 1 to ``pgc/<name>/bye``; rank 0 waits for n).
 
 Not done: the log and decision keys are never deleted (about 2 n rows of
@@ -146,8 +149,10 @@ class LogChannel:
         self.rank, self.n, self.length = int(rank), int(n), int(length)
         self.prefix = f"pgc/{name}"
         self.timeout = float(timeout)
-        #: followers wait this much longer than the decider, so its verdict reaches them first
-        self.grace = 2.0 + 0.25 * self.timeout
+        #: the training threads and the followers' reads wait this much longer than the
+        #: decider and the data collective (``timeout``), so the decider's verdict, or the
+        #: census after a failed data collective (up to ``timeout`` + 1 s), reaches them first
+        self.grace = self.timeout + 3.0
         self.store = clients["main"]      # rank 0: the server; publishes, closes
         self.writer = clients.get("writer")   # rank > 0: appends (training thread)
         self.reader = clients.get("reader")   # rank 0: the log reader thread's client
@@ -172,7 +177,7 @@ class LogChannel:
         blocking read never holds up an append."""
         from pgc_hvd.runtime.control_store import open_store
 
-        follow = float(timeout) + 2.0 + 0.25 * float(timeout)
+        follow = 2.0 * float(timeout) + 3.0   # timeout + LogChannel.grace
         store, connect = open_store(hvd, rank, f"{name}.log", timeout if rank == 0 else follow)
         clients = {"main": store}
         if rank == 0:
@@ -287,10 +292,12 @@ class LogChannel:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
         frozen rank is in it too, so it fails before the decider misses a row): every rank
         that gets here says so under ``pgc/<name>/fault/<step>/<rank>`` and waits a little for
-        the others; the ranks that never say so are named. Only on this failure path."""
+        the others (up to ``timeout`` + 1 s: an alive rank's collective has failed by then);
+        the ranks that never say so are named. Only on this failure path."""
         key = lambda w: f"{self.prefix}/fault/{int(step)}/{w}"   # noqa: E731
         read = f"{self.prefix}/fault/{int(step)}/read"
-        wait = min(self.timeout, max(3.0, 0.75 * self.timeout))
+        # an alive rank's data collective fails at most `timeout` after the first one's
+        wait = self.timeout + 1.0
         try:
             self.store.set(key(self.rank), b"1")
             try:
