@@ -86,6 +86,13 @@ training thread failed, or a round that cannot fire any more (every rank either 
 sent a non-finite message, or finished), raises on every rank; a step not decided within the
 timeout names the ranks it waits for and whether their control rows kept coming.
 
+``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds. A rank appends its
+row to an ordered log when an event happens (message submitted, non-finite, done, failed), rank
+0's agent runs the same decision body (:meth:`CommAgent._decide`) on the rows in log order and
+publishes the rows of each outcome, and every other agent reads them with one blocking ``get``
+and runs the same body on them (:meth:`CommAgent._log_loop`): the same decisions, about 3 store
+operations per rank per step.
+
 Replay (``replay=[(worker, step), ...]``, e.g. a simulator's arrival log): arrivals are offered
 in exactly that order while it lasts, whatever the ranks' real timing; with the optimizer's
 matching rule for which model version a rank computes next, a real run then takes the same
@@ -138,7 +145,8 @@ class Update:
     """A decided step: ``flat`` = g_hat (fp32 d-vector), the decision, when it was decided, and
     ``info``: ``loss`` (mean over the used messages, None when none), ``step_time``,
     ``control_rounds``, ``data_rounds``, ``bytes`` (received by this rank since the previous
-    update), ``collective``; ``fp16_fallback`` with fp16 messages; ``metrics``,
+    update), ``collective``, ``control_ops`` (control messages this rank issued since the
+    previous update: allgathers, or store operations); ``fp16_fallback`` with fp16 messages; ``metrics``,
     ``metrics_count``, ``metrics_from`` when the agent carries user metrics (module doc)."""
 
     step: int
