@@ -9,7 +9,8 @@ the optimizer: it queues a :class:`Report` of each decided step, which the train
 turns into records; what the control rows have shown (offered arrivals, their losses and
 metrics, non-finite messages, the replayed order) is :class:`~pgc_hvd.runtime.arrivals.
 ArrivalBook`'s. May import: ``compress``, ``schemes``, ``runtime.arrivals``,
-``runtime.channel``, ``runtime.communicator``, ``runtime.wire``.
+``runtime.channel``, ``runtime.communicator``, ``runtime.wire``, ``runtime.control_log``
+(``control="log"``).
 
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
 computing (or straggling) cannot be left out of a collective. So every rank runs this agent,
@@ -172,7 +173,104 @@ class Report:
     c: Optional[int] = None
 
 
-class CommAgent:
+class _DecisionBody:
+    """The decision body of :class:`CommAgent`, on one view of every rank's control row (the
+    same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
+    ``control="log"`` (:func:`pgc_hvd.runtime.control_log.log_loop`)."""
+
+    def _decide(self, ctl) -> object:
+        """The decision body on one view of every rank's control row (the same on every rank):
+        raises on a failed rank or a round that cannot fire; returns ``_END`` (every rank is
+        done), ``_IDLE`` (a rank's loop ended before the open step: nothing to decide),
+        ``_WAIT`` (the open round needs more arrivals) or the scheme's Decision."""
+        self.control_rounds += 1
+        self._last_rows, self._last_round_at = ctl, time.monotonic()
+        n, book, rnd = self.n, self.book, self._round
+        failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
+        if failed:
+            raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
+                             f"stopping rank {self.rank}", failed_ranks=failed)
+        if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
+            return _END
+        self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
+        book.see_ready(ctl)
+        ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
+        if ended and self.step >= min(ended) and not any(
+                ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
+            # a rank's loop ended at or before this step, and no rank still training has
+            # computed it: it is not needed (every rank loops on `optimizer.version <
+            # steps`), and deciding it (a bounded-staleness round can fire from its table,
+            # or on a late message) would move every rank past the version its loop
+            # stopped at. A rank still training that computes it makes it needed again
+            # (a rank that left its loop early catches up at close()).
+            self._ended_at = min(ended)
+            return _IDLE
+        book.see_bad(ctl, warn=self.rank == 0)
+        decision = None
+        for arr in book.arrivals(ctl):
+            decision = rnd.offer(arr)
+            if decision is not None:
+                break  # later arrivals of this batch are offered to the next round
+        if decision is None:
+            decision = rnd.poll()
+        if decision is None:
+            self._check_stuck(ctl, rnd)
+            return _WAIT
+        return decision
+
+    def _fire(self, decision: Decision, ctl) -> None:
+        """A decided step: the data phase, its report and update handed over, the next round
+        opened."""
+        n = self.n
+        busy = [ctl[w][CTRL_BUSY] for w in range(n)]
+        self.coll.step = self.step
+        try:
+            update = self._data_phase(decision, self._step_start)
+        except AgentError as err:
+            if not self._log:
+                raise
+            # control='log': a dead or frozen rank stops the data collective first; the
+            # control store's census names it
+            raise AgentError(self.channel.census(self.step, err)) from err
+        busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
+        self._busy_prev = busy
+        with self.cond:
+            if self.reports:
+                self._reports.append(self._report(update, busy_step))
+            self._updates[update.step] = update
+            self._decided += 1
+            self.cond.notify_all()
+        self.step += 1
+        self._step_start = update.time
+        if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
+            self.book.forget_before(self.step - 32)
+        self._round = self.scheme.open_round(self.step)
+
+    def _apply_c_bound(self, c: int) -> None:
+        """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
+        sch = self.scheme
+        if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
+            sch.staleness_bound = c
+            self.c_changes.append((self.step, c))
+
+    def _check_stuck(self, ctl, rnd) -> None:
+        """Raise when the scheme says the open round can no longer fire
+        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`): the ranks still pending are those that
+        have not arrived, sent no non-finite message for this step and have not finished."""
+        t = self.step
+        gone = set(rnd.arrived)
+        gone |= {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
+        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
+        if not self.scheme.can_fire(rnd, set(range(self.n)) - gone - done):
+            bad = sorted(w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t)
+            raise AgentError(
+                f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
+                f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
+                f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
+                f"(give every rank the same number of step() calls)")
+
+
+class CommAgent(_DecisionBody):
     """Runs the control/data protocol for one rank in a background thread (see module doc).
 
     ``codec`` (:mod:`pgc_hvd.compress.codecs`) says how payload rows look and how weighted rows
@@ -487,9 +585,16 @@ class CommAgent:
                 self.cond.wait(wait)
             self._wake = False
 
+    def _append_row(self) -> None:
+        """control='log': this rank's row joins the log (:func:`~pgc_hvd.runtime.control_log.
+        append_row`; called where the event happens)."""
+        from pgc_hvd.runtime.control_log import append_row
+        append_row(self)
+
     def _loop(self) -> None:
-        if getattr(self.channel, "kind", None) == "log":
-            return self._log_loop()
+        if self._log:   # one decider, every other rank follows its published rows
+            from pgc_hvd.runtime.control_log import log_loop
+            return log_loop(self)
         self._round = self.scheme.open_round(self.step)
         self._step_start = time.time()
         while True:
@@ -504,187 +609,6 @@ class CommAgent:
                 self._idle(hurry=bool(self._round.arrived))
             else:
                 self._fire(got, ctl)
-
-    def _decide(self, ctl) -> object:
-        """The decision body on one view of every rank's control row (the same on every rank):
-        raises on a failed rank or a round that cannot fire; returns ``_END`` (every rank is
-        done), ``_IDLE`` (a rank's loop ended before the open step: nothing to decide),
-        ``_WAIT`` (the open round needs more arrivals) or the scheme's Decision."""
-        self.control_rounds += 1
-        self._last_rows, self._last_round_at = ctl, time.monotonic()
-        n, book, rnd = self.n, self.book, self._round
-        failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
-        if failed:
-            raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
-                             f"stopping rank {self.rank}", failed_ranks=failed)
-        if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
-            return _END
-        self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
-        book.see_ready(ctl)
-        ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
-        if ended and self.step >= min(ended) and not any(
-                ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
-            # a rank's loop ended at or before this step, and no rank still training has
-            # computed it: it is not needed (every rank loops on `optimizer.version <
-            # steps`), and deciding it (a bounded-staleness round can fire from its table,
-            # or on a late message) would move every rank past the version its loop
-            # stopped at. A rank still training that computes it makes it needed again
-            # (a rank that left its loop early catches up at close()).
-            self._ended_at = min(ended)
-            return _IDLE
-        book.see_bad(ctl, warn=self.rank == 0)
-        decision = None
-        for arr in book.arrivals(ctl):
-            decision = rnd.offer(arr)
-            if decision is not None:
-                break  # later arrivals of this batch are offered to the next round
-        if decision is None:
-            decision = rnd.poll()
-        if decision is None:
-            self._check_stuck(ctl, rnd)
-            return _WAIT
-        return decision
-
-    def _fire(self, decision: Decision, ctl) -> None:
-        """A decided step: the data phase, its report and update handed over, the next round
-        opened."""
-        n = self.n
-        busy = [ctl[w][CTRL_BUSY] for w in range(n)]
-        self.coll.step = self.step
-        try:
-            update = self._data_phase(decision, self._step_start)
-        except AgentError as err:
-            if not self._log:
-                raise
-            # control='log': a dead or frozen rank stops the data collective first; the
-            # control store's census names it
-            raise AgentError(self.channel.census(self.step, err)) from err
-        busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
-        self._busy_prev = busy
-        with self.cond:
-            if self.reports:
-                self._reports.append(self._report(update, busy_step))
-            self._updates[update.step] = update
-            self._decided += 1
-            self.cond.notify_all()
-        self.step += 1
-        self._step_start = update.time
-        if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
-            self.book.forget_before(self.step - 32)
-        self._round = self.scheme.open_round(self.step)
-
-    # -- control="log": one decider, every other rank follows its published rows ---------
-    def _log_loop(self) -> None:
-        """:mod:`pgc_hvd.runtime.control_log`: rank 0 takes the rows in log order, runs
-        :meth:`_decide` once per row and once more after each outcome, and publishes each
-        outcome's rows; every other rank runs :meth:`_decide` on the same rows in the same
-        order, so it reaches the same outcomes."""
-        from pgc_hvd.runtime.control_log import LogView
-
-        chan = self.channel
-        view = LogView(self.n, self.ctrl_len, self.ring_size, self.metrics)
-        self._round = self.scheme.open_round(self.step)
-        self._step_start = time.time()
-        if self.rank == 0:
-            taken: list = []
-            last_seen = [time.monotonic()] * self.n
-            deadline = time.monotonic() + self.timeout
-            while True:
-                ctl = view.rows(self.book.offered)
-                try:
-                    got = self._decide(ctl)
-                    if got is _END:
-                        chan.publish(self.step, taken)
-                        return
-                    if isinstance(got, Decision):
-                        chan.publish(self.step, taken)
-                        taken = []
-                        self._fire(got, ctl)
-                        deadline = time.monotonic() + self.timeout
-                        continue
-                    if view.moved(ctl, self.book.offered):
-                        continue   # an offer uncovered a rank's next message: see it first
-                    nxt = chan.next_row(deadline)
-                    if nxt is None:
-                        raise AgentError(self._log_timeout(ctl, last_seen))
-                except Exception as err:   # every rank stops with the decider's text
-                    chan.publish(self.step, taken, error=err)
-                    raise
-                view.add(*nxt)
-                last_seen[nxt[0]] = time.monotonic()
-                taken.append(nxt)
-        while True:
-            rec = chan.decision(self.step)
-            if rec.error is not None:
-                raise AgentError(f"rank {self.rank}: stopping: {rec.error}",
-                                 failed_ranks=rec.failed)
-            rows = iter(rec.rows)
-            while True:
-                ctl = view.rows(self.book.offered)
-                got = self._decide(ctl)
-                if got is _END:
-                    return
-                if isinstance(got, Decision):
-                    self._fire(got, ctl)
-                    break
-                if view.moved(ctl, self.book.offered):
-                    continue
-                nxt = next(rows, None)
-                if nxt is None:
-                    raise AgentError(f"rank {self.rank}: control log, step {self.step}: the "
-                                     f"decider's rows do not decide it here (a bug)")
-                view.add(*nxt)
-
-    def _log_timeout(self, ctl, last_seen: list) -> str:
-        """The decider's error when no row came within ``timeout``: the ranks the open step
-        waits for, and how long since each one's last row."""
-        t, rnd, now = self.step, self._round, time.monotonic()
-        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
-        bad = {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
-        waiting = [w for w in range(self.n) if w not in set(rnd.arrived) | done | bad]
-        if not waiting:
-            waiting = [w for w in range(self.n) if w not in done]
-        quiet = ", ".join(f"rank {w}: {now - last_seen[w]:.1f}s" for w in waiting)
-        return (f"rank 0 (control log decider): step {t} was not decided within "
-                f"{self.timeout:.0f}s: it waits for rank(s) {waiting} (their last control row: "
-                f"{quiet}): a rank has died or hung, or computes longer than the timeout; "
-                f"stopping instead of hanging")
-
-    def _append_row(self) -> None:
-        """control='log': this rank's control row, showing its newest message, joins the log
-        (called where the event happens: submit, non-finite message, done, failed, staleness
-        bound request)."""
-        with self.cond:
-            out = self._outbox[max(self._outbox)] if self._outbox else None
-            pack_row(self._row, out, ring_size=self.ring_size, metrics=self.metrics,
-                     busy=self._busy_total, bad_step=self._bad_step,
-                     done=1.0 + self._applied if self._done else 0.0, failed=self._failed,
-                     c_request=self._c_request if self.rank == 0 else None)
-            row = self._row.clone()
-        self.channel.append(row)
-
-    def _apply_c_bound(self, c: int) -> None:
-        """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
-        sch = self.scheme
-        if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
-            sch.staleness_bound = c
-            self.c_changes.append((self.step, c))
-
-    def _check_stuck(self, ctl, rnd) -> None:
-        """Raise when the scheme says the open round can no longer fire
-        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`): the ranks still pending are those that
-        have not arrived, sent no non-finite message for this step and have not finished."""
-        t = self.step
-        gone = set(rnd.arrived)
-        gone |= {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
-        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
-        if not self.scheme.can_fire(rnd, set(range(self.n)) - gone - done):
-            bad = sorted(w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t)
-            raise AgentError(
-                f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
-                f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
-                f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
-                f"(give every rank the same number of step() calls)")
 
     def _own(self, step: int) -> Outgoing:
         """This rank's message of ``step`` (the communicator reads own payloads here)."""

@@ -342,3 +342,99 @@ class LogChannel:
                 pass
             if self._reader is not None:
                 self._reader.join(1.0)
+
+
+# -- the agent's side (CommAgent under control="log"; the agent is passed in) -----------
+def log_loop(agent) -> None:
+    """The agent's loop under ``control="log"`` (module doc): rank 0 takes the rows in log
+    order, runs the agent's ``_decide`` once per row, once more after each outcome and once
+    more when an offer uncovered a rank's next message (as a polled rank's next row would show
+    it), and publishes each outcome's rows; every other rank runs ``_decide`` on the same rows
+    by the same rule, so it reaches the same outcomes."""
+    from pgc_hvd.runtime.agent import _END
+    from pgc_hvd.runtime.channel import AgentError
+    from pgc_hvd.schemes import Decision
+
+    chan = agent.channel
+    view = LogView(agent.n, agent.ctrl_len, agent.ring_size, agent.metrics)
+    agent._round = agent.scheme.open_round(agent.step)
+    agent._step_start = time.time()
+    if agent.rank == 0:
+        taken: list = []
+        last_seen = [time.monotonic()] * agent.n
+        deadline = time.monotonic() + agent.timeout
+        while True:
+            ctl = view.rows(agent.book.offered)
+            try:
+                got = agent._decide(ctl)
+                if got is _END:
+                    chan.publish(agent.step, taken)
+                    return
+                if isinstance(got, Decision):
+                    chan.publish(agent.step, taken)
+                    taken = []
+                    agent._fire(got, ctl)
+                    deadline = time.monotonic() + agent.timeout
+                    continue
+                if view.moved(ctl, agent.book.offered):
+                    continue   # an offer uncovered a rank's next message: see it first
+                nxt = chan.next_row(deadline)
+                if nxt is None:
+                    raise AgentError(_timeout_message(agent, ctl, last_seen))
+            except Exception as err:   # every rank stops with the decider's text
+                chan.publish(agent.step, taken, error=err)
+                raise
+            view.add(*nxt)
+            last_seen[nxt[0]] = time.monotonic()
+            taken.append(nxt)
+    while True:
+        rec = chan.decision(agent.step)
+        if rec.error is not None:
+            raise AgentError(f"rank {agent.rank}: stopping: {rec.error}",
+                             failed_ranks=rec.failed)
+        rows = iter(rec.rows)
+        while True:
+            ctl = view.rows(agent.book.offered)
+            got = agent._decide(ctl)
+            if got is _END:
+                return
+            if isinstance(got, Decision):
+                agent._fire(got, ctl)
+                break
+            if view.moved(ctl, agent.book.offered):
+                continue
+            nxt = next(rows, None)
+            if nxt is None:
+                raise AgentError(f"rank {agent.rank}: control log, step {agent.step}: the "
+                                 f"decider's rows do not decide it here (a bug)")
+            view.add(*nxt)
+
+
+def _timeout_message(agent, ctl, last_seen: list) -> str:
+    """The decider's error when no row came within ``timeout``: the ranks the open step
+    waits for, and how long since each one's last row."""
+    t, rnd, now = agent.step, agent._round, time.monotonic()
+    done = {w for w in range(agent.n) if ctl[w][CTRL_DONE] > 0}
+    bad = {w for w in range(agent.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
+    waiting = [w for w in range(agent.n) if w not in set(rnd.arrived) | done | bad]
+    if not waiting:
+        waiting = [w for w in range(agent.n) if w not in done]
+    quiet = ", ".join(f"rank {w}: {now - last_seen[w]:.1f}s" for w in waiting)
+    return (f"rank 0 (control log decider): step {t} was not decided within "
+            f"{agent.timeout:.0f}s: it waits for rank(s) {waiting} (their last control row: "
+            f"{quiet}): a rank has died or hung, or computes longer than the timeout; "
+            f"stopping instead of hanging")
+
+
+def append_row(agent) -> None:
+    """control='log': this rank's control row, showing its newest message, joins the log
+    (called where the event happens: submit, non-finite message, done, failed, staleness
+    bound request)."""
+    row = torch.empty(agent.ctrl_len, dtype=torch.float64)
+    with agent.cond:
+        out = agent._outbox[max(agent._outbox)] if agent._outbox else None
+        pack_row(row, out, ring_size=agent.ring_size, metrics=agent.metrics,
+                 busy=agent._busy_total, bad_step=agent._bad_step,
+                 done=1.0 + agent._applied if agent._done else 0.0, failed=agent._failed,
+                 c_request=agent._c_request if agent.rank == 0 else None)
+    agent.channel.append(row)
