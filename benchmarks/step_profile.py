@@ -2,6 +2,7 @@
 
     python benchmarks/step_profile.py [--np 4] [--model resnet18] [--schemes dgd,pgc-cr]
                                       [--compute 0.3] [--steps 12] [--poll 0.002]
+                                      [--controls allgather,store,log]
 
 For each scheme, one ``horovodrun --gloo`` job trains torchvision's ``--model`` (batch 2 of
 32x32 images, plus ``--compute`` seconds of emulated compute per partition) and times, per step
@@ -16,7 +17,12 @@ and rank (medians after 3 warm-up steps):
 * ``data``: the agent's data phase (the rank's weighted contribution, the allreduce or
   allgather, the decode);
 * ``apply``: the user's optimizer rule on the decoded update;
-* ``rounds``: control rounds per step.
+* ``rounds``: control rounds per step (``control="log"``: evaluations of the decision body);
+* ``ops``: control messages this rank issued per step (the records' ``control_ops``: control
+  allgathers, or store operations for ``control="store"`` / ``"log"``), mean after warm-up;
+* ``step``: the whole loop iteration (compute + send + wait + apply).
+
+``--controls`` runs each scheme once per control channel (issue 25).
 """
 
 from __future__ import annotations
@@ -48,10 +54,10 @@ def worker(args) -> None:
     m = build_model(args.model)
     opt = pgc_hvd.DistributedOptimizer(
         torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
-        timeout=300, poll_interval=args.poll,
-        name=f"prof-{scheme}")
+        timeout=300, poll_interval=args.poll, control=args.control,
+        name=f"prof-{scheme}-{args.control}")
     agent = opt.agent
-    T = {k: [] for k in ("compute", "send", "wait", "data", "apply", "rounds")}
+    T = {k: [] for k in ("compute", "send", "wait", "data", "apply", "rounds", "ops", "step")}
 
     def timed(obj, attr, key, record=None):
         real = getattr(obj, attr)
@@ -64,7 +70,10 @@ def worker(args) -> None:
                 record(out)
             return out
         setattr(obj, attr, run)
-    timed(agent, "_data_phase", "data", lambda u: T["rounds"].append(u.info["control_rounds"]))
+    def note(u):
+        T["rounds"].append(u.info["control_rounds"])
+        T["ops"].append(u.info.get("control_ops") or 0)
+    timed(agent, "_data_phase", "data", note)
     timed(agent, "wait_for", "wait")
     sync = []
     while opt.version < args.steps:
@@ -80,15 +89,19 @@ def worker(args) -> None:
         with opt.skip_synchronize():
             opt.step()             # apply: the user's rule on the decoded update
         T["apply"].append(time.perf_counter() - t2)
+        T["step"].append(time.perf_counter() - t0)
     # send = synchronize() minus the wait for the decision (a catch-up step waits only)
     T["send"] = [max(0.0, s - w) for s, w in zip(sync, T["wait"])]
     opt.close()
-    med = {k: float(np.median(v[3:])) * 1e3 for k, v in T.items() if k != "rounds" and v[3:]}
+    med = {k: float(np.median(v[3:])) * 1e3 for k, v in T.items()
+           if k not in ("rounds", "ops") and v[3:]}
     med["rounds"] = float(np.diff(T["rounds"])[3:].mean())
+    med["ops"] = float(np.mean(T["ops"][3:]))
     allv = hvd.allgather(torch.tensor([[med[k] for k in sorted(med)]], dtype=torch.float64),
                          name="prof.gather")
     if rank == 0:
-        print("RESULT " + json.dumps({"scheme": scheme, "n": n, "keys": sorted(med),
+        print("RESULT " + json.dumps({"scheme": scheme, "control": args.control, "n": n,
+                                      "keys": sorted(med),
                                       "ranks": allv.tolist()}), flush=True)
 
 
@@ -101,6 +114,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--poll", type=float, default=0.002)
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--controls", default="allgather",
+                   help="comma-separated control channels: allgather, store, log")
+    p.add_argument("--control", default="allgather", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--scheme", default="dgd", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -109,16 +125,18 @@ def main(argv=None) -> int:
         return 0
     print(f"Step profile, np={args.np}, {args.model}, compute {args.compute * 1e3:.0f} ms, poll "
           f"{args.poll * 1e3:.0f} ms: medians per rank, ms (rounds: control rounds per step)")
+    order = ["compute", "send", "wait", "data", "apply", "step", "rounds", "ops"]
     for sch in args.schemes.split(","):
-        r = run_ranks(args.np, __file__, ["--scheme", sch, "--model", args.model, "--compute",
-                                          args.compute, "--steps", args.steps, "--poll",
-                                          args.poll], args.timeout)
-        keys = r["keys"]
-        order = ["compute", "send", "wait", "data", "apply", "rounds"]
-        print(f"\n{sch}:  " + "  ".join(f"{k:>8}" for k in ["rank"] + order))
-        for rk, row in enumerate(r["ranks"]):
-            v = dict(zip(keys, row))
-            print("      " + "  ".join([f"{rk:>8}"] + [f"{v[k]:8.1f}" for k in order]))
+        for ctl in args.controls.split(","):
+            r = run_ranks(args.np, __file__, ["--scheme", sch, "--model", args.model,
+                                              "--compute", args.compute, "--steps", args.steps,
+                                              "--poll", args.poll, "--control", ctl],
+                          args.timeout)
+            keys = r["keys"]
+            print(f"\n{sch} control={ctl}:  " + "  ".join(f"{k:>8}" for k in ["rank"] + order))
+            for rk, row in enumerate(r["ranks"]):
+                v = dict(zip(keys, row))
+                print("      " + "  ".join([f"{rk:>8}"] + [f"{v[k]:8.1f}" for k in order]))
     return 0
 
 

@@ -80,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option (repeatable, or comma-separated), e.g. c=4,r=2 for "
                         "bounded-staleness, decoder=n-s for bcgc")
-    p.add_argument("--channel", choices=("allgather", "store"), default="allgather",
-                   help="how ranks exchange control rows: Horovod allgather (default) or a "
-                        "TCPStore served by rank 0 (pgc_hvd.runtime.control_store)")
+    p.add_argument("--channel", choices=("allgather", "store", "log"), default="allgather",
+                   help="how ranks exchange control rows: Horovod allgather (default), a "
+                        "TCPStore served by rank 0 (pgc_hvd.runtime.control_store), or an "
+                        "ordered log in that store with rank 0 deciding, no polling "
+                        "(pgc_hvd.runtime.control_log)")
     p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
                    help="control rule options KEY=VAL,... (ControlConfig fields: high, low, window, "
                         "patience, factor, growth, trend_window, every, knob=lr|c|auto, ...)")

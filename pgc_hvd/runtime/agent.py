@@ -9,7 +9,8 @@ the optimizer: it queues a :class:`Report` of each decided step, which the train
 turns into records; what the control rows have shown (offered arrivals, their losses and
 metrics, non-finite messages, the replayed order) is :class:`~pgc_hvd.runtime.arrivals.
 ArrivalBook`'s. May import: ``compress``, ``schemes``, ``runtime.arrivals``,
-``runtime.channel``, ``runtime.communicator``, ``runtime.wire``.
+``runtime.channel``, ``runtime.communicator``, ``runtime.wire``, ``runtime.control_log``
+(``control="log"``).
 
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
 computing (or straggling) cannot be left out of a collective. So every rank runs this agent,
@@ -86,6 +87,13 @@ training thread failed, or a round that cannot fire any more (every rank either 
 sent a non-finite message, or finished), raises on every rank; a step not decided within the
 timeout names the ranks it waits for and whether their control rows kept coming.
 
+``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds. A rank appends its
+row to an ordered log when an event happens (message submitted, non-finite, done, failed), rank
+0's agent runs the same decision body (:meth:`CommAgent._decide`) on the rows in log order and
+publishes the rows of each outcome, and every other agent reads them with one blocking ``get``
+and runs the same body on them (:func:`pgc_hvd.runtime.control_log.log_loop`): the same
+decisions, about 3 store operations per rank per step.
+
 Replay (``replay=[(worker, step), ...]``, e.g. a simulator's arrival log): arrivals are offered
 in exactly that order while it lasts, whatever the ranks' real timing; with the optimizer's
 matching rule for which model version a rank computes next, a real run then takes the same
@@ -116,6 +124,8 @@ __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_
 
 log = logging.getLogger("pgc_hvd.runtime")
 
+_END, _IDLE, _WAIT = object(), object(), object()   # outcomes of CommAgent._decide
+
 @dataclass
 class Outgoing:
     step: int
@@ -136,7 +146,8 @@ class Update:
     """A decided step: ``flat`` = g_hat (fp32 d-vector), the decision, when it was decided, and
     ``info``: ``loss`` (mean over the used messages, None when none), ``step_time``,
     ``control_rounds``, ``data_rounds``, ``bytes`` (received by this rank since the previous
-    update), ``collective``; ``fp16_fallback`` with fp16 messages; ``metrics``,
+    update), ``collective``, ``control_ops`` (control messages this rank issued since the
+    previous update: allgathers, or store operations); ``fp16_fallback`` with fp16 messages; ``metrics``,
     ``metrics_count``, ``metrics_from`` when the agent carries user metrics (module doc)."""
 
     step: int
@@ -162,7 +173,104 @@ class Report:
     c: Optional[int] = None
 
 
-class CommAgent:
+class _DecisionBody:
+    """The decision body of :class:`CommAgent`, on one view of every rank's control row (the
+    same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
+    ``control="log"`` (:func:`pgc_hvd.runtime.control_log.log_loop`)."""
+
+    def _decide(self, ctl) -> object:
+        """The decision body on one view of every rank's control row (the same on every rank):
+        raises on a failed rank or a round that cannot fire; returns ``_END`` (every rank is
+        done), ``_IDLE`` (a rank's loop ended before the open step: nothing to decide),
+        ``_WAIT`` (the open round needs more arrivals) or the scheme's Decision."""
+        self.control_rounds += 1
+        self._last_rows, self._last_round_at = ctl, time.monotonic()
+        n, book, rnd = self.n, self.book, self._round
+        failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
+        if failed:
+            raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
+                             f"stopping rank {self.rank}", failed_ranks=failed)
+        if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
+            return _END
+        self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
+        book.see_ready(ctl)
+        ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
+        if ended and self.step >= min(ended) and not any(
+                ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
+            # a rank's loop ended at or before this step, and no rank still training has
+            # computed it: it is not needed (every rank loops on `optimizer.version <
+            # steps`), and deciding it (a bounded-staleness round can fire from its table,
+            # or on a late message) would move every rank past the version its loop
+            # stopped at. A rank still training that computes it makes it needed again
+            # (a rank that left its loop early catches up at close()).
+            self._ended_at = min(ended)
+            return _IDLE
+        book.see_bad(ctl, warn=self.rank == 0)
+        decision = None
+        for arr in book.arrivals(ctl):
+            decision = rnd.offer(arr)
+            if decision is not None:
+                break  # later arrivals of this batch are offered to the next round
+        if decision is None:
+            decision = rnd.poll()
+        if decision is None:
+            self._check_stuck(ctl, rnd)
+            return _WAIT
+        return decision
+
+    def _fire(self, decision: Decision, ctl) -> None:
+        """A decided step: the data phase, its report and update handed over, the next round
+        opened."""
+        n = self.n
+        busy = [ctl[w][CTRL_BUSY] for w in range(n)]
+        self.coll.step = self.step
+        try:
+            update = self._data_phase(decision, self._step_start)
+        except AgentError as err:
+            if not self._log:
+                raise
+            # control='log': a dead or frozen rank stops the data collective first; the
+            # control store's census names it
+            raise AgentError(self.channel.census(self.step, err)) from err
+        busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
+        self._busy_prev = busy
+        with self.cond:
+            if self.reports:
+                self._reports.append(self._report(update, busy_step))
+            self._updates[update.step] = update
+            self._decided += 1
+            self.cond.notify_all()
+        self.step += 1
+        self._step_start = update.time
+        if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
+            self.book.forget_before(self.step - 32)
+        self._round = self.scheme.open_round(self.step)
+
+    def _apply_c_bound(self, c: int) -> None:
+        """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
+        sch = self.scheme
+        if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
+            sch.staleness_bound = c
+            self.c_changes.append((self.step, c))
+
+    def _check_stuck(self, ctl, rnd) -> None:
+        """Raise when the scheme says the open round can no longer fire
+        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`): the ranks still pending are those that
+        have not arrived, sent no non-finite message for this step and have not finished."""
+        t = self.step
+        gone = set(rnd.arrived)
+        gone |= {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
+        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
+        if not self.scheme.can_fire(rnd, set(range(self.n)) - gone - done):
+            bad = sorted(w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t)
+            raise AgentError(
+                f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
+                f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
+                f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
+                f"(give every rank the same number of step() calls)")
+
+
+class CommAgent(_DecisionBody):
     """Runs the control/data protocol for one rank in a background thread (see module doc).
 
     ``codec`` (:mod:`pgc_hvd.compress.codecs`) says how payload rows look and how weighted rows
@@ -228,6 +336,9 @@ class CommAgent:
             raise ValueError("control='store' exchanges control rows through a key-value "
                              "store, which cannot carry payloads: leave optimistic unset")
         self.channel = channel
+        # control='log': rows are appended where events happen, decisions read (control_log)
+        self._log = getattr(channel, "kind", None) == "log"
+        self._ops_prev = 0     # the channel's control operations at the previous decision
         self.optimistic = bool(channel.carries_payloads)
         # can a message for a past step still be used (bounded staleness table)?
         self._late_usable = scheme.late_usable
@@ -247,6 +358,8 @@ class CommAgent:
             self._c_request = int(c)
             self._wake = True
             self.cond.notify_all()
+        if self._log and self.rank == 0:
+            self._append_row()
 
     def start(self) -> None:
         self._thread.start()
@@ -277,6 +390,8 @@ class CommAgent:
             self._busy_total = busy_total
             self._wake = True
             self.cond.notify_all()
+        if self._log:
+            self._append_row()
         self._raise_if_failed()
 
     def report_bad(self, step: int, busy_total: float) -> None:
@@ -285,11 +400,14 @@ class CommAgent:
             self._busy_total = busy_total
             self._wake = True
             self.cond.notify_all()
+        if self._log:
+            self._append_row()
 
     def wait_for(self, step: int, timeout: Optional[float] = None) -> None:
         """Block until the update of ``step`` is decided (or raise the agent's error)."""
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        # control='log': the decider's verdict on a missing rank comes first (it names it)
+        deadline = time.monotonic() + limit + (self.channel.grace if self._log else 0.0)
         with self.cond:
             while self.error is None and self._decided <= step:
                 left = deadline - time.monotonic()
@@ -378,9 +496,12 @@ class CommAgent:
         agent serves collectives until every rank is done, then stops; no wait (safe from a
         finaliser, :mod:`pgc_hvd.runtime.lifecycle`)."""
         with self.cond:
+            again = self._done
             self._done = True
             self._wake = True
             self.cond.notify_all()
+        if self._log and not again:
+            self._append_row()
 
     def finish(self, timeout: Optional[float] = None) -> None:
         """This rank's loop is done: keep serving collectives until every rank is done."""
@@ -394,9 +515,12 @@ class CommAgent:
     def fail(self) -> None:
         """The training thread raised: tell the other ranks (they stop with a clear error)."""
         with self.cond:
+            again = self._failed
             self._failed = True
             self._wake = True
             self.cond.notify_all()
+        if self._log and not again:
+            self._append_row()
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -461,85 +585,30 @@ class CommAgent:
                 self.cond.wait(wait)
             self._wake = False
 
+    def _append_row(self) -> None:
+        """control='log': this rank's row joins the log (:func:`~pgc_hvd.runtime.control_log.
+        append_row`; called where the event happens)."""
+        from pgc_hvd.runtime.control_log import append_row
+        append_row(self)
+
     def _loop(self) -> None:
-        rnd = self._round = self.scheme.open_round(self.step)
-        step_start = time.time()
-        n, book = self.n, self.book
+        if self._log:   # one decider, every other rank follows its published rows
+            from pgc_hvd.runtime.control_log import log_loop
+            return log_loop(self)
+        self._round = self.scheme.open_round(self.step)
+        self._step_start = time.time()
         while True:
             ctl, payloads = self._control_round()
-            self.control_rounds += 1
-            self._last_rows, self._last_round_at = ctl, time.monotonic()
             self.comm.received(payloads)
-            failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
-            if failed:
-                raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
-                                 f"stopping rank {self.rank}", failed_ranks=failed)
-            if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
+            got = self._decide(ctl)
+            if got is _END:
                 return
-            self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
-            book.see_ready(ctl)
-            ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
-            if ended and self.step >= min(ended) and not any(
-                    ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
-                # a rank's loop ended at or before this step, and no rank still training has
-                # computed it: it is not needed (every rank loops on `optimizer.version <
-                # steps`), and deciding it (a bounded-staleness round can fire from its table,
-                # or on a late message) would move every rank past the version its loop
-                # stopped at. A rank still training that computes it makes it needed again
-                # (a rank that left its loop early catches up at close()).
-                self._ended_at = min(ended)
+            if got is _IDLE:
                 self._idle(hurry=False)
-                continue
-            book.see_bad(ctl, warn=self.rank == 0)
-            decision = None
-            for arr in book.arrivals(ctl):
-                decision = rnd.offer(arr)
-                if decision is not None:
-                    break  # later arrivals of this batch are offered to the next round
-            if decision is None:
-                decision = rnd.poll()
-            if decision is None:
-                self._check_stuck(ctl, rnd)
-                self._idle(hurry=bool(rnd.arrived))
-                continue
-            busy = [ctl[w][CTRL_BUSY] for w in range(n)]
-            update = self._data_phase(decision, step_start)
-            busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
-            self._busy_prev = busy
-            with self.cond:
-                if self.reports:
-                    self._reports.append(self._report(update, busy_step))
-                self._updates[update.step] = update
-                self._decided += 1
-                self.cond.notify_all()
-            self.step += 1
-            step_start = update.time
-            if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
-                book.forget_before(self.step - 32)
-            rnd = self._round = self.scheme.open_round(self.step)
-
-    def _apply_c_bound(self, c: int) -> None:
-        """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
-        sch = self.scheme
-        if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
-            sch.staleness_bound = c
-            self.c_changes.append((self.step, c))
-
-    def _check_stuck(self, ctl, rnd) -> None:
-        """Raise when the scheme says the open round can no longer fire
-        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`): the ranks still pending are those that
-        have not arrived, sent no non-finite message for this step and have not finished."""
-        t = self.step
-        gone = set(rnd.arrived)
-        gone |= {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
-        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
-        if not self.scheme.can_fire(rnd, set(range(self.n)) - gone - done):
-            bad = sorted(w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t)
-            raise AgentError(
-                f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
-                f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
-                f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
-                f"(give every rank the same number of step() calls)")
+            elif got is _WAIT:
+                self._idle(hurry=bool(self._round.arrived))
+            else:
+                self._fire(got, ctl)
 
     def _own(self, step: int) -> Outgoing:
         """This rank's message of ``step`` (the communicator reads own payloads here)."""
@@ -566,12 +635,21 @@ class CommAgent:
         used = self.book.used_info(uses)     # loss, user metrics: from the control rows
         info = {"loss": used.pop("loss"), "step_time": now - step_start, "control_rounds": self.control_rounds,
                 "data_rounds": comm.data_rounds, "bytes": comm.take_bytes(),
-                "collective": kind}
+                "collective": kind, "control_ops": self._control_ops()}
         if self.codec.wire_dtype != torch.float32:
             info["fp16_fallback"] = fallback
             info["fp16_reduce"] = comm.narrow_reduce if kind == "allreduce" else None
         info.update(used)
         return Update(decision.step, flat, decision, now, info)
+
+    def _control_ops(self) -> Optional[int]:
+        """Control messages this rank issued since the previous decided step (collectives or
+        store operations of its control channel; None for a channel that does not count)."""
+        ops = getattr(self.channel, "ops", None)
+        if ops is None:
+            return None
+        n, self._ops_prev = ops - self._ops_prev, ops
+        return int(n)
 
     @property
     def data_rounds(self) -> int:

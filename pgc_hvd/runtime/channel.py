@@ -168,8 +168,10 @@ class AllgatherChannel:
                  carries_payloads: bool):
         self.coll, self.n, self.length, self.width = coll, int(n), int(length), int(width)
         self.carries_payloads = bool(carries_payloads)
+        self.ops = 0   # control collectives issued (control_ops in the records)
 
     def exchange(self, row: torch.Tensor, packed: Optional[torch.Tensor] = None):
+        self.ops += 1
         if not self.carries_payloads:
             got = self.coll.allgather(row.view(1, self.length), "ctl")
             return got.tolist(), {}
@@ -189,6 +191,7 @@ class LoopbackChannel:
     bookkeeping over many steps, single-process runs)."""
 
     carries_payloads = True
+    ops = 0   # no control messages leave the rank
 
     def __init__(self, length: int, width: int):
         self.length, self.width = int(length), int(width)
@@ -214,8 +217,16 @@ def control_channel(control: str, coll: Collectives, *, n: int, length: int, wid
                     optimistic: bool = False, device=None):
     """The control channel ``control`` names, for an agent whose collectives are ``coll``:
     ``"allgather"`` (:class:`AllgatherChannel`; payloads ride along when ``optimistic``, CPU
-    payloads only) or ``"store"`` (:class:`~pgc_hvd.runtime.control_store.StoreChannel`, a
-    TCPStore served by rank 0; a collective: every rank must build it)."""
+    payloads only), ``"store"`` (:class:`~pgc_hvd.runtime.control_store.StoreChannel`, a
+    TCPStore served by rank 0; a collective: every rank must build it) or ``"log"``
+    (:class:`~pgc_hvd.runtime.control_log.LogChannel`: an ordered log in that store, one
+    decider, no polling; a collective too)."""
+    if control == "log":
+        if optimistic:
+            raise ValueError("control='log' exchanges control rows through a key-value "
+                             "store, which cannot carry payloads: leave optimistic unset")
+        from pgc_hvd.runtime.control_log import LogChannel
+        return LogChannel.create(coll.hvd, coll.rank, n, coll.name, coll.timeout, length)
     if control == "store":
         if optimistic:
             raise ValueError("control='store' exchanges control rows through a key-value "
@@ -223,7 +234,7 @@ def control_channel(control: str, coll: Collectives, *, n: int, length: int, wid
         from pgc_hvd.runtime.control_store import StoreChannel
         return StoreChannel.create(coll.hvd, coll.rank, n, coll.name, coll.timeout)
     if control != "allgather":
-        raise ValueError(f"control must be 'allgather' or 'store', got {control!r}")
+        raise ValueError(f"control must be 'allgather', 'store' or 'log', got {control!r}")
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if optimistic and dev.type != "cpu":
         raise ValueError("optimistic one-collective steps need CPU payloads (the control "

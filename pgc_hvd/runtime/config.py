@@ -30,7 +30,7 @@ from pgc_hvd.schemes import default_stragglers
 #: ``straggler_policy`` values (the simulator's option of the same name)
 POLICIES = ("continue", "cancel")
 #: ``control`` values (how control rows move: :mod:`pgc_hvd.runtime.channel`)
-CONTROLS = ("allgather", "store")
+CONTROLS = ("allgather", "store", "log")
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
 
@@ -139,7 +139,8 @@ class RuntimeConfig:
             replay_arrivals=self.replay_arrivals, scheme_options=self.scheme_options,
             optimistic=self.optimistic)
         if self.control not in CONTROLS:
-            raise ValueError(f"control must be 'allgather' or 'store', got {self.control!r}")
+            raise ValueError(f"control must be 'allgather', 'store' or 'log', "
+                             f"got {self.control!r}")
         if self.straggler_policy not in POLICIES:
             raise ValueError(f"straggler_policy must be 'continue' or 'cancel', "
                              f"got {self.straggler_policy!r}")

@@ -47,6 +47,32 @@ def _broadcast_text(hvd, text: str, rank: int, name: str) -> str:
     return bytes(out.tolist()).rstrip(b"\0").decode()
 
 
+def open_store(hvd, rank: int, name: str, timeout: float):
+    """Rank 0 serves a TCPStore, every rank connects (a collective: every rank must call it).
+    Returns this rank's store (rank 0: the server) and ``connect(timeout)``, which opens one
+    more client of the same server (for a thread of its own)."""
+    from torch.distributed import TCPStore
+
+    td = timedelta(seconds=float(timeout))
+    host = os.environ.get("PGC_HVD_STORE_ADDR") or socket.gethostname()
+    store = None
+    if rank == 0:
+        # world_size=None: no join counting (it would wait for workers that connect later)
+        store = TCPStore(host, 0, None, True, td, wait_for_workers=False)
+    address = _broadcast_text(hvd, f"{host}:{store.port}" if rank == 0 else "", rank,
+                              f"{name}.store.address")
+    server, _, port = address.rpartition(":")
+    local = server == socket.gethostname() and not os.environ.get("PGC_HVD_STORE_ADDR")
+    target = "127.0.0.1" if local else server
+
+    def connect(seconds: float):
+        return TCPStore(target, int(port), None, False, timedelta(seconds=float(seconds)))
+
+    if rank != 0:
+        store = connect(timeout)
+    return store, connect
+
+
 class StoreChannel:
     """One run's control rounds over a TCPStore (see the module doc)."""
 
@@ -55,24 +81,12 @@ class StoreChannel:
         self.prefix = f"pgc/{name}"
         self.timeout = float(timeout)
         self.round = 0
+        self.ops = 0               # store operations issued (control_ops in the records)
 
     @classmethod
     def create(cls, hvd, rank: int, n: int, name: str, timeout: float) -> "StoreChannel":
         """Rank 0 serves, every rank connects (a collective: every rank must call it)."""
-        from torch.distributed import TCPStore
-
-        td = timedelta(seconds=float(timeout))
-        host = os.environ.get("PGC_HVD_STORE_ADDR") or socket.gethostname()
-        store = None
-        if rank == 0:
-            # world_size=None: no join counting (it would wait for workers that connect later)
-            store = TCPStore(host, 0, None, True, td, wait_for_workers=False)
-        address = _broadcast_text(hvd, f"{host}:{store.port}" if rank == 0 else "", rank,
-                                  f"{name}.store.address")
-        server, _, port = address.rpartition(":")
-        if rank != 0:
-            local = server == socket.gethostname() and not os.environ.get("PGC_HVD_STORE_ADDR")
-            store = TCPStore("127.0.0.1" if local else server, int(port), None, False, td)
+        store, _ = open_store(hvd, rank, name, timeout)
         return cls(store, rank, n, name, timeout)
 
     def _key(self, k: int, w: int) -> str:
@@ -88,6 +102,7 @@ class StoreChannel:
         k = self.round
         self.round += 1
         keys = [self._key(k, w) for w in range(self.n)]
+        self.ops += 2 + (k >= 2)
         try:
             self.store.set(keys[self.rank], row.contiguous().numpy().tobytes())
             got = self.store.multi_get(keys)

@@ -46,6 +46,7 @@ class StepRecorder:
 
         dec = rep.decision
         extra = {"control_rounds": rep.info.get("control_rounds"),
+                 "control_ops": rep.info.get("control_ops"),
                  "collective": rep.info.get("collective"),
                  "arrived": list(dec.arrived),
                  "nonfinite_ranks": list(rep.nonfinite_ranks),

@@ -330,7 +330,7 @@ def check_staleness_bound():
     ok("staleness_bound")
 
 
-def check_dead_rank(control="allgather"):
+def check_dead_rank(control="allgather", dead=2):
     r = hvd.rank()
     m = model()
     loader = data(hvd.size())
@@ -340,7 +340,7 @@ def check_dead_rank(control="allgather"):
     t0 = time.time()
     try:
         while opt.version < 50:
-            if r == 2 and opt.version == 3:
+            if r == dead and opt.version == 3:
                 print(f"INFO rank {r} dies now", flush=True)
                 os._exit(0)
             for xb, yb in opt.batches(loader):
@@ -354,7 +354,41 @@ def check_dead_rank(control="allgather"):
     os._exit(1)
 
 
-def check_hung_rank(kind):
+def check_log(scheme, delay=0.6, steps=8, compute=0.0, max_ops=5):
+    """control="log": one rank slowed by ``delay`` s, every rank computing ``compute`` s more per
+    step: identical parameters across ranks, the straggler left out of most steps, and at most
+    ``max_ops`` control operations per rank per step (the records' ``control_ops``) whatever
+    the compute time."""
+    n, r = hvd.size(), hvd.rank()
+    recs = []
+
+    def slow(opt, loss):
+        if compute:
+            time.sleep(compute)
+        return loss
+
+    t0 = time.time()
+    m, opt = train(scheme, steps, delays=Fixed(n - 1, delay), records=recs.append,
+                   name=f"log-{scheme}-{compute}", opt_kwargs={"control": "log"},
+                   loss_hook=slow)
+    same_on_all_ranks(m, f"log-{scheme}-{compute}")
+    # every rank: the channel's count over the run (the records are rank 0's)
+    total = opt._pgc_agent.channel.ops
+    mean = total / steps
+    line = f"INFO log {scheme} compute={compute}s rank={r}: control ops {total} in {steps} steps " \
+           f"(mean {mean:.2f}/step), {time.time() - t0:.2f}s"
+    if r == 0:
+        assert len(recs) == steps, recs
+        ops = [rec.extra["control_ops"] for rec in recs]
+        body = ops[1:-1]   # step 0 also pays for start-up; the last counts the done rows
+        line += f", per step {ops}, used {[rec.workers_used for rec in recs]}"
+        assert max(body) <= max_ops, f"rank 0: control ops per step {ops}"
+    print(line, flush=True)
+    assert mean <= max_ops, f"rank {r}: {total} control ops in {steps} steps"
+    ok(f"log_{scheme}_{compute}")
+
+
+def check_hung_rank(kind, control="allgather"):
     """Rank 2 hangs at step 3 without dying. ``process``: the whole process is frozen (SIGSTOP:
     its agent thread no longer answers collectives either) under pgc-cr; ``thread``: only its
     training thread hangs (its agent keeps serving) under dgd, which must wait for every rank.
@@ -371,7 +405,7 @@ def check_hung_rank(kind):
     scheme, s = ("pgc-cr", 1) if kind == "process" else ("dgd", 0)
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                        m.named_parameters(), scheme=scheme, stragglers=s,
-                                       timeout=timeout, name=f"hung-{kind}")
+                                       timeout=timeout, name=f"hung-{kind}", control=control)
     last = time.monotonic()
     try:
         while opt.version < 200:
@@ -426,6 +460,20 @@ def main():
         check_dead_rank("store")
     elif mode in ("hung-process", "hung-thread"):
         check_hung_rank(mode.split("-")[1])
+    elif mode == "log":
+        for sch in ("pgc-cr", "bcgc", "bounded-staleness"):
+            check_log(sch)
+        check_log("pgc-cr", compute=0.05)
+        check_log("pgc-cr", compute=0.3, steps=5)
+    elif mode == "log-exact":
+        check_exact(["gc-cr", "bcgc", "bounded-staleness"], opt_kwargs={"control": "log"},
+                    tag="-log")
+    elif mode == "dead-log":
+        check_dead_rank("log")
+    elif mode == "dead-log-decider":
+        check_dead_rank("log", dead=0)
+    elif mode == "hung-log":
+        check_hung_rank("process", control="log")
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(f"ALL OK rank={hvd.rank()}", flush=True)

@@ -71,6 +71,43 @@ def test_hung_rank_stops_others_with_clear_error(horovodrun, kind):
     assert "NO-ERROR" not in proc.stdout
 
 
+@pytest.mark.multirank
+def test_log_control_np4(horovodrun):
+    """control="log": pgc-cr, bcgc and bounded staleness with one slowed rank end with
+    identical parameters on every rank, with at most 5 control operations per rank per step
+    (the decider's records per step, every rank's mean), also with 0.05 s and 0.3 s of
+    emulated compute a step."""
+    proc = horovodrun(4, SCRIPT, "log", timeout=240)
+    checks, all_ok = _checks(proc, 4)
+    assert all_ok == 4, proc.stdout + proc.stderr
+    assert {"log_pgc-cr_0.0", "log_bcgc_0.0", "log_bounded-staleness_0.0", "log_pgc-cr_0.05",
+            "log_pgc-cr_0.3"} <= checks
+
+
+@pytest.mark.multirank
+def test_log_control_exact_np3(horovodrun):
+    proc = horovodrun(3, SCRIPT, "log-exact", timeout=240)
+    checks, all_ok = _checks(proc, 3)
+    assert all_ok == 3, proc.stdout + proc.stderr
+    assert "exact-log_gc-cr_bcgc_bounded-staleness" in checks
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("mode,who", [("dead-log", "2"), ("hung-log", "2"),
+                                      ("dead-log-decider", "0")])
+def test_log_control_names_dead_or_hung_rank(horovodrun, mode, who):
+    """control="log": a dead rank, a frozen rank (SIGSTOP) and a dead decider (rank 0) stop the
+    others with the rank named."""
+    proc = horovodrun(3, SCRIPT, mode, timeout=120, check=False)
+    clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
+    assert len(clear) == 2, proc.stdout + proc.stderr
+    if who == "0":
+        assert all("rank 0 died" in l for l in clear), clear
+    else:
+        assert all(f"rank(s) [{who}]" in l and "died or hung" in l for l in clear), clear
+    assert "NO-ERROR" not in proc.stdout
+
+
 TWIN = HERE / "twin_checks.py"
 
 
@@ -84,6 +121,16 @@ def test_runtime_replaying_simulated_arrivals_matches_simulator(horovodrun):
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"twin_pgc-cr", "twin_pgc-cr_decay", "twin_bcgc"} <= checks
+
+
+@pytest.mark.multirank
+def test_log_control_replaying_simulated_arrivals_matches_simulator(horovodrun):
+    """control="log" takes the same decisions on the replayed schedules as the allgather path
+    (both match the simulator's, step by step): pgc-cr and bcgc."""
+    proc = horovodrun(4, TWIN, "twin-log", timeout=180)
+    checks, all_ok = _checks(proc, 4)
+    assert all_ok == 4, proc.stdout + proc.stderr
+    assert {"twin_pgc-cr_log", "twin_bcgc_log"} <= checks
 
 
 @pytest.mark.multirank

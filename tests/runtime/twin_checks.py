@@ -109,8 +109,9 @@ def run_runtime(scheme_name, train, parts, replay, compression=None, name="rt", 
     return model, [updates[t] for t in range(STEPS)], records, decisions
 
 
-def check_twin(scheme_name, s=1, options=None, compress=None, tag="", spy=None):
-    """Returns the runtime's decisions (for checks of their own)."""
+def check_twin(scheme_name, s=1, options=None, compress=None, tag="", spy=None, **opt_kwargs):
+    """Returns the runtime's decisions (for checks of their own); ``opt_kwargs`` go to the
+    optimizer (``control="log"``: the decider's log takes the same decisions)."""
     train = digits_subset()
     parts = partition(train.y, hvd.size(), seed=0)
     sim, srecs, sim_params = simulate(scheme_name, train, parts, s=s, options=options,
@@ -127,7 +128,7 @@ def check_twin(scheme_name, s=1, options=None, compress=None, tag="", spy=None):
     name = f"twin-{scheme_name}{tag}"
     model, updates, rrecs, decisions = run_runtime(scheme_name, train, parts, log,
                                                    compression=compression, name=name, spy=spy,
-                                                   s=s, options=options)
+                                                   s=s, options=options, **opt_kwargs)
     assert [d.step for d in decisions] == list(range(STEPS))
     for t in range(STEPS):
         sr = srecs[t]
@@ -283,6 +284,9 @@ def main():
         check_twin("pgc-cr")
         check_twin("pgc-cr", options={"decay": 0.5}, tag="-decay")   # slots weighted by age
         check_twin("bcgc")
+    elif mode == "twin-log":     # the same replayed schedules through control="log"
+        check_twin("pgc-cr", tag="-log", control="log")
+        check_twin("bcgc", tag="-log", control="log")
     elif mode == "min-error":
         check_min_error()
     elif mode == "compress":

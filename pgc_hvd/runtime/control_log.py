@@ -1,0 +1,440 @@
+"""Control decisions through an ordered log in a TCPStore, with one decider (``control="log"``).
+
+The polled channels (:class:`~pgc_hvd.runtime.channel.AllgatherChannel`,
+:class:`~pgc_hvd.runtime.control_store.StoreChannel`) repeat a control round every
+``poll_interval`` until the scheme fires: 20-70 rounds a step at np = 4, growing with the time
+the ranks compute. Here a rank exchanges control messages only when something happens to it, and
+every rank receives each step's outcome with one blocking read. On the TCPStore served by rank 0
+(the server set-up and address broadcast of :mod:`~pgc_hvd.runtime.control_store`), for a run
+named ``name``:
+
+* **append** (a rank > 0, from the thread where the event happens: a message submitted, a
+  non-finite message, the loop done, the training thread failed): the rank's control row
+  (:func:`~pgc_hvd.runtime.wire.pack_row`, showing the message it just submitted) gets its place
+  in the log with ``idx = add("pgc/<name>/log/count", 1) - 1`` and is written with
+  ``set("pgc/<name>/log/<idx>", [rank | row])``: 2 store operations. Rank 0's own rows go to
+  the decider in-process (0 operations).
+* **decide** (rank 0's agent; a reader thread does blocking ``get``s of ``log/0``,
+  ``log/1``, ... and hands the rows over, beside rank 0's own): the decider keeps
+  :class:`LogView`, each rank's latest row with the oldest message the scheme has not been
+  offered yet, and runs the agent's decision body (the very code of the polled path: failed
+  and finished ranks, rank 0's staleness-bound request, the scheme's ``Round`` offered the new
+  arrivals in (ready time, rank) order, or a replayed order) once per row it takes, and once more
+  after each outcome. No polling sleeps: between rows it waits on a condition variable.
+* **publish**: when the body has an outcome for step t (the Round fired; every rank is done;
+  an error: a rank failed, the step cannot fire, or no row came within ``timeout``) the decider
+  writes ``pgc/<name>/dec/<t>``: the rows it took since the previous outcome, in its order
+  (or the error's text and failed ranks): 1 operation.
+* **follow** (every rank > 0's agent): one blocking ``get("pgc/<name>/dec/<t>")`` per step,
+  then the same body on the same rows in the same order: the same :class:`~pgc_hvd.schemes.
+  Decision` as the decider's, bit for bit (same arrivals, same staleness-bound changes at the
+  same point, same losses, user metrics, busy seconds and non-finite log, which travel in the
+  rows), with no second encoding of decisions to keep in step with the schemes. The record is
+  the rows the decision used and the ones before them that changed nothing, about n rows a step.
+
+So a rank > 0 makes 3 store operations per step (add, set, get), rank 0 about n (a get per
+other rank's row, one set), whatever the compute time; late messages stay usable (the decider
+sees every row, in log order); payloads move in the data phase (``carries_payloads`` False).
+
+Faults: no row for ``timeout`` seconds while the open step waits makes the decider publish an
+error naming the ranks it waits for (and how long since each one's last row) and raise; the
+others raise the decider's text. A decider that died is named by the others' failed ``get``
+(its store is gone) or, hung, by a ``get`` that outlasts ``2 timeout + 3`` s (longer than
+the decider's own wait, so its verdict arrives first). A dead or frozen rank is also in the
+data collective, which then fails or times out first: every rank that gets there says so in
+the store (``fault/<t>/<rank>``) and waits up to ``timeout`` + 1 s for the others; the ranks that
+never say so are named (:meth:`LogChannel.census`). Close: as ``control="store"``
+(every rank adds 1 to ``pgc/<name>/bye``; rank 0 waits for n).
+
+Not done: the log and decision keys are never deleted (about 2 n rows of
+``8 * ctrl_len`` bytes a step stay in rank 0's store until the run's store closes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Optional
+
+import numpy as np
+import torch
+
+from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE,
+                                  CTRL_FAILED, CTRL_READY_STEP, pack_row)
+
+log = logging.getLogger("pgc_hvd.runtime")
+
+#: the row fields that describe the rank, not its message (taken from its latest row)
+STATE_FIELDS = (CTRL_BUSY, CTRL_BAD_STEP, CTRL_DONE, CTRL_FAILED, CTRL_C_BOUND)
+_STOP = -1.0          # the rank word of the entry that stops rank 0's reader thread
+_ERR = "pgc-log-error:"
+
+
+class LogView:
+    """The decider's (and every follower's) view of the rows taken so far, as the n rows the
+    agent's decision body reads: rank w's latest row, with the message fields of the oldest
+    message w has shown that is not yet offered (as a polled rank's row shows its oldest
+    pending message); ranks with no row yet show nothing."""
+
+    def __init__(self, n: int, length: int, ring_size: int, metrics: int):
+        blank = pack_row(torch.empty(length, dtype=torch.float64), None, ring_size=ring_size,
+                         metrics=metrics).tolist()
+        self.latest = [list(blank) for _ in range(int(n))]
+        self.pending: list[dict] = [{} for _ in range(int(n))]
+        self.top = [-1] * int(n)      # the newest step each rank's rows have shown
+
+    def add(self, w: int, row: list) -> None:
+        """Rank w's next row in log order (a rank shows its messages in step order; a state
+        row re-showing an older message adds nothing)."""
+        self.latest[w] = row
+        k = int(row[CTRL_READY_STEP])
+        if k > self.top[w]:
+            self.pending[w][k] = row
+            self.top[w] = k
+
+    def moved(self, ctl: list, offered) -> bool:
+        """Whether the messages shown differ from ``ctl``'s now that more are offered (a
+        rank's next pending message came into view)."""
+        return [r[CTRL_READY_STEP] for r in self.rows(offered)] != \
+            [r[CTRL_READY_STEP] for r in ctl]
+
+    def rows(self, offered) -> list:
+        out = []
+        for w, base in enumerate(self.latest):
+            pend = self.pending[w]
+            for k in [k for k in pend if (w, k) in offered]:
+                del pend[k]
+            if not pend:
+                out.append(base)
+                continue
+            row = list(pend[min(pend)])
+            for f in STATE_FIELDS:
+                row[f] = base[f]
+            out.append(row)
+        return out
+
+
+def encode_rows(rows: list) -> bytes:
+    """[(rank, row), ...] as float64 bytes, one [rank | row] line each."""
+    if not rows:
+        return b""
+    return np.array([[float(w)] + list(r) for w, r in rows], dtype=np.float64).tobytes()
+
+
+def decode_rows(raw: bytes, length: int) -> list:
+    if not raw:
+        return []
+    a = np.frombuffer(raw, dtype=np.float64).reshape(-1, length + 1)
+    return [(int(line[0]), line[1:].tolist()) for line in a]
+
+
+class LogRecord:
+    """What a follower reads for step t: the decider's rows, or its error."""
+
+    def __init__(self, rows=(), error: Optional[str] = None, failed=()):
+        self.rows, self.error, self.failed = list(rows), error, tuple(failed)
+
+
+class LogChannel:
+    """One run's ordered control log (module doc). ``rank == 0`` is the decider."""
+
+    carries_payloads = False
+    kind = "log"
+
+    def __init__(self, clients: dict, rank: int, n: int, name: str, timeout: float,
+                 length: int):
+        from pgc_hvd.runtime.control_store import StoreChannel  # noqa: F401 (the set-up)
+        self.rank, self.n, self.length = int(rank), int(n), int(length)
+        self.prefix = f"pgc/{name}"
+        self.timeout = float(timeout)
+        #: the training threads and the followers' reads wait this much longer than the
+        #: decider and the data collective (``timeout``), so the decider's verdict, or the
+        #: census after a failed data collective (up to ``timeout`` + 1 s), reaches them first
+        self.grace = self.timeout + 3.0
+        self.store = clients["main"]      # rank 0: the server; publishes, closes
+        self.writer = clients.get("writer")   # rank > 0: appends (training thread)
+        self.reader = clients.get("reader")   # rank 0: the log reader thread's client
+        self.ops = 0                      # store operations this rank issued for control
+        self._ops_lock = threading.Lock()
+        self._append_lock = threading.Lock()
+        self.cond = threading.Condition()
+        self._queue: list = []            # rank 0: (rank, row) in the decider's order
+        self._reader_error: Optional[str] = None
+        self._closing = False
+        self._reader = None
+        if self.rank == 0:
+            self._reader = threading.Thread(target=self._read_log, name=f"{name}-log-reader",
+                                            daemon=True)
+            self._reader.start()
+
+    @classmethod
+    def create(cls, hvd, rank: int, n: int, name: str, timeout: float,
+               length: int) -> "LogChannel":
+        """Rank 0 serves, every rank connects (a collective: every rank must call it); each
+        rank opens a second client (rank 0: its log reader; others: the appender), so a
+        blocking read never holds up an append."""
+        from pgc_hvd.runtime.control_store import open_store
+
+        follow = 2.0 * float(timeout) + 3.0   # timeout + LogChannel.grace
+        store, connect = open_store(hvd, rank, f"{name}.log", timeout if rank == 0 else follow)
+        clients = {"main": store}
+        if rank == 0:
+            clients["reader"] = connect(timeout)
+        else:
+            clients["writer"] = connect(timeout)
+        return cls(clients, rank, n, name, timeout, length)
+
+    def _count(self, k: int = 1) -> None:
+        with self._ops_lock:
+            self.ops += k
+
+    # -- every rank: append a row ------------------------------------------------------
+    def append(self, row: torch.Tensor) -> None:
+        """This rank's control row joins the log (rank 0: handed to the decider directly)."""
+        if self.rank == 0:
+            with self.cond:
+                self._queue.append((0, row.tolist()))
+                self.cond.notify_all()
+            return
+        line = np.concatenate([[float(self.rank)], row.numpy()]).astype(np.float64).tobytes()
+        with self._append_lock:
+            try:
+                idx = int(self.writer.add(f"{self.prefix}/log/count", 1)) - 1
+                self.writer.set(f"{self.prefix}/log/{idx}", line)
+            except Exception as err:  # the store is gone: the agent's read reports it
+                log.debug("rank %d: control log append failed: %s", self.rank, err)
+            finally:
+                self._count(2)
+
+    # -- rank 0: the reader thread and the decider's wait -------------------------------
+    def _read_log(self) -> None:
+        idx = 0
+        while True:
+            key = f"{self.prefix}/log/{idx}"
+            try:
+                raw = self.reader.get(key)
+            except Exception as err:
+                if self._closing:
+                    return
+                if "timeout" in str(err).lower() or "timed out" in str(err).lower():
+                    continue   # nothing appended for `timeout` s: the decider judges that
+                with self.cond:
+                    self._reader_error = f"{type(err).__name__}: {err}"
+                    self.cond.notify_all()
+                return
+            self._count(1)
+            idx += 1
+            got = decode_rows(raw, self.length)
+            with self.cond:
+                for w, r in got:
+                    if w < 0:
+                        return
+                    self._queue.append((w, r))
+                self.cond.notify_all()
+
+    def next_row(self, deadline: float):
+        """The next row in the decider's order, ``(rank, row)``; None when none came before
+        ``deadline`` (time.monotonic()). Raises AgentError when the store failed."""
+        from pgc_hvd.runtime.channel import AgentError
+        with self.cond:
+            while not self._queue:
+                if self._reader_error is not None:
+                    raise AgentError(f"rank 0: the control log failed: {self._reader_error}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+            return self._queue.pop(0)
+
+    def publish(self, step: int, rows: list, error: Optional[BaseException] = None) -> None:
+        """The outcome of ``step``: the rows taken since the last one (or an error)."""
+        if error is not None:
+            failed = getattr(error, "failed_ranks", ())
+            value = (_ERR + ",".join(str(w) for w in failed) + ":" + str(error)).encode()
+        else:
+            value = encode_rows(rows)
+        self._count(1)
+        try:
+            self.store.set(f"{self.prefix}/dec/{int(step)}", value)
+        except Exception as err:
+            if error is None:
+                raise
+            log.debug("rank 0: could not publish the error of step %d: %s", step, err)
+
+    # -- ranks > 0: the decision of step t ---------------------------------------------
+    def decision(self, step: int) -> LogRecord:
+        from pgc_hvd.runtime.channel import AgentError
+        self._count(1)
+        try:
+            raw = self.store.get(f"{self.prefix}/dec/{int(step)}")
+        except Exception as err:
+            alive = True
+            try:
+                self.store.check([f"{self.prefix}/log/count"])
+            except Exception:
+                alive = False
+            if not alive:
+                why = "its control store is unreachable: rank 0 died or shut down"
+            else:
+                why = (f"no decision within {self.timeout + self.grace:.0f}s: rank 0 (the "
+                       f"decider) has died or hung")
+            raise AgentError(f"rank {self.rank}: control log, step {step}: {why}; stopping "
+                             f"({type(err).__name__}: {err})") from err
+        if raw.startswith(_ERR.encode()):
+            text = raw.decode()[len(_ERR):]
+            failed, _, msg = text.partition(":")
+            return LogRecord(error=msg, failed=[int(w) for w in failed.split(",") if w])
+        return LogRecord(rows=decode_rows(raw, self.length))
+
+    def census(self, step: int, err: BaseException) -> str:
+        """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
+        frozen rank is in it too, so it fails before the decider misses a row): every rank
+        that gets here says so under ``pgc/<name>/fault/<step>/<rank>`` and waits a little for
+        the others (up to ``timeout`` + 1 s: an alive rank's collective has failed by then);
+        the ranks that never say so are named. Only on this failure path."""
+        key = lambda w: f"{self.prefix}/fault/{int(step)}/{w}"   # noqa: E731
+        read = f"{self.prefix}/fault/{int(step)}/read"
+        # an alive rank's data collective fails at most `timeout` after the first one's
+        wait = self.timeout + 1.0
+        try:
+            self.store.set(key(self.rank), b"1")
+            try:
+                self.store.wait([key(w) for w in range(self.n)], timedelta(seconds=wait))
+            except Exception:
+                pass   # some never report: they are the ones
+            missing = [w for w in range(self.n) if not self.store.check([key(w)])]
+            self.store.add(read, 1)
+            if self.rank == 0:   # the server: stay until the others have read the census
+                deadline = time.monotonic() + wait
+                while (int(self.store.add(read, 0)) < self.n - len(missing)
+                       and time.monotonic() < deadline):
+                    time.sleep(0.01)
+        except Exception:
+            return (f"rank {self.rank}: step {step}: the data collective failed and the "
+                    f"control store on rank 0 is unreachable: rank 0 died or hung; stopping "
+                    f"({err})")
+        if not missing:
+            return f"rank {self.rank}: step {step}: {err}"
+        return (f"rank {self.rank}: step {step}: the data collective failed and rank(s) "
+                f"{missing} did not answer a census over the control store within "
+                f"{wait:.0f}s: rank(s) {missing} died or hung (timeout {self.timeout:.0f}s); "
+                f"stopping ({err})")
+
+    def close(self) -> None:
+        """After the last outcome: stop rank 0's reader, then the bye protocol of
+        ``control="store"``."""
+        bye = f"{self.prefix}/bye"
+        self.store.add(bye, 1)
+        if self.rank == 0:
+            deadline = time.monotonic() + self.timeout
+            while int(self.store.add(bye, 0)) < self.n:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
+            self._closing = True
+            try:   # the reader waits on the next index: give it the stop entry
+                idx = int(self.store.add(f"{self.prefix}/log/count", 1)) - 1
+                self.store.set(f"{self.prefix}/log/{idx}",
+                               np.full(self.length + 1, _STOP, dtype=np.float64).tobytes())
+            except Exception:
+                pass
+            if self._reader is not None:
+                self._reader.join(1.0)
+
+
+# -- the agent's side (CommAgent under control="log"; the agent is passed in) -----------
+def log_loop(agent) -> None:
+    """The agent's loop under ``control="log"`` (module doc): rank 0 takes the rows in log
+    order, runs the agent's ``_decide`` once per row, once more after each outcome and once
+    more when an offer uncovered a rank's next message (as a polled rank's next row would show
+    it), and publishes each outcome's rows; every other rank runs ``_decide`` on the same rows
+    by the same rule, so it reaches the same outcomes."""
+    from pgc_hvd.runtime.agent import _END
+    from pgc_hvd.runtime.channel import AgentError
+    from pgc_hvd.schemes import Decision
+
+    chan = agent.channel
+    view = LogView(agent.n, agent.ctrl_len, agent.ring_size, agent.metrics)
+    agent._round = agent.scheme.open_round(agent.step)
+    agent._step_start = time.time()
+    if agent.rank == 0:
+        taken: list = []
+        last_seen = [time.monotonic()] * agent.n
+        deadline = time.monotonic() + agent.timeout
+        while True:
+            ctl = view.rows(agent.book.offered)
+            try:
+                got = agent._decide(ctl)
+                if got is _END:
+                    chan.publish(agent.step, taken)
+                    return
+                if isinstance(got, Decision):
+                    chan.publish(agent.step, taken)
+                    taken = []
+                    agent._fire(got, ctl)
+                    deadline = time.monotonic() + agent.timeout
+                    continue
+                if view.moved(ctl, agent.book.offered):
+                    continue   # an offer uncovered a rank's next message: see it first
+                nxt = chan.next_row(deadline)
+                if nxt is None:
+                    raise AgentError(_timeout_message(agent, ctl, last_seen))
+            except Exception as err:   # every rank stops with the decider's text
+                chan.publish(agent.step, taken, error=err)
+                raise
+            view.add(*nxt)
+            last_seen[nxt[0]] = time.monotonic()
+            taken.append(nxt)
+    while True:
+        rec = chan.decision(agent.step)
+        if rec.error is not None:
+            raise AgentError(f"rank {agent.rank}: stopping: {rec.error}",
+                             failed_ranks=rec.failed)
+        rows = iter(rec.rows)
+        while True:
+            ctl = view.rows(agent.book.offered)
+            got = agent._decide(ctl)
+            if got is _END:
+                return
+            if isinstance(got, Decision):
+                agent._fire(got, ctl)
+                break
+            if view.moved(ctl, agent.book.offered):
+                continue
+            nxt = next(rows, None)
+            if nxt is None:
+                raise AgentError(f"rank {agent.rank}: control log, step {agent.step}: the "
+                                 f"decider's rows do not decide it here (a bug)")
+            view.add(*nxt)
+
+
+def _timeout_message(agent, ctl, last_seen: list) -> str:
+    """The decider's error when no row came within ``timeout``: the ranks the open step
+    waits for, and how long since each one's last row."""
+    t, rnd, now = agent.step, agent._round, time.monotonic()
+    done = {w for w in range(agent.n) if ctl[w][CTRL_DONE] > 0}
+    bad = {w for w in range(agent.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
+    waiting = [w for w in range(agent.n) if w not in set(rnd.arrived) | done | bad]
+    if not waiting:
+        waiting = [w for w in range(agent.n) if w not in done]
+    quiet = ", ".join(f"rank {w}: {now - last_seen[w]:.1f}s" for w in waiting)
+    return (f"rank 0 (control log decider): step {t} was not decided within "
+            f"{agent.timeout:.0f}s: it waits for rank(s) {waiting} (their last control row: "
+            f"{quiet}): a rank has died or hung, or computes longer than the timeout; "
+            f"stopping instead of hanging")
+
+
+def append_row(agent) -> None:
+    """control='log': this rank's control row, showing its newest message, joins the log
+    (called where the event happens: submit, non-finite message, done, failed, staleness
+    bound request)."""
+    row = torch.empty(agent.ctrl_len, dtype=torch.float64)
+    with agent.cond:
+        out = agent._outbox[max(agent._outbox)] if agent._outbox else None
+        pack_row(row, out, ring_size=agent.ring_size, metrics=agent.metrics,
+                 busy=agent._busy_total, bad_step=agent._bad_step,
+                 done=1.0 + agent._applied if agent._done else 0.0, failed=agent._failed,
+                 c_request=agent._c_request if agent.rank == 0 else None)
+    agent.channel.append(row)
