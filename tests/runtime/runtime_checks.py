@@ -373,7 +373,7 @@ def check_log(scheme, delay=0.6, steps=8, compute=0.0, max_ops=5):
                    loss_hook=slow)
     same_on_all_ranks(m, f"log-{scheme}-{compute}")
     # every rank: the channel's count over the run (the records are rank 0's)
-    total = opt._pgc_agent.channel.ops
+    total = opt.agent.channel.ops
     mean = total / steps
     line = f"INFO log {scheme} compute={compute}s rank={r}: control ops {total} in {steps} steps " \
            f"(mean {mean:.2f}/step), {time.time() - t0:.2f}s"
