@@ -121,9 +121,9 @@ def main(argv=None) -> int:
             ref = result(w, "dgd", {}, sd)
             if w == "softmax":
                 thr = ref["losses"][179]
-                ref_steps, ref_time = _to_loss(ref, thr)
+                ref_time = _to_loss(ref, thr)[1]
             else:
-                ref_steps, ref_time = ref["steps"], ref["time"]
+                ref_time = ref["time"]
             for sch, opts in variants(decays):
                 r = result(w, sch, opts, sd)
                 steps, time = _to_loss(r, thr) if w == "softmax" else (r["steps"], r["time"])

@@ -116,27 +116,11 @@ def worker(args) -> None:
     def run_pgc(label):
         label, _, opt_mode = label.partition("@")
         scheme, _, policy = label.partition(":")
-        m = build_model(kind, args.width)
-        decided, nbytes = {}, {}
-
-        def on_record(r):
-            decided[r.step] = time.time()
-            nbytes[r.step] = r.bytes
         kw = {} if not opt_mode else {"optimistic": opt_mode == "opt"}
-        opt = pgc_hvd.DistributedOptimizer(
-            torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
-            delays=delays,
-            name=f"b-{scheme}-{policy}-{opt_mode}", straggler_policy=policy or "continue",
-            on_record=on_record, timeout=300, **kw)
-        while opt.version < steps:
-            for xb, yb in opt.batches(loader):
-                time.sleep(compute)
-                F.cross_entropy(m(xb), yb).backward()
-            opt.step()
-        opt.close()
-        if rank != 0:
-            return [], []
-        return [decided[t] for t in range(steps)], [nbytes[t] for t in range(warm, steps)]
+        return time_pgc(pgc_hvd.DistributedOptimizer, build_model(kind, args.width), loader,
+                        compute, steps, warm, rank, scheme=scheme, delays=delays,
+                        name=f"b-{scheme}-{policy}-{opt_mode}",
+                        straggler_policy=policy or "continue", **kw)
 
     out = {"n": n, "part": args.part, "model": kind, "d": d, "compute": compute,
            "steps": steps, "warmup": warm}
@@ -165,6 +149,33 @@ def worker(args) -> None:
 
 
 # ----------------------------------------------------------------------------- driver
+def time_pgc(make_optimizer, m, loader, compute: float, steps: int, warm: int, rank: int,
+             **options) -> tuple[list, list]:
+    """pgc_hvd's loop on model ``m`` (SGD lr 0.01, ``compute`` seconds slept per partition
+    before its backward) until version ``steps``, with ``make_optimizer`` (the Horovod or the
+    torch engine's ``DistributedOptimizer``) and its ``options``; on rank 0 returns the wall
+    time each step was decided and the bytes received in each step after ``warm`` (from the
+    records), elsewhere ([], [])."""
+    import torch
+    import torch.nn.functional as F
+    decided, nbytes = {}, {}
+
+    def on_record(r):
+        decided[r.step] = time.time()
+        nbytes[r.step] = r.bytes
+    opt = make_optimizer(torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(),
+                         on_record=on_record, timeout=300, **options)
+    while opt.version < steps:
+        for xb, yb in opt.batches(loader):
+            time.sleep(compute)
+            F.cross_entropy(m(xb), yb).backward()
+        opt.step()
+    opt.close()
+    if rank != 0:
+        return [], []
+    return [decided[t] for t in range(steps)], [nbytes[t] for t in range(warm, steps)]
+
+
 def launch(np_, part, model, args, steps=None, width=0, compute=None) -> dict:
     print(f"== np={np_} part {part} model {model}{f' d~{width}' if width else ''}", flush=True)
 

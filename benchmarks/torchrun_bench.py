@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runtime_bench import build_loader, build_model, ring_bytes  # noqa: E402
+from runtime_bench import build_loader, build_model, ring_bytes, time_pgc  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -70,25 +70,9 @@ def main(argv=None) -> int:
         return ends, []
 
     def run_pgc(scheme, delays, tag):
-        m = build_model(args.model)
-        decided, nbytes = {}, {}
-
-        def on_record(r):
-            decided[r.step] = time.time()
-            nbytes[r.step] = r.bytes
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
-                                       m.named_parameters(), scheme=scheme, delays=delays,
-                                       name=f"tb-{scheme}-{tag}", on_record=on_record,
-                                       timeout=300)
-        while opt.version < steps:
-            for xb, yb in opt.batches(loader):
-                time.sleep(compute)
-                F.cross_entropy(m(xb), yb).backward()
-            opt.step()
-        opt.close()
-        if rank != 0:
-            return [], []
-        return [decided[t] for t in range(steps)], [nbytes[t] for t in range(warm, steps)]
+        return time_pgc(hvd.DistributedOptimizer, build_model(args.model), loader, compute,
+                        steps, warm, rank, scheme=scheme, delays=delays,
+                        name=f"tb-{scheme}-{tag}")
 
     out = {"n": n, "model": args.model, "d": d, "compute": compute, "steps": steps,
            "warmup": warm, "engine": "torch.distributed (gloo)", "ring_bytes": ring_bytes(n, d)}

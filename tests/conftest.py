@@ -45,6 +45,29 @@ def _horovodrun_path() -> str | None:
     return shutil.which("horovodrun")
 
 
+def _launch(cmd: list, cwd, paths: list, timeout: float, env: dict | None, check: bool,
+            drop_prefix: str | None = None):
+    """Run a launcher command (the ``horovodrun`` and ``torchrun`` fixtures): ``paths`` first on
+    PYTHONPATH, one OpenMP thread per rank unless set, the environment variables starting with
+    ``drop_prefix`` removed, then ``env``; fails the test with both streams on a non-zero exit
+    when ``check``."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    if drop_prefix:
+        for k in [k for k in full_env if k.startswith(drop_prefix)]:
+            del full_env[k]
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        list(paths) + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=str(cwd))
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
+                    f"\n--- stderr\n{proc.stderr}")
+    return proc
+
+
 @pytest.fixture
 def horovodrun(tmp_path):
     """Run ``python SCRIPT ARGS`` on N local gloo ranks; returns the CompletedProcess.
@@ -60,18 +83,7 @@ def horovodrun(tmp_path):
             env: dict | None = None, check: bool = True):
         cmd = [exe, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable,
                str(script), *map(str, args)]
-        full_env = dict(os.environ)
-        full_env.setdefault("OMP_NUM_THREADS", "1")
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        if env:
-            full_env.update(env)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=full_env, cwd=str(tmp_path))
-        if check and proc.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
-                        f"\n--- stderr\n{proc.stderr}")
-        return proc
+        return _launch(cmd, tmp_path, [str(REPO_ROOT)], timeout, env, check)
 
     return run
 
@@ -106,20 +118,7 @@ def torchrun(tmp_path):
             (hide / "horovod").mkdir(parents=True, exist_ok=True)
             (hide / "horovod" / "__init__.py").write_text(HIDDEN_HOROVOD)
             paths.insert(0, str(hide))
-        full_env = dict(os.environ)
-        full_env.setdefault("OMP_NUM_THREADS", "1")
-        for k in [k for k in full_env if k.startswith("HOROVOD_")]:
-            del full_env[k]
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            paths + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        if env:
-            full_env.update(env)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=full_env, cwd=str(tmp_path))
-        if check and proc.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
-                        f"\n--- stderr\n{proc.stderr}")
-        return proc
+        return _launch(cmd, tmp_path, paths, timeout, env, check, drop_prefix="HOROVOD_")
 
     return run
 

@@ -325,14 +325,9 @@ class LogChannel:
     def close(self) -> None:
         """After the last outcome: stop rank 0's reader, then the bye protocol of
         ``control="store"``."""
-        bye = f"{self.prefix}/bye"
-        self.store.add(bye, 1)
+        from pgc_hvd.runtime.control_store import say_bye
+        say_bye(self.store, self.prefix, self.rank, self.n, self.timeout)
         if self.rank == 0:
-            deadline = time.monotonic() + self.timeout
-            while int(self.store.add(bye, 0)) < self.n:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.001)
             self._closing = True
             try:   # the reader waits on the next index: give it the stop entry
                 idx = int(self.store.add(f"{self.prefix}/log/count", 1)) - 1

@@ -125,11 +125,18 @@ class StoreChannel:
 
     def close(self) -> None:
         """After the last round: rank 0 waits until every rank has read it."""
-        bye = f"{self.prefix}/bye"
-        self.store.add(bye, 1)
-        if self.rank == 0:
-            deadline = time.monotonic() + self.timeout
-            while int(self.store.add(bye, 0)) < self.n:
-                if time.monotonic() > deadline:
-                    break  # a rank that never said bye has failed on its own; nothing to wait for
-                time.sleep(0.001)
+        say_bye(self.store, self.prefix, self.rank, self.n, self.timeout)
+
+
+def say_bye(store, prefix: str, rank: int, n: int, timeout: float) -> None:
+    """The end of a store channel's run (``control="store"`` and ``"log"``): every rank adds 1
+    to ``<prefix>/bye``; rank 0, the server, waits (up to ``timeout``) until all n have, so it
+    never shuts the store down under a rank still reading."""
+    bye = f"{prefix}/bye"
+    store.add(bye, 1)
+    if rank == 0:
+        deadline = time.monotonic() + timeout
+        while int(store.add(bye, 0)) < n:
+            if time.monotonic() > deadline:
+                break  # a rank that never said bye has failed on its own; nothing to wait for
+            time.sleep(0.001)

@@ -102,29 +102,26 @@ def broadcast_optimizer_state(ops: GroupOps, optimizer, root_rank: int = 0) -> N
         state = optimizer.state_dict()
     # scalar options of every param group, then every state entry, in the groups' order
     scalars, setters, tensors = [], [], []
+
+    def add(value, put) -> None:
+        """``value``'s numbers go to ``scalars``; ``put`` gets them back, converted."""
+        conv = _numbers(value)
+        if conv is None:
+            return
+        xs, back = conv
+        at = len(scalars)
+        scalars.extend(xs)
+        setters.append(lambda got, a=at, m=len(xs), b=back: put(b(got[a:a + m])))
+
     for index, group in enumerate(state["param_groups"]):
         for key in sorted(k for k in group if k != "params"):
-            conv = _numbers(group[key])
-            if conv is None:
-                continue
-            xs, back = conv
-            at = len(scalars)
-            scalars += xs
-            setters.append(lambda got, i=index, k=key, a=at, m=len(xs), b=back:
-                           optimizer.param_groups[i].__setitem__(k, b(got[a:a + m])))
+            add(group[key], lambda v, i=index, k=key: optimizer.param_groups[i].__setitem__(k, v))
         for pid in group["params"]:
             for key, value in sorted(state["state"].get(pid, {}).items()):
                 if torch.is_tensor(value):
                     tensors.append(value)
                 else:
-                    conv = _numbers(value)
-                    if conv is None:
-                        continue
-                    xs, back = conv
-                    at = len(scalars)
-                    scalars += xs
-                    setters.append(lambda got, p=pid, k=key, a=at, m=len(xs), b=back:
-                                   _set_state(optimizer, p, k, b(got[a:a + m])))
+                    add(value, lambda v, p=pid, k=key: _set_state(optimizer, p, k, v))
     got = ops.broadcast(torch.tensor(scalars, dtype=torch.float64), root_rank,
                         name="pgc.torch.optimizer.options").tolist()
     broadcast_tensors_(ops, tensors, root_rank, "pgc.torch.optimizer.state")
