@@ -82,7 +82,7 @@ def optimizers(momentum_lr=None) -> dict:
 
 
 def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
-         max_steps: int = MAX_STEPS, max_time: float = MAX_TIME) -> list[dict]:
+         max_steps: int = MAX_STEPS, max_time: float = MAX_TIME, decays=DECAYS) -> list[dict]:
     """The runs (see the module docstring), one dict each; ``which="momentum"``: only DGD and
     PGC-CR at s = 3 with momentum 0.9, remedy on and off (``--grid momentum``, e.g. with
     ``--momentum-lr``); ``which="decay"``: DGD, IS-SGD and PGC-CR with its ring weighted by
@@ -121,7 +121,7 @@ def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
     if which == "decay":
         add("dgd", {}, 3, "mom")
         add("is-sgd", {}, 3, "mom")
-        for rho in DECAYS:
+        for rho in decays:
             add("pgc-cr", {"decay": rho}, 3, "mom", named=True)
         return specs
     for name, opts in SCHEMES:
@@ -366,11 +366,11 @@ class _NullAxis:
 
 def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
         staleness: bool = True, which: str = "full", momentum_lr=None, max_steps=MAX_STEPS,
-        max_time=MAX_TIME):
+        max_time=MAX_TIME, decays=DECAYS):
     """The whole experiment (module docstring); returns the summary dict and the tables."""
     from .experiments import staleness_runs
     data = _data(data_dir)          # generate / cache once before the pool starts
-    specs = grid(quick, seeds, which, momentum_lr, max_steps, max_time)
+    specs = grid(quick, seeds, which, momentum_lr, max_steps, max_time, decays)
     rows = []
 
     def results():
@@ -428,6 +428,8 @@ def main(argv=None) -> int:
                    help="momentum: DGD and PGC-CR at s = 3, momentum 0.9, remedy on and off only; "
                    f"decay: DGD, IS-SGD and PGC-CR with decay in {DECAYS} at s = 3, momentum 0.9; "
                    "staleness: part 2 only (the design note's experiment)")
+    p.add_argument("--decays", default=",".join(f"{d:g}" for d in DECAYS),
+                   help="--grid decay: PGC-CR's decay values, comma-separated, each in [0, 1]")
     p.add_argument("--momentum-lr", type=float, default=None,
                    help=f"lr of the momentum-0.9 runs (default: {SGD_MOM})")
     p.add_argument("--max-steps", type=int, default=MAX_STEPS,
@@ -443,6 +445,12 @@ def main(argv=None) -> int:
         p.error(f"--seeds {a.seeds} --jobs {a.jobs} --max-steps {a.max_steps}: each must be >= 1")
     if a.momentum_lr is not None and not (math.isfinite(a.momentum_lr) and a.momentum_lr > 0):
         p.error(f"--momentum-lr {a.momentum_lr}: give a learning rate > 0")
+    try:
+        decays = tuple(float(x) for x in a.decays.split(","))
+    except ValueError:
+        p.error(f"--decays {a.decays!r}: give numbers in [0, 1] separated by commas, e.g. 1,0.5,0")
+    if not all(0.0 <= d <= 1.0 for d in decays):
+        p.error(f"--decays {a.decays!r}: each decay must be in [0, 1]")
     out = Path(a.out)
     if (out / "summary.json").exists() and not a.force:
         p.error(f"{out} already holds an experiment's results; choose another --out or pass "
@@ -453,8 +461,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     summary, md = run(out, a.quick, a.seeds, a.jobs, a.data_dir,
                       not a.no_staleness and a.grid in ("full", "staleness"), a.grid, a.momentum_lr,
-                      a.max_steps,
-                      a.max_time)
+                      a.max_steps, a.max_time, decays)
     wall = time.perf_counter() - t0
     summary["wall_seconds"] = wall
     cmd = "pgc-hvd experiment deep " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -115,8 +115,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             restored after the step. Pipelined schemes only (PGC-FR, PGC-CR, PGC-BCGC: their
             messages average evaluations over the last c models); exact schemes have nothing to
             correct and bounded staleness (delayed, not averaged) measured worse with it.
-            Records carry ``implicit_momentum`` and ``effective_momentum``. False applies the
-            optimizer's own momentum unchanged (:mod:`pgc_hvd.control.momentum`).
+            With momentum beta and no ``decay`` in ``scheme_options``, PGC-CR also weights
+            its ring slot of age a by rho^a, rho = 1 - beta (fresh gradients first; plain SGD
+            keeps the paper's rho = 1). Records carry ``implicit_momentum``,
+            ``effective_momentum`` and ``ring_decay``. False applies the optimizer's own
+            momentum unchanged and the paper's ring (:mod:`pgc_hvd.control.momentum`).
         control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
             Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;

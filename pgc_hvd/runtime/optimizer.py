@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from pgc_hvd.compress.message import MessageEncoder
-from pgc_hvd.control.momentum import applies_to
+from pgc_hvd.control.momentum import applies_to, remedy_scheme_options
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime import closing, consistency, interop, lifecycle, optim_state
 from pgc_hvd.runtime.agent import AgentError, CommAgent
@@ -181,7 +181,10 @@ class PGCOptimizer(_StateDicts):
                                        lay.params, cross_rank_fields(config), rank=self.rank,
                                        n=self.n, timeout=config.timeout)
         from pgc_hvd.schemes import Ring, get_scheme
-        self.scheme = get_scheme(config.scheme, self.n, config.stragglers, **config.scheme_options)
+        self.scheme = get_scheme(config.scheme, self.n, config.stragglers,
+                                 **remedy_scheme_options(config.scheme, config.scheme_options,
+                                                         self.param_groups,
+                                                         config.momentum_correction))
         config.check_scheme(self.scheme)
         self._pgc_version, self._pgc_started, self._pgc_closed = 0, False, False
         self._pgc_failed = False   # a step raised (the end of training aborts, not closes)

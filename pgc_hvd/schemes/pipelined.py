@@ -23,8 +23,11 @@ which equals the GC message when nothing is stale.
   each), so the decoder is unbiased for (1/(nW)) sum_k sum_{a<c} rho^a g_k^{(t-a)}; rho = 0
   keeps only the n-s fresh gradients (IS-SGD with rotating partitions). Which rho is fastest
   depends on the workload (docs/experiments.md, section 5: 1 on the convex softmax, 0.25-0.5 on
-  the digits CNN, 0 on MNIST-1D); the decision's ``mean_age`` is then the coefficient-weighted
-  mean (``age_weighted``), which the momentum correction reads.
+  the digits CNN, 0-0.05 on MNIST-1D); the decision's ``mean_age`` is then the
+  coefficient-weighted mean (``age_weighted``), which the momentum correction reads. Built
+  through ``DistributedOptimizer`` or ``simulate`` with an optimizer that has momentum beta and
+  no ``decay`` given, rho = 1 - beta (the remedy, :func:`pgc_hvd.control.momentum.
+  fresh_leaning_decay`; off with ``momentum_correction=False``).
 * naive PGC-CR: GC-CR's real coefficients c_{j,l} = B[j, (j+l) mod n] on the ring
   and GC-CR's decoding a_I; exact without staleness but the effective
   coefficients alpha_{m,k} = a_m c_{j_m,l} are unbounded (``alpha_min/max`` in
@@ -111,4 +114,6 @@ class PGCCRScheme(Scheme):
 
     def weights_for(self, workers, rnd):
         w = 1.0 / (self.n * self.mu)
-        return {i: w for i in workers}, {"mu": self.mu}
+        # ring_decay: the rho this run weights its ring with (the remedy's 1 - beta under
+        # momentum, control.momentum.remedy_scheme_options), in every record
+        return {i: w for i in workers}, {"mu": self.mu, "ring_decay": self.decay}

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from pgc_hvd.control.momentum import remedy_scheme_options
 from pgc_hvd.options import split_spec
 from pgc_hvd.data import load_dataset, partition, standardize, train_test_split
 from pgc_hvd.metrics.diagnostics import delay_histogram
@@ -53,6 +54,12 @@ def make_optimizer(spec: Any) -> Callable:
                          "in lower case (sgd, adam, adamw, ...) or nesterov")
     cls = classes[name]
     return lambda params: cls(params, **kw)
+
+
+def _param_groups(make_opt: Callable) -> list:
+    """The hyper-parameters ``make_opt`` gives (its ``param_groups``, read from an optimizer
+    built on one throw-away parameter), for the remedy's scheme options."""
+    return make_opt([torch.nn.Parameter(torch.zeros(1))]).param_groups
 
 
 def prepare_data(dataset: str, root: Optional[str] = None, test_fraction: float = 0.2,
@@ -97,10 +104,13 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
     tr, te = data if data is not None else prepare_data(dataset, seed=seed)
     task = build_task(model or default_model(tr), tr, seed=seed, zero_init=zero_init, dtype=dtype)
     baseline = isinstance(scheme, str) and scheme.lower() == "dgd"
-    sch = get_scheme(scheme, n, 0 if baseline else s, **(scheme_options or {}))
+    make_opt = make_optimizer(optimizer)
+    sch = get_scheme(scheme, n, 0 if baseline else s,
+                     **remedy_scheme_options(scheme, scheme_options, _param_groups(make_opt),
+                                             config.get("momentum_correction", True)))
     parts = partition(tr.y, n, iid=iid, sizes=sizes, seed=seed)
     cfg = SimConfig(steps=steps, delay=delay, seed=seed, **config)
-    sim = Simulator(sch, task, tr, parts, make_optimizer(optimizer), cfg, test=te)
+    sim = Simulator(sch, task, tr, parts, make_opt, cfg, test=te)
     writer = RecordWriter(records_path, overwrite=overwrite) if records_path else None
     sim.writer = writer
     try:
@@ -133,6 +143,7 @@ def summarize(sim: Simulator, recs) -> dict:
         "max_age": int(max(ages)) if ages else 0,
         "delay_histogram": delay_histogram(sim.delays_seen),
         "diverged": sim.diverged,   # the step at which the run diverged (None: it did not)
+        "ring_decay": getattr(sim.scheme, "decay", None),   # PGC-CR's rho (the remedy: 1 - beta)
     }
     out["time_excl_decode"] = T - out["decode_time_total"]
     for k in ("err_total", "err_coding", "err_stale", "err_compress", "g_hat_sq", "disp_max",

@@ -158,3 +158,50 @@ def test_simulator_applies_it_to_pgc_and_not_to_bounded_staleness():
                 for r in stale)
         else:
             assert eff == {0.9} and all(r.extra["implicit_momentum"] == 0.0 for r in stale)
+
+
+# -- the remedy's ring decay for PGC-CR: rho = 1 - beta (control.momentum.fresh_leaning_decay) --
+
+def _groups(make):
+    return make([torch.nn.Parameter(torch.zeros(1))]).param_groups
+
+
+@pytest.mark.parametrize("make,rho", [
+    (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), 0.1),
+    (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.5, nesterov=True), 0.5),
+    (lambda p: torch.optim.Adam(p, lr=1e-3), 0.1),                      # betas[0] = 0.9
+    (lambda p: torch.optim.AdamW(p, lr=1e-3, betas=(0.8, 0.99)), 0.2),
+    (lambda p: torch.optim.SGD(p, lr=0.5), None),                       # plain SGD: the paper's
+    (lambda p: torch.optim.Adagrad(p, lr=0.1), None),                   # no momentum at all
+])
+def test_fresh_leaning_decay_is_one_minus_the_users_momentum(make, rho):
+    from pgc_hvd.control.momentum import fresh_leaning_decay
+    got = fresh_leaning_decay(_groups(make))
+    assert got == (None if rho is None else pytest.approx(rho))
+
+
+def test_remedy_scheme_options_set_pgc_cr_decay_only_when_the_user_did_not():
+    from pgc_hvd.control.momentum import remedy_scheme_options
+    mom = _groups(lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+    plain = _groups(lambda p: torch.optim.SGD(p, lr=0.5))
+    assert remedy_scheme_options("pgc-cr", None, mom) == {"decay": pytest.approx(0.1)}
+    assert remedy_scheme_options("PGC_CR", {"decay": 0.5}, mom) == {"decay": 0.5}   # the user's
+    assert remedy_scheme_options("pgc-cr", {}, mom, enabled=False) == {}      # the off switch
+    assert remedy_scheme_options("pgc-cr", {}, plain) == {}                   # plain SGD: rho 1
+    for other in ("pgc-fr", "pgc-bcgc", "bounded-staleness", "dgd", "is-sgd"):
+        assert remedy_scheme_options(other, {}, mom) == {}
+    with pytest.raises(ValueError, match="unknown scheme"):
+        remedy_scheme_options("pgc-xx", {}, mom)
+
+
+@pytest.mark.parametrize("optimizer,correction,rho", [
+    ("sgd:lr=0.05,momentum=0.9", True, 0.1),
+    ("sgd:lr=0.05,momentum=0.9", False, 1.0),
+    ("sgd:lr=0.5", True, 1.0),
+])
+def test_simulator_builds_pgc_cr_with_the_remedys_decay(optimizer, correction, rho):
+    from pgc_hvd.sim.run import simulate
+    recs, summ = simulate("pgc-cr", 4, 1, dataset="digits", model="softmax", optimizer=optimizer,
+                          steps=6, batch_size=8, momentum_correction=correction)
+    assert summ["ring_decay"] == pytest.approx(rho)
+    assert all(r.extra["ring_decay"] == pytest.approx(rho) for r in recs)

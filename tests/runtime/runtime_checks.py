@@ -234,6 +234,8 @@ def check_momentum_correction(steps=10):
                        delays=Jitter(0.02, seed=9),
                        opt_kwargs={"on_update": on_update, "momentum_correction": corr})
         assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["lr"] == 0.1
+        # the remedy's ring: rho = 1 - beta with the correction on, the paper's 1 without it
+        assert abs(opt.scheme.decay - (0.1 if corr else 1.0)) < 1e-12, opt.scheme.decay
         same_on_all_ranks(m, f"mc-{corr}")
         ref = model()
         sgd = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
@@ -250,6 +252,7 @@ def check_momentum_correction(steps=10):
         if r == 0:
             eff = [rec.extra["effective_momentum"] for rec in recs if rec.mean_age]
             assert eff and (max(eff) < 0.9 if corr else set(eff) == {0.9}), eff
+            assert {rec.extra["ring_decay"] for rec in recs} == {opt.scheme.decay}
     m = model()
     try:
         pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
