@@ -56,7 +56,7 @@ def make_optimizer(spec: Any) -> Callable:
     return lambda params: cls(params, **kw)
 
 
-def _param_groups(make_opt: Callable) -> list:
+def param_groups_of(make_opt: Callable) -> list:
     """The hyper-parameters ``make_opt`` gives (its ``param_groups``, read from an optimizer
     built on one throw-away parameter), for the remedy's scheme options."""
     return make_opt([torch.nn.Parameter(torch.zeros(1))]).param_groups
@@ -106,7 +106,7 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
     baseline = isinstance(scheme, str) and scheme.lower() == "dgd"
     make_opt = make_optimizer(optimizer)
     sch = get_scheme(scheme, n, 0 if baseline else s,
-                     **remedy_scheme_options(scheme, scheme_options, _param_groups(make_opt),
+                     **remedy_scheme_options(scheme, scheme_options, param_groups_of(make_opt),
                                              config.get("momentum_correction", True)))
     parts = partition(tr.y, n, iid=iid, sizes=sizes, seed=seed)
     cfg = SimConfig(steps=steps, delay=delay, seed=seed, **config)

@@ -35,6 +35,8 @@ from pgc_hvd.runtime import PartitionLoader
 from pgc_hvd.schemes import get_scheme
 from pgc_hvd.delays import Exponential, LongStraggler
 from pgc_hvd.sim.engine import SimConfig, Simulator
+from pgc_hvd.sim.run import param_groups_of
+from pgc_hvd.control.momentum import remedy_scheme_options
 
 torch.set_num_threads(1)
 
@@ -76,8 +78,11 @@ def simulate(scheme_name, train, parts, delay_seed=2, s=1, options=None, compres
                     delay=Exponential(1.0, seed=delay_seed)
                     + LongStraggler(0.15, 2.0, 4.0, seed=delay_seed), compress=compress,
                     error_feedback=False)
-    sim = RecordingSimulator(get_scheme(scheme_name, n, s, **(options or {})), task, train, parts,
-                             lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM), cfg)
+    make_opt = lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM)   # noqa: E731
+    # the scheme as both engines build it (the remedy's ring decay under momentum)
+    opts = remedy_scheme_options(scheme_name, options, param_groups_of(make_opt))
+    sim = RecordingSimulator(get_scheme(scheme_name, n, s, **opts), task, train, parts, make_opt,
+                             cfg)
     sim.decoded = []
     recs = sim.run()
     return sim, recs, flat_params(task.model)
