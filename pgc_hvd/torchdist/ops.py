@@ -14,10 +14,13 @@ collective raises :class:`CollectiveError`, naming the ranks whose processes are
 engine can tell (``explain``).
 
 Allgather of rows of different lengths (Horovod concatenates them; the optimistic control rows
-carry a payload on some ranks only): first one allgather of every rank's (rows, signature);
-then, when every rank has the same number of rows, one ``all_gather_single``; otherwise one
-``all_to_all_single`` with the exact splits (each rank sends its own rows to every rank), so no
-row is padded to the longest: the bytes are the rows' own.
+carry a payload on some ranks only): one allgather of every rank's header (rows, signature,
+bytes) and, in the same fixed-size slot, the rows themselves when they fit in ``SLOT_BYTES``
+(2 KiB: a control round's rows, about 160 bytes each): then that one collective is the whole
+allgather. When some rank's tensor is larger (a payload riding with its row, a sparse message)
+a second collective follows: one ``all_gather_single`` when every rank has the same number of
+rows, otherwise one ``all_to_all_single`` with the exact splits (each rank sends its own rows
+to every rank), so no large tensor is padded to the longest: its bytes are its own.
 
 May import: the standard library and torch; nothing of the package.
 """
@@ -56,6 +59,8 @@ Adasum = _Op("Adasum", None)                    # named so that pgc_hvd can refu
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 CHECK_ORDER = os.environ.get("PGC_HVD_TORCH_CHECK_ORDER", "") not in ("", "0")
+HEADER_BYTES = 24       # allgather: (rows, dtype-and-shape signature, bytes), three int64
+SLOT_BYTES = 2048       # allgather: a tensor up to this size rides with its header
 
 
 def _digest(text: str) -> int:
@@ -194,22 +199,39 @@ class GroupOps:
     # -- allgather ----------------------------------------------------------------------------
     def allgather_async(self, tensor: torch.Tensor, name: Optional[str] = None) -> Handle:
         """Every rank's ``tensor`` concatenated along dim 0 in rank order (first dimensions may
-        differ, the others and the dtype must agree)."""
+        differ, the others and the dtype must agree). One collective when every rank's tensor
+        fits in ``SLOT_BYTES`` (the control rows), two otherwise (module doc)."""
         if tensor.dim() == 0:
             raise ValueError("allgather needs a tensor of at least one dimension")
         t = tensor.contiguous()
         n, k, rest = self._size, int(t.shape[0]), tuple(t.shape[1:])
         sig = _digest(f"{t.dtype} {rest}")
-        mine = torch.tensor([k, sig], dtype=torch.int64)
-        heads = torch.empty(2 * n, dtype=torch.int64)
+        nbytes = t.numel() * t.element_size()
+        width = HEADER_BYTES + SLOT_BYTES
+        mine = torch.zeros(width, dtype=torch.uint8, device=t.device)
+        mine[:HEADER_BYTES] = torch.tensor([k, sig, nbytes], dtype=torch.int64).view(
+            torch.uint8).to(t.device)
+        if 0 < nbytes <= SLOT_BYTES:
+            mine[HEADER_BYTES:HEADER_BYTES + nbytes] = t.reshape(-1).view(torch.uint8)
+        slots = torch.empty(n * width, dtype=torch.uint8, device=t.device)
 
-        def gather_rows():
-            sizes, sigs = heads[0::2].tolist(), heads[1::2].tolist()
+        def gathered():
+            table = slots.view(n, width)
+            heads = table[:, :HEADER_BYTES].cpu().contiguous().view(torch.int64).tolist()
+            sizes, sigs, lens = ([h[0] for h in heads], [h[1] for h in heads],
+                                 [h[2] for h in heads])
             if len(set(sigs)) != 1:
                 raise CollectiveError(
                     f"allgather {name!r}: the ranks' tensors differ in dtype or trailing shape "
                     f"(this rank: {t.dtype} {rest})")
-            out = torch.empty((sum(sizes),) + rest, dtype=t.dtype, device=t.device)
+            shape = (sum(sizes),) + rest
+            if max(lens) <= SLOT_BYTES:     # every tensor rode in its slot: done
+                if not sum(lens):
+                    return torch.empty(shape, dtype=t.dtype, device=t.device)
+                data = torch.cat([table[i, HEADER_BYTES:HEADER_BYTES + lens[i]]
+                                  for i in range(n)])
+                return data.view(t.dtype).reshape(shape)
+            out = torch.empty(shape, dtype=t.dtype, device=t.device)
             if len(set(sizes)) == 1:
                 return _Next(_all_gather(out, t, group=self.group, async_op=True), lambda: out)
             # rows of different lengths: exact splits, no padding (module doc)
@@ -222,7 +244,7 @@ class GroupOps:
         def issue():
             if n == 1:
                 return t.clone()
-            return _Next(_all_gather(heads, mine, group=self.group, async_op=True), gather_rows)
+            return _Next(_all_gather(slots, mine, group=self.group, async_op=True), gathered)
         return self._start(name, issue)
 
     def allgather(self, tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:

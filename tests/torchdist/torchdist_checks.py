@@ -41,6 +41,17 @@ def check_allgather():
                           for w, s in enumerate([(w + 1,) if len(shape) == 1 else (w, 2)
                                                  for w in range(n)])])
         assert torch.equal(got, want), (got, want)
+    # beyond the one-collective slot (ops.SLOT_BYTES): equal and different lengths, one rank
+    # large and the others small (a payload riding with one rank's row), int32 and complex
+    from pgc_hvd.torchdist.ops import SLOT_BYTES
+    big = SLOT_BYTES // 8 + 3
+    for rows, dtype in (([big] * n, torch.float64), ([big + w for w in range(n)], torch.int32),
+                        ([big if w == 1 else 2 for w in range(n)], torch.complex64)):
+        mine = (torch.arange(rows[r] * 2) + 1000 * r).to(dtype).view(rows[r], 2)
+        got = hvd.allgather(mine, name=f"ag.big.{dtype}")
+        want = torch.cat([(torch.arange(rows[w] * 2) + 1000 * w).to(dtype).view(rows[w], 2)
+                          for w in range(n)])
+        assert torch.equal(got, want), (dtype, got.shape, want.shape)
     # polled like the runtime does (handles)
     h = hvd.allgather_async(torch.tensor([r], dtype=torch.int64), name="ag.poll")
     while not hvd.poll(h):
