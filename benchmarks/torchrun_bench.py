@@ -15,6 +15,9 @@ a) no stragglers: time per step of ``DistributedDataParallel`` (SGD; its buckete
 b) exponential delays with mean ``--compute`` (seeded, the same schedule for both): DDP sleeps
    each rank's delay before its step's backward; pgc-cr gets them as ``delays=``.
 
+``--runs`` lists PART:VARIANT, VARIANT = ``ddp`` or a scheme, with ``@CONTROL`` for a control
+channel other than the default allgather (e.g. ``a:pgc-cr@log``).
+
 Time per step = (time of the last step's end - that of the first measured one) / steps, on
 rank 0, after ``--warmup`` steps. Prints one table; ``--json`` writes the figures.
 """
@@ -70,9 +73,11 @@ def main(argv=None) -> int:
         return ends, []
 
     def run_pgc(scheme, delays, tag):
+        scheme, _, control = scheme.partition("@")     # "pgc-cr@log": control="log"
+        extra = {"control": control} if control else {}
         return time_pgc(hvd.DistributedOptimizer, build_model(args.model), loader, compute,
                         steps, warm, rank, scheme=scheme, delays=delays,
-                        name=f"tb-{scheme}-{tag}")
+                        name=f"tb-{scheme}-{control or 'ag'}-{tag}", **extra)
 
     out = {"n": n, "model": args.model, "d": d, "compute": compute, "steps": steps,
            "warmup": warm, "engine": "torch.distributed (gloo)", "ring_bytes": ring_bytes(n, d)}
