@@ -1,7 +1,11 @@
-"""``pgc-hvd train``: one training run; runs on every rank under ``horovodrun``.
+"""``pgc-hvd train``: one training run; runs on every rank under ``horovodrun`` or ``torchrun``.
 
     horovodrun --gloo -np 4 -H localhost:4 python -m pgc_hvd train --scheme pgc-cr --stragglers 1 \\
         --dataset digits --model cnn --steps 80 --delay exp:mean=0.1,seed=1 --out runs/x
+    torchrun --standalone --nproc-per-node 4 -m pgc_hvd train --scheme pgc-cr ...   # no Horovod
+
+The engine follows the launcher (:func:`pgc_hvd.runtime.engines.from_environment`): Horovod's
+collectives under ``horovodrun``, torch.distributed's (:mod:`pgc_hvd.torch`) under ``torchrun``.
 
 Each rank is one worker; rank 0 writes ``OUT/records.jsonl`` (one StepRecord per step, the
 format the simulator writes), ``OUT/summary.json`` (time per step, time to the target loss, final
@@ -169,8 +173,10 @@ def main(argv=None) -> int:
         compression = parse_compression(args.compression)
     except ValueError as err:
         parser.error(f"--compression: {err}")
-    import horovod.torch as hvd
     import torch
+
+    import pgc_hvd
+    hvd = pgc_hvd.engine()          # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 
     from pgc_hvd.metrics.records import RecordWriter
     from pgc_hvd.models import build_task
