@@ -32,8 +32,8 @@ named ``name``:
   rows), with no second encoding of decisions to keep in step with the schemes. The record is
   the rows the decision used and the ones before them that changed nothing, about n rows a step.
 
-So a rank > 0 makes 3 store operations per step (add, set, get), rank 0 about n (a get per
-other rank's row, one set), whatever the compute time; late messages stay usable (the decider
+So a rank > 0 makes 4 store operations per step (add, set, get, and the delete below), rank 0
+about n + 1 (a get per other rank's row, one set, one delete), whatever the compute time; late messages stay usable (the decider
 sees every row, in log order); payloads move in the data phase (``carries_payloads`` False).
 
 Faults: no row for ``timeout`` seconds while the open step waits makes the decider publish an
@@ -46,8 +46,11 @@ the store (``fault/<t>/<rank>``) and waits up to ``timeout`` + 1 s for the other
 never say so are named (:meth:`LogChannel.census`). Close: as ``control="store"``
 (every rank adds 1 to ``pgc/<name>/bye``; rank 0 waits for n).
 
-Not done: the log and decision keys are never deleted (about 2 n rows of
-``8 * ctrl_len`` bytes a step stay in rank 0's store until the run's store closes).
+Nothing grows with the run: a follower deletes each of its log rows once it reads an outcome
+that took it (1 operation, about one a step: 4 a step in all), and the decider deletes the
+outcome of step u once every follower's rows show a model version above u (every follower has
+read it; 1 operation a step). The store holds about n log rows and the outcomes of the steps
+the slowest follower has not yet applied.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ import numpy as np
 import torch
 
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE,
-                                  CTRL_FAILED, CTRL_READY_STEP, pack_row)
+                                  CTRL_FAILED, CTRL_READY_STEP, CTRL_VERSION, pack_row)
 
 log = logging.getLogger("pgc_hvd.runtime")
 
@@ -84,11 +87,14 @@ class LogView:
         self.latest = [list(blank) for _ in range(int(n))]
         self.pending: list[dict] = [{} for _ in range(int(n))]
         self.top = [-1] * int(n)      # the newest step each rank's rows have shown
+        self.version = [-1] * int(n)  # the newest model version each rank's messages were
+                                      # computed at (it has read every outcome before it)
 
     def add(self, w: int, row: list) -> None:
         """Rank w's next row in log order (a rank shows its messages in step order; a state
         row re-showing an older message adds nothing)."""
         self.latest[w] = row
+        self.version[w] = max(self.version[w], int(row[CTRL_VERSION]))
         k = int(row[CTRL_READY_STEP])
         if k > self.top[w]:
             self.pending[w][k] = row
@@ -164,6 +170,8 @@ class LogChannel:
         self._reader_error: Optional[str] = None
         self._closing = False
         self._reader = None
+        self._mine: list = []             # rank > 0: log indices of its rows not yet seen taken
+        self._forgotten = 0               # rank 0: outcomes of steps below this are deleted
         if self.rank == 0:
             self._reader = threading.Thread(target=self._read_log, name=f"{name}-log-reader",
                                             daemon=True)
@@ -203,6 +211,7 @@ class LogChannel:
             try:
                 idx = int(self.writer.add(f"{self.prefix}/log/count", 1)) - 1
                 self.writer.set(f"{self.prefix}/log/{idx}", line)
+                self._mine.append(idx)
             except Exception as err:  # the store is gone: the agent's read reports it
                 log.debug("rank %d: control log append failed: %s", self.rank, err)
             finally:
@@ -286,7 +295,37 @@ class LogChannel:
             text = raw.decode()[len(_ERR):]
             failed, _, msg = text.partition(":")
             return LogRecord(error=msg, failed=[int(w) for w in failed.split(",") if w])
-        return LogRecord(rows=decode_rows(raw, self.length))
+        rows = decode_rows(raw, self.length)
+        self._forget_mine(sum(1 for w, _ in rows if w == self.rank))
+        return LogRecord(rows=rows)
+
+    def _forget_mine(self, taken: int) -> None:
+        """Delete this rank's ``taken`` oldest log rows: the decider has taken them (they are in
+        an outcome this rank read; it takes a rank's rows in the order they were appended), so
+        nobody reads them again. One store operation per row, about one a step."""
+        with self._append_lock:
+            done, self._mine = self._mine[:taken], self._mine[taken:]
+        for idx in done:
+            self._count(1)
+            try:
+                self.store.delete_key(f"{self.prefix}/log/{idx}")
+            except Exception as err:   # the store is gone: the next read reports it
+                log.debug("rank %d: could not delete log row %d: %s", self.rank, idx, err)
+                return
+
+    def forget(self, below: int) -> None:
+        """Rank 0: delete the published outcomes of steps < ``below``, which every follower has
+        read (a follower whose message was computed at model version v has applied, hence
+        read, the outcomes of steps < v). With the followers' own row deletions the store
+        holds a bounded number of keys, whatever the run's length."""
+        while self._forgotten < below:
+            self._count(1)
+            try:
+                self.store.delete_key(f"{self.prefix}/dec/{self._forgotten}")
+            except Exception as err:
+                log.debug("rank 0: could not delete outcome %d: %s", self._forgotten, err)
+                return
+            self._forgotten += 1
 
     def census(self, step: int, err: BaseException) -> str:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
@@ -368,6 +407,7 @@ def log_loop(agent) -> None:
                 if isinstance(got, Decision):
                     chan.publish(agent.step, taken)
                     taken = []
+                    chan.forget(min(view.version[1:], default=0))
                     agent._fire(got, ctl)
                     deadline = time.monotonic() + agent.timeout
                     continue

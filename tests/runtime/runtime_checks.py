@@ -386,6 +386,11 @@ def check_log(scheme, delay=0.6, steps=8, compute=0.0, max_ops=5):
         body = ops[1:-1]   # step 0 also pays for start-up; the last counts the done rows
         line += f", per step {ops}, used {[rec.workers_used for rec in recs]}"
         assert max(body) <= max_ops, f"rank 0: control ops per step {ops}"
+        # nothing grows with the run: the log rows and outcomes read are deleted, so the
+        # store holds about n rows and a few outcomes, not the ~(n + 1) keys of every step
+        keys = opt.agent.channel.store.num_keys()
+        line += f", store keys at the end {keys}"
+        assert keys <= 2 * n + 8 < (n + 1) * steps, f"rank 0's store holds {keys} keys"
     print(line, flush=True)
     assert mean <= max_ops, f"rank {r}: {total} control ops in {steps} steps"
     ok(f"log_{scheme}_{compute}")
