@@ -68,7 +68,9 @@ QUICK_STEPS = 20
 STALE = ("pgc-fr", "pgc-cr", "pgc-bcgc")
 SCHEMES = [("dgd", {}), ("is-sgd", {}), ("gc-cr", {}), ("is-gc", {"c": 2}), ("pgc-fr", {}),
            ("pgc-cr", {}), ("pgc-bcgc", {})]
-OPTIMIZERS = {"sgd": (SGD_PLAIN, True), "mom": (SGD_MOM, True), "mom-off": (SGD_MOM, False)}
+ADAM = "adam:lr=0.003"
+OPTIMIZERS = {"sgd": (SGD_PLAIN, True), "mom": (SGD_MOM, True), "mom-off": (SGD_MOM, False),
+              "adam": (ADAM, True)}
 STALENESS_BUDGET = 200.0
 DECAYS = (1.0, 0.5, 0.25, 0.0)   # ``--grid decay``: PGC-CR's ring weighted by rho^age
 
@@ -78,7 +80,8 @@ def optimizers(momentum_lr=None) -> dict:
     if momentum_lr is None:
         return dict(OPTIMIZERS)
     mom = f"sgd:lr={momentum_lr:g},momentum=0.9"
-    return {"sgd": OPTIMIZERS["sgd"], "mom": (mom, True), "mom-off": (mom, False)}
+    return {"sgd": OPTIMIZERS["sgd"], "mom": (mom, True), "mom-off": (mom, False),
+            "adam": OPTIMIZERS["adam"]}
 
 
 def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
@@ -117,6 +120,12 @@ def grid(quick: bool, seeds: int, which: str = "full", momentum_lr=None,
         add("pgc-cr", {}, 3, "mom-off")
         return specs
     if which == "staleness":        # part 2 only (run by :func:`run`)
+        return specs
+    if which == "adam":
+        add("dgd", {}, 3, "adam")
+        add("is-sgd", {}, 3, "adam")
+        add("pgc-cr", {}, 3, "adam")                          # the remedy: decay 1 - beta1
+        add("pgc-cr", {"decay": 1.0}, 3, "adam", named=True)  # the paper's ring
         return specs
     if which == "decay":
         add("dgd", {}, 3, "mom")
@@ -424,9 +433,11 @@ def main(argv=None) -> int:
                    "(default $PGC_HVD_CACHE or ~/.cache/pgc_hvd)")
     p.add_argument("--no-staleness", action="store_true", help="skip part 2 (the design note's "
                    "experiment)")
-    p.add_argument("--grid", choices=["full", "momentum", "decay", "staleness"], default="full",
+    p.add_argument("--grid", choices=["full", "momentum", "decay", "adam", "staleness"],
+                   default="full",
                    help="momentum: DGD and PGC-CR at s = 3, momentum 0.9, remedy on and off only; "
                    f"decay: DGD, IS-SGD and PGC-CR with decay in {DECAYS} at s = 3, momentum 0.9; "
+                   f"adam: DGD, IS-SGD, PGC-CR (the remedy) and PGC-CR decay=1 with {ADAM}; "
                    "staleness: part 2 only (the design note's experiment)")
     p.add_argument("--decays", default=",".join(f"{d:g}" for d in DECAYS),
                    help="--grid decay: PGC-CR's decay values, comma-separated, each in [0, 1]")
