@@ -55,3 +55,20 @@ def test_experiment_deep_quick(tmp_path):
     assert all(r["max_age"] < 8 for r in st) and st[-1]["max_age"] > 0
     assert {c["claim"] for c in summary["claims"]} >= {"PGC-CR needs fewer steps than DGD",
                                                        "GC is slower per step than DGD"}
+
+
+def test_deep_grids_for_decays_and_adam():
+    """``--grid decay --decays`` sweeps the given rho (names carry them); ``--grid adam`` runs
+    DGD, IS-SGD, PGC-CR with the remedy and with the paper's ring under Adam; bad decays are
+    refused before anything runs."""
+    from pgc_hvd.apps.deep_experiment import ADAM, grid, main as deep_main
+    specs = grid(False, 2, "decay", decays=(0.1, 0.05))
+    assert sorted({s["variant"] for s in specs}) == ["dgd", "is-sgd", "pgc-cr decay=0.05",
+                                                     "pgc-cr decay=0.1"]
+    assert len(specs) == 8 and all(s["optimizer"] == "sgd:lr=0.1,momentum=0.9" for s in specs)
+    adam = grid(False, 1, "adam")
+    assert [s["variant"] for s in adam] == ["dgd", "is-sgd", "pgc-cr", "pgc-cr decay=1"]
+    assert all(s["optimizer"] == ADAM and s["correction"] for s in adam)
+    for bad in ("1,2", "a,b"):
+        with pytest.raises(SystemExit):
+            deep_main(["--out", "unused", "--grid", "decay", "--decays", bad])
