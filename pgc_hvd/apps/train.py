@@ -175,8 +175,8 @@ def main(argv=None) -> int:
         parser.error(f"--compression: {err}")
     import torch
 
-    import pgc_hvd
-    hvd = pgc_hvd.engine()          # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
+    from pgc_hvd.runtime.engines import resolve
+    hvd = resolve()        # horovod.torch under horovodrun, pgc_hvd.torchdist under torchrun
 
     from pgc_hvd.metrics.records import RecordWriter
     from pgc_hvd.models import build_task
