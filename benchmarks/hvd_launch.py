@@ -18,10 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_ranks(np_: int, script: str, worker_args: list, timeout: float,
               on_line: Optional[Callable[[str], None]] = None) -> dict:
-    """``horovodrun --gloo -np np_ python script --worker *worker_args``; rank 0's RESULT."""
+    """``horovodrun --gloo -np np_ -H localhost:np_ --network-interface lo python script --worker
+    *worker_args``; rank 0's RESULT. gloo stays on the loopback interface."""
     exe = Path(sys.executable).with_name("horovodrun")
-    cmd = [str(exe), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}", sys.executable,
-           str(Path(script).resolve()), "--worker", *map(str, worker_args)]
+    cmd = [str(exe), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}", "--network-interface",
+           "lo", sys.executable, str(Path(script).resolve()), "--worker", *map(str, worker_args)]
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))

@@ -1,6 +1,6 @@
 """pgc_hvd on the torch engine against torch's own DistributedDataParallel, under torchrun.
 
-    torchrun --standalone --nproc-per-node 4 benchmarks/torchrun_bench.py \
+    GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 benchmarks/torchrun_bench.py \
         [--model resnet18] [--compute 0.3] [--steps 12] [--warmup 3] [--json out.json]
 
 One launch, every rank: the same model (torchvision ResNet-18, d = 11,689,512, on batches of 2

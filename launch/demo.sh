@@ -76,7 +76,7 @@ for scheme in $SCHEMES; do
   S=1; [[ $scheme == dgd ]] && S=0   # dgd waits for every rank: it takes s = 0 only
   echo "== $scheme: $NP ranks, s=$S, $STEPS steps, SGD lr $LR momentum $MOMENTUM, compute" \
        "${COMPUTE}s/partition, delays $DELAY"
-  timeout 300 "$HVDRUN" --gloo -np "$NP" -H "localhost:$NP" "$PY" -m pgc_hvd train \
+  timeout 300 "$HVDRUN" --gloo -np "$NP" -H "localhost:$NP" --network-interface lo "$PY" -m pgc_hvd train \
       --scheme "$scheme" --stragglers "$S" --dataset digits --model cnn --steps "$STEPS" \
       --batch-size 32 --lr "$LR" --momentum "$MOMENTUM" --compute-time "$COMPUTE" \
       --delay "$DELAY" --target-loss "$TARGET" --progress-every 50 \

@@ -3,6 +3,9 @@
     horovodrun --gloo -np 4 --min-np 3 --max-np 4 --host-discovery-script ./discover_hosts.sh \\
         python launch/elastic_train.py --steps 60 --out run/
 
+(on one machine, e.g. the loopback ssh hosts of launch/local_hosts.py, add
+``--network-interface lo``: ``LocalHosts.horovodrun_args()`` does)
+
 A small MLP on synthetic data (the recipe; swap in your model and data). Each rank writes
 ``OUT/rank-<host>-<pid>.json`` at the end: its rank and n, final version, a digest of its
 parameters, the (version, time, n) of every step it took and the world changes it saw; rank 0

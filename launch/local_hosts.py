@@ -4,12 +4,14 @@ horovodrun treats a host as local only when its address is one of the machine's 
 addresses (``horovod.runner.util.network.get_local_host_addresses``: 127.0.0.1 and the NICs'
 addresses); 127.0.0.2 and up route to the loopback device but are not interface addresses, so
 horovodrun reaches them over ssh, exactly as it reaches real nodes: ``-H 127.0.0.2:2,127.0.0.3:2``
-or a hostfile, ``-p PORT -i KEY``. :class:`LocalHosts` starts what that needs and removes it
-again: a host key and a client key it generates, an sshd (``sshd -D``, its own config, listening
-on those addresses only, on a free port), and a folder with an ``ssh`` wrapper put first on PATH
-that adds ``-F none`` and a private known-hosts file (so that nothing in ``~/.ssh`` is read or
-written). sshd is installed with ``apt-get install openssh-server`` when it is missing and this
-process is root; when that cannot be had, :class:`Unavailable` says why.
+or a hostfile, ``-p PORT -i KEY``, and ``--network-interface lo`` so that gloo stays on the
+loopback interface (:meth:`LocalHosts.horovodrun_args` gives all three). :class:`LocalHosts`
+starts what that needs and removes it again: a host key and a client key it generates, an sshd
+(``sshd -D``, its own config, listening on those addresses only, on a free port), and a folder
+with an ``ssh`` wrapper put first on PATH that adds ``-F none`` and a private known-hosts file
+(so that nothing in ``~/.ssh`` is read or written). sshd is installed with ``apt-get install
+openssh-server`` when it is missing and this process is root; when that cannot be had,
+:class:`Unavailable` says why.
 
     with LocalHosts(count=2) as lh:
         subprocess.run(["horovodrun", "--gloo", "-np", "4", "-H", lh.spec(2), *lh.horovodrun_args(),
@@ -175,7 +177,14 @@ class LocalHosts:
         return str(path)
 
     def horovodrun_args(self) -> list:
-        return ["-p", str(self.port), "-i", str(self.dir / "client_key")]
+        """``-p PORT -i KEY --network-interface lo``: sshd's port and the client key, and gloo
+        pinned to the loopback interface. These hosts are all this machine, so their traffic
+        belongs on ``lo``; without the pin horovodrun probes the hosts' common interfaces and
+        takes the first of a set (``{lo, eth0}`` here), which is ``eth0`` in about half the
+        runs (it depends on the string hash seed): the ranks then talk over the machine's
+        network address (tests/multihost/test_loopback_hosts.py)."""
+        return ["-p", str(self.port), "-i", str(self.dir / "client_key"),
+                "--network-interface", "lo"]
 
     def env(self, base: Optional[dict] = None) -> dict:
         env = dict(os.environ if base is None else base)

@@ -1,4 +1,4 @@
-"""The README's quick start, runnable: horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python launch/quickstart.py, or torchrun --nproc-per-node 4 launch/quickstart.py"""
+"""The README's quick start, runnable: horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python launch/quickstart.py, or GLOO_SOCKET_IFNAME=lo torchrun --nproc-per-node 4 launch/quickstart.py"""
 import torch
 from sklearn.datasets import load_digits
 

@@ -2,10 +2,12 @@
 
 Markers (declared in pyproject.toml):
   * ``gpu``: needs a CUDA device; skipped cleanly when torch sees none.
-  * ``multirank``: runs a script under ``horovodrun --gloo -np N -H localhost:N`` through the
-    :func:`horovodrun` fixture (skipped when horovod is not installed), or under
-    ``torchrun --standalone --nproc-per-node N`` through the :func:`torchrun` fixture (the torch
-    engine; horovod hidden from the ranks by default).
+  * ``multirank``: runs a script under ``horovodrun --gloo -np N -H localhost:N
+    --network-interface lo`` through the :func:`horovodrun` fixture (skipped when horovod is not
+    installed), or under ``torchrun --standalone --nproc-per-node N`` with
+    ``GLOO_SOCKET_IFNAME=lo`` through the :func:`torchrun` fixture (the torch engine; horovod
+    hidden from the ranks by default). Both pin gloo to the loopback interface: ranks on one
+    machine never talk over its network address (tests/multirank/test_loopback.py checks).
   * ``bench``: pytest-benchmark suites, kept in ``benchmarks/`` (not collected by default).
 """
 
@@ -70,7 +72,8 @@ def _launch(cmd: list, cwd, paths: list, timeout: float, env: dict | None, check
 
 @pytest.fixture
 def horovodrun(tmp_path):
-    """Run ``python SCRIPT ARGS`` on N local gloo ranks; returns the CompletedProcess.
+    """Run ``python SCRIPT ARGS`` on N local gloo ranks (gloo pinned to ``lo``); returns the
+    CompletedProcess.
 
     Usage: ``horovodrun(np, script, *args, timeout=120)``. The script's ranks should exit
     non-zero on failure; the fixture fails the test with both streams when they do.
@@ -81,8 +84,8 @@ def horovodrun(tmp_path):
 
     def run(np: int, script: str | os.PathLike, *args: str, timeout: float = 180.0,
             env: dict | None = None, check: bool = True):
-        cmd = [exe, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable,
-               str(script), *map(str, args)]
+        cmd = [exe, "--gloo", "-np", str(np), "-H", f"localhost:{np}",
+               "--network-interface", "lo", sys.executable, str(script), *map(str, args)]
         return _launch(cmd, tmp_path, [str(REPO_ROOT)], timeout, env, check)
 
     return run
@@ -94,7 +97,8 @@ HIDDEN_HOROVOD = "raise ImportError('horovod is hidden from this run (tests/conf
 @pytest.fixture
 def torchrun(tmp_path):
     """Run ``python SCRIPT ARGS`` on N local ranks under ``torchrun --standalone`` (gloo, the
-    torch engine); returns the CompletedProcess.
+    torch engine, pinned to ``lo`` by ``GLOO_SOCKET_IFNAME`` unless ``env`` sets it); returns
+    the CompletedProcess.
 
     Usage: ``torchrun(np, script, *args, timeout=120, hide_horovod=True)``. With
     ``hide_horovod`` a ``horovod`` package that raises ImportError comes first on the ranks'
@@ -118,7 +122,8 @@ def torchrun(tmp_path):
             (hide / "horovod").mkdir(parents=True, exist_ok=True)
             (hide / "horovod" / "__init__.py").write_text(HIDDEN_HOROVOD)
             paths.insert(0, str(hide))
-        return _launch(cmd, tmp_path, paths, timeout, env, check, drop_prefix="HOROVOD_")
+        return _launch(cmd, tmp_path, paths, timeout, {"GLOO_SOCKET_IFNAME": "lo", **(env or {})},
+                       check, drop_prefix="HOROVOD_")
 
     return run
 

@@ -192,8 +192,9 @@ def main(args):
     # optimizer state and the model version
     checkpoint_path = args.checkpoint_format.format(epoch=resume_from_epoch)
     if resume_from_epoch > 0 and hvd.rank() == 0:
-        # weights_only=False: the optimizer state holds RNG states (our own file)
-        checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=False)
+        # weights_only=True: pgc_hvd's optimizer state (ring, RNG states) is tensors and plain
+        # types, so nothing in the file runs code when it is read
+        checkpoint = torch.load(checkpoint_path, map_location=device, weights_only=True)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
     # Horovod's order; the other ranks take rank 0's version from the optimizer-state broadcast

@@ -2,7 +2,7 @@
 
     horovodrun --gloo -np 4 -H localhost:4 python -m pgc_hvd train --scheme pgc-cr --stragglers 1 \\
         --dataset digits --model cnn --steps 80 --delay exp:mean=0.1,seed=1 --out runs/x
-    torchrun --standalone --nproc-per-node 4 -m pgc_hvd train --scheme pgc-cr ...   # no Horovod
+    GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 -m pgc_hvd train ... # no Horovod
 
 The engine follows the launcher (:func:`pgc_hvd.runtime.engines.from_environment`): Horovod's
 collectives under ``horovodrun``, torch.distributed's (:mod:`pgc_hvd.torch`) under ``torchrun``.

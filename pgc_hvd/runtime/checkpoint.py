@@ -10,6 +10,14 @@ one, never a mix. A save that fails or is interrupted (KeyboardInterrupt) remove
 a process killed outright (SIGKILL) may leave it behind, and the next save replaces it (loading
 never reads it).
 
+What a checkpoint may hold: tensors and plain types only (:mod:`pgc_hvd.runtime.plain`; the RNG
+states as tensors, ``extra`` checked at save time), and it is read with
+``torch.load(weights_only=True)``, so a checkpoint from elsewhere cannot run code when it is
+read: a file holding other pickled objects (a ``__reduce__`` calling ``os.system``) is refused
+with a CheckpointError naming the file and the globals it holds, before anything in it is
+built. Files written before this rule (their numpy RNG state a pickled numpy array) are refused
+too, with the fix: :func:`convert_checkpoint` rewrites one without running code in it.
+
 Restoring is all or nothing, on every rank: :func:`load_checkpoint` reads and checks the whole
 file first (a torch checkpoint with the keys :func:`save_checkpoint` writes; scheme, n, s and
 rank of this run; the shapes of the model's tensors, the ring buffers and the error-feedback
@@ -23,9 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import time
 
+import numpy as np
 import torch
+
+from pgc_hvd.runtime.plain import NotPlain, check_plain, unsafe_globals
 
 # what save_checkpoint writes; load_checkpoint needs the first two
 CHECKPOINT_KEYS = ("model", "pgc", "extra")
@@ -55,30 +67,50 @@ def _fsync_dir(folder: str) -> None:
 
 def save_checkpoint(path, model: torch.nn.Module, optimizer, extra: dict | None = None) -> str:
     """Write this rank's checkpoint to ``{path}.rank{rank}`` atomically (see the module doc) and
-    return that file's name. ``extra``: any picklable dict, returned by :func:`load_checkpoint`."""
+    return that file's name. ``extra``: a dict of tensors and plain types (numbers, strings,
+    lists, dicts, ...; :mod:`pgc_hvd.runtime.plain`), returned by :func:`load_checkpoint`;
+    anything else (a numpy scalar, an object) raises :class:`~pgc_hvd.runtime.plain.NotPlain`
+    naming its key before anything is written."""
     out = _path(path, optimizer.rank)
+    state = {"model": model.state_dict(), "pgc": optimizer.pgc_state_dict(), "extra": extra or {}}
+    try:
+        check_plain(state["extra"], "extra")
+        check_plain(state["model"], "the model's state_dict()")
+        check_plain(state["pgc"], "the optimizer's pgc_state_dict()")
+    except NotPlain as err:
+        raise NotPlain(f"save_checkpoint({out}): {err}; nothing was written") from None
+    _write(out, state)
+    return out
+
+
+def _write(out: str, state: dict) -> None:
+    """``torch.save(state)`` to ``out`` atomically and durably (module doc); the written file
+    is checked to hold no global that ``weights_only=True`` refuses."""
     folder = os.path.dirname(os.path.abspath(out))
     os.makedirs(folder, exist_ok=True)
-    state = {"model": model.state_dict(), "pgc": optimizer.pgc_state_dict(), "extra": extra or {}}
     tmp = out + ".tmp"
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        bad = unsafe_globals(tmp)
+        if bad:     # check_plain let through something torch pickles as a global
+            raise NotPlain(f"{out}: the state pickles globals {bad} that load_checkpoint would "
+                           f"refuse; store tensors and plain types only; nothing was written")
         os.replace(tmp, out)
     except BaseException:       # also KeyboardInterrupt: never leave a partial .tmp behind
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
     _fsync_dir(folder)
-    return out
 
 
 def read_checkpoint(file) -> dict:
     """The state dict in checkpoint ``file``, or a CheckpointError naming the file (missing,
-    empty, truncated or damaged, not a checkpoint of :func:`save_checkpoint`). The file is
-    unpickled (the RNG states are Python objects): read only checkpoints you trust."""
+    empty, truncated or damaged, holding objects other than tensors and plain types, not a
+    checkpoint of :func:`save_checkpoint`). Read with ``torch.load(weights_only=True)``: no
+    code in the file runs."""
     file = os.fspath(file)
     if not os.path.isfile(file):
         what = "is a folder" if os.path.isdir(file) else "does not exist"
@@ -88,7 +120,9 @@ def read_checkpoint(file) -> dict:
         raise CheckpointError(f"checkpoint file {file} is empty (0 bytes); it was not written by "
                               f"save_checkpoint, which replaces a file only with a complete one")
     try:
-        state = torch.load(file, weights_only=False, map_location="cpu")
+        state = torch.load(file, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(_refusal(file, err)) from None
     except Exception as err:
         raise CheckpointError(f"checkpoint file {file} cannot be read, it is truncated or "
                               f"damaged ({type(err).__name__}: {err})") from None
@@ -97,6 +131,90 @@ def read_checkpoint(file) -> dict:
         raise CheckpointError(f"{file} is not a pgc_hvd checkpoint: it lacks {missing} (found "
                               f"{_describe(state)}); write checkpoints with save_checkpoint")
     return state
+
+
+def _numpy_globals() -> list:
+    """numpy's value-rebuilding globals (``(object, name)`` pairs for torch's ``safe_globals``):
+    what a checkpoint of an earlier pgc_hvd holds besides tensors and plain types (its numpy
+    RNG state; numpy values in ``extra``), under both names of numpy's core module (numpy 1
+    wrote ``numpy.core``). They build arrays, dtypes and scalars, and run no other code."""
+    core = getattr(np, "_core", None) or np.core
+    out = [np.ndarray, np.dtype]
+    out += [getattr(np.dtypes, k) for k in dir(getattr(np, "dtypes", None)) if k.endswith("DType")]
+    for fn in ("_reconstruct", "scalar"):
+        obj = getattr(core.multiarray, fn)
+        out += [(obj, f"numpy.core.multiarray.{fn}"), (obj, f"numpy._core.multiarray.{fn}")]
+    return out
+
+
+def _legacy(name: str) -> bool:
+    """Whether global ``name`` is one of :func:`_numpy_globals`."""
+    module, _, attr = name.rpartition(".")
+    return (name in ("numpy.ndarray", "numpy.dtype") or module == "numpy.dtypes" or
+            (attr in ("_reconstruct", "scalar") and
+             module in ("numpy.core.multiarray", "numpy._core.multiarray")))
+
+
+def _refusal(file: str, err: Exception) -> str:
+    """The message for a file that ``torch.load(weights_only=True)`` refused (``err``)."""
+    try:
+        found = unsafe_globals(file)
+    except Exception:
+        found = []
+    if found and all(_legacy(g) for g in found):
+        return (f"checkpoint file {file} was written by an earlier pgc_hvd (its numpy RNG state "
+                f"is a pickled numpy array; checkpoints now hold tensors and plain types only "
+                f"and are read with torch.load(weights_only=True)); convert it once, without "
+                f"running code in it: python -c \"from pgc_hvd.runtime.checkpoint import "
+                f"convert_checkpoint; convert_checkpoint('{file}')\" (each rank's file)")
+    what = f"the globals {found}" if found else "objects"
+    detail = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line),
+                  str(err).strip().splitlines()[-1] if str(err).strip() else "")
+    return (f"checkpoint file {file} holds {what} that torch.load(weights_only=True) refuses to "
+            f"build: unpickling them could run code, so it is not read (save_checkpoint writes "
+            f"tensors and plain types only). Do not load a file of unknown origin; if you wrote "
+            f"it yourself and trust it, load it with torch.load(..., weights_only=False), turn "
+            f"those objects into tensors and plain types and save again with save_checkpoint "
+            f"(torch: {detail})")
+
+
+def convert_checkpoint(file) -> str:
+    """Rewrite a checkpoint written by an earlier pgc_hvd (numpy's RNG state a pickled numpy
+    array, Python's a tuple) in place, atomically, as tensors and plain types, so that
+    :func:`load_checkpoint` reads it; numpy scalars (``np.float64(0.9)`` in ``extra``) become
+    Python numbers, other numpy values are refused, named. The old file is read with
+    ``torch.load(weights_only=True)`` allowing only numpy's value-rebuilding globals, so no code
+    in it runs; any other object is refused. Returns ``file``."""
+    file = os.fspath(file)
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            state = torch.load(file, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(_refusal(file, err)) from None
+    rng = state.get("pgc", {}).get("rng") if isinstance(state, dict) else None
+    if not isinstance(rng, dict):
+        raise CheckpointError(f"{file} is not a pgc_hvd checkpoint (no pgc RNG state: found "
+                              f"{_describe(state)}); nothing to convert")
+    from pgc_hvd.runtime.optim_state import plain_rng_state
+    state["pgc"]["rng"] = plain_rng_state(rng)
+    state = _numbers(state)
+    try:
+        check_plain(state, file)
+    except NotPlain as err:
+        raise CheckpointError(f"{err}; not converted") from None
+    _write(file, state)
+    return file
+
+
+def _numbers(x):
+    """``x`` with numpy scalars replaced by the Python numbers they hold (containers rebuilt)."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if type(x) in (dict, list, tuple):
+        items = x.items() if isinstance(x, dict) else enumerate(x)
+        conv = {k: _numbers(v) for k, v in items}
+        return conv if isinstance(x, dict) else type(x)(conv.values())
+    return x
 
 
 def _describe(x) -> str:
@@ -179,9 +297,21 @@ def check_pgc_state(state, current: dict, source: str = "the state dict") -> Non
                               f"{_group_sizes(want_groups)})")
     rng = state["rng"]
     if not isinstance(rng, dict) or any(k not in rng for k in RNG_KEYS) or \
-            not isinstance(rng["torch"], torch.Tensor):
+            not isinstance(rng["torch"], torch.Tensor) or \
+            not _rng_part_ok(rng["numpy"], "key", 624) or \
+            not _rng_part_ok(rng["python"], "state", 625):
         raise CheckpointError(f"{source}: its RNG states are {_describe(rng)}, not the dict of "
                               f"{list(RNG_KEYS)} pgc_state_dict() writes")
+
+
+def _rng_part_ok(part, key: str, size: int) -> bool:
+    """numpy's or Python's RNG state as :func:`~pgc_hvd.runtime.optim_state.plain_rng_state`
+    writes it (a dict whose ``key`` is a tensor of ``size``), or the generator's own tuple (an
+    in-memory state of an earlier version)."""
+    if isinstance(part, tuple):
+        return True
+    return (isinstance(part, dict) and isinstance(part.get(key), torch.Tensor)
+            and part[key].numel() == size)
 
 
 def _group_sizes(groups):

@@ -20,9 +20,17 @@ Measured on this machine (``benchmarks/control_channel.py``, docs/architecture.m
 costs 0.3-0.6 ms against 1.3-7.7 ms for the allgather at np = 2-4. Payloads cannot ride with the
 rows (the store is one server), so a step that fires moves its messages in the data allgather.
 
-Address of rank 0's server: ``PGC_HVD_STORE_ADDR`` when set, else rank 0's host name, read as
-127.0.0.1 by the ranks on rank 0's host. The port is chosen by the OS; ``host:port`` is
-broadcast as a byte tensor (``hvd.broadcast_object`` hangs with horovod 0.28.1 + torch 2.14).
+Address of rank 0's server: one address, the one the ranks use (:mod:`pgc_hvd.runtime.
+store_address`: ``PGC_HVD_STORE_ADDR``, else the interface gloo is pinned to, else
+``MASTER_ADDR``, else rank 0's host name); the server listens on that address only, not on
+every interface as a plain TCPStore does. The port is chosen by the OS; ``address:port`` and
+rank 0's host name are broadcast as a byte tensor (``hvd.broadcast_object`` hangs with horovod
+0.28.1 + torch 2.14); a failure to listen is broadcast instead, so every rank raises it.
+
+Trust: a TCPStore has no authentication. Whoever can reach that address and port can read and
+write rows (float64 bytes: no code runs from them, but a forged row changes decisions), as with
+torch.distributed's own store: run on a trusted network (docs/architecture.md, "Who may write
+what").
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ from datetime import timedelta
 import numpy as np
 import torch
 
-_NAME_BYTES = 256
+from pgc_hvd.runtime.store_address import bind_address, check_reachable, listen
+
+_NAME_BYTES = 1024   # the address, or rank 0's error message
 
 
 def _broadcast_text(hvd, text: str, rank: int, name: str) -> str:
@@ -44,29 +54,42 @@ def _broadcast_text(hvd, text: str, rank: int, name: str) -> str:
         raw = text.encode()[:_NAME_BYTES]
         buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
     out = hvd.broadcast(buf, root_rank=0, name=name)
-    return bytes(out.tolist()).rstrip(b"\0").decode()
+    return bytes(out.tolist()).rstrip(b"\0").decode("utf-8", "replace")
 
 
 def open_store(hvd, rank: int, name: str, timeout: float):
-    """Rank 0 serves a TCPStore, every rank connects (a collective: every rank must call it).
-    Returns this rank's store (rank 0: the server) and ``connect(timeout)``, which opens one
-    more client of the same server (for a thread of its own)."""
+    """Rank 0 serves a TCPStore on the ranks' address only, every rank connects (a collective:
+    every rank must call it). Returns this rank's store (rank 0: the server) and
+    ``connect(timeout)``, which opens one more client of the same server (for a thread of its
+    own)."""
     from torch.distributed import TCPStore
 
     td = timedelta(seconds=float(timeout))
-    host = os.environ.get("PGC_HVD_STORE_ADDR") or socket.gethostname()
-    store = None
+    store, text = None, ""
     if rank == 0:
-        # world_size=None: no join counting (it would wait for workers that connect later)
-        store = TCPStore(host, 0, None, True, td, wait_for_workers=False)
-    address = _broadcast_text(hvd, f"{host}:{store.port}" if rank == 0 else "", rank,
-                              f"{name}.store.address")
-    server, _, port = address.rpartition(":")
-    local = server == socket.gethostname() and not os.environ.get("PGC_HVD_STORE_ADDR")
-    target = "127.0.0.1" if local else server
+        try:
+            address, why = bind_address()
+            fd, port = listen(address, why)
+        except ValueError as err:
+            text = f"!{err}"
+        else:
+            try:   # world_size=None: no join counting (it would wait for workers that come later)
+                store = TCPStore(address, port, None, True, td, wait_for_workers=False,
+                                 master_listen_fd=fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            text = f"{address}:{port} {socket.gethostname()}"
+    text = _broadcast_text(hvd, text, rank, f"{name}.store.address")
+    if text.startswith("!"):
+        raise ValueError(f"rank {rank}: control store of {name!r}: {text[1:]}")
+    target, _, server_host = text.partition(" ")
+    address, _, port = target.rpartition(":")
+    if rank != 0:
+        check_reachable(address, server_host)
 
     def connect(seconds: float):
-        return TCPStore(target, int(port), None, False, timedelta(seconds=float(seconds)))
+        return TCPStore(address, int(port), None, False, timedelta(seconds=float(seconds)))
 
     if rank != 0:
         store = connect(timeout)

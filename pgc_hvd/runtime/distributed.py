@@ -124,7 +124,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
             a round costs 0.3-0.6 ms instead of 1.3-7.7 ms here, payloads then move in one data
-            allgather per step; rank 0's address from ``PGC_HVD_STORE_ADDR`` or its host name).
+            allgather per step; it listens only on the address the ranks use:
+            ``PGC_HVD_STORE_ADDR``, else the interface gloo is pinned to, ``MASTER_ADDR`` or rank
+            0's host name; whoever reaches that port can write rows: a trusted network, as for
+            torch's own store).
             ``"log"``: no polling (:mod:`pgc_hvd.runtime.control_log`): a rank appends its row
             to an ordered log in that store when its message is ready, rank 0 decides as the
             rows arrive and publishes each step's outcome, every rank reads it with one blocking

@@ -69,6 +69,7 @@ every rank of the world.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -79,6 +80,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from pgc_hvd.runtime import plain
 from pgc_hvd.runtime.agent import AgentError
 
 log = logging.getLogger(__name__)
@@ -102,17 +104,56 @@ def world_error(err: BaseException) -> bool:
 
 
 def bcast_object(hvd, obj: Any, root_rank: int = 0, name: str = "pgc.elastic.obj") -> Any:
-    """``obj`` from ``root_rank`` on every rank: pickled, its length and bytes broadcast as
-    tensors (two ``hvd.broadcast``; Horovod's ``broadcast_object`` hangs in this build, see
-    docs/elastic.md)."""
-    raw = pickle.dumps(obj) if hvd.rank() == root_rank else b""
-    size = hvd.broadcast(torch.tensor([len(raw)], dtype=torch.int64), root_rank,
-                         name=f"{name}.len")
-    buf = torch.zeros(int(size.item()), dtype=torch.uint8)
-    if hvd.rank() == root_rank:
+    """``obj`` from ``root_rank`` on every rank, as tensors and plain types only.
+
+    Who can write what the receivers read: the root rank's bytes arrive on every other rank, so
+    they are never unpickled. ``obj`` travels in torch's serialization format holding only
+    tensors and plain types (:mod:`pgc_hvd.runtime.plain`: dicts, lists, numbers, strings,
+    tensors, ... -- an optimizer's ``state_dict()`` is one) and is read with
+    ``torch.load(weights_only=True)``, so bytes from a peer (or from anyone who could inject into
+    the job's collectives) cannot run code on the receiver: anything else raises ValueError
+    naming the refused global. An ``obj`` that is not tensors and plain types raises
+    :class:`~pgc_hvd.runtime.plain.NotPlain` on every rank, with the root's message naming the
+    entry; nothing is sent. Two ``hvd.broadcast`` of tensors (the length, negative for that
+    refusal, then the bytes); Horovod's ``broadcast_object`` pickles, and hangs in this build
+    (docs/elastic.md)."""
+    rank = hvd.rank()
+    raw, sign = b"", 1
+    if rank == root_rank:
+        try:
+            raw = plain.dumps(obj, "the object")
+        except plain.NotPlain as err:
+            raw, sign = str(err).encode(), -1
+    size = int(hvd.broadcast(torch.tensor([sign * len(raw)], dtype=torch.int64), root_rank,
+                             name=f"{name}.len").item())
+    buf = torch.zeros(abs(size), dtype=torch.uint8)
+    if rank == root_rank:
         buf.copy_(torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy()))
-    buf = hvd.broadcast(buf, root_rank, name=f"{name}.data")
-    return pickle.loads(buf.numpy().tobytes())
+    data = hvd.broadcast(buf, root_rank, name=f"{name}.data").numpy().tobytes()
+    if size < 0:
+        why = data.decode("utf-8", "replace")
+        raise plain.NotPlain(f"bcast_object from rank {root_rank}: {why}")
+    try:
+        return plain.loads(data)
+    except pickle.UnpicklingError as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line),
+                      str(err).strip()[-300:])
+        raise ValueError(f"rank {rank}: bcast_object refused what rank {root_rank} sent: it is "
+                         f"not tensors and plain types, and building it could run code "
+                         f"({detail})") from None
+
+
+def _horovod_bcast(hvd) -> Callable:
+    """The ``bcast_object`` Horovod's ``State`` base class gets. Its ``check_host_updates``
+    (``state.commit()``) broadcasts ``(timestamp, timestamp, HostUpdateResult)``, the last an
+    ``enum.IntFlag``: enum members of a tuple travel as their int (Horovod compares with ``==``
+    and ``|``, which an int answers the same)."""
+    def bcast(obj):
+        if isinstance(obj, tuple):
+            obj = tuple(int(v) if isinstance(v, enum.Enum) and isinstance(v, int) else v
+                        for v in obj)
+        return bcast_object(hvd, obj, name="pgc.elastic.state")
+    return bcast
 
 
 def abandon(opt, join_timeout: float = 5.0) -> int:
@@ -159,7 +200,7 @@ class ElasticState(_horovod_state_base()):
         if hvd is None:
             import horovod.torch as hvd
         self.hvd = hvd
-        super().__init__(bcast_object=lambda obj: bcast_object(hvd, obj), get_rank=hvd.rank)
+        super().__init__(bcast_object=_horovod_bcast(hvd), get_rank=hvd.rank)
         if not isinstance(check_every, int) or check_every < 1:
             raise ValueError(f"check_every must be an int >= 1 (model versions), got "
                              f"{check_every!r}")
@@ -392,7 +433,7 @@ def _check_timeouts(opt) -> None:
 
 
 def _cpu(obj):
-    """A state dict with its tensors on the CPU (for pickling)."""
+    """A state dict with its tensors on the CPU (for :func:`bcast_object`)."""
     if torch.is_tensor(obj):
         return obj.detach().cpu()
     if isinstance(obj, dict):

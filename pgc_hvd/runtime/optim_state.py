@@ -23,15 +23,47 @@ from pgc_hvd.runtime import interop
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    """This process's RNG states as tensors and plain types (:func:`plain_rng_state`)."""
+    return plain_rng_state({
+        "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None})
+
+
+def plain_rng_state(rng: dict) -> dict:
+    """RNG states as tensors and plain types (a checkpoint is read with
+    ``torch.load(weights_only=True)``, :mod:`pgc_hvd.runtime.plain`): torch's (and CUDA's) byte
+    tensors as they are; numpy's ``get_state()`` tuple as ``{"kind", "key" (int64 tensor of
+    624), "pos", "has_gauss", "cached_gaussian"}``; Python's ``random.getstate()`` tuple as
+    ``{"version", "state" (int64 tensor of 625), "gauss_next"}``. Entries already in that form
+    are kept."""
+    out = dict(rng)
+    if isinstance(rng["numpy"], tuple):
+        kind, key, pos, has_gauss, cached = rng["numpy"]
+        out["numpy"] = {"kind": str(kind), "key": torch.from_numpy(np.asarray(key, np.int64)),
+                        "pos": int(pos), "has_gauss": int(has_gauss),
+                        "cached_gaussian": float(cached)}
+    if isinstance(rng["python"], tuple):
+        version, internal, gauss_next = rng["python"]
+        out["python"] = {"version": int(version),
+                         "state": torch.tensor(internal, dtype=torch.int64),
+                         "gauss_next": None if gauss_next is None else float(gauss_next)}
+    return out
 
 
 def set_rng_state(rng: dict) -> None:
+    """Restore :func:`rng_state`'s dict (or, in memory, the tuples of ``np.random.get_state()``
+    and ``random.getstate()`` that earlier versions stored)."""
     torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
+    npr, pyr = rng["numpy"], rng["python"]
+    if isinstance(npr, dict):
+        npr = (npr["kind"], npr["key"].numpy().astype(np.uint32), int(npr["pos"]),
+               int(npr["has_gauss"]), float(npr["cached_gaussian"]))
+    if isinstance(pyr, dict):
+        pyr = (int(pyr["version"]), tuple(int(v) for v in pyr["state"].tolist()),
+               pyr["gauss_next"])
+    np.random.set_state(npr)
+    random.setstate(pyr)
     if rng.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
 

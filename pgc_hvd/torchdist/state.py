@@ -65,7 +65,13 @@ def broadcast_parameters(ops: GroupOps, params, root_rank: int = 0) -> None:
 
 def broadcast_object(ops: GroupOps, obj: Any, root_rank: int = 0,
                      name: str = "pgc.torch.object") -> Any:
-    """Rank ``root_rank``'s picklable ``obj`` on every rank (its size, then its bytes)."""
+    """Rank ``root_rank``'s picklable ``obj`` on every rank (its size, then its bytes).
+
+    Like Horovod's ``broadcast_object`` it unpickles what the root sent, so the receivers run
+    whatever code those bytes name: only for objects among the job's own ranks, on a network
+    where nobody else can reach the process group's ports (pgc_hvd itself never calls it; its
+    elastic state uses :func:`pgc_hvd.runtime.elastic.bcast_object`, tensors and plain types
+    only)."""
     raw = pickle.dumps(obj) if ops.rank() == root_rank else b""
     size = ops.broadcast(torch.tensor([len(raw)], dtype=torch.int64), root_rank,
                          name=f"{name}.size")

@@ -163,7 +163,7 @@ def test_imagenet_port_checkpoints_and_resumes(horovodrun, tmp_path):
     assert sorted(re.findall(r"rank (\d): done at epoch 2, version 4,", first)) == ["0", "1"]
     assert "resumed" not in first
     hash1 = same_params_on_every_rank(first)
-    ck = torch.load(fmt.format(epoch=2), weights_only=False)
+    ck = torch.load(fmt.format(epoch=2), weights_only=True)
     assert ck["optimizer"]["param_groups"][0]["pgc_version"] == 4
     assert len((tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()) == 4  # train+val
 

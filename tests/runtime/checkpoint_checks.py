@@ -7,7 +7,8 @@
                                          #   rank's file is missing or damaged, all refuse with one
                                          #   message and restore nothing
     python checkpoint_checks.py save     # saves fsync the file and its folder; a failed or
-                                         #   interrupted save leaves no .tmp and the old file intact
+                                         #   interrupted save leaves no .tmp and the old file
+                                         #   intact; an object in extra is refused first
 
 Files live in the current folder (the pytest fixture runs each launch in a fresh tmp_path).
 Each check prints "CHECK <name> ok rank=<r>"; a failure raises (non-zero exit).
@@ -107,7 +108,7 @@ def check_refuse():
     mine = f"good.rank{r}"
     saved_run("good", 4, "ck-good")
     raw = Path(mine).read_bytes()
-    state = torch.load(mine, weights_only=False)
+    state = torch.load(mine, weights_only=True)
 
     def variant(tag, write):
         write(f"{tag}.rank{r}")
@@ -208,15 +209,31 @@ def check_save():
     good = Path(f"ck/a.rank{r}").read_bytes()
     m = model()
     opt = build(m, "ck-save2")
+    real_save = torch.save
     for exc in (RuntimeError("cannot pickle this"), KeyboardInterrupt()):
+        def failing_save(obj, f, exc=exc):    # torch.save fails half-way through the file
+            f.write(b"partial checkpoint")
+            raise exc
+        torch.save = failing_save
         try:
-            save_checkpoint("ck/a", m, opt, extra={"bad": Unpicklable(exc)})
+            save_checkpoint("ck/a", m, opt, extra={"epoch": 1})
         except type(exc):
             pass
         else:
             raise AssertionError("save_checkpoint did not raise")
+        finally:
+            torch.save = real_save
         assert not os.path.exists(f"ck/a.rank{r}.tmp"), f"{type(exc).__name__} left a .tmp"
         assert Path(f"ck/a.rank{r}").read_bytes() == good, "the previous checkpoint was changed"
+    # an object that is not a tensor or plain type is refused before anything is written
+    try:
+        save_checkpoint("ck/a", m, opt, extra={"bad": Unpicklable(RuntimeError("unreached"))})
+    except TypeError as err:
+        assert "extra['bad'] is a __main__.Unpicklable" in str(err), err
+    else:
+        raise AssertionError("save_checkpoint accepted an object in extra")
+    assert not os.path.exists(f"ck/a.rank{r}.tmp")
+    assert Path(f"ck/a.rank{r}").read_bytes() == good, "the previous checkpoint was changed"
     opt.close()
     ok("save_fsyncs_and_cleans_up")
 

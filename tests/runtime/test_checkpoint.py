@@ -32,5 +32,6 @@ def test_ranks_agree_on_the_restored_step_or_all_refuse(horovodrun):
 @pytest.mark.multirank
 def test_save_fsyncs_and_removes_its_temporary_file(horovodrun):
     """A save fsyncs the file and its folder; a save whose torch.save fails or is interrupted
-    (KeyboardInterrupt) leaves no .tmp and the previous checkpoint intact."""
+    (KeyboardInterrupt) leaves no .tmp and the previous checkpoint intact; an object that is
+    not a tensor or plain type in ``extra`` is refused before anything is written."""
     _ran(horovodrun(2, SCRIPT, "save", timeout=240), "save_fsyncs_and_cleans_up")

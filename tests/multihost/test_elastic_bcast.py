@@ -1,0 +1,17 @@
+"""elastic.bcast_object sends tensors and plain types only and never builds a peer's pickled
+objects (issue 26, item 6b): elastic_bcast_checks.py on 2 ranks under horovodrun."""
+
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent / "elastic_bcast_checks.py"
+
+
+@pytest.mark.multirank
+def test_bcast_object_sends_plain_state_and_refuses_code(horovodrun):
+    out = horovodrun(2, SCRIPT, timeout=180).stdout
+    assert out.count("ALL OK rank=") == 2, out
+    for check in ("state_dict_arrives", "root_refuses_objects", "peer_bytes_never_run",
+                  "commit_host_check"):
+        assert all(f"CHECK {check} ok rank={r}" in out for r in (0, 1)), out
