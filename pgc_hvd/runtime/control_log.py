@@ -19,14 +19,18 @@ named ``name``:
   :class:`LogView`, each rank's latest row with the oldest message the scheme has not been
   offered yet, and runs the agent's decision body (the very code of the polled path: failed
   and finished ranks, rank 0's staleness-bound request, the scheme's ``Round`` offered the new
-  arrivals in (ready time, rank) order, or a replayed order) once per row it takes, and once more
-  after each outcome. No polling sleeps: between rows it waits on a condition variable.
+  arrivals in (ready time, rank) order, or a replayed order) once per *batch*: every row that
+  has come in since its last run (at least one), as a polled round sees every row that changed
+  since the last round; and once more after each outcome. The body is O(n) (it reads n rows),
+  so a run per row would cost O(n^2) a step at the decider; batches make it self-balancing:
+  while one run lasts, the next rows queue up for the next. No polling sleeps: between batches
+  it waits on a condition variable.
 * **publish**: when the body has an outcome for step t (the Round fired; every rank is done;
   an error: a rank failed, the step cannot fire, or no row came within ``timeout``) the decider
-  writes ``pgc/<name>/dec/<t>``: the rows it took since the previous outcome, in its order
-  (or the error's text and failed ranks): 1 operation.
+  writes ``pgc/<name>/dec/<t>``: the batches of rows it took since the previous outcome, in
+  its order (or the error's text and failed ranks): 1 operation.
 * **follow** (every rank > 0's agent): one blocking ``get("pgc/<name>/dec/<t>")`` per step,
-  then the same body on the same rows in the same order: the same :class:`~pgc_hvd.schemes.
+  then the same body on the same batches in the same order: the same :class:`~pgc_hvd.schemes.
   Decision` as the decider's, bit for bit (same arrivals, same staleness-bound changes at the
   same point, same losses, user metrics, busy seconds and non-finite log, which travel in the
   rows), with no second encoding of decisions to keep in step with the schemes. The record is
@@ -136,11 +140,38 @@ def decode_rows(raw: bytes, length: int) -> list:
     return [(int(line[0]), line[1:].tolist()) for line in a]
 
 
+_BATCH = -2.0         # the rank word of the line that separates two batches in an outcome
+
+
+def encode_batches(batches: list) -> bytes:
+    """The batches of rows an outcome took, ``[[(rank, row), ...], ...]``, as one byte string:
+    their lines in order, a separator line (rank word -2) between two batches."""
+    if not batches:
+        return b""
+    width = len(batches[0][0][1]) if batches[0] else 0
+    lines: list = []
+    for i, batch in enumerate(batches):
+        if i:
+            lines.append((int(_BATCH), [0.0] * width))
+        lines.extend(batch)
+    return encode_rows(lines)
+
+
+def decode_batches(raw: bytes, length: int) -> list:
+    out: list = [[]]
+    for w, r in decode_rows(raw, length):
+        if w == int(_BATCH):
+            out.append([])
+        else:
+            out[-1].append((w, r))
+    return out if raw else []
+
+
 class LogRecord:
     """What a follower reads for step t: the decider's rows, or its error."""
 
-    def __init__(self, rows=(), error: Optional[str] = None, failed=()):
-        self.rows, self.error, self.failed = list(rows), error, tuple(failed)
+    def __init__(self, batches=(), error: Optional[str] = None, failed=()):
+        self.batches, self.error, self.failed = list(batches), error, tuple(failed)
 
 
 class LogChannel:
@@ -243,9 +274,10 @@ class LogChannel:
                     self._queue.append((w, r))
                 self.cond.notify_all()
 
-    def next_row(self, deadline: float):
-        """The next row in the decider's order, ``(rank, row)``; None when none came before
-        ``deadline`` (time.monotonic()). Raises AgentError when the store failed."""
+    def next_rows(self, deadline: float):
+        """Every row queued in the decider's order, ``[(rank, row), ...]`` (at least one: it
+        waits); None when none came before ``deadline`` (time.monotonic()). Raises AgentError
+        when the store failed."""
         from pgc_hvd.runtime.channel import AgentError
         with self.cond:
             while not self._queue:
@@ -255,15 +287,17 @@ class LogChannel:
                 if left <= 0:
                     return None
                 self.cond.wait(left)
-            return self._queue.pop(0)
+            batch, self._queue = self._queue, []
+            return batch
 
-    def publish(self, step: int, rows: list, error: Optional[BaseException] = None) -> None:
-        """The outcome of ``step``: the rows taken since the last one (or an error)."""
+    def publish(self, step: int, batches: list, error: Optional[BaseException] = None) -> None:
+        """The outcome of ``step``: the batches of rows taken since the last one (or an
+        error)."""
         if error is not None:
             failed = getattr(error, "failed_ranks", ())
             value = (_ERR + ",".join(str(w) for w in failed) + ":" + str(error)).encode()
         else:
-            value = encode_rows(rows)
+            value = encode_batches(batches)
         self._count(1)
         try:
             self.store.set(f"{self.prefix}/dec/{int(step)}", value)
@@ -295,9 +329,9 @@ class LogChannel:
             text = raw.decode()[len(_ERR):]
             failed, _, msg = text.partition(":")
             return LogRecord(error=msg, failed=[int(w) for w in failed.split(",") if w])
-        rows = decode_rows(raw, self.length)
-        self._forget_mine(sum(1 for w, _ in rows if w == self.rank))
-        return LogRecord(rows=rows)
+        batches = decode_batches(raw, self.length)
+        self._forget_mine(sum(1 for b in batches for w, _ in b if w == self.rank))
+        return LogRecord(batches=batches)
 
     def _forget_mine(self, taken: int) -> None:
         """Delete this rank's ``taken`` oldest log rows: the decider has taken them (they are in
@@ -381,10 +415,11 @@ class LogChannel:
 # -- the agent's side (CommAgent under control="log"; the agent is passed in) -----------
 def log_loop(agent) -> None:
     """The agent's loop under ``control="log"`` (module doc): rank 0 takes the rows in log
-    order, runs the agent's ``_decide`` once per row, once more after each outcome and once
-    more when an offer uncovered a rank's next message (as a polled rank's next row would show
-    it), and publishes each outcome's rows; every other rank runs ``_decide`` on the same rows
-    by the same rule, so it reaches the same outcomes."""
+    order, runs the agent's ``_decide`` once per batch of rows (every row queued since its last
+    run), once more after each outcome and once more when an offer uncovered a rank's next
+    message (as a polled rank's next row would show it), and publishes each outcome's batches;
+    every other rank runs ``_decide`` on the same batches by the same rule, so it reaches the
+    same outcomes."""
     from pgc_hvd.runtime.agent import _END
     from pgc_hvd.runtime.channel import AgentError
     from pgc_hvd.schemes import Decision
@@ -413,21 +448,23 @@ def log_loop(agent) -> None:
                     continue
                 if view.moved(ctl, agent.book.offered):
                     continue   # an offer uncovered a rank's next message: see it first
-                nxt = chan.next_row(deadline)
-                if nxt is None:
+                batch = chan.next_rows(deadline)
+                if batch is None:
                     raise AgentError(_timeout_message(agent, ctl, last_seen))
             except Exception as err:   # every rank stops with the decider's text
                 chan.publish(agent.step, taken, error=err)
                 raise
-            view.add(*nxt)
-            last_seen[nxt[0]] = time.monotonic()
-            taken.append(nxt)
+            now = time.monotonic()
+            for w, r in batch:
+                view.add(w, r)
+                last_seen[w] = now
+            taken.append(batch)
     while True:
         rec = chan.decision(agent.step)
         if rec.error is not None:
             raise AgentError(f"rank {agent.rank}: stopping: {rec.error}",
                              failed_ranks=rec.failed)
-        rows = iter(rec.rows)
+        batches = iter(rec.batches)
         while True:
             ctl = view.rows(agent.book.offered)
             got = agent._decide(ctl)
@@ -438,11 +475,12 @@ def log_loop(agent) -> None:
                 break
             if view.moved(ctl, agent.book.offered):
                 continue
-            nxt = next(rows, None)
-            if nxt is None:
+            batch = next(batches, None)
+            if batch is None:
                 raise AgentError(f"rank {agent.rank}: control log, step {agent.step}: the "
                                  f"decider's rows do not decide it here (a bug)")
-            view.add(*nxt)
+            for w, r in batch:
+                view.add(w, r)
 
 
 def _timeout_message(agent, ctl, last_seen: list) -> str:

@@ -6,7 +6,8 @@ import math
 import torch
 
 from pgc_hvd.runtime.agent import Outgoing
-from pgc_hvd.runtime.control_log import LogView, decode_rows, encode_rows
+from pgc_hvd.runtime.control_log import (LogView, decode_batches, decode_rows, encode_batches,
+                                         encode_rows)
 from pgc_hvd.runtime.wire import CTRL_BUSY, CTRL_DONE, CTRL_READY_STEP, ctrl_len, pack_row
 
 RING, K = 2, 1
@@ -46,3 +47,14 @@ def test_outcome_encoding_round_trips():
     for (_, a), (_, b) in zip(rows, got):
         assert all((x == y) or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
     assert decode_rows(encode_rows([]), L) == []
+
+
+def test_outcome_batches_round_trip():
+    """An outcome carries the decider's batches (every row queued when the body ran) with their
+    boundaries, so followers run the body on the same views."""
+    batches = [[(2, row(4)), (1, row(3))], [(3, row(5))], [(0, row(None, busy=1.5))]]
+    got = decode_batches(encode_batches(batches), L)
+    assert [[w for w, _ in b] for b in got] == [[2, 1], [3], [0]]
+    assert got[0][0][1][CTRL_READY_STEP] == 4
+    assert decode_batches(encode_batches([]), L) == []
+    assert [[w for w, _ in b] for b in decode_batches(encode_batches([[(1, row(2))]]), L)] == [[1]]
