@@ -51,6 +51,22 @@ Data planes (``plane``):
 sparse top-kappa pair (values, indices) as values + indices storage (int32 indices in the
 simulator), plus 8 bytes for the compression-error scalar of the minimum-error decoder when
 sent.
+
+Control paths (``control``; how a step's decision is reached before the data plane):
+
+``"allgather"``
+    the runtime's default: polled control rounds, an allgather of n control rows every
+    ``poll_interval`` until the scheme fires (:class:`pgc_hvd.sim.agents.AgentModel`).
+``"log"``
+    the runtime's ``control="log"``: rows appended to an ordered log in rank 0's TCPStore, one
+    decider, its outcome read by every other rank from that one store
+    (:class:`pgc_hvd.sim.log_agents.LogAgentModel`, costs :class:`~pgc_hvd.sim.log_costs.
+    LogCosts` in ``log``, formulas in :mod:`pgc_hvd.sim.log_costs`).
+``"log-bcast"``
+    the same, the outcome delivered by one binomial-tree broadcast instead (ceil(log2 n) alpha +
+    B beta, :meth:`CollectiveModel.log_bcast`): a fix the runtime does not have.
+
+Both log paths need the allreduce plane (the runtime's log path carries no payloads).
 """
 
 from __future__ import annotations
@@ -68,7 +84,10 @@ import torch
 from pgc_hvd.compress.transport import OPTIMISTIC_BYTES
 from pgc_hvd.options import split_spec
 
+from .log_costs import LogCosts, line_bytes, tree_depth
+
 PLANES = ("allgather", "allgather-2phase", "allreduce")
+CONTROLS = ("allgather", "log", "log-bcast")
 FIT_FORMAT = "pgc_hvd.comm_fit/1"
 
 
@@ -161,6 +180,8 @@ class CollectiveModel:
     pass_beta: float = 0.0
     optimistic_below: int = OPTIMISTIC_BYTES
     source: str = ""
+    control: str = "allgather"
+    log: Optional[LogCosts] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.network, Network):
@@ -176,6 +197,18 @@ class CollectiveModel:
         for item in self.per_n:
             if not (len(item) == 2 and isinstance(item[1], Network)):
                 raise ValueError("CollectiveModel: per_n must be ((n, Network), ...)")
+        if self.control not in CONTROLS:
+            raise ValueError(f"CollectiveModel: control = {self.control!r}; choose one of "
+                             f"{CONTROLS}")
+        if self.control != "allgather":
+            if not isinstance(self.log, LogCosts):
+                raise ValueError(f"CollectiveModel: control = {self.control!r} needs its costs: "
+                                 "log=load_log_fit(PATH) (measured by benchmarks/"
+                                 "measure_log_control.py) or LogCosts(...)")
+            if self.plane != "allreduce":
+                raise ValueError(f"CollectiveModel: control = {self.control!r} carries no "
+                                 f"payloads with the rows; use plane='allreduce', not "
+                                 f"{self.plane!r}")
 
     def net(self, n: int) -> Network:
         for k, net in self.per_n:
@@ -193,15 +226,52 @@ class CollectiveModel:
         """Seconds of a local pass that reads or writes ``nbytes`` of memory."""
         return float(nbytes) * self.pass_beta
 
+    # -- the log control path (module doc; formulas in pgc_hvd.sim.log_costs) ---------------
+    def log_bcast(self, n: int, nbytes: float) -> float:
+        """One binomial-tree broadcast of ``nbytes`` on the allgather's link:
+        ceil(log2 n) alpha + nbytes beta."""
+        ab = self.net(n).allgather
+        return tree_depth(n) * ab.alpha + float(nbytes) * ab.beta if n > 1 else 0.0
+
+    def log_follow(self, n: int, rows: int, lookback: int) -> tuple[float, float]:
+        """After the decider took the deciding row: (seconds until the last rank joins the data
+        collective, seconds until the decider does). ``rows``: m rows taken since the previous
+        outcome, published as m line_bytes(h) bytes; then every follower runs the body on
+        them. ``"log"``: publish + the store's answers to the n - 1 followers, one after
+        another; ``"log-bcast"``: one tree broadcast."""
+        lc = self.log
+        B = rows * line_bytes(lookback)
+        if n <= 1:
+            return 0.0, 0.0
+        if self.control == "log-bcast":
+            deliver = self.log_bcast(n, B)
+            own = deliver
+        else:
+            own = lc.publish(B)
+            deliver = own + lc.fanout(n - 1, B)
+        return deliver + rows * lc.row_seconds("follower", n), own
+
+    def log_ops(self, rows_read: int) -> dict:
+        """Store operations per step: a rank > 0 appends its row (add + set) and reads the
+        outcome (get): 3; rank 0 reads ``rows_read`` rows of the others and publishes once
+        (``"log-bcast"``: the broadcast is a collective, counted as 1)."""
+        return {"rank0": rows_read + 1, "others": 3}
+
     def replace(self, **changes) -> "CollectiveModel":
         return dataclasses.replace(self, **changes)
 
     def describe(self, n: Optional[int] = None) -> str:
         net = self.net(n) if n is not None else self.network
         ar, ag = net.allreduce, net.allgather
-        return (f"{self.source or 'ring'}: allreduce alpha={ar.alpha:.3g}s beta={ar.beta:.3g}s/B, "
+        text = (f"{self.source or 'ring'}: allreduce alpha={ar.alpha:.3g}s beta={ar.beta:.3g}s/B, "
                 f"allgather alpha={ag.alpha:.3g}s beta={ag.beta:.3g}s/B, plane={self.plane}, "
                 f"poll={self.poll_interval:g}s, pass_beta={self.pass_beta:.3g}s/B")
+        if self.control != "allgather":
+            lc = self.log
+            text += (f", control={self.control} ({lc.source}: rtt={lc.rtt:.3g}s, "
+                     f"fan-out {lc.fan_op:.3g}s + {lc.fan_beta:.3g}s/B per follower, body "
+                     f"{lc.row_seconds('decider', n or 1):.3g}s per row at n={n or 1})")
+        return text
 
 
 # ------------------------------------------------------------------------------ fitting

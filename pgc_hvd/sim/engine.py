@@ -44,7 +44,10 @@ alpha-beta model:
   at once (and a rank that got one during a collective skips its next wait), so a round starts
   at the others' deadline, or when every rank has submitted. The rows are offered to the open
   round in (ready time, rank) order, as the agent does; after a decision the offers stop (the
-  rest are shown again in the next round).
+  rest are shown again in the next round). With ``CollectiveModel.control`` ``"log"`` or
+  ``"log-bcast"`` there are no rounds: :class:`~pgc_hvd.sim.log_agents.LogAgentModel` (rows
+  appended to rank 0's store, one decider taking them in log order, its outcome delivered to
+  every rank; costs in :mod:`pgc_hvd.sim.log_costs`).
 * Data plane (``CollectiveModel.plane``, see :mod:`pgc_hvd.sim.comm`): ``allgather``: payloads
   ride with the first row that shows them ready (rows of n-s..n ranks carry 4d bytes each), a
   step that fires needs no more; ``allgather-2phase``: after the decision, an allgather of the
@@ -86,6 +89,7 @@ from pgc_hvd.options import is_count
 from pgc_hvd.schemes import Arrival, Ring, Scheme
 
 from .agents import AgentModel
+from .log_agents import LogAgentModel
 from .comm import CollectiveModel, CommModel, message_bytes, parse_comm_model
 from .gradients import PartitionGradients
 from .progress import Progress, stops
@@ -267,10 +271,10 @@ class Simulator:
         self.now = 0.0
         self.agents: Optional[AgentModel] = None
         if self.collective:
-            self.agents = AgentModel(self.comm, scheme, self.workers, self.store,
-                                     self.arrival_log, self._push, d=self.d,
-                                     element_size=self.element_size,
-                                     sparse=self.kappa is not None)
+            model = AgentModel if self.comm.control == "allgather" else LogAgentModel
+            self.agents = model(self.comm, scheme, self.workers, self.store,
+                                self.arrival_log, self._push, d=self.d,
+                                element_size=self.element_size, sparse=self.kappa is not None)
 
     # ------------------------------------------------------------------ helpers
     def _flat(self) -> torch.Tensor:

@@ -1,0 +1,328 @@
+"""Measure what ``control="log"`` costs on this machine, for the simulator's model of it.
+
+    python benchmarks/measure_log_control.py --out docs/figures/log_control_fit.json
+        [--ns 4,16,64,256,1024] [--reps 400] [--fanout 1,2,4,8]
+
+The model (:class:`pgc_hvd.sim.comm.LogCosts`, used by :mod:`pgc_hvd.sim.log_agents`) needs
+four things; each is timed here on the runtime's own code or on a torch ``TCPStore`` as the
+runtime opens it (:mod:`pgc_hvd.runtime.control_log`):
+
+* ``rtt``: one store round trip of a client to a server in another process (an ``add``, what an
+  append waits for; its ``set`` does not wait for an answer), median over ``--reps``;
+* ``beta``: seconds per byte of a ``get``, fitted as ``get(B) = rtt + B beta`` over values of
+  B = 616 B .. 2.5 MB (the published outcome at n = 1024 is about 0.63 MB);
+* ``fan_op``, ``fan_beta``: the publish's fan-out. k follower processes (as k ranks) block in
+  ``get("dec/j")``; the publisher ``set``s a value of B bytes; the time from the set to the
+  last follower's answer (``time.monotonic``, one clock on this machine) is fitted as
+  ``fan_latency + k (fan_op + B fan_beta)`` (the server answers the waiting gets one after
+  another; ``fan_latency``: what every answer pays once, e.g. a waiting process's wake-up),
+  over k in ``--fanout`` and B = 616 B .. 631 KB, median of ``FAN_REPS`` repetitions each;
+* ``row_a``, ``row_b``: the decision body's seconds per control row, ``q(n) = row_a + row_b n``:
+  the runtime's :func:`pgc_hvd.runtime.control_log.log_loop` (decider and follower branches,
+  the real :class:`~pgc_hvd.runtime.agent._DecisionBody`, ``LogView``, ``ArrivalBook``, the
+  outcome's encoding and decoding) run on an in-memory channel over rows of ``pgc-cr`` with
+  s = max(1, n // 16) (each step every rank shows its message, in random order; rows of step
+  t before those of step t + 1), at each n in ``--ns``; per-row seconds = the loop's thread
+  time / rows taken, fitted by least squares on relative residuals, separately for the decider
+  (``decider``) and the followers (``follower``).
+
+Everything runs on this machine's cores, shared with whatever else runs: the JSON (format
+``pgc_hvd.log_control_fit/1``) records the load average before and after, every sample and the
+fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FORMAT = "pgc_hvd.log_control_fit/1"
+
+
+# ----------------------------------------------------------------------------- the store
+def _server(port_q, stop_e) -> None:
+    import torch.distributed as dist
+    srv = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60),
+                        wait_for_workers=False)
+    port_q.put(srv.port)
+    stop_e.wait()
+
+
+def _client(port: int):
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=60))
+
+
+def _median_time(fn, reps: int) -> float:
+    xs = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn(i)
+        xs.append(time.perf_counter() - t0)
+    return statistics.median(xs)
+
+
+def _nnls(X, y) -> tuple:
+    """Least squares of y ~ X c on relative residuals with every c >= 0 (the best of the
+    unconstrained fits on each subset of columns whose coefficients come out >= 0); returns
+    (c, relative RMS residual)."""
+    import itertools
+
+    import numpy as np
+    X, y = np.asarray(X, float), np.asarray(y, float)
+    W = X / y[:, None]
+    one = np.ones_like(y)
+    best = (np.zeros(X.shape[1]), float(np.sqrt(np.mean(one ** 2))))
+    for r in range(1, X.shape[1] + 1):
+        for cols in itertools.combinations(range(X.shape[1]), r):
+            c_sub, *_ = np.linalg.lstsq(W[:, cols], one, rcond=None)
+            if np.any(c_sub < 0):
+                continue
+            c = np.zeros(X.shape[1])
+            c[list(cols)] = c_sub
+            res = float(np.sqrt(np.mean((W @ c - one) ** 2)))
+            if res < best[1]:
+                best = (c, res)
+    return [float(v) for v in best[0]], best[1]
+
+
+def _lstsq2(X, y) -> tuple:
+    """Least squares of y ~ X c (two columns) on relative residuals, c >= 0."""
+    c, res = _nnls(X, y)
+    return c[0], c[1], res
+
+
+FAN_BYTES = (616, 63_100, 631_000)
+FAN_REPS = 25
+
+
+def _follower(port: int, i: int, keys: list) -> None:
+    """One follower process: a blocking ``get`` of each key in turn, noting when each answer
+    came (``time.monotonic``, one clock for every process of this machine)."""
+    c = _client(port)
+    got = []
+    for key in keys:
+        c.add(f"back/{key}", 1)       # about to wait in the get
+        c.get(key)
+        got.append(time.monotonic())
+    c.set(f"got/{i}", json.dumps(got).encode())
+
+
+def _fanout(ctx, c, port: int, k: int) -> list:
+    """The publish's fan-out to k follower processes (module doc): per value size, the median
+    over FAN_REPS of (the last follower's answer - the set)."""
+    keys = [f"dec/{k}/{B}/{j}" for B in FAN_BYTES for j in range(FAN_REPS)]
+    procs = [ctx.Process(target=_follower, args=(port, i, keys), daemon=True) for i in range(k)]
+    for p in procs:
+        p.start()
+    sent = []
+    for key in keys:
+        B = int(key.split("/")[2])
+        while int(c.add(f"back/{key}", 0)) < k:  # every follower is on its way to the get
+            time.sleep(0.002)
+        time.sleep(0.02)                         # ... and in it
+        t0 = time.monotonic()
+        c.set(key, b"y" * B)
+        sent.append(t0)
+    got = [json.loads(c.get(f"got/{i}")) for i in range(k)]
+    for p in procs:
+        p.join(30)
+    out = []
+    for bi, B in enumerate(FAN_BYTES):
+        idx = range(bi * FAN_REPS, (bi + 1) * FAN_REPS)
+        xs = [max(g[j] for g in got) - sent[j] for j in idx]
+        out.append({"k": k, "bytes": B, "seconds": statistics.median(xs)})
+    return out
+
+
+def measure_store(reps: int, fanout: list) -> dict:
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q, stop = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_server, args=(q, stop), daemon=True)
+    proc.start()
+    port = q.get(timeout=60)
+    try:
+        c = _client(port)
+        c.add("warm", 1)
+        rtt = _median_time(lambda i: c.add("cnt", 1), reps)
+        gets = []
+        for B in (616, 10_000, 100_000, 631_000, 2_500_000):
+            c.set(f"v{B}", b"x" * B)
+            t = _median_time(lambda i: c.get(f"v{B}"), max(20, reps // (1 + B // 50_000)))
+            gets.append({"bytes": B, "seconds": t})
+        a, beta, res = _lstsq2([[1.0, g["bytes"]] for g in gets], [g["seconds"] for g in gets])
+        fans = []
+        for k in fanout:
+            fans += _fanout(ctx, c, port, k)
+        (flat, fop, fbeta), fres = _nnls([[1.0, f["k"], f["k"] * f["bytes"]] for f in fans],
+                                         [f["seconds"] for f in fans])
+    finally:
+        stop.set()
+        proc.join(5)
+    return {"rtt": rtt, "get_fit": {"rtt": a, "beta": beta, "rel_rms": res}, "beta": beta,
+            "gets": gets, "fan_latency": flat, "fan_op": fop, "fan_beta": fbeta,
+            "fan_rel_rms": fres, "fanout": fans}
+
+
+# ----------------------------------------------------------------------------- the decision body
+class _Channel:
+    """log_loop's channel, in memory: the decider takes ``lines`` (encoded log lines) in order;
+    the followers read what the decider published."""
+
+    def __init__(self, lines: list, length: int, published: dict):
+        self.lines, self.length, self.published = lines, length, published
+        self.pos = 0
+
+    def next_row(self, deadline):
+        from pgc_hvd.runtime.control_log import decode_rows
+        if self.pos >= len(self.lines):
+            return None
+        raw = self.lines[self.pos]
+        self.pos += 1
+        return decode_rows(raw, self.length)[0]
+
+    def publish(self, step, rows, error=None):
+        from pgc_hvd.runtime.control_log import encode_rows
+        if error is not None:
+            raise error
+        self.published[step] = encode_rows(rows)
+
+    def decision(self, step):
+        from pgc_hvd.runtime.control_log import LogRecord, decode_rows
+        return LogRecord(rows=decode_rows(self.published[step], self.length))
+
+
+def _agent_class():
+    from pgc_hvd.runtime.agent import _DecisionBody
+    from pgc_hvd.runtime.arrivals import ArrivalBook
+    from pgc_hvd.runtime.wire import ctrl_len
+
+    class Agent(_DecisionBody):
+        """The agent's state that log_loop and the decision body read; ``_fire`` without the
+        data phase (its cost is the data plane's, modelled apart)."""
+
+        def __init__(self, scheme, rank: int, channel):
+            self.scheme, self.n, self.rank = scheme, scheme.n, rank
+            self.ring_size, self.metrics = scheme.lookback, 0
+            self.ctrl_len = ctrl_len(self.ring_size, 0)
+            self.book = ArrivalBook(self.n, self.ring_size, 0)
+            self.step, self.control_rounds, self.c_changes = 0, 0, []
+            self._ended_at, self._last_rows, self._last_round_at = None, None, 0.0
+            self.timeout, self.channel = 3600.0, channel
+            self.fired = 0
+
+        def _fire(self, decision, ctl):
+            self.fired += 1
+            self.step += 1
+            if self.step % 64 == 0:
+                self.book.forget_before(self.step - 32)
+            self._round = self.scheme.open_round(self.step)
+
+    return Agent
+
+
+def log_lines(n: int, lookback: int, steps: int, seed: int) -> list:
+    """Encoded log lines of a run: per step every rank's message row (ready times in random
+    order), then every rank's done row."""
+    import numpy as np
+    import torch
+    from pgc_hvd.runtime.agent import Outgoing
+    from pgc_hvd.runtime.control_log import encode_rows
+    from pgc_hvd.runtime.wire import ctrl_len, pack_row
+    rng = np.random.default_rng(seed)
+    L = ctrl_len(lookback, 0)
+    lines = []
+    for t in range(steps):
+        ready = t + rng.random(n)
+        for w in np.argsort(ready):
+            slots = tuple(range(max(0, t - lookback + 1), t + 1))
+            out = Outgoing(t, t, torch.zeros(1), float(ready[w]), loss=0.5, slot_versions=slots)
+            row = pack_row(torch.empty(L, dtype=torch.float64), out, ring_size=lookback).tolist()
+            lines.append(encode_rows([(int(w), row)]))
+    for w in range(n):
+        row = pack_row(torch.empty(L, dtype=torch.float64), None, ring_size=lookback,
+                       done=1.0 + steps).tolist()
+        lines.append(encode_rows([(w, row)]))
+    return lines
+
+
+def measure_body(n: int, steps: int, seed: int = 0) -> dict:
+    """Thread seconds per row of log_loop's decider and follower branches at this n."""
+    from pgc_hvd.runtime.control_log import log_loop
+    from pgc_hvd.schemes import get_scheme
+    s = max(1, n // 16)
+    Agent = _agent_class()
+    published: dict = {}
+    lines = log_lines(n, get_scheme("pgc-cr", n, s).lookback, steps, seed)
+    out = {"n": n, "s": s, "steps": steps, "rows": len(lines)}
+    for role, rank in (("decider", 0), ("follower", 1)):
+        agent = Agent(get_scheme("pgc-cr", n, s), rank, _Channel(lines, 0, published))
+        agent.channel.length = agent.ctrl_len
+        t0 = time.thread_time()
+        log_loop(agent)
+        sec = time.thread_time() - t0
+        out[role] = {"seconds": sec, "per_row": sec / len(lines), "fired": agent.fired,
+                     "body_runs": agent.control_rounds}
+    out["rows_per_outcome"] = len(lines) / max(1, len(published))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--ns", default="4,16,64,256,1024")
+    p.add_argument("--reps", type=int, default=400)
+    p.add_argument("--fanout", default="1,2,4,8")
+    p.add_argument("--rows", type=int, default=12000,
+                   help="about this many rows per n for the decision body (at least 3 steps)")
+    args = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    load0 = os.getloadavg()
+    t0 = time.time()
+    store = measure_store(args.reps, [int(k) for k in args.fanout.split(",")])
+    print(f"[log] store: rtt {store['rtt'] * 1e6:.1f} us, get beta "
+          f"{store['beta'] * 1e9:.3f} ns/B, fan-out {store['fan_latency'] * 1e6:.1f} us + "
+          f"({store['fan_op'] * 1e6:.1f} us + {store['fan_beta'] * 1e9:.3f} ns/B) per follower "
+          f"(rel. RMS {store['fan_rel_rms']:.2f})", file=sys.stderr, flush=True)
+    bodies = []
+    for n in [int(x) for x in args.ns.split(",")]:
+        b = measure_body(n, max(3, args.rows // n))
+        bodies.append(b)
+        print(f"[log] n={n}: decider {b['decider']['per_row'] * 1e6:.1f} us/row, follower "
+              f"{b['follower']['per_row'] * 1e6:.1f} us/row ({b['rows']} rows, "
+              f"{b['rows_per_outcome']:.0f} per outcome)", file=sys.stderr, flush=True)
+    fits = {}
+    for role in ("decider", "follower"):
+        a, b, res = _lstsq2([[1.0, x["n"]] for x in bodies], [x[role]["per_row"] for x in bodies])
+        fits[role] = {"row_a": a, "row_b": b, "rel_rms": res}
+    doc = {"format": FORMAT,
+           "command": "python benchmarks/measure_log_control.py " + " ".join(
+               sys.argv[1:] if argv is None else argv),
+           "machine": {"node": platform.node(), "cpus": os.cpu_count(),
+                       "python": platform.python_version(), "torch": torch.__version__},
+           "load_average": {"before": load0, "after": os.getloadavg()},
+           "seconds": time.time() - t0,
+           "store": store, "body": {"samples": bodies, **fits}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    for role, f in fits.items():
+        print(f"[log] {role}: q(n) = {f['row_a'] * 1e6:.1f} us + {f['row_b'] * 1e9:.1f} ns x n "
+              f"per row (rel. RMS {f['rel_rms']:.2f})", file=sys.stderr)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

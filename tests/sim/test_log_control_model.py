@@ -1,0 +1,180 @@
+"""The model of the runtime's ``control="log"`` path (pgc_hvd.sim.log_costs, pgc_hvd.sim.log_agents,
+CollectiveModel.control): its formulas, its operation counts per rank per step, how it grows with
+n, and one step timed by hand -- virtual time only."""
+
+import json
+import math
+
+import pytest
+
+from pgc_hvd.schemes import get_scheme
+from pgc_hvd.sim.comm import CollectiveModel, Network
+from pgc_hvd.sim.log_costs import (FORMAT, LogCosts, line_bytes, load_log_fit, tree_depth)
+from pgc_hvd.sim.timing import time_steps
+
+def line(a, b):
+    """Measured points of q(n) = a + b n (read as that line everywhere)."""
+    return ((1, a + b), (2, a + 2 * b))
+
+
+COSTS = LogCosts(rtt=1e-4, local_rtt=5e-5, get_beta=1e-9, fan_op=2e-4, fan_beta=2e-9,
+                 decider=line(6e-5, 1e-6), follower=line(5e-5, 1e-6), source="test")
+NET = Network.link(1e-3, 1e-9)
+
+
+def model(control="log", costs=COSTS, **kw):
+    return CollectiveModel(NET, control=control, log=costs, **kw)
+
+
+# ------------------------------------------------------------------------------ formulas
+def test_cost_formulas():
+    c = COSTS
+    assert c.append_delay(0) == 0.0                       # rank 0's rows: in-process
+    assert c.append_delay(3) == pytest.approx(1.5e-4 + 2.5e-5)   # add, one-way set, reader's answer
+    assert c.row_seconds("decider", 100) == pytest.approx(6e-5 + 1e-4)
+    assert c.row_seconds("follower", 100) == pytest.approx(5e-5 + 1e-4)
+    assert c.fanout(7, 1000) == pytest.approx(7 * (2e-4 + 2e-6))
+    assert c.publish(1000) == pytest.approx(1e-6)
+    dc = c.on_link(1e-5, 3e-10)
+    assert dc.rtt == pytest.approx(1e-4 + 2e-5) and dc.fan_beta == 3e-10
+    assert dc.fanout(1, 0) == pytest.approx(1e-5 + 2e-4)  # transit + the server's answer
+    # the body's cost between and beyond measured points: straight lines
+    pts = LogCosts(0, 0, 0, 0, 0, decider=((256, 1e-3), (4, 1e-4), (64, 2e-4)))
+    assert pts.decider[0] == (4, 1e-4)                    # sorted by n
+    assert pts.row_seconds("decider", 34) == pytest.approx(1.5e-4)
+    assert pts.row_seconds("decider", 1024) == pytest.approx(1e-3 + 768 * 8e-4 / 192)
+    assert pts.row_seconds("decider", 1) == pytest.approx(1e-4 - 3e-4 / 60 * 1)
+    assert pts.row_seconds("follower", 64) == 0.0         # none measured
+    assert (dc.decider, dc.follower, dc.local_rtt) == (c.decider, c.follower, c.local_rtt)
+    free = LogCosts.free()
+    assert free.append_delay(5) == free.fanout(9, 1e6) == free.row_seconds("decider", 1024) == 0
+    assert line_bytes(65) == 8 * (1 + 11 + 65)
+    assert [tree_depth(n) for n in (1, 2, 3, 4, 5, 1024, 1025)] == [0, 1, 2, 2, 3, 10, 11]
+    with pytest.raises(ValueError, match="rtt"):
+        LogCosts(-1.0, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="decider"):
+        LogCosts(0, 0, 0, 0, 0, decider=(1.0,))
+    with pytest.raises(ValueError, match="distinct"):
+        LogCosts(0, 0, 0, 0, 0, decider=((4, 1.0), (4, 2.0)))
+
+
+def test_control_paths_are_checked():
+    assert CollectiveModel(NET).control == "allgather"
+    with pytest.raises(ValueError, match="choose one of"):
+        model(control="gossip")
+    with pytest.raises(ValueError, match="needs its costs"):
+        CollectiveModel(NET, control="log")
+    with pytest.raises(ValueError, match="plane='allreduce'"):
+        model(plane="allgather")
+    assert "control=log-bcast" in model(control="log-bcast").describe(8)
+
+
+def test_follow_is_quadratic_in_n_through_one_store_and_log_depth_with_a_tree():
+    """m = n rows a step: the store's answers cost (n-1)(fan_op + n L fan_beta) and the
+    followers' body n q_fol(n); the tree ceil(log2 n) alpha + n L beta."""
+    L = line_bytes(4)
+    for n in (8, 64, 1024):
+        B = n * L
+        body = n * COSTS.row_seconds("follower", n)
+        follow, own = model().log_follow(n, n, 4)
+        assert own == pytest.approx(B * 1e-9)
+        assert follow == pytest.approx(B * 1e-9 + (n - 1) * (2e-4 + B * 2e-9) + body)
+        tree, _ = model(control="log-bcast").log_follow(n, n, 4)
+        assert tree == pytest.approx(tree_depth(n) * 1e-3 + B * 1e-9 + body)
+    # the bytes alone (no per-answer or body cost): the store's delivery grows like n^2
+    # ((n-1) n L bytes leave one server), the tree's like log n
+    flat = LogCosts(1e-4, 5e-5, 1e-9, 0.0, 2e-9)
+    store = [model(costs=flat).log_follow(n, n, 4)[0] for n in (64, 1024)]
+    tree = [model(control="log-bcast", costs=flat).log_follow(n, n, 4)[0] for n in (64, 1024)]
+    assert store[1] / store[0] == pytest.approx(1023 * 1024 / (63 * 64), rel=0.01)
+    assert tree[1] / tree[0] < 2.5
+    assert model().log_follow(1, 1, 4) == (0.0, 0.0)
+
+
+def test_load_log_fit(tmp_path):
+    doc = {"format": FORMAT, "store": {"rtt": 1e-5, "beta": 3e-10, "fan_latency": 3e-4,
+                                       "fan_op": 1e-4, "fan_beta": 1e-9},
+           "body": {"samples": [{"n": 4, "decider": {"per_row": 7e-5},
+                                 "follower": {"per_row": 5e-5}},
+                                {"n": 64, "decider": {"per_row": 2e-4},
+                                 "follower": {"per_row": 1.5e-4}}]}}
+    p = tmp_path / "log.json"
+    p.write_text(json.dumps(doc))
+    c = load_log_fit(p)
+    assert (c.rtt, c.local_rtt, c.fan_op, c.fan_latency) == (1e-5, 1e-5, 1e-4, 3e-4)
+    assert c.decider == ((4, 7e-5), (64, 2e-4))
+    assert c.row_seconds("follower", 34) == pytest.approx(1e-4)
+    with pytest.raises(ValueError, match="measure_log_control"):
+        load_log_fit(tmp_path / "none.json")
+    p.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="not a"):
+        load_log_fit(p)
+
+
+# ------------------------------------------------------------------------------ the engine
+def test_one_dgd_step_timed_by_hand():
+    """DGD, n = 4, no delays, free local passes: every rank is ready at T = 0.2 s. Rank 0's row
+    is taken at T; ranks 1-3 land at T + a, T + a + r, T + a + 2r (the reader takes one per
+    local round trip r); q = 5 r, so the decider ends them at T + q, ..., T + 4q = D. Then the
+    outcome (4 rows) is published and served to 3 followers, each runs the body on 4 rows,
+    and the allreduce of 4d bytes starts."""
+    n, d, T = 4, 1000, 0.2
+    costs = LogCosts(rtt=1e-4, local_rtt=5e-5, get_beta=1e-9, fan_op=2e-4, fan_beta=2e-9,
+                     decider=((1, 2.5e-4),), follower=((1, 1e-4),))
+    cm = model(costs=costs)
+    recs = time_steps(get_scheme("dgd", n, 0), d, 2, T, comm=cm)
+    B = n * line_bytes(get_scheme("dgd", n, 0).lookback)
+    D = T + 4 * 2.5e-4
+    follow = B * 1e-9 + 3 * (2e-4 + B * 2e-9) + 4 * 1e-4
+    assert recs[0].time == pytest.approx(D + follow + NET.allreduce.allreduce(n, 4 * d))
+    e = recs[0].extra
+    assert e["control_ops"] == n        # rank 0: 3 reads + 1 publish
+    assert e["control_ops_others"] == 3  # add + set + get
+    assert e["control_rounds"] == n      # one body run per row (the step's first has no prior)
+    assert e["follow_seconds"] == pytest.approx(follow)
+
+
+@pytest.mark.parametrize("scheme,s", [("dgd", 0), ("pgc-cr", 1), ("bcgc", 1)])
+def test_a_few_control_operations_per_rank_per_step_whatever_the_compute(scheme, s):
+    """As the runtime's records: a rank > 0 makes 3 store operations a step (5 when a late row
+    of the previous step falls in the window), rank 0 about n; not growing with compute."""
+    n = 4
+    for compute in (0.05, 0.5):
+        recs = time_steps(get_scheme(scheme, n, s), 10_000, 12, compute,
+                          delay="exp:mean=0.1,seed=3", comm=model())
+        ops = [r.extra["control_ops"] for r in recs[1:]]
+        others = [r.extra["control_ops_others"] for r in recs[1:]]
+        assert max(others) <= 5 and sum(others) / len(others) <= 4
+        assert sum(ops) / len(ops) == pytest.approx(n, abs=1.0)
+
+
+def test_log_path_grows_with_n_and_the_tree_removes_the_store_term():
+    """At n = 128 the one-store delivery costs more than the tree's, and a free control is
+    fastest; the tree still pays the followers' body on n rows."""
+    n, d = 128, 100_000
+    sch = lambda: get_scheme("pgc-cr", n, n // 16)   # noqa: E731
+    t = {}
+    for name, cm in (("log", model()), ("bcast", model(control="log-bcast")),
+                     ("free", model(costs=LogCosts.free()))):
+        recs = time_steps(sch(), d, 6, 0.2, delay="exp:mean=0.2,seed=1", comm=cm)
+        t[name] = recs
+    follow = {k: sum(r.extra["follow_seconds"] for r in v[2:]) / 4 for k, v in t.items()}
+    assert follow["free"] == 0.0
+    body = n * COSTS.row_seconds("follower", n)
+    assert follow["bcast"] >= body
+    # the store answers 127 followers one by one (>= 127 fan_op), the tree takes 7 alpha
+    assert follow["log"] - follow["bcast"] > (n - 1) * 2e-4 - 7e-3
+    assert t["free"][-1].time < t["bcast"][-1].time < t["log"][-1].time
+
+
+def test_log_and_polled_paths_take_the_same_decisions_with_free_control():
+    """With no control cost the log path decides the step at the (n-s)-th ready message, in
+    ready order: the same ranks as the polled path with a tiny poll interval."""
+    n, fast = 6, Network.link(1e-9, 0.0)
+    free = time_steps(get_scheme("pgc-cr", n, 2), 1000, 8, 0.1, delay="exp:mean=0.1,seed=2",
+                      comm=CollectiveModel(fast, control="log", log=LogCosts.free()))
+    polled = time_steps(get_scheme("pgc-cr", n, 2), 1000, 8, 0.1, delay="exp:mean=0.1,seed=2",
+                        comm=CollectiveModel(fast, poll_interval=1e-7))
+    assert [sorted(r.workers_used) for r in free] == [sorted(r.workers_used) for r in polled]
+    for a, b in zip(free, polled):
+        assert math.isclose(a.time, b.time, rel_tol=1e-3)
