@@ -3,7 +3,8 @@
     python benchmarks/measure_collectives.py --np 2,3,4 --out runs/comm_fit.json
     python benchmarks/sim_vs_runtime.py --comm runs/comm_fit.json [--np 2,3,4] [--d 1000000]
         [--schemes dgd,pgc-cr] [--compute 0.2] [--delay exp:mean=0.2,seed=1] [--steps 20]
-        [--plane auto] [--runtime-commit HEAD] [--json out.json]
+        [--plane auto] [--control allgather|log] [--log-fit PATH] [--runtime-commit HEAD]
+        [--json out.json]
 
 For each n it launches ``horovodrun --gloo -np N -H localhost:N``; every rank trains a model of
 ``--d`` parameters (one ``nn.Linear``) with ``pgc_hvd.DistributedOptimizer`` under each scheme
@@ -19,8 +20,12 @@ runs the same scheme, n, d, steps, delays and straggler policy under the collect
 fitted from ``--comm`` (``fitted:PATH``), with the data plane of the runtime that ran: ``auto``
 reads it from the runtime (``allgather`` for the optimistic one-collective steps of the CPU
 runtime before issue 13, ``allreduce`` once the runtime has the allreduce data plane), or name
-one. It prints both figures, their ratio, and bytes and control rounds per step from both
-sides. Target (issue 13, item 4): within 15 %.
+one. ``--control`` is the runtime's control path, and the simulator's: ``allgather`` (polled
+rounds, the default) or ``log`` (the ordered control log; the simulator prices it with the
+costs of ``--log-fit``, measured by ``benchmarks/measure_log_control.py``, default
+``docs/figures/log_control_fit.json``). It prints both figures, their ratio, and bytes, control
+rounds and control operations per step (rank 0's records) from both sides. Target (issue 13,
+item 4; issue 25 for ``log``): within 15 %.
 
 ``--runtime-commit C`` runs the runtime of commit C (``git archive`` into a temporary folder,
 with this checkout's compiled extension) instead of the working tree's, e.g. while the working
@@ -88,6 +93,8 @@ def worker(args) -> None:
         kw = {}
         if args.optimistic != "auto":
             kw["optimistic"] = args.optimistic == "on"
+        if args.control != "allgather":   # (a runtime before control= existed takes none)
+            kw["control"] = args.control
         opt = pgc_hvd.DistributedOptimizer(
             torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
             delays=args.delay,
@@ -119,6 +126,9 @@ def worker(args) -> None:
                 "control_rounds_per_step": (
                     (ex(info[-1], "control_rounds") - ex(recs[warm - 1], "control_rounds"))
                     / len(info) if ex(info[-1], "control_rounds") is not None else None),
+                "control_ops_per_step": (
+                    sum(ex(r, "control_ops") for r in info) / len(info)
+                    if all(ex(r, "control_ops") is not None for r in info) else None),
             }
             print(f"[svr np={n}] {scheme}: {tps * 1e3:.1f} ms/step (plane {plane})",
                   file=sys.stderr, flush=True)
@@ -127,15 +137,18 @@ def worker(args) -> None:
 
 
 # ----------------------------------------------------------------------------- simulator side
-def simulate(res: dict, scheme: str, comm_path: str, plane: str, policy: str) -> dict:
+def simulate(res: dict, scheme: str, comm_path: str, plane: str, policy: str,
+             control: str = "allgather", log_fit: str | None = None) -> dict:
     from pgc_hvd.schemes import default_stragglers, get_scheme
     from pgc_hvd.sim.comm import load_fit
     from pgc_hvd.sim.engine import SimConfig
+    from pgc_hvd.sim.log_costs import load_log_fit
     from pgc_hvd.sim.timing import TimingSimulator, time_per_step
 
     run = res["runs"][scheme]
     n = res["n"]
-    cm = load_fit(comm_path, plane=plane)
+    kw = {} if control == "allgather" else {"control": control, "log": load_log_fit(log_fit)}
+    cm = load_fit(comm_path, plane=plane, **kw)
     cfg = SimConfig(steps=res["steps"], delay=res["delay"], partition_time=run["partition_time"],
                     comm=cm, straggler_policy=policy, diagnostics=False, eval_every=0)
     sim = TimingSimulator(get_scheme(scheme, n, default_stragglers(scheme)), res["d"], cfg)
@@ -144,7 +157,10 @@ def simulate(res: dict, scheme: str, comm_path: str, plane: str, policy: str) ->
     meas = recs[w:]
     return {"time_per_step": time_per_step(recs, w), "plane": plane,
             "bytes_per_step": sum(r.bytes for r in meas) / len(meas),
-            "control_rounds_per_step": sum(r.extra["control_rounds"] for r in meas) / len(meas)}
+            "control_rounds_per_step": sum(r.extra["control_rounds"] for r in meas) / len(meas),
+            # the polled path issues one control allgather per round
+            "control_ops_per_step": sum(r.extra.get("control_ops", r.extra["control_rounds"])
+                                        for r in meas) / len(meas)}
 
 
 def archive_runtime(commit: str) -> str:
@@ -176,6 +192,10 @@ def main(argv=None) -> int:
     p.add_argument("--plane", default="auto",
                    help="the simulator's data plane: auto (the runtime's), allgather, "
                         "allgather-2phase, allreduce")
+    p.add_argument("--control", default="allgather", choices=["allgather", "log"],
+                   help="the runtime's control path, and the simulator's")
+    p.add_argument("--log-fit", default=str(ROOT / "docs" / "figures" / "log_control_fit.json"),
+                   help="control=log: costs measured by benchmarks/measure_log_control.py")
     p.add_argument("--runtime-commit", default=None,
                    help="run the runtime of this commit (git archive) instead of the working tree")
     p.add_argument("--timeout", type=float, default=600)
@@ -192,6 +212,9 @@ def main(argv=None) -> int:
         p.error("need 1 <= --warmup < --steps")
     from pgc_hvd.sim.comm import load_fit
     load_fit(args.comm)  # fail before launching anything
+    if args.control == "log":
+        from pgc_hvd.sim.log_costs import load_log_fit
+        load_log_fit(args.log_fit)
     env_root = None
     if args.runtime_commit:
         env_root = archive_runtime(args.runtime_commit)
@@ -204,12 +227,14 @@ def main(argv=None) -> int:
             res = run_ranks(np_, __file__, [
                 "--d", args.d, "--schemes", args.schemes, "--compute", args.compute,
                 "--delay", args.delay, "--steps", args.steps, "--warmup", args.warmup,
-                "--policy", args.policy, "--optimistic", args.optimistic],
+                "--policy", args.policy, "--optimistic", args.optimistic,
+                "--control", args.control],
                 args.timeout, on_line=lambda l: print("  " + l.split("<stderr>:")[-1], flush=True)
                 if "[svr " in l else None)
             for scheme, run in res["runs"].items():
                 plane = run["plane"] if args.plane == "auto" else args.plane
-                sim = simulate(res, scheme, args.comm, plane, args.policy)
+                sim = simulate(res, scheme, args.comm, plane, args.policy, args.control,
+                               args.log_fit)
                 rows.append({"n": np_, "scheme": scheme, "d": res["d"], "runtime": run,
                              "sim": sim, "ratio": sim["time_per_step"] / run["time_per_step"]})
     finally:
@@ -217,17 +242,21 @@ def main(argv=None) -> int:
             shutil.rmtree(env_root, ignore_errors=True)
     print(f"\nsimulator vs runtime ({args.comm}; d = {rows[0]['d']:,}, compute {args.compute} s "
           f"per partition + measured forward/backward, delays {args.delay}, policy "
-          f"{args.policy}, steps {args.steps}, warm-up {args.warmup}; {time.time() - t0:.0f} s"
+          f"{args.policy}, control {args.control}, steps {args.steps}, warm-up {args.warmup}; "
+          f"{time.time() - t0:.0f} s"
           f"{', runtime of ' + args.runtime_commit if args.runtime_commit else ''})")
     print(f"{'n':>3} {'scheme':>8} {'plane':>16} {'runtime ms':>10} {'sim ms':>8} {'sim/rt':>7}"
-          f" {'rt MB/step':>10} {'sim MB/step':>11} {'rt rounds':>9} {'sim rounds':>10}")
+          f" {'rt MB/step':>10} {'sim MB/step':>11} {'rt rounds':>9} {'sim rounds':>10}"
+          f" {'rt ops':>6} {'sim ops':>7}")
     for r in rows:
         rt, sm = r["runtime"], r["sim"]
         rr = rt["control_rounds_per_step"]
+        ro, so = rt.get("control_ops_per_step"), sm.get("control_ops_per_step")
         print(f"{r['n']:>3} {r['scheme']:>8} {sm['plane']:>16} {rt['time_per_step'] * 1e3:10.1f} "
               f"{sm['time_per_step'] * 1e3:8.1f} {r['ratio']:7.3f} "
               f"{rt['bytes_per_step'] / 1e6:10.2f} {sm['bytes_per_step'] / 1e6:11.2f} "
-              f"{'-' if rr is None else f'{rr:.1f}':>9} {sm['control_rounds_per_step']:10.1f}")
+              f"{'-' if rr is None else f'{rr:.1f}':>9} {sm['control_rounds_per_step']:10.1f}"
+              f" {'-' if ro is None else f'{ro:.1f}':>6} {'-' if so is None else f'{so:.1f}':>7}")
     worst = max(abs(r["ratio"] - 1) for r in rows)
     print(f"largest |sim/runtime - 1| = {worst:.3f} (target <= 0.15)")
     if args.json:

@@ -1,6 +1,7 @@
 """The papers' experiments on the simulator: ``pgc-hvd experiment {pgc,bcgc,staleness} [--quick]
 --out DIR``, and ``scale`` (:mod:`pgc_hvd.apps.scale`: predicted time per step of the Horovod
-runtime at n = 8..1024 under the alpha-beta model of its collectives, ``--comm-fit PATH``). Each writes into DIR one ``records/<run>.jsonl`` per run, ``summary.json`` (one
+runtime at n = 8..1024 under the alpha-beta model of its collectives, ``--comm-fit PATH``, and
+of its control paths, ``--log-fit PATH``). Each writes into DIR one ``records/<run>.jsonl`` per run, ``summary.json`` (one
 entry per scheme and setting with the table's figures), ``table.md`` and ``plot.png``.
 
 * ``pgc``  (PGC paper, Figs. 6-10): n = 12, s in {1, 2, 3}, exponential delays of mean 1 and 2
@@ -421,8 +422,24 @@ def main(argv=None) -> int:
     p.add_argument("--comm-fit", default=None, metavar="PATH",
                    help="scale only: alpha-beta fitted by benchmarks/measure_collectives.py "
                         "(default: docs/figures/comm_fit.json of this checkout)")
+    p.add_argument("--log-fit", default=None, metavar="PATH",
+                   help="scale only: control='log' costs measured by benchmarks/"
+                        "measure_log_control.py (default: docs/figures/log_control_fit.json)")
     a = p.parse_args(argv)
     opts = {}
+    if a.log_fit is not None:
+        if a.name != "scale":
+            p.error("--log-fit applies to the scale experiment only")
+        if not Path(a.log_fit).is_file():
+            p.error(f"--log-fit {a.log_fit}: no such file; measure one with `python "
+                    f"benchmarks/measure_log_control.py --out {a.log_fit}`")
+        opts["log_fit"] = Path(a.log_fit)
+    elif a.name == "scale":
+        from .scale import DEFAULT_LOG_FIT
+        if not DEFAULT_LOG_FIT.is_file():
+            p.error(f"scale needs the log control's costs: {DEFAULT_LOG_FIT} is missing; pass "
+                    f"--log-fit PATH (measure one with `python benchmarks/measure_log_control.py "
+                    f"--out PATH`)")
     if a.comm_fit is not None:
         if a.name != "scale":
             p.error("--comm-fit applies to the scale experiment only")

@@ -20,12 +20,23 @@ comm model and the schemes' decision rules; no gradients) of the Horovod runtime
   ``allreduce`` (decision on control rows, then ONE ring allreduce of 4d bytes);
 * ``hvd``: plain ``hvd.DistributedOptimizer`` for reference, computed, not simulated:
   max_w(compute + delay) + the SGD update's local pass + allreduce(n, 4d) per step, averaged
-  over the same delays.
+  over the same delays;
+* on the new plane, four control paths (:mod:`pgc_hvd.sim.comm`, "Control paths"): **polled**
+  (``allgather``, the runtime's default: the ``*_new`` columns), **log** (the runtime's
+  ``control="log"``: rows appended to rank 0's TCPStore, one decider, every rank reads the
+  outcome from that one store), **log-bcast** (a fix the runtime does not have: the outcome
+  delivered by one tree broadcast), **bcast-o1** (a what-if: the tree, and a decision body
+  whose cost per row stays at its value measured at the smallest n -- an incremental body that
+  reads only the new row; not built) and **free** (every control cost 0: the bound no control
+  plane beats). The log paths' constants are measured (``--log-fit``, a JSON of
+  ``benchmarks/measure_log_control.py``; on the datacentre link its network parts moved to
+  that link, :meth:`~pgc_hvd.sim.log_costs.LogCosts.on_link`).
 
 Control rounds poll every 2 ms (the runtime's default); the straggler policy is ``continue``.
 Each configuration runs ``STEPS`` steps (``--quick``: n = 8, 16 and 6 steps); the delays of a
-(n, delay model) are drawn once and replayed by every scheme, link and plane. Writes
-``summary.json``, ``table.md`` and ``plot.png`` (time per step against n; PGC-CR / DGD).
+(n, delay model) are drawn once and replayed by every scheme, link, plane and control path.
+Writes ``summary.json``, ``table.md`` (the planes, then the control paths) and ``plot.png``
+(time per step against n; PGC-CR / DGD).
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from pgc_hvd.schemes import get_scheme
 from pgc_hvd.sim.comm import CollectiveModel, load_fit, parse_comm_model
 from pgc_hvd.delays import DelayTrace, Exponential, LogNormal, Replay
 from pgc_hvd.sim.engine import SimConfig
+from pgc_hvd.sim.log_costs import LogCosts, load_log_fit
 from pgc_hvd.sim.timing import TimingSimulator, time_per_step
 
 from .tables import table
@@ -53,7 +65,11 @@ PARTITION_TIME = 0.2
 STEPS, WARMUP = 23, 3
 DATACENTRE = "ring:alpha=10e-6,gbps=25,pass_beta=1e-12"
 PLANES = (("old", "allgather"), ("new", "allreduce"))
+#: the new plane's control paths beside the polled one: (column, control, which costs)
+CONTROLS = (("log", "log", "measured"), ("log-bcast", "log-bcast", "measured"),
+            ("bcast-o1", "log-bcast", "constant body"), ("free", "log", "free"))
 DEFAULT_FIT = Path(__file__).resolve().parents[2] / "docs" / "figures" / "comm_fit.json"
+DEFAULT_LOG_FIT = DEFAULT_FIT.with_name("log_control_fit.json")
 
 
 def delay_models(mean: float = PARTITION_TIME) -> dict:
@@ -67,14 +83,21 @@ def stragglers(n: int) -> int:
     return max(1, n // 16)
 
 
-def links(comm_fit: Optional[Path]) -> dict:
+def links(comm_fit: Optional[Path], log_fit: Optional[Path] = None) -> dict:
+    """Both links' collective models, each with its log path's costs (``log``)."""
     path = Path(comm_fit) if comm_fit is not None else DEFAULT_FIT
     if not path.exists():
         raise FileNotFoundError(
             f"{path}: no fitted comm model; measure one with `python benchmarks/"
             f"measure_collectives.py --np 2,3,4 --out {path}` (about a minute) or pass "
             f"--comm-fit PATH")
-    return {"measured": load_fit(path), "datacentre": parse_comm_model(DATACENTRE)}
+    lpath = Path(log_fit) if log_fit is not None else DEFAULT_LOG_FIT
+    costs = load_log_fit(lpath)
+    dc = parse_comm_model(DATACENTRE)
+    link = dc.network.allgather
+    return {"measured": load_fit(path).replace(log=costs),
+            "datacentre": dc.replace(log=costs.on_link(link.alpha, link.beta,
+                                                       source=f"{costs.source} on {DATACENTRE}"))}
 
 
 def hvd_time_per_step(D: np.ndarray, n: int, d: int, cm: CollectiveModel) -> float:
@@ -83,11 +106,63 @@ def hvd_time_per_step(D: np.ndarray, n: int, d: int, cm: CollectiveModel) -> flo
     return float(per.mean() + cm.local(12 * d) + cm.allreduce(n, 4 * d))
 
 
-def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None) -> tuple[list, str]:
+def _run(scheme: str, n: int, d: int, steps: int, trace, cm: CollectiveModel) -> tuple:
+    """(time per step, the records after warm-up) of one time-only run."""
+    s = 0 if scheme == "dgd" else stragglers(n)
+    cfg = SimConfig(steps=steps, delay=Replay(trace), partition_time=PARTITION_TIME, comm=cm,
+                    diagnostics=False, eval_every=0)
+    recs = TimingSimulator(get_scheme(scheme, n, s), d, cfg).run()
+    return time_per_step(recs, WARMUP), recs[WARMUP:]
+
+
+def _mean(recs, key: str) -> float:
+    return float(np.mean([r.extra[key] for r in recs]))
+
+
+def _row(delay_name: str, n: int, trace, D, link: str, cm0: CollectiveModel, mname: str,
+         d: int, steps: int) -> dict:
+    """One (delays, n, link, model) row: both planes (polled control), then the new plane's
+    other control paths (module doc)."""
+    row = {"delay": delay_name, "n": n, "s": stragglers(n), "link": link, "model": mname,
+           "d": d, "steps": steps, "warmup": WARMUP, "comm": cm0.describe(n)}
+    t0 = time.perf_counter()
+    for plane_name, plane in PLANES:
+        cm = cm0.replace(plane=plane)
+        for scheme in ("dgd", "pgc-cr"):
+            key = f"{scheme}_{plane_name}"
+            row[key], recs = _run(scheme, n, d, steps, trace, cm)
+            row[key + "_mb"] = float(np.mean([r.bytes for r in recs])) / 1e6
+            if plane_name == "new" and scheme == "pgc-cr":
+                row["polled_rounds"] = _mean(recs, "control_rounds")
+    for col, control, which in CONTROLS:
+        costs = {"measured": cm0.log, "constant body": cm0.log.constant_body(),
+                 "free": LogCosts.free()}[which]
+        cm = cm0.replace(plane="allreduce", control=control, log=costs)
+        for scheme in (("dgd", "pgc-cr") if col == "log" else ("pgc-cr",)):
+            key = f"{scheme}_{col}"
+            row[key], recs = _run(scheme, n, d, steps, trace, cm)
+            if scheme == "pgc-cr":
+                row[key + "_follow"] = _mean(recs, "follow_seconds")
+                row[key + "_lag"] = _mean(recs, "decider_lag")
+                row[key + "_ops0"] = _mean(recs, "control_ops")
+                row[key + "_ops"] = _mean(recs, "control_ops_others")
+    row["hvd"] = hvd_time_per_step(D, n, d, cm0)
+    for plane_name, _ in PLANES:
+        row[f"ratio_{plane_name}"] = row[f"pgc-cr_{plane_name}"] / row[f"dgd_{plane_name}"]
+    row["ratio_log"] = row["pgc-cr_log"] / row["dgd_log"]
+    row["pgc_new_vs_hvd"] = row["pgc-cr_new"] / row["hvd"]
+    for col, _, _ in CONTROLS:
+        row[f"pgc_{col}_vs_hvd"] = row[f"pgc-cr_{col}"] / row["hvd"]
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None,
+              log_fit: Optional[Path] = None) -> tuple[list, str]:
     ns = NS[:2] if quick else NS
     steps = 6 if quick else STEPS
     models = MODELS[:1] if quick else MODELS
-    nets = links(comm_fit)
+    nets = links(comm_fit, log_fit)
     rows = []
     t_all = time.perf_counter()
     for delay_name, model in delay_models().items():
@@ -96,36 +171,35 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None) -> tuple[
             D = np.array([[trace[(w, t)] for w in range(n)] for t in range(steps + 1)])
             for link, cm0 in nets.items():
                 for mname, d in models:
-                    row = {"delay": delay_name, "n": n, "s": stragglers(n), "link": link,
-                           "model": mname, "d": d, "steps": steps, "warmup": WARMUP,
-                           "comm": cm0.describe(n)}
-                    t0 = time.perf_counter()
-                    for plane_name, plane in PLANES:
-                        cm = cm0.replace(plane=plane)
-                        for scheme, s in (("dgd", 0), ("pgc-cr", stragglers(n))):
-                            cfg = SimConfig(steps=steps, delay=Replay(trace),
-                                            partition_time=PARTITION_TIME, comm=cm,
-                                            diagnostics=False, eval_every=0)
-                            recs = TimingSimulator(get_scheme(scheme, n, s), d, cfg).run()
-                            key = f"{scheme}_{plane_name}"
-                            row[key] = time_per_step(recs, WARMUP)
-                            row[key + "_mb"] = float(np.mean([r.bytes for r in recs[WARMUP:]])) / 1e6
-                    row["hvd"] = hvd_time_per_step(D, n, d, cm0)
-                    for plane_name, _ in PLANES:
-                        row[f"ratio_{plane_name}"] = row[f"pgc-cr_{plane_name}"] / row[f"dgd_{plane_name}"]
-                    row["pgc_new_vs_hvd"] = row["pgc-cr_new"] / row["hvd"]
-                    row["seconds"] = time.perf_counter() - t0
+                    row = _row(delay_name, n, trace, D, link, cm0, mname, d, steps)
                     rows.append(row)
-                    print(f"[scale] {delay_name:9s} n={n:5d} {link:10s} {mname}: "
-                          f"PGC-CR/DGD old {row['ratio_old']:.3f} new {row['ratio_new']:.3f} "
-                          f"({row['seconds']:.1f} s)", file=sys.stderr, flush=True)
+                    print(f"[scale] {delay_name:9s} n={n:5d} {link:10s} {mname}: PGC-CR / hvd "
+                          f"polled {row['pgc_new_vs_hvd']:.3f} log {row['pgc_log_vs_hvd']:.3f} "
+                          f"log-bcast {row['pgc_log-bcast_vs_hvd']:.3f} bcast-o1 "
+                          f"{row['pgc_bcast-o1_vs_hvd']:.3f} free "
+                          f"{row['pgc_free_vs_hvd']:.3f} ({row['seconds']:.1f} s)",
+                          file=sys.stderr, flush=True)
     _plot(out / "plot.png", rows, ns)
-    cols = [("delays", "delay"), ("n", "n"), ("s", "s"), ("link", "link"), ("model", "model"),
-            ("DGD old (s)", "dgd_old"), ("PGC-CR old (s)", "pgc-cr_old"),
-            ("DGD new (s)", "dgd_new"), ("PGC-CR new (s)", "pgc-cr_new"), ("hvd (s)", "hvd"),
-            ("PGC-CR/DGD old", "ratio_old"), ("PGC-CR/DGD new", "ratio_new"),
-            ("PGC-CR new / hvd", "pgc_new_vs_hvd"),
-            ("MB/step old", "pgc-cr_old_mb"), ("MB/step new", "pgc-cr_new_mb")]
+    planes = [("delays", "delay"), ("n", "n"), ("s", "s"), ("link", "link"), ("model", "model"),
+              ("DGD old (s)", "dgd_old"), ("PGC-CR old (s)", "pgc-cr_old"),
+              ("DGD new (s)", "dgd_new"), ("PGC-CR new (s)", "pgc-cr_new"), ("hvd (s)", "hvd"),
+              ("PGC-CR/DGD old", "ratio_old"), ("PGC-CR/DGD new", "ratio_new"),
+              ("PGC-CR new / hvd", "pgc_new_vs_hvd"),
+              ("MB/step old", "pgc-cr_old_mb"), ("MB/step new", "pgc-cr_new_mb")]
+    controls = [("delays", "delay"), ("n", "n"), ("link", "link"), ("model", "model"),
+                ("hvd (s)", "hvd"), ("PGC-CR polled (s)", "pgc-cr_new"),
+                ("PGC-CR log (s)", "pgc-cr_log"), ("PGC-CR log-bcast (s)", "pgc-cr_log-bcast"),
+                ("PGC-CR bcast-o1 (s)", "pgc-cr_bcast-o1"),
+                ("PGC-CR free (s)", "pgc-cr_free"), ("DGD log (s)", "dgd_log"),
+                ("polled / hvd", "pgc_new_vs_hvd"), ("log / hvd", "pgc_log_vs_hvd"),
+                ("log-bcast / hvd", "pgc_log-bcast_vs_hvd"),
+                ("bcast-o1 / hvd", "pgc_bcast-o1_vs_hvd"), ("free / hvd", "pgc_free_vs_hvd"),
+                ("log follow (s)", "pgc-cr_log_follow"),
+                ("log-bcast follow (s)", "pgc-cr_log-bcast_follow"),
+                ("log decider lag (s)", "pgc-cr_log_lag"),
+                ("polled rounds/step", "polled_rounds"),
+                ("log ops/step rank 0", "pgc-cr_log_ops0"),
+                ("log ops/step others", "pgc-cr_log_ops")]
     head = (f"time per step (s) predicted by the time-only simulator: compute {PARTITION_TIME} s "
             f"per partition + delays of mean {PARTITION_TIME} s, {steps - WARMUP} steps after "
             f"{WARMUP} of warm-up, s = max(1, n // 16); links: measured = "
@@ -133,7 +207,16 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None) -> tuple[
             f"datacentre = {DATACENTRE}; old plane = allgather of ready ranks' messages with the "
             f"control rows, new = control rows then one allreduce; MB/step: the most any rank "
             f"received per PGC-CR step; {time.perf_counter() - t_all:.0f} s to compute\n\n")
-    return rows, head + table(rows, cols)
+    chead = (f"\n\n## Control paths on the new plane\n\npolled = the runtime's default "
+             f"(allgather of n rows every poll); log = the runtime's control=\"log\" "
+             f"({nets['measured'].log.source}); log-bcast = the outcome by one tree broadcast "
+             f"(not built); bcast-o1 = log-bcast with the body's per-row cost held at its "
+             f"smallest-n value (what-if, not built); free = every control cost 0 (the bound); "
+             f"follow = from the deciding "
+             f"row to the last rank in the data phase; decider lag = the deciding row's wait "
+             f"in the decider's queue and its own body run; ops = store operations per step "
+             f"(rank 0: its reader's gets + the publish; others: the most a rank > 0 made)\n\n")
+    return rows, head + table(rows, planes) + chead + table(rows, controls)
 
 
 def _plot(path: Path, rows: list, ns) -> None:
@@ -156,6 +239,10 @@ def _plot(path: Path, rows: list, ns) -> None:
                                       ("pgc-cr_old", "C1--", "PGC-CR, old plane"),
                                       ("dgd_new", "C0-", "DGD, new plane"),
                                       ("pgc-cr_new", "C1-", "PGC-CR, new plane"),
+                                      ("pgc-cr_log", "C2-", "PGC-CR, control=log"),
+                                      ("pgc-cr_log-bcast", "C3-", "PGC-CR, log-bcast"),
+                                      ("pgc-cr_bcast-o1", "C5-.", "PGC-CR, bcast-o1 (what-if)"),
+                                      ("pgc-cr_free", "C4:", "PGC-CR, free control"),
                                       ("hvd", "k:", "hvd.DistributedOptimizer")):
                 ax.plot(x, [r[key] for r in sel], style, marker="o", ms=3, label=label)
             ax.set_xscale("log", base=2)

@@ -40,7 +40,8 @@ The constants are measured by ``benchmarks/measure_log_control.py`` (JSON format
 :data:`FORMAT`, read by :func:`load_log_fit`); :meth:`LogCosts.on_link` moves the network
 parts to a stated link (alpha, beta), keeping the measured CPU parts (the store server's
 per-answer cost, the decision body). :meth:`LogCosts.free` is every cost 0: the bound no control
-plane can beat.
+plane can beat; :meth:`LogCosts.constant_body` a what-if (the body's per-row cost held at its
+smallest-n value: an incremental body, not built).
 
 May import: nothing of pgc_hvd (pure arithmetic).
 """
@@ -134,6 +135,15 @@ class LogCosts:
         return dataclasses.replace(self, rtt=self.rtt + 2 * alpha,
                                    fan_latency=self.fan_latency + alpha, fan_beta=beta,
                                    source=source or f"{self.source} on link")
+
+    def constant_body(self) -> "LogCosts":
+        """A what-if: these costs with the decision body's per-row cost held at its value at
+        the smallest n measured, whatever n (an incremental body that reads only the new row,
+        not built)."""
+        pick = lambda pts: ((pts[0][0], pts[0][1]),) if pts else ()   # noqa: E731
+        return dataclasses.replace(self, decider=pick(self.decider),
+                                   follower=pick(self.follower),
+                                   source=f"{self.source}, body constant")
 
     @classmethod
     def free(cls) -> "LogCosts":

@@ -276,8 +276,16 @@ def test_scale_experiment_quick(tmp_path):
     """``pgc-hvd experiment scale --quick``: n = 8, 16, one model, both links and planes."""
     from pgc_hvd.cli import main
     fit = _fit_doc(tmp_path / "comm.json")
+    log_fit = tmp_path / "log.json"
+    log_fit.write_text(json.dumps({
+        "format": "pgc_hvd.log_control_fit/1",
+        "store": {"rtt": 1e-5, "beta": 3e-10, "fan_op": 1e-4, "fan_beta": 1e-9},
+        "body": {"samples": [{"n": 4, "decider": {"per_row": 7e-5}, "follower": {"per_row": 5e-5}},
+                             {"n": 16, "decider": {"per_row": 1e-4},
+                              "follower": {"per_row": 8e-5}}]}}))
     out = tmp_path / "scale"
-    assert main(["experiment", "scale", "--quick", "--out", str(out), "--comm-fit", str(fit)]) == 0
+    assert main(["experiment", "scale", "--quick", "--out", str(out), "--comm-fit", str(fit),
+                 "--log-fit", str(log_fit)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = summary["runs"]
     assert {(r["n"], r["link"], r["delay"]) for r in rows} == {
@@ -288,8 +296,14 @@ def test_scale_experiment_quick(tmp_path):
             assert r[key] > 0.2          # at least one partition's compute per step
         assert r["ratio_new"] == pytest.approx(r["pgc-cr_new"] / r["dgd_new"])
         assert r["pgc-cr_old_mb"] > r["pgc-cr_new_mb"]      # O(n d) against O(d) bytes
+        # the control paths: free control is the bound
+        assert r["pgc-cr_free"] <= min(r["pgc-cr_log-bcast"], r["pgc-cr_log"], r["pgc-cr_new"],
+                                       r["pgc-cr_bcast-o1"])
+        assert r["pgc_log_vs_hvd"] == pytest.approx(r["pgc-cr_log"] / r["hvd"])
+        assert r["pgc-cr_log_ops"] <= 5
     assert (out / "plot.png").stat().st_size > 0
-    assert "PGC-CR/DGD new" in (out / "table.md").read_text()
+    text = (out / "table.md").read_text()
+    assert "PGC-CR/DGD new" in text and "log-bcast / hvd" in text
 
 
 def test_scale_experiment_options_are_checked(tmp_path, capsys):
@@ -298,6 +312,14 @@ def test_scale_experiment_options_are_checked(tmp_path, capsys):
         main(["pgc", "--out", str(tmp_path / "x"), "--comm-fit", "comm.json"])
     assert e.value.code == 2
     assert "scale experiment only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["pgc", "--out", str(tmp_path / "x"), "--log-fit", "log.json"])
+    assert e.value.code == 2
+    assert "scale experiment only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["scale", "--out", str(tmp_path / "x"), "--log-fit", str(tmp_path / "none.json")])
+    assert e.value.code == 2
+    assert "measure_log_control" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["scale", "--out", str(tmp_path / "x"), "--comm-fit", str(tmp_path / "none.json")])
     assert e.value.code == 2

@@ -45,6 +45,8 @@ def test_cost_formulas():
     assert pts.row_seconds("decider", 1024) == pytest.approx(1e-3 + 768 * 8e-4 / 192)
     assert pts.row_seconds("decider", 1) == pytest.approx(1e-4 - 3e-4 / 60 * 1)
     assert pts.row_seconds("follower", 64) == 0.0         # none measured
+    flat = pts.constant_body()                            # the what-if: per row as at n = 4
+    assert flat.row_seconds("decider", 1024) == flat.row_seconds("decider", 4) == 1e-4
     assert (dc.decider, dc.follower, dc.local_rtt) == (c.decider, c.follower, c.local_rtt)
     free = LogCosts.free()
     assert free.append_delay(5) == free.fanout(9, 1e6) == free.row_seconds("decider", 1024) == 0
