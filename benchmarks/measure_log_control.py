@@ -17,18 +17,19 @@ runtime opens it (:mod:`pgc_hvd.runtime.control_log`):
   ``fan_latency + k (fan_op + B fan_beta)`` (the server answers the waiting gets one after
   another; ``fan_latency``: what every answer pays once, e.g. a waiting process's wake-up),
   over k in ``--fanout`` and B = 616 B .. 631 KB, median of ``FAN_REPS`` repetitions each;
-* ``row_a``, ``row_b``: the decision body's seconds per control row, ``q(n) = row_a + row_b n``:
-  the runtime's :func:`pgc_hvd.runtime.control_log.log_loop` (decider and follower branches,
-  the real :class:`~pgc_hvd.runtime.agent._DecisionBody`, ``LogView``, ``ArrivalBook``, the
-  outcome's encoding and decoding) run on an in-memory channel over rows of ``pgc-cr`` with
-  s = max(1, n // 16) (each step every rank shows its message, in random order; rows of step
-  t before those of step t + 1), at each n in ``--ns``; per-row seconds = the loop's thread
-  time / rows taken, fitted by least squares on relative residuals, separately for the decider
-  (``decider``) and the followers (``follower``).
+* ``run``, ``row``: the decision body's seconds, ``run(n) + rows * row(n)`` for one run of
+  the body on a batch of rows (the decider runs it once per batch of the rows queued since its
+  last run; each follower replays the same batches): the runtime's
+  :func:`pgc_hvd.runtime.control_log.log_loop` (decider and follower branches, the real
+  :class:`~pgc_hvd.runtime.agent._DecisionBody`, ``LogView``, ``ArrivalBook``, the outcome's
+  encoding and decoding) on an in-memory channel over rows of ``pgc-cr`` with
+  s = max(1, n // 16) (each step every rank shows its message, in random order; no row of step
+  t + 1 before step t is decided), at each n in ``--ns``, in thread CPU seconds, once with
+  batches of one row and once of up to max(4, n // 4): ``run`` and ``row`` solve
+  ``seconds = runs * run + rows * row`` for the two.
 
 Everything runs on this machine's cores, shared with whatever else runs: the JSON (format
-``pgc_hvd.log_control_fit/1``) records the load average before and after, every sample and the
-fits.
+``pgc_hvd.log_control_fit/1``) records the load average before and after and every sample.
 """
 
 from __future__ import annotations
@@ -177,30 +178,35 @@ def measure_store(reps: int, fanout: list) -> dict:
 
 # ----------------------------------------------------------------------------- the decision body
 class _Channel:
-    """log_loop's channel, in memory: the decider takes ``lines`` (encoded log lines) in order;
-    the followers read what the decider published."""
+    """log_loop's channel, in memory: the decider takes the encoded log lines in order, at most
+    ``batch`` a time and none of a step after the one it is deciding (as in a run, where no rank
+    computes step t + 1 before step t is decided); the followers read what it published."""
 
-    def __init__(self, lines: list, length: int, published: dict):
-        self.lines, self.length, self.published = lines, length, published
-        self.pos = 0
+    def __init__(self, lines: list, batch: int, published: dict):
+        self.lines, self.batch, self.published = lines, int(batch), published
+        self.pos, self.length, self.agent = 0, 0, None
 
-    def next_row(self, deadline):
+    def next_rows(self, deadline):
         from pgc_hvd.runtime.control_log import decode_rows
-        if self.pos >= len(self.lines):
-            return None
-        raw = self.lines[self.pos]
-        self.pos += 1
-        return decode_rows(raw, self.length)[0]
+        out = []
+        while (self.pos < len(self.lines) and len(out) < self.batch
+               and (not out or self.lines[self.pos][0] <= self.agent.step)):
+            out.extend(decode_rows(self.lines[self.pos][1], self.length))
+            self.pos += 1
+        return out or None
 
-    def publish(self, step, rows, error=None):
-        from pgc_hvd.runtime.control_log import encode_rows
+    def publish(self, step, batches, error=None):
+        from pgc_hvd.runtime.control_log import encode_batches
         if error is not None:
             raise error
-        self.published[step] = encode_rows(rows)
+        self.published[step] = encode_batches(batches)
+
+    def forget(self, below):
+        pass
 
     def decision(self, step):
-        from pgc_hvd.runtime.control_log import LogRecord, decode_rows
-        return LogRecord(rows=decode_rows(self.published[step], self.length))
+        from pgc_hvd.runtime.control_log import LogRecord, decode_batches
+        return LogRecord(batches=decode_batches(self.published[step], self.length))
 
 
 def _agent_class():
@@ -221,6 +227,7 @@ def _agent_class():
             self._ended_at, self._last_rows, self._last_round_at = None, None, 0.0
             self.timeout, self.channel = 3600.0, channel
             self.fired = 0
+            channel.agent, channel.length = self, self.ctrl_len
 
         def _fire(self, decision, ctl):
             self.fired += 1
@@ -233,8 +240,8 @@ def _agent_class():
 
 
 def log_lines(n: int, lookback: int, steps: int, seed: int) -> list:
-    """Encoded log lines of a run: per step every rank's message row (ready times in random
-    order), then every rank's done row."""
+    """(step, encoded log line) of a run: per step every rank's message row (ready times in
+    random order), then every rank's done row (step ``steps``)."""
     import numpy as np
     import torch
     from pgc_hvd.runtime.agent import Outgoing
@@ -249,32 +256,54 @@ def log_lines(n: int, lookback: int, steps: int, seed: int) -> list:
             slots = tuple(range(max(0, t - lookback + 1), t + 1))
             out = Outgoing(t, t, torch.zeros(1), float(ready[w]), loss=0.5, slot_versions=slots)
             row = pack_row(torch.empty(L, dtype=torch.float64), out, ring_size=lookback).tolist()
-            lines.append(encode_rows([(int(w), row)]))
+            lines.append((t, encode_rows([(int(w), row)])))
     for w in range(n):
         row = pack_row(torch.empty(L, dtype=torch.float64), None, ring_size=lookback,
                        done=1.0 + steps).tolist()
-        lines.append(encode_rows([(w, row)]))
+        lines.append((steps, encode_rows([(w, row)])))
     return lines
 
 
-def measure_body(n: int, steps: int, seed: int = 0) -> dict:
-    """Thread seconds per row of log_loop's decider and follower branches at this n."""
+def _run_roles(n: int, lines: list, batch: int) -> dict:
+    """Thread seconds, body runs and rows of log_loop's decider, then follower, branches."""
     from pgc_hvd.runtime.control_log import log_loop
     from pgc_hvd.schemes import get_scheme
     s = max(1, n // 16)
     Agent = _agent_class()
     published: dict = {}
-    lines = log_lines(n, get_scheme("pgc-cr", n, s).lookback, steps, seed)
-    out = {"n": n, "s": s, "steps": steps, "rows": len(lines)}
+    out = {}
     for role, rank in (("decider", 0), ("follower", 1)):
-        agent = Agent(get_scheme("pgc-cr", n, s), rank, _Channel(lines, 0, published))
-        agent.channel.length = agent.ctrl_len
+        agent = Agent(get_scheme("pgc-cr", n, s), rank, _Channel(lines, batch, published))
         t0 = time.thread_time()
         log_loop(agent)
-        sec = time.thread_time() - t0
-        out[role] = {"seconds": sec, "per_row": sec / len(lines), "fired": agent.fired,
-                     "body_runs": agent.control_rounds}
-    out["rows_per_outcome"] = len(lines) / max(1, len(published))
+        out[role] = {"seconds": time.thread_time() - t0, "runs": agent.control_rounds,
+                     "rows": len(lines), "fired": agent.fired}
+    return out
+
+
+def measure_body(n: int, steps: int, seed: int = 0) -> dict:
+    """The body's cost at this n: log_loop run once with batches of 1 row and once with
+    batches of up to K = max(4, n // 4) rows; per role, seconds = runs * run + rows * row,
+    solved from the two runs (``row`` >= 0)."""
+    from pgc_hvd.schemes import get_scheme
+    s = max(1, n // 16)
+    lines = log_lines(n, get_scheme("pgc-cr", n, s).lookback, steps, seed)
+    K = max(4, n // 4)
+    one, many = _run_roles(n, lines, 1), _run_roles(n, lines, K)
+    out = {"n": n, "s": s, "steps": steps, "rows": len(lines), "batch": K,
+           "by_row": one, "by_batch": many}
+    for role in ("decider", "follower"):
+        (r1, m1, t1), (r2, m2, t2) = [(x[role]["runs"], x[role]["rows"], x[role]["seconds"])
+                                      for x in (one, many)]
+        det = r1 * m2 - r2 * m1
+        run = (t1 * m2 - t2 * m1) / det
+        row = (r1 * t2 - r2 * t1) / det
+        if row < 0 or run < 0:   # noise: one coefficient only, fitted to both runs
+            if row < 0:
+                row, run = 0.0, (t1 + t2) / (r1 + r2)
+            else:
+                run, row = 0.0, (t1 + t2) / (m1 + m2)
+        out[role] = {"run": run, "row": row, "per_row_by_row": t1 / m1}
     return out
 
 
@@ -300,13 +329,10 @@ def main(argv=None) -> int:
     for n in [int(x) for x in args.ns.split(",")]:
         b = measure_body(n, max(3, args.rows // n))
         bodies.append(b)
-        print(f"[log] n={n}: decider {b['decider']['per_row'] * 1e6:.1f} us/row, follower "
-              f"{b['follower']['per_row'] * 1e6:.1f} us/row ({b['rows']} rows, "
-              f"{b['rows_per_outcome']:.0f} per outcome)", file=sys.stderr, flush=True)
-    fits = {}
-    for role in ("decider", "follower"):
-        a, b, res = _lstsq2([[1.0, x["n"]] for x in bodies], [x[role]["per_row"] for x in bodies])
-        fits[role] = {"row_a": a, "row_b": b, "rel_rms": res}
+        print(f"[log] n={n}: body run + per row: decider {b['decider']['run'] * 1e6:.1f} us + "
+              f"{b['decider']['row'] * 1e6:.2f} us, follower {b['follower']['run'] * 1e6:.1f} "
+              f"us + {b['follower']['row'] * 1e6:.2f} us ({b['rows']} rows, batches of 1 and "
+              f"{b['batch']})", file=sys.stderr, flush=True)
     doc = {"format": FORMAT,
            "command": "python benchmarks/measure_log_control.py " + " ".join(
                sys.argv[1:] if argv is None else argv),
@@ -314,12 +340,9 @@ def main(argv=None) -> int:
                        "python": platform.python_version(), "torch": torch.__version__},
            "load_average": {"before": load0, "after": os.getloadavg()},
            "seconds": time.time() - t0,
-           "store": store, "body": {"samples": bodies, **fits}}
+           "store": store, "body": {"samples": bodies}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    for role, f in fits.items():
-        print(f"[log] {role}: q(n) = {f['row_a'] * 1e6:.1f} us + {f['row_b'] * 1e9:.1f} ns x n "
-              f"per row (rel. RMS {f['rel_rms']:.2f})", file=sys.stderr)
     print(f"wrote {args.out}")
     return 0
 

@@ -26,8 +26,8 @@ comm model and the schemes' decision rules; no gradients) of the Horovod runtime
   ``control="log"``: rows appended to rank 0's TCPStore, one decider, every rank reads the
   outcome from that one store), **log-bcast** (a fix the runtime does not have: the outcome
   delivered by one tree broadcast), **bcast-o1** (a what-if: the tree, and a decision body
-  whose cost per row stays at its value measured at the smallest n -- an incremental body that
-  reads only the new row; not built) and **free** (every control cost 0: the bound no control
+  whose cost stays at its value measured at the smallest n -- a body that reads only the new
+  rows; not built) and **free** (every control cost 0: the bound no control
   plane beats). The log paths' constants are measured (``--log-fit``, a JSON of
   ``benchmarks/measure_log_control.py``; on the datacentre link its network parts moved to
   that link, :meth:`~pgc_hvd.sim.log_costs.LogCosts.on_link`).
@@ -146,6 +146,7 @@ def _row(delay_name: str, n: int, trace, D, link: str, cm0: CollectiveModel, mna
                 row[key + "_lag"] = _mean(recs, "decider_lag")
                 row[key + "_ops0"] = _mean(recs, "control_ops")
                 row[key + "_ops"] = _mean(recs, "control_ops_others")
+                row[key + "_batches"] = _mean(recs, "log_batches")
     row["hvd"] = hvd_time_per_step(D, n, d, cm0)
     for plane_name, _ in PLANES:
         row[f"ratio_{plane_name}"] = row[f"pgc-cr_{plane_name}"] / row[f"dgd_{plane_name}"]
@@ -197,6 +198,7 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None,
                 ("log follow (s)", "pgc-cr_log_follow"),
                 ("log-bcast follow (s)", "pgc-cr_log-bcast_follow"),
                 ("log decider lag (s)", "pgc-cr_log_lag"),
+                ("log batches/step", "pgc-cr_log_batches"),
                 ("polled rounds/step", "polled_rounds"),
                 ("log ops/step rank 0", "pgc-cr_log_ops0"),
                 ("log ops/step others", "pgc-cr_log_ops")]
@@ -210,12 +212,12 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None,
     chead = (f"\n\n## Control paths on the new plane\n\npolled = the runtime's default "
              f"(allgather of n rows every poll); log = the runtime's control=\"log\" "
              f"({nets['measured'].log.source}); log-bcast = the outcome by one tree broadcast "
-             f"(not built); bcast-o1 = log-bcast with the body's per-row cost held at its "
-             f"smallest-n value (what-if, not built); free = every control cost 0 (the bound); "
-             f"follow = from the deciding "
-             f"row to the last rank in the data phase; decider lag = the deciding row's wait "
-             f"in the decider's queue and its own body run; ops = store operations per step "
-             f"(rank 0: its reader's gets + the publish; others: the most a rank > 0 made)\n\n")
+             f"(not built); bcast-o1 = log-bcast with the body held at its smallest-n cost "
+             f"(what-if, not built); free = every control cost 0 (the bound); follow = from "
+             f"the deciding run to the last rank in the data phase; decider lag = from the "
+             f"deciding row's landing to the end of its batch's run; batches = the decider's "
+             f"body runs on new rows; ops = store operations per step (rank 0: its reader's "
+             f"gets, the publish and a delete; others: the mean over ranks > 0)\n\n")
     return rows, head + table(rows, planes) + chead + table(rows, controls)
 
 

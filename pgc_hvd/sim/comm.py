@@ -233,29 +233,32 @@ class CollectiveModel:
         ab = self.net(n).allgather
         return tree_depth(n) * ab.alpha + float(nbytes) * ab.beta if n > 1 else 0.0
 
-    def log_follow(self, n: int, rows: int, lookback: int) -> tuple[float, float]:
-        """After the decider took the deciding row: (seconds until the last rank joins the data
-        collective, seconds until the decider does). ``rows``: m rows taken since the previous
-        outcome, published as m line_bytes(h) bytes; then every follower runs the body on
-        them. ``"log"``: publish + the store's answers to the n - 1 followers, one after
-        another; ``"log-bcast"``: one tree broadcast."""
+    def log_follow(self, n: int, rows: int, batches: int, lookback: int) -> tuple[float, float]:
+        """After the decider's run that fired: (seconds until the last follower joins the data
+        collective, seconds until the decider does). ``rows``: the m rows taken since the
+        previous outcome, in ``batches`` batches, published as (m + b - 1) line_bytes(h) bytes.
+        ``"log"``: the publish, then the store's answers to the n - 1 followers one after
+        another; ``"log-bcast"``: one tree broadcast. Then each follower deletes its taken row
+        (one round trip) and replays the body: (1 + b) runs on the m rows. The decider deletes
+        an outcome every follower has read (one local round trip) before its data phase."""
         lc = self.log
-        B = rows * line_bytes(lookback)
         if n <= 1:
             return 0.0, 0.0
+        B = (rows + max(0, batches - 1)) * line_bytes(lookback)
         if self.control == "log-bcast":
             deliver = self.log_bcast(n, B)
-            own = deliver
         else:
-            own = lc.publish(B)
-            deliver = own + lc.fanout(n - 1, B)
-        return deliver + rows * lc.row_seconds("follower", n), own
+            deliver = lc.publish(B) + lc.fanout(n - 1, B)
+        own = lc.publish(B) + lc.local_rtt
+        follow = deliver + lc.rtt + lc.body_seconds("follower", n, 1 + batches, rows)
+        return follow, own
 
-    def log_ops(self, rows_read: int) -> dict:
-        """Store operations per step: a rank > 0 appends its row (add + set) and reads the
-        outcome (get): 3; rank 0 reads ``rows_read`` rows of the others and publishes once
-        (``"log-bcast"``: the broadcast is a collective, counted as 1)."""
-        return {"rank0": rows_read + 1, "others": 3}
+    def log_ops(self, rows_read: int, appended: int, taken: int) -> tuple[int, int]:
+        """Store operations in a step: rank 0 reads ``rows_read`` rows of the others, publishes
+        and deletes one outcome; a rank > 0 appends ``appended`` rows (add + set each), reads
+        the outcome and deletes its ``taken`` rows (``"log-bcast"``: the broadcast counted as
+        the read). Returns (rank 0's, that rank's)."""
+        return rows_read + 2, 2 * appended + 1 + taken
 
     def replace(self, **changes) -> "CollectiveModel":
         return dataclasses.replace(self, **changes)
@@ -270,7 +273,8 @@ class CollectiveModel:
             lc = self.log
             text += (f", control={self.control} ({lc.source}: rtt={lc.rtt:.3g}s, "
                      f"fan-out {lc.fan_op:.3g}s + {lc.fan_beta:.3g}s/B per follower, body "
-                     f"{lc.row_seconds('decider', n or 1):.3g}s per row at n={n or 1})")
+                     f"{lc.run_seconds('decider', n or 1):.3g}s a run + "
+                     f"{lc.row_seconds('decider', n or 1):.3g}s a row at n={n or 1})")
         return text
 
 

@@ -7,29 +7,33 @@ polled :class:`~pgc_hvd.sim.agents.AgentModel` repeats control rounds, here (the
 
 1. a rank's message ready at r reaches the decider's queue at r + a (a = 0 on rank 0,
    1.5 rtt + local_rtt / 2 elsewhere; rank 0's reader takes one row per ``local_rtt`` at most);
-2. the decider takes the queued rows one at a time, q_dec(n) seconds each (a row is taken at
-   max(its landing, the previous row's end)), and offers each row's arrival to the open round
-   in that (log) order, so the round fires at the end of the row that completes it, time D;
-3. the m rows taken since the previous outcome are published and delivered
+2. the decider, when free, takes every queued row as one batch: a run of the body on k rows
+   lasts run(n) + k row(n), and offers the batch's arrivals to the open round in (ready time,
+   rank) order; the round fires at the end of the run whose batch completes it (time D), and
+   the batch's later arrivals wait for the next round. Rows that land during a run queue for
+   the next batch;
+3. the m rows taken since the previous outcome, in b batches, are published and delivered
    (:meth:`~pgc_hvd.sim.comm.CollectiveModel.log_follow`: the store's n - 1 answers one after
-   another, or a tree broadcast), every follower runs the body on them (m q_fol(n)), and the
-   data phase (the inherited :meth:`~pgc_hvd.sim.agents.AgentModel._data_phase`, allreduce
-   plane) starts when the last rank joins: the update is every rank's at
+   another, or a tree broadcast); every follower deletes its row and replays the body on the b
+   batches; the data phase (the inherited :meth:`~pgc_hvd.sim.agents.AgentModel._data_phase`,
+   allreduce plane) starts when the last rank joins: the update is every rank's at
    D + follow + data seconds;
-4. the decider is in the data phase until then (rows that land meanwhile queue); after it, it
-   runs the body once more (q_dec: the new round is polled, a bounded-staleness round may fire
-   from its table) and takes the queued rows.
+4. the decider is in the data phase until then (rows that land meanwhile queue); after it, the
+   body runs once more on no new rows (run(n): the batch's leftover arrivals are offered, the new
+   round polled -- a bounded-staleness round may fire from its table), then the queued rows
+   make the next batch.
 
-Records' ``extra``: ``control_rounds`` (the decider's body runs in the step: rows taken + 1),
-``control_ops`` (rank 0's store operations: its reader's gets of the others' rows + the
-publish, as the runtime's records, which are rank 0's), ``control_ops_others`` (the most any
-rank > 0 made: add + set per row it appended, + one get), ``follow_seconds`` (D to the last
-rank joining the data phase), ``decider_lag`` (the deciding row's landing to D),
-``data_seconds``.
+Records' ``extra``: ``control_rounds`` (the decider's body runs in the step), ``control_ops``
+(rank 0's store operations: its reader's gets of the others' rows, the publish and a delete, as
+in the runtime's records, which are rank 0's), ``control_ops_others`` and
+``control_ops_others_max`` (the mean and the most over the ranks > 0: add + set per row the
+rank appended, the outcome's get, a delete per row of its the outcome took), ``log_batches`` (b), ``follow_seconds`` (D to the last rank joining the data phase),
+``decider_lag`` (the deciding row's landing to D), ``data_seconds``.
 
-Not modelled: an append's round trip on the appending rank's training thread (one ``rtt``, tens
-of microseconds, before its next compute); state rows (done, failed, non-finite; one per event,
-not per step); the decider's and followers' CPU taken from their ranks' compute.
+Not modelled: an append's round trip on the appending rank's training thread (one ``rtt``,
+tens of microseconds, before its next compute); state rows (done, failed, non-finite; one per
+event, not per step); the extra body run when an offer uncovers a rank's next message; the
+decider's and followers' CPU taken from their ranks' compute.
 
 May import: ``schemes`` and :mod:`pgc_hvd.sim.agents`, :mod:`pgc_hvd.sim.comm`,
 :mod:`pgc_hvd.sim.log_costs`; never the engine.
@@ -38,7 +42,6 @@ May import: ``schemes`` and :mod:`pgc_hvd.sim.agents`, :mod:`pgc_hvd.sim.comm`,
 from __future__ import annotations
 
 import time as _time
-from collections import deque
 
 from .agents import AgentModel
 from .log_costs import line_bytes
@@ -54,17 +57,22 @@ class LogAgentModel(AgentModel):
         lc = comm.log
         self.costs = lc
         self.line_bytes = line_bytes(scheme.lookback)
-        self.q_decider = lc.row_seconds("decider", self.n)
-        self._queue: deque = deque()       # (landed at, rank, entry) not yet taken
+        self.run_seconds = lc.run_seconds("decider", self.n)
+        self.row_seconds = lc.row_seconds("decider", self.n)
+        self._queue: list = []             # (landed at, rank, entry) not yet taken
+        self._leftover: list = []          # a batch's arrivals after the one that fired
         self._busy_until = 0.0             # the decider thread is free from then
         self._reader_free = 0.0            # rank 0's reader: its last row's landing
         self._in_data = False              # the decider is in a data phase
+        self._free_id = 0                  # the pending "log_free" event's id
         self._taken = 0                    # rows taken since the previous outcome
-        self._read_by_reader = 0           # ... of them, rows of ranks > 0
+        self._batches = 0                  # ... in this many batches
+        self._taken_by = [0] * self.n      # ... of each rank
+        self._read = 0                     # rows of ranks > 0 rank 0's reader got (record)
+        self._appended = [0] * self.n      # rows each rank appended (record)
+        self._rec: dict = {}               # the outcome's figures, for the record
+        self._landed = 0.0                 # when the deciding row landed
         self._body_runs = 0
-        self._appended = [0] * self.n      # rows each rank appended since the previous outcome
-        self._follow = 0.0
-        self._lag = 0.0
 
     # -- what the simulator calls ------------------------------------------------------
     def begin(self) -> None:
@@ -82,76 +90,104 @@ class LogAgentModel(AgentModel):
         self.push(land, "log_row", wid, entry)
 
     def on_event(self, t: float, kind: str, payload: tuple) -> None:
-        if kind != "log_row":
+        if kind == "log_row":
+            wid, entry = payload
+            if wid != 0:
+                self._read += 1
+                self._recv[0] += self.line_bytes
+                self.total_bytes += self.line_bytes
+            self._queue.append((t, wid, entry))
+            if not self._in_data and self._busy_until <= t:
+                self._batch(t)
+        elif kind == "log_free":
+            if payload[0] == self._free_id and not self._in_data and self._queue:
+                self._batch(t)
+        else:
             raise ValueError(f"LogAgentModel: unknown event {kind!r}")
-        wid, entry = payload
-        self._queue.append((t, wid, entry))
-        self._drain()
 
     def fired(self) -> tuple[int, dict]:
         step_bytes = int(self._recv.max())
         self._recv[:] = 0.0
-        ops = self.comm.log_ops(self._read_by_reader)
-        extra = {"control_rounds": self._body_runs, "control_ops": ops["rank0"],
-                 "control_ops_others": max((2 * self._appended[w] + 1
-                                            for w in range(1, self.n)), default=0),
-                 "follow_seconds": self._follow, "decider_lag": self._lag,
-                 "data_seconds": self._data_seconds}
-        self._body_runs = 0
-        self._read_by_reader = 0
+        rec = self._rec
+        ops = [self.comm.log_ops(self._read, self._appended[w], rec["taken_by"][w])
+               for w in range(1, self.n)]
+        extra = {"control_rounds": self._body_runs,
+                 "control_ops": ops[0][0] if ops else 0,
+                 "control_ops_others": (sum(o[1] for o in ops) / len(ops)) if ops else 0.0,
+                 "control_ops_others_max": max((o[1] for o in ops), default=0),
+                 "log_batches": rec["batches"], "follow_seconds": rec["follow"],
+                 "decider_lag": rec["lag"], "data_seconds": self._data_seconds}
+        self._body_runs = self._read = 0
         self._appended = [0] * self.n
         self.decide_seconds = 0.0
         self.step += 1
         return step_bytes, extra
 
     def next_round(self, t: float) -> None:
-        """The data phase is over at t: the body runs once more on the new round (it may fire
-        from the scheme's table alone), then the decider takes the queued rows."""
+        """The data phase is over at t: one run of the body offers the last batch's leftover
+        arrivals and polls the new round; then the queued rows make the next batch."""
         self.round = self.scheme.open_round(self.step)
         self._in_data = False
-        self._busy_until = max(self._busy_until, t) + self.q_decider
+        end = t + self.run_seconds
+        self._busy_until = end
         self._body_runs += 1
-        decision = self.round.poll()
+        left, self._leftover = self._leftover, []
+        decision = self._offer(left, end)
+        if decision is None:
+            decision, self._landed = self.round.poll(), t
         if decision is not None:
-            self._fire_at(self._busy_until, decision, landed=t)
+            self._fire_at(end, decision)
             return
-        self._drain()
+        self._free_id += 1
+        self.push(end, "log_free", self._free_id)
 
     # -- the decider ---------------------------------------------------------------------
-    def _drain(self) -> None:
-        """Take the queued rows in log order while no data phase holds the decider."""
-        while self._queue and not self._in_data:
-            landed, wid, entry = self._queue.popleft()
-            end = max(self._busy_until, landed) + self.q_decider
-            self._busy_until = end
-            self._taken += 1
-            self._body_runs += 1
-            if wid != 0:
-                self._read_by_reader += 1
-                self._recv[0] += self.line_bytes
-                self.total_bytes += self.line_bytes
+    def _batch(self, t: float) -> None:
+        """Take every queued row as one batch at t (module doc, step 2)."""
+        batch, self._queue = self._queue, []
+        end = t + self.run_seconds + len(batch) * self.row_seconds
+        self._busy_until = end
+        self._body_runs += 1
+        self._taken += len(batch)
+        self._batches += 1
+        for _, wid, _ in batch:
+            self._taken_by[wid] += 1
+        order = sorted(batch, key=lambda x: (x[2]["ready"], x[1]))
+        decision = self._offer(order, end)
+        if decision is not None:
+            self._fire_at(end, decision)
+            return
+        self._free_id += 1
+        self.push(end, "log_free", self._free_id)
+
+    def _offer(self, rows: list, t: float):
+        """Offer the rows' arrivals in order until one decides (its row's landing is noted);
+        the rest are left over."""
+        for i, (landed, wid, entry) in enumerate(rows):
             arrival = entry["arrival"]
-            self.arrival_log.append((end, wid, arrival.step))
+            self.arrival_log.append((t, wid, arrival.step))
             self.store[(wid, arrival.step)] = entry
             w0 = _time.thread_time()
             decision = self.round.offer(arrival)
             self.decide_seconds = _time.thread_time() - w0
             if decision is not None:
-                self._fire_at(end, decision, landed)
+                self._leftover, self._landed = rows[i + 1:], landed
+                return decision
+        return None
 
-    def _fire_at(self, t: float, decision, landed: float) -> None:
-        """The round fired at t (the end of the deciding row, which landed at ``landed``):
-        publish, deliver, follow, then the data phase (module doc, step 3)."""
-        m = self._taken
-        follow, _ = self.comm.log_follow(self.n, m, self.scheme.lookback)
-        B = m * self.line_bytes
+    def _fire_at(self, t: float, decision) -> None:
+        """The round fired at t: publish, deliver, follow, then the data phase (step 3)."""
+        m, b = self._taken, self._batches
+        follow, own = self.comm.log_follow(self.n, m, b, self.scheme.lookback)
+        B = (m + max(0, b - 1)) * self.line_bytes
         self._recv[1:] += B
         self.total_bytes += int((self.n - 1) * B)
-        self._follow, self._lag = follow, t - landed
-        self._taken = 0
+        self._rec = {"taken_by": self._taken_by, "batches": b, "follow": follow,
+                     "lag": t - self._landed}
+        self._taken, self._batches, self._taken_by = 0, 0, [0] * self.n
         self._in_data = True
         self._data_seconds = self._data_phase(decision)
-        self._busy_until = t + follow + self._data_seconds
+        self._busy_until = t + max(follow, own) + self._data_seconds
         self._round_id += 1
         self.push(self._busy_until, "data_end", self._round_id, decision)
 

@@ -10,38 +10,47 @@ The runtime's ordered control log (:mod:`pgc_hvd.runtime.control_log`) exchanges
       r_w + a,    a = rtt + rtt / 2 + local_rtt / 2          (rank 0's own rows: a = 0)
 
   and the reader takes one row per ``local_rtt`` at most (a backlog drains at that rate);
-* **decide** (rank 0's agent, one thread): the decision body runs once per row it takes, at
-  q_dec(n) seconds a row, in log order. The body reads all n rows of its view
-  (:class:`~pgc_hvd.runtime.control_log.LogView`, ``ArrivalBook``, the failed / done scans), so
-  q grows like n: it is measured at several n (``decider``: ``((n, seconds), ...)``) and read
-  piecewise-linearly between them, linearly extended beyond; it is busy in the data phase after each decision, so rows that land meanwhile
-  queue;
-* **publish** the m rows taken since the previous outcome, B = m * ``line_bytes`` bytes
-  (``line_bytes`` = 8 (1 + ctrl_len), ctrl_len = 11 + h + k words): ``set`` into its own store,
-  B ``get_beta`` seconds;
+* **decide** (rank 0's agent, one thread): the decision body runs once per *batch*, every row
+  queued since its previous run (at least one), taking
+
+      run_dec(n) + k row_dec(n)   seconds for a batch of k rows.
+
+  ``run`` grows like n (the body reads all n rows of its view:
+  :class:`~pgc_hvd.runtime.control_log.LogView`, ``ArrivalBook``, the failed / done scans);
+  ``row`` is each row's own part (decoding, the view, the offer). While a run lasts the next
+  rows queue, so batches grow with the load (self-balancing). Both are measured at several n
+  (``decider``: ``((n, run, row), ...)``) and read piecewise-linearly between the points,
+  linearly extended beyond. The decider is in the data phase after each decision (rows that
+  land meanwhile queue), then runs the body once more (``run``) before the next batch;
+* **publish** the m rows taken since the previous outcome, in b batches: B = (m + b - 1)
+  ``line_bytes`` bytes (``line_bytes`` = 8 (1 + ctrl_len), ctrl_len = 11 + h + k words, one
+  separator line between two batches), a ``set`` into its own store (B ``get_beta`` s), and
+  the delete of an outcome every follower has read (one ``local_rtt``);
 * **follow** (every rank > 0 waits in one ``get`` of the outcome). Two deliveries:
 
   - ``"log"`` (what the runtime does): rank 0's one store answers the n - 1 waiting ``get``\\ s
     one after another; the k-th follower holds the outcome after
-    ``fan_latency + k (fan_op + B fan_beta)`` -- the last one after (n - 1) (fan_op +
-    B fan_beta): (n - 1) m line_bytes ~ n^2 line_bytes bytes leave one server per step;
+    ``fan_latency + k (fan_op + B fan_beta)``, the last one after about (n - 1) (fan_op +
+    B fan_beta): (n - 1) B ~ n^2 line_bytes bytes leave one server per step;
   - ``"log-bcast"`` (a fix, not built): one binomial-tree broadcast of the outcome,
-    ceil(log2 n) alpha + B beta on the link (the brief's log-depth delivery);
+    ceil(log2 n) alpha + B beta on the link (a log-depth delivery);
 
-  then each follower runs the body on the m rows, m q_fol(n) seconds (``follower``), and joins
-  the data collective, which starts when the last rank joins.
+  then each follower deletes its taken row (one ``rtt``) and replays the body on the same
+  batches, (1 + b) run_fol(n) + m row_fol(n) seconds (``follower``; the first run is the one
+  the decider made after the previous outcome), and joins the data collective, which starts
+  when the last rank joins.
 
-So rank 0's store serves 2 (n - 1) appends + (n - 1) reader gets + 1 publish + (n - 1)
-follower gets per step (about 4n operations) and, with ``"log"``, O(n^2) bytes; a rank > 0
-issues 3 operations per step (add, set, get) and rank 0 about m (its reader's gets) + 1.
-Both the decider's and each follower's body cost m q(n) = O(n^2) seconds per step (m ~ n).
+So a rank > 0 issues 4 store operations per step (add, set, get, delete) and rank 0 about m
+(its reader's gets) + 2 (publish, delete); rank 0's store serves about 5n operations a step
+and, with ``"log"``, O(n^2) bytes. Each follower replays the decider's batches, so its body
+costs about what the decider's did in the step, on the critical path after the outcome.
 
 The constants are measured by ``benchmarks/measure_log_control.py`` (JSON format
 :data:`FORMAT`, read by :func:`load_log_fit`); :meth:`LogCosts.on_link` moves the network
-parts to a stated link (alpha, beta), keeping the measured CPU parts (the store server's
-per-answer cost, the decision body). :meth:`LogCosts.free` is every cost 0: the bound no control
-plane can beat; :meth:`LogCosts.constant_body` a what-if (the body's per-row cost held at its
-smallest-n value: an incremental body, not built).
+parts to a stated link (alpha, beta), keeping the measured CPU parts (the store's per-answer
+cost, the decision body). :meth:`LogCosts.free` is every cost 0: the bound no control plane can
+beat; :meth:`LogCosts.constant_body` a what-if (the body held at its smallest-n cost: a body
+that reads only the new rows, not built).
 
 May import: nothing of pgc_hvd (pure arithmetic).
 """
@@ -58,6 +67,7 @@ FORMAT = "pgc_hvd.log_control_fit/1"
 #: the float64 words of a control row before its h slot versions and k metrics
 #: (``pgc_hvd.runtime.wire.CTRL_FIXED``; the log line adds one word, the rank)
 ROW_FIXED = 11
+ROLES = ("decider", "follower")
 
 
 def _nonneg(owner: str, name: str, value) -> float:
@@ -66,6 +76,20 @@ def _nonneg(owner: str, name: str, value) -> float:
     if not ok:
         raise ValueError(f"{owner}: {name} = {value!r}; give a finite number >= 0")
     return float(value)
+
+
+def _at(points: tuple, n: int, col: int) -> float:
+    """Column ``col`` of measured ``points`` ((n, ...), sorted by n) at n: straight lines
+    between them, the end segments extended (one point: its value; none: 0), never below 0."""
+    if not points:
+        return 0.0
+    if len(points) == 1:
+        return points[0][col]
+    i = 1
+    while i < len(points) - 1 and points[i][0] < n:
+        i += 1
+    a, b = points[i - 1], points[i]
+    return max(0.0, a[col] + (b[col] - a[col]) * (n - a[0]) / (b[0] - a[0]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,24 +101,26 @@ class LogCosts:
     get_beta: float                 # seconds per byte of a value set or read on the store
     fan_op: float                   # the store answering one more waiting get of the outcome
     fan_beta: float                 # ... per byte of that answer
-    decider: tuple = ()             # q_dec(n): ((n, seconds per row), ...) measured
-    follower: tuple = ()            # q_fol(n): the same for a follower's body
-    fan_latency: float = 0.0        # one-way transit of the answers (in fan_op when measured)
+    decider: tuple = ()             # ((n, seconds per body run, per row of it), ...) measured
+    follower: tuple = ()            # the same for a follower's replay
+    fan_latency: float = 0.0        # what every answer of the fan-out pays once
     source: str = ""
 
     def __post_init__(self) -> None:
         for f in ("rtt", "local_rtt", "get_beta", "fan_op", "fan_beta", "fan_latency"):
             _nonneg("LogCosts", f, getattr(self, f))
-        for f in ("decider", "follower"):
+        for f in ROLES:
             v = getattr(self, f)
             ok = isinstance(v, tuple) and all(
-                isinstance(p, tuple) and len(p) == 2 and p[0] >= 1 for p in v)
+                isinstance(p, tuple) and len(p) == 3 and p[0] >= 1 for p in v)
             if not ok or len({p[0] for p in v}) != len(v):
-                raise ValueError(f"LogCosts: {f} = {v!r}; give ((n, seconds per row), ...) at "
-                                 "distinct n >= 1")
+                raise ValueError(f"LogCosts: {f} = {v!r}; give ((n, seconds per body run, "
+                                 "seconds per row), ...) at distinct n >= 1")
             for p in v:
                 _nonneg("LogCosts", f, p[1])
-            object.__setattr__(self, f, tuple(sorted((int(a), float(b)) for a, b in v)))
+                _nonneg("LogCosts", f, p[2])
+            object.__setattr__(self, f, tuple(sorted((int(a), float(b), float(c))
+                                                     for a, b, c in v)))
 
     # -- the parts of a step --------------------------------------------------------------
     def append_delay(self, rank: int) -> float:
@@ -103,20 +129,18 @@ class LogCosts:
             return 0.0
         return 1.5 * self.rtt + 0.5 * self.local_rtt
 
+    def run_seconds(self, role: str, n: int) -> float:
+        """One run of the decision body at n ranks, beside its rows (``role``: decider,
+        follower)."""
+        return _at(getattr(self, role), n, 1)
+
     def row_seconds(self, role: str, n: int) -> float:
-        """The decision body's seconds per row at n ranks (``role``: decider, follower): the
-        measured points joined by straight lines, the end segments extended (one point: that
-        value; none: 0), never below 0."""
-        pts = self.decider if role == "decider" else self.follower
-        if not pts:
-            return 0.0
-        if len(pts) == 1:
-            return pts[0][1]
-        i = 1
-        while i < len(pts) - 1 and pts[i][0] < n:
-            i += 1
-        (n0, q0), (n1, q1) = pts[i - 1], pts[i]
-        return max(0.0, q0 + (q1 - q0) * (n - n0) / (n1 - n0))
+        """What a run of the body spends on each row of its batch, at n ranks."""
+        return _at(getattr(self, role), n, 2)
+
+    def body_seconds(self, role: str, n: int, runs: int, rows: int) -> float:
+        """``runs`` runs of the body on ``rows`` rows in all."""
+        return runs * self.run_seconds(role, n) + rows * self.row_seconds(role, n)
 
     def fanout(self, k: int, nbytes: float) -> float:
         """Seconds until the k-th waiting follower holds an outcome of ``nbytes``."""
@@ -126,21 +150,20 @@ class LogCosts:
         """The decider's ``set`` of the outcome into its own store."""
         return float(nbytes) * self.get_beta
 
-    # -- other links --------------------------------------------------------------------
+    # -- other links and what-ifs ----------------------------------------------------------
     def on_link(self, alpha: float, beta: float, source: str = "") -> "LogCosts":
         """These costs with the followers on a link of ``alpha`` s one way and ``beta`` s/B:
-        the round trip gains 2 alpha, the answers alpha and beta per byte (the measured
-        per-answer cost and latency stay: the server's and the followers' CPU); the decision
-        body and rank 0's local reads stay."""
+        the round trip gains 2 alpha, the fan-out alpha once and the link's beta per byte (the
+        measured per-answer cost and latency stay: the store's and the followers' CPU); the
+        decision body and rank 0's local reads stay."""
         return dataclasses.replace(self, rtt=self.rtt + 2 * alpha,
                                    fan_latency=self.fan_latency + alpha, fan_beta=beta,
                                    source=source or f"{self.source} on link")
 
     def constant_body(self) -> "LogCosts":
-        """A what-if: these costs with the decision body's per-row cost held at its value at
-        the smallest n measured, whatever n (an incremental body that reads only the new row,
-        not built)."""
-        pick = lambda pts: ((pts[0][0], pts[0][1]),) if pts else ()   # noqa: E731
+        """A what-if: these costs with the decision body held at its cost at the smallest n
+        measured, whatever n (a body that reads only the new rows, not built)."""
+        pick = lambda pts: (pts[0],) if pts else ()   # noqa: E731
         return dataclasses.replace(self, decider=pick(self.decider),
                                    follower=pick(self.follower),
                                    source=f"{self.source}, body constant")
@@ -176,8 +199,8 @@ def load_log_fit(path: os.PathLike) -> LogCosts:
                          "benchmarks/measure_log_control.py)")
     try:
         st, body = doc["store"], doc["body"]
-        pts = {role: tuple((int(x["n"]), float(x[role]["per_row"])) for x in body["samples"])
-               for role in ("decider", "follower")}
+        pts = {role: tuple((int(x["n"]), float(x[role]["run"]), float(x[role]["row"]))
+                           for x in body["samples"]) for role in ROLES}
         return LogCosts(rtt=float(st["rtt"]), local_rtt=float(st["rtt"]),
                         get_beta=float(st["beta"]), fan_op=float(st["fan_op"]),
                         fan_beta=float(st["fan_beta"]),

@@ -12,13 +12,13 @@ from pgc_hvd.sim.comm import CollectiveModel, Network
 from pgc_hvd.sim.log_costs import (FORMAT, LogCosts, line_bytes, load_log_fit, tree_depth)
 from pgc_hvd.sim.timing import time_steps
 
-def line(a, b):
-    """Measured points of q(n) = a + b n (read as that line everywhere)."""
-    return ((1, a + b), (2, a + 2 * b))
+def line(a, b, row):
+    """Measured points of a body run costing a + b n, and ``row`` per row, at any n."""
+    return ((1, a + b, row), (2, a + 2 * b, row))
 
 
 COSTS = LogCosts(rtt=1e-4, local_rtt=5e-5, get_beta=1e-9, fan_op=2e-4, fan_beta=2e-9,
-                 decider=line(6e-5, 1e-6), follower=line(5e-5, 1e-6), source="test")
+                 decider=line(6e-5, 1e-6, 2e-5), follower=line(5e-5, 1e-6, 1e-5), source="test")
 NET = Network.link(1e-3, 1e-9)
 
 
@@ -31,25 +31,29 @@ def test_cost_formulas():
     c = COSTS
     assert c.append_delay(0) == 0.0                       # rank 0's rows: in-process
     assert c.append_delay(3) == pytest.approx(1.5e-4 + 2.5e-5)   # add, one-way set, reader's answer
-    assert c.row_seconds("decider", 100) == pytest.approx(6e-5 + 1e-4)
-    assert c.row_seconds("follower", 100) == pytest.approx(5e-5 + 1e-4)
+    assert c.run_seconds("decider", 100) == pytest.approx(6e-5 + 1e-4)
+    assert c.row_seconds("decider", 100) == pytest.approx(2e-5)
+    assert c.body_seconds("follower", 100, 3, 7) == pytest.approx(3 * 1.5e-4 + 7 * 1e-5)
     assert c.fanout(7, 1000) == pytest.approx(7 * (2e-4 + 2e-6))
     assert c.publish(1000) == pytest.approx(1e-6)
     dc = c.on_link(1e-5, 3e-10)
     assert dc.rtt == pytest.approx(1e-4 + 2e-5) and dc.fan_beta == 3e-10
     assert dc.fanout(1, 0) == pytest.approx(1e-5 + 2e-4)  # transit + the server's answer
     # the body's cost between and beyond measured points: straight lines
-    pts = LogCosts(0, 0, 0, 0, 0, decider=((256, 1e-3), (4, 1e-4), (64, 2e-4)))
-    assert pts.decider[0] == (4, 1e-4)                    # sorted by n
-    assert pts.row_seconds("decider", 34) == pytest.approx(1.5e-4)
-    assert pts.row_seconds("decider", 1024) == pytest.approx(1e-3 + 768 * 8e-4 / 192)
-    assert pts.row_seconds("decider", 1) == pytest.approx(1e-4 - 3e-4 / 60 * 1)
-    assert pts.row_seconds("follower", 64) == 0.0         # none measured
-    flat = pts.constant_body()                            # the what-if: per row as at n = 4
-    assert flat.row_seconds("decider", 1024) == flat.row_seconds("decider", 4) == 1e-4
+    pts = LogCosts(0, 0, 0, 0, 0, decider=((256, 1e-3, 3e-5), (4, 1e-4, 1e-5), (64, 2e-4, 2e-5)))
+    assert pts.decider[0] == (4, 1e-4, 1e-5)              # sorted by n
+    assert pts.run_seconds("decider", 34) == pytest.approx(1.5e-4)
+    assert pts.row_seconds("decider", 34) == pytest.approx(1.5e-5)
+    assert pts.run_seconds("decider", 1024) == pytest.approx(1e-3 + 768 * 8e-4 / 192)
+    assert pts.run_seconds("decider", 1) == pytest.approx(1e-4 - 3e-4 / 60 * 1)
+    assert pts.run_seconds("follower", 64) == 0.0         # none measured
+    flat = pts.constant_body()                            # the what-if: the body as at n = 4
+    assert flat.run_seconds("decider", 1024) == flat.run_seconds("decider", 4) == 1e-4
+    assert flat.row_seconds("decider", 1024) == 1e-5
     assert (dc.decider, dc.follower, dc.local_rtt) == (c.decider, c.follower, c.local_rtt)
     free = LogCosts.free()
-    assert free.append_delay(5) == free.fanout(9, 1e6) == free.row_seconds("decider", 1024) == 0
+    assert free.append_delay(5) == free.fanout(9, 1e6) == 0
+    assert free.body_seconds("decider", 1024, 10, 1024) == 0
     assert line_bytes(65) == 8 * (1 + 11 + 65)
     assert [tree_depth(n) for n in (1, 2, 3, 4, 5, 1024, 1025)] == [0, 1, 2, 2, 3, 10, 11]
     with pytest.raises(ValueError, match="rtt"):
@@ -57,7 +61,7 @@ def test_cost_formulas():
     with pytest.raises(ValueError, match="decider"):
         LogCosts(0, 0, 0, 0, 0, decider=(1.0,))
     with pytest.raises(ValueError, match="distinct"):
-        LogCosts(0, 0, 0, 0, 0, decider=((4, 1.0), (4, 2.0)))
+        LogCosts(0, 0, 0, 0, 0, decider=((4, 1.0, 0.0), (4, 2.0, 0.0)))
 
 
 def test_control_paths_are_checked():
@@ -72,40 +76,42 @@ def test_control_paths_are_checked():
 
 
 def test_follow_is_quadratic_in_n_through_one_store_and_log_depth_with_a_tree():
-    """m = n rows a step: the store's answers cost (n-1)(fan_op + n L fan_beta) and the
-    followers' body n q_fol(n); the tree ceil(log2 n) alpha + n L beta."""
-    L = line_bytes(4)
+    """m = n rows a step in b = 5 batches, B = (m + b - 1) L bytes: the store's answers cost
+    (n-1)(fan_op + B fan_beta), the tree ceil(log2 n) alpha + B beta; then each follower
+    deletes its row (rtt) and replays the body, (1 + b) runs on the m rows."""
+    L, b = line_bytes(4), 5
     for n in (8, 64, 1024):
-        B = n * L
-        body = n * COSTS.row_seconds("follower", n)
-        follow, own = model().log_follow(n, n, 4)
-        assert own == pytest.approx(B * 1e-9)
+        B = (n + b - 1) * L
+        body = 1e-4 + COSTS.body_seconds("follower", n, 1 + b, n)
+        follow, own = model().log_follow(n, n, b, 4)
+        assert own == pytest.approx(B * 1e-9 + 5e-5)
         assert follow == pytest.approx(B * 1e-9 + (n - 1) * (2e-4 + B * 2e-9) + body)
-        tree, _ = model(control="log-bcast").log_follow(n, n, 4)
+        tree, _ = model(control="log-bcast").log_follow(n, n, b, 4)
         assert tree == pytest.approx(tree_depth(n) * 1e-3 + B * 1e-9 + body)
     # the bytes alone (no per-answer or body cost): the store's delivery grows like n^2
     # ((n-1) n L bytes leave one server), the tree's like log n
     flat = LogCosts(1e-4, 5e-5, 1e-9, 0.0, 2e-9)
-    store = [model(costs=flat).log_follow(n, n, 4)[0] for n in (64, 1024)]
-    tree = [model(control="log-bcast", costs=flat).log_follow(n, n, 4)[0] for n in (64, 1024)]
+    flat = LogCosts(0.0, 0.0, 1e-9, 0.0, 2e-9)
+    store = [model(costs=flat).log_follow(n, n, 1, 4)[0] for n in (64, 1024)]
+    tree = [model(control="log-bcast", costs=flat).log_follow(n, n, 1, 4)[0] for n in (64, 1024)]
     assert store[1] / store[0] == pytest.approx(1023 * 1024 / (63 * 64), rel=0.01)
     assert tree[1] / tree[0] < 2.5
-    assert model().log_follow(1, 1, 4) == (0.0, 0.0)
+    assert model().log_follow(1, 1, 1, 4) == (0.0, 0.0)
 
 
 def test_load_log_fit(tmp_path):
     doc = {"format": FORMAT, "store": {"rtt": 1e-5, "beta": 3e-10, "fan_latency": 3e-4,
                                        "fan_op": 1e-4, "fan_beta": 1e-9},
-           "body": {"samples": [{"n": 4, "decider": {"per_row": 7e-5},
-                                 "follower": {"per_row": 5e-5}},
-                                {"n": 64, "decider": {"per_row": 2e-4},
-                                 "follower": {"per_row": 1.5e-4}}]}}
+           "body": {"samples": [{"n": 4, "decider": {"run": 7e-5, "row": 2e-5},
+                                 "follower": {"run": 5e-5, "row": 1e-5}},
+                                {"n": 64, "decider": {"run": 2e-4, "row": 3e-5},
+                                 "follower": {"run": 1.5e-4, "row": 1e-5}}]}}
     p = tmp_path / "log.json"
     p.write_text(json.dumps(doc))
     c = load_log_fit(p)
     assert (c.rtt, c.local_rtt, c.fan_op, c.fan_latency) == (1e-5, 1e-5, 1e-4, 3e-4)
-    assert c.decider == ((4, 7e-5), (64, 2e-4))
-    assert c.row_seconds("follower", 34) == pytest.approx(1e-4)
+    assert c.decider == ((4, 7e-5, 2e-5), (64, 2e-4, 3e-5))
+    assert c.run_seconds("follower", 34) == pytest.approx(1e-4)
     with pytest.raises(ValueError, match="measure_log_control"):
         load_log_fit(tmp_path / "none.json")
     p.write_text(json.dumps({"format": "other"}))
@@ -115,39 +121,43 @@ def test_load_log_fit(tmp_path):
 
 # ------------------------------------------------------------------------------ the engine
 def test_one_dgd_step_timed_by_hand():
-    """DGD, n = 4, no delays, free local passes: every rank is ready at T = 0.2 s. Rank 0's row
-    is taken at T; ranks 1-3 land at T + a, T + a + r, T + a + 2r (the reader takes one per
-    local round trip r); q = 5 r, so the decider ends them at T + q, ..., T + 4q = D. Then the
-    outcome (4 rows) is published and served to 3 followers, each runs the body on 4 rows,
-    and the allreduce of 4d bytes starts."""
+    """DGD, n = 4, no delays, free local passes: every rank is ready at T = 0.2 s. Rank 0's
+    row is in the decider's hands at T and makes a batch alone: run + row = 3e-4 s. Ranks 1-3
+    land meanwhile (T + a, + r, + 2r with a = 1.5 rtt + r / 2 = 1.75e-4, r = local_rtt =
+    5e-5), so they make the second batch, which fires: D = T + 2 run + 4 row. The outcome
+    (4 rows in 2 batches, one separator line) is published and served to 3 followers; each
+    deletes its row and replays 1 + 2 runs on the 4 rows; then the allreduce of 4d bytes."""
     n, d, T = 4, 1000, 0.2
     costs = LogCosts(rtt=1e-4, local_rtt=5e-5, get_beta=1e-9, fan_op=2e-4, fan_beta=2e-9,
-                     decider=((1, 2.5e-4),), follower=((1, 1e-4),))
+                     decider=((1, 2.5e-4, 5e-5),), follower=((1, 1e-4, 1e-5),))
     cm = model(costs=costs)
     recs = time_steps(get_scheme("dgd", n, 0), d, 2, T, comm=cm)
-    B = n * line_bytes(get_scheme("dgd", n, 0).lookback)
-    D = T + 4 * 2.5e-4
-    follow = B * 1e-9 + 3 * (2e-4 + B * 2e-9) + 4 * 1e-4
+    B = (4 + 1) * line_bytes(get_scheme("dgd", n, 0).lookback)
+    D = T + 2 * 2.5e-4 + 4 * 5e-5
+    follow = B * 1e-9 + 3 * (2e-4 + B * 2e-9) + 1e-4 + 3 * 1e-4 + 4 * 1e-5
     assert recs[0].time == pytest.approx(D + follow + NET.allreduce.allreduce(n, 4 * d))
     e = recs[0].extra
-    assert e["control_ops"] == n        # rank 0: 3 reads + 1 publish
-    assert e["control_ops_others"] == 3  # add + set + get
-    assert e["control_rounds"] == n      # one body run per row (the step's first has no prior)
+    assert e["log_batches"] == 2 and e["control_rounds"] == 2
+    assert e["control_ops"] == 3 + 2     # rank 0: 3 reads, the publish, a delete
+    assert e["control_ops_others"] == e["control_ops_others_max"] == 4  # add, set, get, delete
     assert e["follow_seconds"] == pytest.approx(follow)
+    assert e["decider_lag"] == pytest.approx(D - (T + 1.75e-4 + 2 * 5e-5))
 
 
 @pytest.mark.parametrize("scheme,s", [("dgd", 0), ("pgc-cr", 1), ("bcgc", 1)])
 def test_a_few_control_operations_per_rank_per_step_whatever_the_compute(scheme, s):
-    """As the runtime's records: a rank > 0 makes 3 store operations a step (5 when a late row
-    of the previous step falls in the window), rank 0 about n; not growing with compute."""
+    """As the runtime's records: a rank > 0 makes 4 store operations a step (add, set, get,
+    delete; more when a late row of the previous step falls in the window), rank 0 about
+    n + 1; not growing with the compute time."""
     n = 4
     for compute in (0.05, 0.5):
         recs = time_steps(get_scheme(scheme, n, s), 10_000, 12, compute,
                           delay="exp:mean=0.1,seed=3", comm=model())
         ops = [r.extra["control_ops"] for r in recs[1:]]
         others = [r.extra["control_ops_others"] for r in recs[1:]]
-        assert max(others) <= 5 and sum(others) / len(others) <= 4
-        assert sum(ops) / len(ops) == pytest.approx(n, abs=1.0)
+        assert max(r.extra["control_ops_others_max"] for r in recs[1:]) <= 7
+        assert sum(others) / len(others) <= 5
+        assert sum(ops) / len(ops) == pytest.approx(n + 1, abs=1.0)
 
 
 def test_log_path_grows_with_n_and_the_tree_removes_the_store_term():
@@ -162,7 +172,7 @@ def test_log_path_grows_with_n_and_the_tree_removes_the_store_term():
         t[name] = recs
     follow = {k: sum(r.extra["follow_seconds"] for r in v[2:]) / 4 for k, v in t.items()}
     assert follow["free"] == 0.0
-    body = n * COSTS.row_seconds("follower", n)
+    body = n * COSTS.row_seconds("follower", n) + 2 * COSTS.run_seconds("follower", n)
     assert follow["bcast"] >= body
     # the store answers 127 followers one by one (>= 127 fan_op), the tree takes 7 alpha
     assert follow["log"] - follow["bcast"] > (n - 1) * 2e-4 - 7e-3
