@@ -27,7 +27,8 @@ Records' ``extra``: ``control_rounds`` (the decider's body runs in the step), ``
 (rank 0's store operations: its reader's gets of the others' rows, the publish and a delete, as
 in the runtime's records, which are rank 0's), ``control_ops_others`` and
 ``control_ops_others_max`` (the mean and the most over the ranks > 0: add + set per row the
-rank appended, the outcome's get, a delete per row of its the outcome took), ``log_batches`` (b), ``follow_seconds`` (D to the last rank joining the data phase),
+rank appended, the outcome's get, a delete per row of its that the outcome took),
+``log_batches`` (b), ``follow_seconds`` (D to the last rank joining the data phase),
 ``decider_lag`` (the deciding row's landing to D), ``data_seconds``.
 
 Not modelled: an append's round trip on the appending rank's training thread (one ``rtt``,

@@ -9,7 +9,7 @@ import pytest
 
 from pgc_hvd.schemes import get_scheme
 from pgc_hvd.sim.comm import CollectiveModel, Network
-from pgc_hvd.sim.log_costs import (FORMAT, LogCosts, line_bytes, load_log_fit, tree_depth)
+from pgc_hvd.sim.log_costs import FORMAT, LogCosts, line_bytes, load_log_fit, tree_depth
 from pgc_hvd.sim.timing import time_steps
 
 def line(a, b, row):
