@@ -31,6 +31,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -407,6 +408,23 @@ def exp_scale(out: Path, quick: bool, **opts) -> tuple[list, str]:
 EXPERIMENTS = {"pgc": exp_pgc, "bcgc": exp_bcgc, "staleness": exp_staleness, "scale": exp_scale}
 
 
+def _fit_option(p, name: str, flag: str, value, default: Path, what: str,
+                measure: str) -> Optional[Path]:
+    """A ``--log-fit`` / ``--comm-fit`` argument, checked: the path given (scale only; it must
+    exist), else None once the scale experiment's ``default`` is known to exist; ``p.error``
+    names the flag, the file and the command (``python MEASURE PATH``) that makes one."""
+    if value is not None:
+        if name != "scale":
+            p.error(f"{flag} applies to the scale experiment only")
+        if not Path(value).is_file():
+            p.error(f"{flag} {value}: no such file; measure one with `python {measure} {value}`")
+        return Path(value)
+    if name == "scale" and not default.is_file():
+        p.error(f"scale needs {what}: {default} is missing; pass {flag} PATH (measure one with "
+                f"`python {measure} PATH`)")
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="pgc-hvd experiment", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -427,32 +445,15 @@ def main(argv=None) -> int:
                         "measure_log_control.py (default: docs/figures/log_control_fit.json)")
     a = p.parse_args(argv)
     opts = {}
-    if a.log_fit is not None:
-        if a.name != "scale":
-            p.error("--log-fit applies to the scale experiment only")
-        if not Path(a.log_fit).is_file():
-            p.error(f"--log-fit {a.log_fit}: no such file; measure one with `python "
-                    f"benchmarks/measure_log_control.py --out {a.log_fit}`")
-        opts["log_fit"] = Path(a.log_fit)
-    elif a.name == "scale":
-        from .scale import DEFAULT_LOG_FIT
-        if not DEFAULT_LOG_FIT.is_file():
-            p.error(f"scale needs the log control's costs: {DEFAULT_LOG_FIT} is missing; pass "
-                    f"--log-fit PATH (measure one with `python benchmarks/measure_log_control.py "
-                    f"--out PATH`)")
-    if a.comm_fit is not None:
-        if a.name != "scale":
-            p.error("--comm-fit applies to the scale experiment only")
-        if not Path(a.comm_fit).is_file():
-            p.error(f"--comm-fit {a.comm_fit}: no such file; measure one with `python "
-                    f"benchmarks/measure_collectives.py --np 2,3,4 --out {a.comm_fit}`")
-        opts["comm_fit"] = Path(a.comm_fit)
-    elif a.name == "scale":
-        from .scale import DEFAULT_FIT
-        if not DEFAULT_FIT.is_file():
-            p.error(f"scale needs a fitted comm model: {DEFAULT_FIT} is missing; pass --comm-fit "
-                    f"PATH (measure one with `python benchmarks/measure_collectives.py --np 2,3,4 "
-                    f"--out PATH`)")
+    from .scale import DEFAULT_FIT, DEFAULT_LOG_FIT
+    for flag, value, default, what, measure in (
+            ("--log-fit", a.log_fit, DEFAULT_LOG_FIT, "the log control's costs",
+             "benchmarks/measure_log_control.py --out"),
+            ("--comm-fit", a.comm_fit, DEFAULT_FIT, "a fitted comm model",
+             "benchmarks/measure_collectives.py --np 2,3,4 --out")):
+        path = _fit_option(p, a.name, flag, value, default, what, measure)
+        if path is not None:
+            opts[flag[2:].replace("-", "_")] = path
     if a.datasets:
         if a.name != "bcgc":
             p.error("--datasets applies to the bcgc experiment only")

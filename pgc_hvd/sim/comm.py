@@ -72,10 +72,8 @@ Both log paths need the allreduce plane (the runtime's log path carries no paylo
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -84,7 +82,7 @@ import torch
 from pgc_hvd.compress.transport import OPTIMISTIC_BYTES
 from pgc_hvd.options import split_spec
 
-from .log_costs import LogCosts, line_bytes, tree_depth
+from .log_costs import LogCosts, line_bytes, read_fit_file, tree_depth
 
 PLANES = ("allgather", "allgather-2phase", "allreduce")
 CONTROLS = ("allgather", "log", "log-bcast")
@@ -331,17 +329,9 @@ def load_fit(path: os.PathLike, **options) -> CollectiveModel:
     """The :class:`CollectiveModel` of a JSON file written by ``benchmarks/
     measure_collectives.py``: per-n fits where measured, the fit over every n elsewhere, the
     measured local pass cost; ``options`` (plane, poll_interval, ...) override."""
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"comm model {str(p)!r}: no such file; measure one with `python "
-                         f"benchmarks/measure_collectives.py --np 2,3,4 --out {p}`") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"comm model {str(p)!r} is not JSON ({err})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FIT_FORMAT:
-        raise ValueError(f"comm model {str(p)!r}: not a {FIT_FORMAT} file (written by "
-                         "benchmarks/measure_collectives.py)")
+    p, doc = read_fit_file(path, "comm model", FIT_FORMAT, "benchmarks/measure_collectives.py",
+                           "measure one with `python benchmarks/measure_collectives.py "
+                           "--np 2,3,4 --out {p}`")
     try:
         per_n = tuple(sorted((int(k), _network(v)) for k, v in doc["fits"].items()))
         net = _network(doc["all"])

@@ -184,19 +184,33 @@ def tree_depth(n: int) -> int:
     return max(0, math.ceil(math.log2(n))) if n > 1 else 0
 
 
-def load_log_fit(path: os.PathLike) -> LogCosts:
-    """:class:`LogCosts` from a JSON of ``benchmarks/measure_log_control.py``."""
+def read_fit_file(path: os.PathLike, what: str, fmt: str, writer: str,
+                  measure: str) -> tuple[Path, dict]:
+    """The JSON document of a fitted-constants file (``format`` == ``fmt``) written by the
+    benchmark ``writer``, and its path; ValueError naming ``what`` when it is missing (with
+    ``measure``, the sentence saying how to make one; ``{p}`` is the path), not JSON or of
+    another format. Used for the collectives' fit (:func:`pgc_hvd.sim.comm.load_fit`) and the
+    log control's (:func:`load_log_fit`)."""
     p = Path(path)
     try:
         doc = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ValueError(f"log control costs {str(p)!r}: no such file; measure them with "
-                         f"`python benchmarks/measure_log_control.py --out {p}`") from None
+        raise ValueError(f"{what} {str(p)!r}: no such file; "
+                         + measure.format(p=p)) from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"log control costs {str(p)!r} are not JSON ({err})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"log control costs {str(p)!r}: not a {FORMAT} file (written by "
-                         "benchmarks/measure_log_control.py)")
+        verb = "are" if what.endswith("s") else "is"
+        raise ValueError(f"{what} {str(p)!r} {verb} not JSON ({err})") from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise ValueError(f"{what} {str(p)!r}: not a {fmt} file (written by {writer})")
+    return p, doc
+
+
+def load_log_fit(path: os.PathLike) -> LogCosts:
+    """:class:`LogCosts` from a JSON of ``benchmarks/measure_log_control.py``."""
+    p, doc = read_fit_file(path, "log control costs", FORMAT,
+                           "benchmarks/measure_log_control.py",
+                           "measure them with `python benchmarks/measure_log_control.py "
+                           "--out {p}`")
     try:
         st, body = doc["store"], doc["body"]
         pts = {role: tuple((int(x["n"]), float(x[role]["run"]), float(x[role]["row"]))
@@ -212,4 +226,4 @@ def load_log_fit(path: os.PathLike) -> LogCosts:
                          f"{err})") from None
 
 
-__all__ = ["FORMAT", "LogCosts", "line_bytes", "load_log_fit", "tree_depth"]
+__all__ = ["FORMAT", "LogCosts", "line_bytes", "load_log_fit", "read_fit_file", "tree_depth"]

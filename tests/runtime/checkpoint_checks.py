@@ -79,9 +79,9 @@ def ok(name):
     print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
 
 
-def refused(path, m, opt, needle):
-    """load_checkpoint must raise CheckpointError containing ``needle`` and change nothing;
-    returns the message."""
+def refused(path, m, opt, *needles):
+    """load_checkpoint must raise CheckpointError containing every one of ``needles`` and change
+    nothing; returns the message."""
     before, ring = params(m), [b.clone() for b in opt.pgc_state_dict()["ring"]]
     rng = torch.get_rng_state()
     try:
@@ -90,7 +90,8 @@ def refused(path, m, opt, needle):
         msg = str(err)
     else:
         raise AssertionError(f"{path}: load_checkpoint accepted it")
-    assert needle in msg, f"{needle!r} not in {msg!r}"
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
     assert torch.equal(params(m), before), f"{path}: refused, but the model was changed"
     assert opt.version == 0, f"{path}: refused, but the optimizer is at step {opt.version}"
     assert all(torch.equal(a, b) for a, b in zip(opt.pgc_state_dict()["ring"], ring))
