@@ -13,6 +13,7 @@ Markers (declared in pyproject.toml):
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -70,6 +71,37 @@ def _launch(cmd: list, cwd, paths: list, timeout: float, env: dict | None, check
     return proc
 
 
+HVDRUN = Path(__file__).resolve().parent / "hvdrun.py"
+_GLOO_BUILT: list = []
+
+
+def gloo_built_once() -> bool:
+    """Horovod's "was it built with Gloo" check (``horovod.common.util.gloo_built``), made once
+    per session for every horovodrun launch (tests/hvdrun.py: horovodrun less that check)."""
+    if not _GLOO_BUILT:
+        from horovod.common.util import gloo_built
+        _GLOO_BUILT.append(bool(gloo_built()))
+    return _GLOO_BUILT[0]
+
+
+def _horovodrun_launcher(tmp_path):
+    exe = _horovodrun_path()
+    if exe is None:
+        pytest.skip("horovod is not installed (run bash launch/setup.sh)")
+    if not gloo_built_once():
+        pytest.fail("Gloo support has not been built (horovod.common.util.gloo_built() is "
+                    "False): reinstall Horovod with HOROVOD_WITH_GLOO=1 (launch/setup.sh)")
+
+    def run(np: int, script: str | os.PathLike, *args: str, timeout: float = 180.0,
+            env: dict | None = None, check: bool = True):
+        # horovodrun's own code (tests/hvdrun.py), its Gloo check made once above
+        cmd = [sys.executable, str(HVDRUN), "--gloo", "-np", str(np), "-H", f"localhost:{np}",
+               "--network-interface", "lo", sys.executable, str(script), *map(str, args)]
+        return _launch(cmd, tmp_path, [str(REPO_ROOT)], timeout, env, check)
+
+    return run
+
+
 @pytest.fixture
 def horovodrun(tmp_path):
     """Run ``python SCRIPT ARGS`` on N local gloo ranks (gloo pinned to ``lo``); returns the
@@ -78,17 +110,7 @@ def horovodrun(tmp_path):
     Usage: ``horovodrun(np, script, *args, timeout=120)``. The script's ranks should exit
     non-zero on failure; the fixture fails the test with both streams when they do.
     """
-    exe = _horovodrun_path()
-    if exe is None:
-        pytest.skip("horovod is not installed (run bash launch/setup.sh)")
-
-    def run(np: int, script: str | os.PathLike, *args: str, timeout: float = 180.0,
-            env: dict | None = None, check: bool = True):
-        cmd = [exe, "--gloo", "-np", str(np), "-H", f"localhost:{np}",
-               "--network-interface", "lo", sys.executable, str(script), *map(str, args)]
-        return _launch(cmd, tmp_path, [str(REPO_ROOT)], timeout, env, check)
-
-    return run
+    return _horovodrun_launcher(tmp_path)
 
 
 HIDDEN_HOROVOD = "raise ImportError('horovod is hidden from this run (tests/conftest.py torchrun)')\n"
@@ -104,6 +126,10 @@ def torchrun(tmp_path):
     ``hide_horovod`` a ``horovod`` package that raises ImportError comes first on the ranks'
     PYTHONPATH, so the run proves it needs no Horovod. Fails the test with both streams when a
     rank exits non-zero (``check``)."""
+    return _torchrun_launcher(tmp_path)
+
+
+def _torchrun_launcher(tmp_path):
     try:
         import torch.distributed as dist
     except ImportError:
@@ -124,6 +150,132 @@ def torchrun(tmp_path):
             paths.insert(0, str(hide))
         return _launch(cmd, tmp_path, paths, timeout, {"GLOO_SOCKET_IFNAME": "lo", **(env or {})},
                        check, drop_prefix="HOROVOD_")
+
+    return run
+
+
+class ModeRun:
+    """One entry's share of a grouped launch (:func:`launch_group`), read like the
+    CompletedProcess of its own launch: ``stdout`` / ``stderr`` are what its script printed on
+    every rank (rank 0's lines first, then rank 1's, ...), ``returncode`` is 0 when it finished
+    on every rank and the optimizers it left were closed without error (its process would have
+    exited 0), else non-zero. ``cwd`` is the folder it ran in; ``launch`` the whole launch's
+    CompletedProcess."""
+
+    def __init__(self, key, np_, files, launch, last):
+        self.key, self.launch, self.stopped_in, self.cwd = key, launch, None, files
+        outs, errs, self.done = [], [], {}
+        for r in range(np_):
+            out, err, done = (files.with_name(f"{files.name}.rank{r}.{x}")
+                              for x in ("out", "err", "done"))
+            outs.append(out.read_text() if out.exists() else "")
+            errs.append(err.read_text() if err.exists() else "")
+            if done.exists():
+                self.done[r] = int(done.read_text() or 1)
+        self.stdout, self.stderr = "".join(outs), "".join(errs)
+        self.finished = len(self.done) == np_
+        self.returncode = max(self.done.values()) if self.finished else (launch.returncode or 1)
+        if self.finished and last and self.returncode == 0:
+            self.returncode = launch.returncode   # the process's own exit follows the last entry
+
+    def report(self) -> str:
+        head = (f"[{self.key}] finished on ranks {sorted(self.done)}; the launch exited "
+                f"{self.launch.returncode}"
+                + (f" and stopped in [{self.stopped_in}]" if self.stopped_in else "")
+                + f": {' '.join(map(str, self.launch.args))[:300]}")
+        return (f"{head}\n--- stdout ({self.key})\n{self.stdout}\n--- stderr ({self.key})\n"
+                f"{self.stderr}\n--- launch stderr (tail)\n{self.launch.stderr[-6000:]}")
+
+
+class Group:
+    """What :func:`launch_group` returns: ``group[key]`` is that entry's :class:`ModeRun`;
+    ``group.ran(key)`` the same, failing the test (with the entry's streams) unless it finished
+    on every rank with status 0, as the ``horovodrun`` / ``torchrun`` fixtures' ``check``."""
+
+    def __init__(self, runs: dict):
+        self.runs = runs
+
+    def __getitem__(self, key) -> ModeRun:
+        if key not in self.runs:
+            pytest.fail(f"[{key}] was not part of this launch (not selected?)")
+        return self.runs[key]
+
+    def ran(self, key) -> ModeRun:
+        run = self[key]
+        if run.returncode != 0:
+            pytest.fail(f"[{key}] did not end cleanly on every rank\n{run.report()}")
+        return run
+
+
+RUN_MODES = Path(__file__).resolve().parent / "run_modes.py"
+
+
+@pytest.fixture(scope="session")
+def launch_group(tmp_path_factory):
+    """``launch_group(request, launcher, np)``: the :class:`Group` of the requesting module's
+    entries for ``(launcher, np)``, run in ONE launch shared by every test module of the session.
+
+    A test module lists its entries in ``LAUNCH_GROUPS = [(launcher, np, entries), ...]`` (a
+    fourth item ``"last"``: after the others, e.g. a script that ends with ``hvd.shutdown()``):
+    ``launcher`` is ``"horovodrun"`` or ``"torchrun"``, each entry ``(key, test_name, script,
+    args)``, run as ``python script *args`` would be, by tests/run_modes.py: one after the other
+    on the same ranks, each in a fresh working folder (``ModeRun.cwd``), its output kept apart
+    (a key names an entry within its module). ``args`` may be a callable: ``args(cwd)`` gives
+    them, after making what the run reads in its working folder. The first test that asks for
+    ``(launcher, np)`` starts the launch with the entries of every selected test of every
+    collected module (so ``pytest -k`` runs only what it needs), in collection order; later
+    tests read their entry's output. So the
+    session pays the launcher's start-up (8-11 s on 2 cores) once per world size instead of once
+    per test. Runs that kill or hang a rank keep their own launch (the horovodrun / torchrun
+    fixtures)."""
+    launches: dict = {}
+
+    def start(session, launcher, np):
+        wanted, modules = set(), []
+        for item in session.items:
+            mod = getattr(item, "module", None)
+            if mod is None:
+                continue
+            wanted.add((mod.__name__, getattr(item, "originalname", item.name)))
+            if mod not in modules:
+                modules.append(mod)
+        entries = [(mod.__name__, key, script, args, "last" in how)
+                   for mod in modules for lau, n, group, *how in getattr(mod, "LAUNCH_GROUPS", ())
+                   if (lau, n) == (launcher, np)
+                   for key, test, script, args in group if (mod.__name__, test) in wanted]
+        entries = [e[:4] for e in sorted(entries, key=lambda e: e[4])]   # "last" ones at the end
+        tmp = tmp_path_factory.mktemp(f"group-{launcher}-np{np}")
+        out = tmp / "modes"
+        spec = []
+        for i, (mod, key, script, args) in enumerate(entries):
+            work = out / str(i)
+            work.mkdir(parents=True)
+            if callable(args):   # made in the entry's working folder, before the launch
+                args = args(work)
+            spec.append([f"{mod}:{key}", str(script), [str(a) for a in args]])
+        make = _horovodrun_launcher if launcher == "horovodrun" else _torchrun_launcher
+        proc = make(tmp)(np, RUN_MODES, out, json.dumps(spec), timeout=300 + 240 * len(spec),
+                         check=False)
+        (tmp / "launch.out").write_text(proc.stdout)   # kept for a look after a failure
+        (tmp / "launch.err").write_text(proc.stderr)
+        runs = {(mod, key): ModeRun(f"{mod}:{key}", np, out / str(i), proc,
+                                    i == len(entries) - 1)
+                for i, (mod, key, _, _) in enumerate(entries)}
+        stopped = next((r.key for r in runs.values() if not r.finished), None)
+        for r in runs.values():
+            r.stopped_in = stopped
+        return runs
+
+    def run(request, launcher: str, np: int) -> Group:
+        if (launcher, np) not in launches:
+            try:
+                launches[launcher, np] = start(request.session, launcher, np)
+            except subprocess.TimeoutExpired as err:   # once: the later tests say so at once
+                launches[launcher, np] = f"the {launcher} -np {np} launch timed out: {err}"
+        if isinstance(launches[launcher, np], str):
+            pytest.fail(launches[launcher, np])
+        name = request.module.__name__
+        return Group({key: r for (mod, key), r in launches[launcher, np].items() if mod == name})
 
     return run
 

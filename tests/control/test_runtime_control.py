@@ -1,5 +1,7 @@
 """AdaptiveController in the Horovod runtime (2 gloo ranks): a too-large lr triggers the rule,
-every rank takes the same decision, the records carry diagnostics and actions; a small lr is quiet."""
+every rank takes the same decision, the records carry diagnostics and actions; a small lr is quiet.
+The five runs are entries of the session's np 2 launch (``launch_group``), each writing in its
+own folder."""
 
 import json
 from pathlib import Path
@@ -7,13 +9,34 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parent / "scripts" / "adaptive_rank.py"
+TRAIN = Path(__file__).parent / "scripts" / "train_cli.py"
+RULE = [(50.0, True), (0.05, False)]
+
+# each run writes into its own working folder (ModeRun.cwd)
+RUNS = [(f"rule-{lr}", "test_runtime_rule", SCRIPT, [".", lr, 24]) for lr, _ in RULE] + [
+    ("c", "test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once", SCRIPT,
+     [".", 50.0, 24, "bounded-staleness", "c"]),
+    ("cli-lr", "test_train_cli_adaptive_uses_actual_ages", TRAIN,
+     ["--scheme", "pgc-cr", "--stragglers", "1", "--model", "softmax", "--steps", "24",
+      "--lr", "50", "--momentum", "0", "--adaptive", "--control", "window=3,patience=1000",
+      "--timeout", "60", "--out", "run"]),
+    ("cli-c", "test_train_cli_passes_scheme_options_and_lowers_c", TRAIN,
+     ["--scheme", "bounded-staleness", "--stragglers", "1", "--option", "c=3", "--option", "r=2",
+      "--model", "softmax", "--steps", "20", "--lr", "50", "--momentum", "0", "--adaptive",
+      "--control", "knob=c,window=3", "--control", "patience=1000", "--timeout", "60",
+      "--channel", "store", "--out", "run"])]
+LAUNCH_GROUPS = [("horovodrun", 2, RUNS)]
+
+
+@pytest.fixture(scope="module")
+def runs(launch_group, request):
+    return launch_group(request, "horovodrun", 2)
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("lr,expect", [(50.0, True), (0.05, False)])
-def test_runtime_rule(horovodrun, tmp_path, lr, expect):
-    horovodrun(2, SCRIPT, tmp_path, lr, 24, timeout=180)
-    res = json.loads((tmp_path / "result.json").read_text())
+@pytest.mark.parametrize("lr,expect", RULE)
+def test_runtime_rule(runs, lr, expect):
+    res = json.loads((runs.ran(f"rule-{lr}").cwd / "result.json").read_text())
     assert len(set(res["levels"])) == 1 and len(set(res["lrs"])) == 1   # ranks agree
     assert res["n_records"] == 24 and res["n_diag"] > 0
     if expect:
@@ -25,13 +48,12 @@ def test_runtime_rule(horovodrun, tmp_path, lr, expect):
 
 
 @pytest.mark.multirank
-def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(horovodrun, tmp_path):
+def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(runs):
     """Bounded staleness, knob c (2 gloo ranks, too-large lr): the rule lowers c from 2 to 1;
     every rank applies it at the same step (rank 0's request rides in its control rows), the
     records carry the bound each decision used, and every decision after the change uses only
     fresh gradients (t - v < 1) while the lr is untouched."""
-    horovodrun(2, SCRIPT, tmp_path, 50.0, 24, "bounded-staleness", "c", timeout=180)
-    res = json.loads((tmp_path / "result.json").read_text())
+    res = json.loads((runs.ran("c").cwd / "result.json").read_text())
     acts = res["actions"]
     assert acts and acts[0]["knob"] == "c" and (acts[0]["old"], acts[0]["new"]) == (2, 1)
     assert res["c_bounds"] == [1, 1] and res["lrs"] == [50.0, 50.0]
@@ -43,18 +65,12 @@ def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(horovodru
         assert all(r["step"] - v < r["c"] for v in r["versions"])
 
 
-TRAIN = Path(__file__).parent / "scripts" / "train_cli.py"
-
-
 @pytest.mark.multirank
-def test_train_cli_adaptive_uses_actual_ages(horovodrun, tmp_path):
+def test_train_cli_adaptive_uses_actual_ages(runs):
     """``pgc-hvd train --adaptive --control ...`` (2 gloo ranks, PGC-CR, too-large lr): the
     controller gets each step's decision (on_update(step, flat, decision)), so the recorded ages
     are the ones used, bounded by c - 1; the rule lowers lr; the summary reports it."""
-    out = tmp_path / "run"
-    horovodrun(2, TRAIN, "--scheme", "pgc-cr", "--stragglers", "1", "--model", "softmax",
-               "--steps", "24", "--lr", "50", "--momentum", "0", "--adaptive",
-               "--control", "window=3,patience=1000", "--timeout", "60", "--out", out, timeout=180)
+    out = runs.ran("cli-lr").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert len(recs) == 24 and summ["adaptive"] is True
@@ -70,16 +86,11 @@ def test_train_cli_adaptive_uses_actual_ages(horovodrun, tmp_path):
 
 
 @pytest.mark.multirank
-def test_train_cli_passes_scheme_options_and_lowers_c(horovodrun, tmp_path):
+def test_train_cli_passes_scheme_options_and_lowers_c(runs):
     """``pgc-hvd train --scheme bounded-staleness --option c=3 --adaptive --control knob=c
     --channel store``: the scheme gets its options, the rule lowers c on every rank (the request
     travels in the TCPStore control rows), the summary says so."""
-    out = tmp_path / "run"
-    horovodrun(2, TRAIN, "--scheme", "bounded-staleness", "--stragglers", "1", "--option", "c=3",
-               "--option", "r=2", "--model", "softmax", "--steps", "20", "--lr", "50",
-               "--momentum", "0", "--adaptive", "--control", "knob=c,window=3",
-               "--control", "patience=1000", "--timeout", "60", "--channel", "store",
-               "--out", out, timeout=180)
+    out = runs.ran("cli-c").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert summ["scheme_options"] == {"c": 3, "r": 2} and summ["channel"] == "store"

@@ -1,7 +1,12 @@
 """The ported Horovod examples in launch/examples/ run on two ranks, on tiny data, with a slowed
-rank, and every rank ends with the same parameters (the ``PARAMS digest=... rank=...`` lines)."""
+rank, and every rank ends with the same parameters (the ``PARAMS digest=... rank=...`` lines).
+
+The MNIST run on the digits has its own launch (its process's exit closes the optimizer: checked);
+the other runs are entries of the session's np 2 launch (``launch_group``), the ImageNet
+example's two runs (train, then resume) one after the other."""
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -78,11 +83,57 @@ def write_mnist(root: Path, train: int, test: int, seed: int = 0) -> Path:
     return root
 
 
+def _mnist_data(cwd):
+    data = write_mnist(cwd / "data", train=40, test=12)
+    return ["--data-dir", data, "--batch-size", "8", "--epochs", "1", "--slow-rank", "1",
+            "--slow-seconds", "0.05"]
+
+
+def _imagenet(epochs):
+    """The ImageNet example's arguments; the first run writes the image folders and the
+    checkpoints' folder (``IMAGENET_ROOT``), the second resumes from there."""
+    def args(cwd):
+        if not IMAGENET_ROOT:
+            write_image_folder(cwd / "train", classes=3, per_class=6, size=40, seed=0)
+            write_image_folder(cwd / "val", classes=3, per_class=2, size=40, seed=1)
+            IMAGENET_ROOT.append(cwd)
+        return [*imagenet_args(IMAGENET_ROOT[0]), "--epochs", epochs]
+    return args
+
+
+def imagenet_args(root):
+    # 18 images in 2 partitions of 9, batches of 2 x 2 sub-batches: 2 steps per epoch
+    return ["--train-dir", root / "train", "--val-dir", root / "val", "--model", "resnet18",
+            "--image-size", "32", "--batch-size", "2", "--batches-per-allreduce", "2",
+            "--val-batch-size", "4", "--warmup-epochs", "1",
+            "--checkpoint-format", root / "ck-{epoch}.pth.tar", "--num-workers", "1",
+            "--slow-rank", "1", "--slow-seconds", "0.05", "--clip", "5.0",
+            "--log-dir", root / "logs"]
+
+
+IMAGENET_ROOT: list = []
+LAUNCH_GROUPS = [("horovodrun", 2, [
+    ("mnist-data-dir", "test_mnist_port_reads_torchvision_mnist_from_data_dir", MNIST,
+     _mnist_data),
+    ("mnist-amp", "test_mnist_port_mixed_precision_and_fp16_messages", MNIST,
+     ["--epochs", "1", "--lr", "0.1", "--use-mixed-precision", "--fp16-allreduce",
+      "--slow-rank", "0", "--slow-seconds", "0.05"]),
+    ("benchmark", "test_synthetic_benchmark_port_resnet18", BENCHMARK,
+     ["--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--num-iters", "2",
+      "--num-batches-per-iter", "2", "--num-warmup-batches", "1", "--num-classes", "10",
+      "--slow-rank", "1", "--slow-seconds", "0.1"]),
+    ("imagenet-first", "test_imagenet_port_checkpoints_and_resumes", IMAGENET, _imagenet("2")),
+    ("imagenet-resume", "test_imagenet_port_checkpoints_and_resumes", IMAGENET, _imagenet("3"))])]
+
+
+@pytest.fixture(scope="module")
+def np2(launch_group, request):
+    return launch_group(request, "horovodrun", 2)
+
+
 @pytest.mark.multirank
-def test_mnist_port_reads_torchvision_mnist_from_data_dir(horovodrun, tmp_path):
-    data = write_mnist(tmp_path / "data", train=40, test=12)
-    proc = horovodrun(2, MNIST, "--data-dir", data, "--batch-size", "8", "--epochs", "1",
-                      "--slow-rank", "1", "--slow-seconds", "0.05", timeout=150)
+def test_mnist_port_reads_torchvision_mnist_from_data_dir(np2):
+    proc = np2.ran("mnist-data-dir")
     assert "MNIST: 40 training images in 2 partitions, 2 steps per epoch" in proc.stdout, \
         proc.stdout
     assert re.search(r"Final accuracy: [0-9.]+% after 2 steps", proc.stdout), proc.stdout
@@ -90,11 +141,9 @@ def test_mnist_port_reads_torchvision_mnist_from_data_dir(horovodrun, tmp_path):
 
 
 @pytest.mark.multirank
-def test_mnist_port_mixed_precision_and_fp16_messages(horovodrun):
+def test_mnist_port_mixed_precision_and_fp16_messages(np2):
     # bf16 autocast on the CPU with a GradScaler handed to scaler.step(opt); fp16 wire
-    proc = horovodrun(2, MNIST, "--epochs", "1", "--lr", "0.1", "--use-mixed-precision",
-                      "--fp16-allreduce", "--slow-rank", "0", "--slow-seconds", "0.05",
-                      timeout=150)
+    proc = np2.ran("mnist-amp")
     assert re.search(r"Final accuracy: [0-9.]+% after 11 steps", proc.stdout), proc.stdout
     same_params_on_every_rank(proc.stdout)
 
@@ -126,11 +175,8 @@ def test_mnist_port_through_horovod_run(tmp_path):
 
 
 @pytest.mark.multirank
-def test_synthetic_benchmark_port_resnet18(horovodrun):
-    proc = horovodrun(2, BENCHMARK, "--model", "resnet18", "--image-size", "32",
-                      "--batch-size", "2", "--num-iters", "2", "--num-batches-per-iter", "2",
-                      "--num-warmup-batches", "1", "--num-classes", "10", "--slow-rank", "1",
-                      "--slow-seconds", "0.1", timeout=150)
+def test_synthetic_benchmark_port_resnet18(np2):
+    proc = np2.ran("benchmark")
     out = proc.stdout
     assert "Model: resnet18" in out and "Number of CPUs: 2" in out, out
     assert len(re.findall(r"Iter #\d: [0-9.]+ img/sec per CPU", out)) == 2, out
@@ -142,20 +188,12 @@ def test_synthetic_benchmark_port_resnet18(horovodrun):
 
 
 @pytest.mark.multirank
-def test_imagenet_port_checkpoints_and_resumes(horovodrun, tmp_path):
+def test_imagenet_port_checkpoints_and_resumes(np2):
     import torch
 
-    train = write_image_folder(tmp_path / "train", classes=3, per_class=6, size=40, seed=0)
-    val = write_image_folder(tmp_path / "val", classes=3, per_class=2, size=40, seed=1)
-    fmt = str(tmp_path / "ck-{epoch}.pth.tar")
-    # 18 images in 2 partitions of 9, batches of 2 x 2 sub-batches: 2 steps per epoch
-    args = ["--train-dir", train, "--val-dir", val, "--model", "resnet18", "--image-size", "32",
-            "--batch-size", "2", "--batches-per-allreduce", "2", "--val-batch-size", "4",
-            "--warmup-epochs", "1", "--checkpoint-format", fmt, "--num-workers", "1",
-            "--slow-rank", "1", "--slow-seconds", "0.05", "--clip", "5.0",
-            "--log-dir", tmp_path / "logs"]
-
-    first = horovodrun(2, IMAGENET, *args, "--epochs", "2", timeout=150).stdout
+    root = np2.ran("imagenet-first").cwd
+    fmt = str(root / "ck-{epoch}.pth.tar")
+    first = np2.ran("imagenet-first").stdout
     assert len(re.findall(r"Train Epoch #\d: loss [0-9.]+, accuracy", first)) == 2, first
     assert len(re.findall(r"Validate Epoch #\d: loss [0-9.]+, accuracy", first)) == 2, first
     assert f"saved {fmt.format(epoch=1)} (epoch 1, version 2)" in first, first
@@ -165,9 +203,13 @@ def test_imagenet_port_checkpoints_and_resumes(horovodrun, tmp_path):
     hash1 = same_params_on_every_rank(first)
     ck = torch.load(fmt.format(epoch=2), weights_only=True)
     assert ck["optimizer"]["param_groups"][0]["pgc_version"] == 4
-    assert len((tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()) == 4  # train+val
+    # train + val of epochs 1-2 (the first run), then of epoch 3 (the second: it appends)
+    epochs = [json.loads(l)["epoch"] for l in
+              (root / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert len(epochs) == 6 and len(set(epochs[:4])) == 2 and len(set(epochs[4:])) == 1, epochs
+    assert max(epochs[:4]) < epochs[4], epochs
 
-    second = horovodrun(2, IMAGENET, *args, "--epochs", "3", timeout=150).stdout
+    second = np2.ran("imagenet-resume").stdout
     resumed = re.findall(r"rank (\d): resumed from (\S+) at epoch 2, version 4", second)
     assert sorted(r for r, _ in resumed) == ["0", "1"], second
     assert {p for _, p in resumed} == {fmt.format(epoch=2)}

@@ -1,4 +1,5 @@
-"""The README's quick start (launch/quickstart.py) runs as printed and learns."""
+"""The README's quick start (launch/quickstart.py) runs as printed and learns (an entry of the
+session's np 2 launch, ``launch_group``)."""
 
 import re
 from pathlib import Path
@@ -7,6 +8,8 @@ import pytest
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "launch" / "quickstart.py"
 README = Path(__file__).resolve().parents[2] / "README.md"
+LAUNCH_GROUPS = [("horovodrun", 2, [("quickstart", "test_quickstart_trains_on_two_ranks",
+                                     QUICKSTART, [])])]
 
 
 def test_readme_shows_the_quickstart_code():
@@ -16,8 +19,8 @@ def test_readme_shows_the_quickstart_code():
 
 
 @pytest.mark.multirank
-def test_quickstart_trains_on_two_ranks(horovodrun):
-    proc = horovodrun(2, QUICKSTART, timeout=240)
+def test_quickstart_trains_on_two_ranks(launch_group, request):
+    proc = launch_group(request, "horovodrun", 2).ran("quickstart")
     match = re.search(r"quickstart: (\d+) updates, training accuracy ([0-9.]+)", proc.stdout)
     assert match, proc.stdout + proc.stderr
     assert int(match.group(1)) == 60

@@ -339,7 +339,7 @@ def check_dead_rank(control="allgather", dead=2):
     loader = data(hvd.size())
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                        m.named_parameters(), scheme="pgc-cr", stragglers=1,
-                                       timeout=8, name="dead", control=control)
+                                       timeout=5, name="dead", control=control)
     t0 = time.time()
     try:
         while opt.version < 50:

@@ -1,6 +1,8 @@
 """Multi-rank tests of issue 15's consistency faults (each launches audit_checks.py under
 horovodrun): non-finite parameters on one rank, ranks that differ at close(), a rank that stops
-early, settings that must agree across ranks, fp16/bf16/fp64 models, a skipped backward."""
+early, settings that must agree across ranks, fp16/bf16/fp64 models, a skipped backward. The two
+runs that end cleanly share one launch (``launch_group``); the runs that stop every rank have
+their own."""
 
 import re
 from pathlib import Path
@@ -9,6 +11,16 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "audit_checks.py"
+CLEAN = [("clean", "test_early_stop_catches_up_at_close_and_mixed_precision", SCRIPT, ["clean"]),
+         ("config", "test_settings_that_must_agree_are_compared_and_named", SCRIPT, ["config"])]
+
+
+LAUNCH_GROUPS = [("horovodrun", 3, CLEAN)]
+
+
+@pytest.fixture(scope="module")
+def np3(launch_group, request):
+    return launch_group(request, "horovodrun", 3)
 
 
 def _checks(proc):
@@ -48,22 +60,22 @@ def test_close_compares_parameters_across_ranks(horovodrun):
 
 
 @pytest.mark.multirank
-def test_early_stop_catches_up_at_close_and_mixed_precision(horovodrun):
+def test_early_stop_catches_up_at_close_and_mixed_precision(np3):
     """Item 2: a rank that leaves its loop early ends at the others' version and parameters after
     close(). Item 5: fp16, bf16 and fp64 models train (fp32 messages, update cast to the
     parameter's dtype) and dgd matches the fp32 run within the dtype's rounding."""
-    proc = horovodrun(3, SCRIPT, "clean", timeout=300)
+    proc = np3.ran("clean")
     checks, all_ok = _checks(proc)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"early_stop_catches_up_at_close", "dtypes_fp16_bf16_fp64"} <= checks
 
 
 @pytest.mark.multirank
-def test_settings_that_must_agree_are_compared_and_named(horovodrun):
+def test_settings_that_must_agree_are_compared_and_named(np3):
     """Item 3: lr, momentum, weight decay, betas, optimizer class, param groups, name,
     optimistic, control, parameter dtype and the loader's seed and batch size: a rank that differs
     gets a ValueError on every rank naming the field and ranks [1]."""
-    proc = horovodrun(3, SCRIPT, "config", timeout=240)
+    proc = np3.ran("config")
     checks, all_ok = _checks(proc)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"config_fields_named", "loader_partitioning_compared"} <= checks

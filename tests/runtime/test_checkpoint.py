@@ -1,11 +1,23 @@
-"""save_checkpoint / load_checkpoint on 2 ranks (each test launches checkpoint_checks.py under
-horovodrun in a fresh folder). The restore round trip itself is checked in test_runtime.py."""
+"""save_checkpoint / load_checkpoint on 2 ranks (checkpoint_checks.py under horovodrun: the three
+runs share one launch, ``launch_group``, each in a fresh folder). The restore round trip itself
+is checked in test_runtime.py."""
 
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent / "checkpoint_checks.py"
+RUNS = [("refuse", "test_refused_checkpoints_name_the_file_and_change_nothing", SCRIPT, ["refuse"]),
+        ("agree", "test_ranks_agree_on_the_restored_step_or_all_refuse", SCRIPT, ["agree"]),
+        ("save", "test_save_fsyncs_and_removes_its_temporary_file", SCRIPT, ["save"])]
+
+
+LAUNCH_GROUPS = [("horovodrun", 2, RUNS)]
+
+
+@pytest.fixture(scope="module")
+def np2(launch_group, request):
+    return launch_group(request, "horovodrun", 2)
 
 
 def _ran(proc, check):
@@ -15,23 +27,23 @@ def _ran(proc, check):
 
 
 @pytest.mark.multirank
-def test_refused_checkpoints_name_the_file_and_change_nothing(horovodrun):
+def test_refused_checkpoints_name_the_file_and_change_nothing(np2):
     """Empty, truncated, foreign, key-less and wrong-shape files, a missing file, and files of
     another model, s or compression are refused on every rank with a CheckpointError naming the
     file, before the model, optimizer or RNG changes; the same objects then restore a good one."""
-    _ran(horovodrun(2, SCRIPT, "refuse", timeout=240), "refused_checkpoints_change_nothing")
+    _ran(np2.ran("refuse"), "refused_checkpoints_change_nothing")
 
 
 @pytest.mark.multirank
-def test_ranks_agree_on_the_restored_step_or_all_refuse(horovodrun):
+def test_ranks_agree_on_the_restored_step_or_all_refuse(np2):
     """Files holding different steps, or one rank's file missing or damaged: every rank raises
     the same message naming each rank's step or problem, and none restores anything."""
-    _ran(horovodrun(2, SCRIPT, "agree", timeout=240), "ranks_agree_or_all_refuse")
+    _ran(np2.ran("agree"), "ranks_agree_or_all_refuse")
 
 
 @pytest.mark.multirank
-def test_save_fsyncs_and_removes_its_temporary_file(horovodrun):
+def test_save_fsyncs_and_removes_its_temporary_file(np2):
     """A save fsyncs the file and its folder; a save whose torch.save fails or is interrupted
     (KeyboardInterrupt) leaves no .tmp and the previous checkpoint intact; an object that is
     not a tensor or plain type in ``extra`` is refused before anything is written."""
-    _ran(horovodrun(2, SCRIPT, "save", timeout=240), "save_fsyncs_and_cleans_up")
+    _ran(np2.ran("save"), "save_fsyncs_and_cleans_up")

@@ -1,5 +1,6 @@
 """The ResNet-18 / CIFAR-10 launch script on tiny CIFAR-format files written by the test, read
-by torchvision's CIFAR10 through CodedLoader's DataLoader workers."""
+by torchvision's CIFAR10 through CodedLoader's DataLoader workers (an entry of the session's np 2
+launch, ``launch_group``)."""
 
 import json
 import pickle
@@ -28,14 +29,20 @@ def write_tiny_cifar(folder: Path, per_batch: int = 5) -> None:
         pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
 
 
+def _args(cwd):
+    write_tiny_cifar(cwd / "cifar-10-batches-py")
+    return ["--data-dir", str(cwd), "--no-verify-data", "--augment", "--scheme", "pgc-cr",
+            "--stragglers", "1", "--steps", "3", "--batch-size", "4", "--out", str(cwd / "run")]
+
+
+TEST = "test_resnet18_cifar10_script_runs_on_tiny_files"
+LAUNCH_GROUPS = [("horovodrun", 2, [("resnet18", TEST, ROOT / "launch" / "resnet18_cifar10.py",
+                                     _args)])]
+
+
 @pytest.mark.multirank
-def test_resnet18_cifar10_script_runs_on_tiny_files(horovodrun, tmp_path):
-    data = tmp_path / "cifar-10-batches-py"
-    write_tiny_cifar(data)
-    out = tmp_path / "run"
-    horovodrun(2, ROOT / "launch" / "resnet18_cifar10.py", "--data-dir", str(tmp_path),
-               "--no-verify-data", "--augment", "--scheme", "pgc-cr", "--stragglers", "1",
-               "--steps", "3", "--batch-size", "4", "--out", str(out), timeout=240)
+def test_resnet18_cifar10_script_runs_on_tiny_files(launch_group, request):
+    out = launch_group(request, "horovodrun", 2).ran("resnet18").cwd / "run"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "resnet18" and summary["steps"] == 3
     assert summary["dataset"] == "cifar10" and summary["loader_stats_rank0"]["here"] >= 1

@@ -1,4 +1,7 @@
-"""Multi-rank tests of the pgc_hvd runtime (each launches runtime_checks.py under horovodrun)."""
+"""Multi-rank tests of the pgc_hvd runtime: runtime_checks.py, twin_checks.py and
+plane_checks.py under horovodrun. The runs that end cleanly share one launch per world size (the
+``launch_group`` fixture: np 4 and np 3); the runs that kill or hang a rank, and np 5, have their
+own."""
 
 from pathlib import Path
 
@@ -6,6 +9,33 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "runtime_checks.py"
+TWIN = HERE / "twin_checks.py"
+PLANE = HERE / "plane_checks.py"
+
+NP4 = [("core", "test_core_np4", SCRIPT, ["core"]),
+       ("log", "test_log_control_np4", SCRIPT, ["log"]),
+       ("twin", "test_runtime_replaying_simulated_arrivals_matches_simulator", TWIN, ["twin"]),
+       ("twin-log", "test_log_control_replaying_simulated_arrivals_matches_simulator", TWIN,
+        ["twin-log"]),
+       ("compress", "test_topk_compression_across_ranks", TWIN, ["compress"])]
+NP3 = [("small", "test_small_np3_config_errors_exact_checkpoint", SCRIPT, ["small"]),
+       ("log-exact", "test_log_control_exact_np3", SCRIPT, ["log-exact"]),
+       ("dense", "test_dense_allreduce_equals_cached_payloads", PLANE, ["dense"]),
+       ("sparse", "test_sparse_rows_by_allgather_or_densified_and_rs_with_topk", PLANE,
+        ["sparse"])]
+
+
+LAUNCH_GROUPS = [("horovodrun", 4, NP4), ("horovodrun", 3, NP3)]
+
+
+@pytest.fixture(scope="module")
+def np4(launch_group, request):
+    return launch_group(request, "horovodrun", 4)
+
+
+@pytest.fixture(scope="module")
+def np3(launch_group, request):
+    return launch_group(request, "horovodrun", 3)
 
 
 def _checks(proc, np_):
@@ -15,11 +45,11 @@ def _checks(proc, np_):
 
 
 @pytest.mark.multirank
-def test_core_np4(horovodrun):
+def test_core_np4(np4):
     """dgd == hvd.DistributedOptimizer; exact schemes decode the full-gradient average; one
     injected straggler is left out and steps stay far below its delay; a NaN message is a
     straggler; parameters bit-identical across ranks under random delays."""
-    proc = horovodrun(4, SCRIPT, "core", timeout=240)
+    proc = np4.ran("core")
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"dgd_equals_hvd", "exact_dgd_gc-cr_bcgc_bounded-staleness", "straggler_pgc-cr",
@@ -27,8 +57,11 @@ def test_core_np4(horovodrun):
 
 
 @pytest.mark.multirank
-def test_small_np3_config_errors_exact_checkpoint(horovodrun):
-    proc = horovodrun(3, SCRIPT, "small", timeout=240)
+def test_small_np3_config_errors_exact_checkpoint(np3):
+    assert_small(np3.ran("small"))
+
+
+def assert_small(proc):
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"config_errors", "exact_gc-cr_bcgc_rs_gmds", "checkpoint_dgd",
@@ -72,12 +105,12 @@ def test_hung_rank_stops_others_with_clear_error(horovodrun, kind):
 
 
 @pytest.mark.multirank
-def test_log_control_np4(horovodrun):
+def test_log_control_np4(np4):
     """control="log": pgc-cr, bcgc and bounded staleness with one slowed rank end with
     identical parameters on every rank, with at most 5 control operations per rank per step
     (the decider's records per step, every rank's mean), also with 0.05 s and 0.3 s of
     emulated compute a step."""
-    proc = horovodrun(4, SCRIPT, "log", timeout=240)
+    proc = np4.ran("log")
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"log_pgc-cr_0.0", "log_bcgc_0.0", "log_bounded-staleness_0.0", "log_pgc-cr_0.05",
@@ -85,8 +118,8 @@ def test_log_control_np4(horovodrun):
 
 
 @pytest.mark.multirank
-def test_log_control_exact_np3(horovodrun):
-    proc = horovodrun(3, SCRIPT, "log-exact", timeout=240)
+def test_log_control_exact_np3(np3):
+    proc = np3.ran("log-exact")
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert "exact-log_gc-cr_bcgc_bounded-staleness" in checks
@@ -108,26 +141,27 @@ def test_log_control_names_dead_or_hung_rank(horovodrun, mode, who):
     assert "NO-ERROR" not in proc.stdout
 
 
-TWIN = HERE / "twin_checks.py"
-
 
 @pytest.mark.multirank
-def test_runtime_replaying_simulated_arrivals_matches_simulator(horovodrun):
+def test_runtime_replaying_simulated_arrivals_matches_simulator(np4):
     """Given the same arrival pattern (the simulator's arrival log under seeded exponential +
     long-straggler delays, replayed by the agent), the runtime takes the same decisions and its
     decoded updates and parameters match the simulator's within fp32 tolerance (pgc-cr, pgc-cr
     with its ring weighted by age, bcgc)."""
-    proc = horovodrun(4, TWIN, "twin", timeout=180)
+    assert_twin(np4.ran("twin"))
+
+
+def assert_twin(proc):
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"twin_pgc-cr", "twin_pgc-cr_decay", "twin_bcgc"} <= checks
 
 
 @pytest.mark.multirank
-def test_log_control_replaying_simulated_arrivals_matches_simulator(horovodrun):
+def test_log_control_replaying_simulated_arrivals_matches_simulator(np4):
     """control="log" takes the same decisions on the replayed schedules as the allgather path
     (both match the simulator's, step by step): pgc-cr and bcgc."""
-    proc = horovodrun(4, TWIN, "twin-log", timeout=180)
+    proc = np4.ran("twin-log")
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"twin_pgc-cr_log", "twin_bcgc_log"} <= checks
@@ -146,36 +180,34 @@ def test_min_error_class_decoder_across_ranks(horovodrun):
 
 
 @pytest.mark.multirank
-def test_topk_compression_across_ranks(horovodrun):
+def test_topk_compression_across_ranks(np4):
     """TopK(k=d) equals the dense run; small k with error feedback conserves mass on every rank
     and step, the decoded update is the weighted sum of the sparse messages, ranks identical."""
-    proc = horovodrun(4, TWIN, "compress", timeout=180)
+    proc = np4.ran("compress")
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"topk_k_equals_d_is_dense", "topk_error_feedback_conserves_mass_bit_identical"} <= checks
 
 
-PLANE = HERE / "plane_checks.py"
-
 
 @pytest.mark.multirank
-def test_dense_allreduce_equals_cached_payloads(horovodrun):
+def test_dense_allreduce_equals_cached_payloads(np3):
     """Dense messages through ONE allreduce of the ranks' weighted contributions decode the same
     updates as the payloads cached with the control rows, for gc-cr, pgc-cr, bcgc,
     bounded-staleness, is-sgd and rs (same replayed arrivals, same decisions); every update and
     the parameters are bit-identical across ranks."""
-    proc = horovodrun(3, PLANE, "dense", timeout=240)
+    proc = np3.ran("dense")
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert "allreduce_equals_cached_dense" in checks
 
 
 @pytest.mark.multirank
-def test_sparse_rows_by_allgather_or_densified_and_rs_with_topk(horovodrun):
+def test_sparse_rows_by_allgather_or_densified_and_rs_with_topk(np3):
     """Top-kappa rows travel by allgather when that is fewer bytes and are densified into the
     allreduce otherwise; both equal the cached path. Reed-Solomon's complex messages under
     TopK run in the runtime, and TopK(k=d) equals the dense run."""
-    proc = horovodrun(3, PLANE, "sparse", timeout=240)
+    proc = np3.ran("sparse")
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"sparse_allgather_and_densified_equal_cached", "rs_with_topk"} <= checks

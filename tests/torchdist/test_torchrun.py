@@ -1,6 +1,8 @@
 """The torch engine under torchrun (horovod hidden from the ranks): its collectives, the
 quick start, and the runtime's multi-rank checks that matter, launched as the horovodrun tests
-launch them (the same check scripts and assertions, the engine taken from the launcher)."""
+launch them (the same check scripts and assertions, the engine taken from the launcher). The runs
+that end cleanly share one launch per world size (``launch_group``: np 4 and np 3); the runs that
+kill or hang a rank, the call-order check (its own environment) and np 2 have their own."""
 
 import importlib.util
 from pathlib import Path
@@ -22,6 +24,31 @@ runtime_tests = _load("test_runtime")
 habits_tests = _load("test_habits")
 SCRIPT = RUNTIME / "runtime_checks.py"
 
+NP4 = [("quickstart", "test_quickstart_under_torchrun_np4_without_horovod",
+        HERE / "quickstart_ranks.py", []),
+       ("core", "test_core_np4", SCRIPT, ["core"]),
+       ("twin", "test_runtime_replaying_simulated_arrivals_matches_simulator",
+        RUNTIME / "twin_checks.py", ["twin"])]
+HABITS = RUNTIME / "habits_checks.py"
+# "ops" ends with hvd.shutdown(): last
+NP3 = [("small", "test_small_np3_config_errors_exact_checkpoint", SCRIPT, ["small"]),
+       ("metrics", "test_metrics_read_from_the_control_rows", HABITS, ["metrics"]),
+       ("broadcast", "test_broadcast_optimizer_state_and_rank0_resume", HABITS, ["broadcast"]),
+       ("ops", "test_torch_engine_collectives", HERE / "torchdist_checks.py", ["ops"])]
+
+
+LAUNCH_GROUPS = [("torchrun", 4, NP4), ("torchrun", 3, NP3)]
+
+
+@pytest.fixture(scope="module")
+def np4(launch_group, request):
+    return launch_group(request, "torchrun", 4)
+
+
+@pytest.fixture(scope="module")
+def np3(launch_group, request):
+    return launch_group(request, "torchrun", 3)
+
 
 def _checks(proc):
     lines = proc.stdout.splitlines()
@@ -31,11 +58,11 @@ def _checks(proc):
 
 
 @pytest.mark.multirank
-def test_torch_engine_collectives(torchrun):
+def test_torch_engine_collectives(np3):
     """allgather of equal and different row lengths, alltoall, allreduce (bits equal on every
     rank), broadcasts, broadcast_optimizer_state (the version travels), a thread on its own
     groups beside the training thread."""
-    proc = torchrun(3, HERE / "torchdist_checks.py", "ops", timeout=120)
+    proc = np3.ran("ops")
     checks, all_ok = _checks(proc)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"allgather_equal_and_variable_lengths", "allreduce_alltoall_broadcast",
@@ -51,10 +78,10 @@ def test_call_order_check_names_the_rank(torchrun):
 
 
 @pytest.mark.multirank
-def test_quickstart_under_torchrun_np4_without_horovod(torchrun):
+def test_quickstart_under_torchrun_np4_without_horovod(np4):
     """`torchrun --nproc-per-node 4 launch/quickstart.py` trains with pgc-cr and ends with the
     same parameters on every rank, on ranks where horovod cannot be imported."""
-    proc = torchrun(4, HERE / "quickstart_ranks.py", timeout=240)
+    proc = np4.ran("quickstart")
     ok = [l for l in proc.stdout.splitlines() if "QUICKSTART-OK" in l]
     assert len(ok) == 4, proc.stdout + proc.stderr
     assert len({l.split("hash=")[1].split()[0] for l in ok}) == 1, ok
@@ -78,11 +105,11 @@ def test_train_cli_under_torchrun_without_horovod(torchrun, tmp_path):
 
 
 @pytest.mark.multirank
-def test_core_np4(torchrun):
+def test_core_np4(np4):
     """dgd == torch's DDP; exact schemes decode the full-gradient average; one injected
     straggler is left out; a NaN message is a straggler; parameters bit-identical across ranks
     under random delays."""
-    proc = torchrun(4, SCRIPT, "core", timeout=240)
+    proc = np4.ran("core")
     checks, all_ok = _checks(proc)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"dgd_equals_ddp", "exact_dgd_gc-cr_bcgc_bounded-staleness", "straggler_pgc-cr",
@@ -90,8 +117,8 @@ def test_core_np4(torchrun):
 
 
 @pytest.mark.multirank
-def test_small_np3_config_errors_exact_checkpoint(torchrun):
-    runtime_tests.test_small_np3_config_errors_exact_checkpoint(torchrun)
+def test_small_np3_config_errors_exact_checkpoint(np3):
+    runtime_tests.assert_small(np3.ran("small"))
 
 
 @pytest.mark.multirank
@@ -114,20 +141,21 @@ def test_hung_rank_stops_others_with_clear_error(torchrun, kind):
 
 
 @pytest.mark.multirank
-def test_runtime_replaying_simulated_arrivals_matches_simulator(torchrun):
-    runtime_tests.test_runtime_replaying_simulated_arrivals_matches_simulator(torchrun)
+def test_runtime_replaying_simulated_arrivals_matches_simulator(np4):
+    runtime_tests.assert_twin(np4.ran("twin"))
 
 
 @pytest.mark.multirank
-def test_broadcast_optimizer_state_and_rank0_resume(torchrun):
-    habits_tests.test_broadcast_optimizer_state_and_rank0_resume(torchrun)
+def test_broadcast_optimizer_state_and_rank0_resume(np3):
+    habits_tests.assert_broadcast(np3["broadcast"])
 
 
 @pytest.mark.multirank
 def test_horovod_keywords_fp16_and_refusals(torchrun):
-    habits_tests.test_horovod_keywords_fp16_and_refusals(torchrun)
+    habits_tests.assert_surface(torchrun(2, RUNTIME / "habits_checks.py", "surface", timeout=240,
+                                         check=False))
 
 
 @pytest.mark.multirank
-def test_metrics_read_from_the_control_rows(torchrun):
-    habits_tests.test_metrics_read_from_the_control_rows(torchrun)
+def test_metrics_read_from_the_control_rows(np3):
+    habits_tests.assert_metrics(np3.ran("metrics"))
