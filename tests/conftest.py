@@ -7,7 +7,9 @@ Markers (declared in pyproject.toml):
     installed), or under ``torchrun --standalone --nproc-per-node N`` with
     ``GLOO_SOCKET_IFNAME=lo`` through the :func:`torchrun` fixture (the torch engine; horovod
     hidden from the ranks by default). Both pin gloo to the loopback interface: ranks on one
-    machine never talk over its network address (tests/multirank/test_loopback.py checks).
+    machine never talk over its network address (tests/multirank/test_loopback.py checks). The
+    runs that end cleanly are entries of one launch per launcher and world size instead
+    (:func:`launch_group`, through the same launchers).
   * ``bench``: pytest-benchmark suites, kept in ``benchmarks/`` (not collected by default).
 """
 
@@ -160,10 +162,11 @@ class ModeRun:
     every rank (rank 0's lines first, then rank 1's, ...), ``returncode`` is 0 when it finished
     on every rank and the optimizers it left were closed without error (its process would have
     exited 0), else non-zero. ``cwd`` is the folder it ran in; ``launch`` the whole launch's
-    CompletedProcess."""
+    CompletedProcess, ``args`` its command."""
 
     def __init__(self, key, np_, files, launch, last):
         self.key, self.launch, self.stopped_in, self.cwd = key, launch, None, files
+        self.args = launch.args
         outs, errs, self.done = [], [], {}
         for r in range(np_):
             out, err, done = (files.with_name(f"{files.name}.rank{r}.{x}")
@@ -208,6 +211,7 @@ class Group:
 
 
 RUN_MODES = Path(__file__).resolve().parent / "run_modes.py"
+ENTRY_TIMEOUT = 300   # seconds, per entry of a grouped launch (the longest single-test timeout)
 
 
 @pytest.fixture(scope="session")
@@ -220,14 +224,16 @@ def launch_group(tmp_path_factory):
     ``launcher`` is ``"horovodrun"`` or ``"torchrun"``, each entry ``(key, test_name, script,
     args)``, run as ``python script *args`` would be, by tests/run_modes.py: one after the other
     on the same ranks, each in a fresh working folder (``ModeRun.cwd``), its output kept apart
-    (a key names an entry within its module). ``args`` may be a callable: ``args(cwd)`` gives
-    them, after making what the run reads in its working folder. The first test that asks for
+    (a key names an entry within its module; a script ``"-m MODULE"`` runs as ``python -m
+    MODULE``). ``args`` may be a callable: ``args(cwd)`` gives them, after making what the run
+    reads in its working folder. The first test that asks for
     ``(launcher, np)`` starts the launch with the entries of every selected test of every
     collected module (so ``pytest -k`` runs only what it needs), in collection order; later
-    tests read their entry's output. So the
-    session pays the launcher's start-up (8-11 s on 2 cores) once per world size instead of once
-    per test. Runs that kill or hang a rank keep their own launch (the horovodrun / torchrun
-    fixtures)."""
+    tests read their entry's output. So the session pays the launcher's start-up (8-11 s on 2
+    cores) once per launcher and world size instead of once per test. An entry that runs past
+    ``ENTRY_TIMEOUT`` seconds ends the launch with its ranks' tracebacks. Runs that kill or hang
+    a rank, that stop every rank, or that check their process's own exit keep their own launch
+    (the horovodrun / torchrun fixtures)."""
     launches: dict = {}
 
     def start(session, launcher, np):
@@ -254,8 +260,8 @@ def launch_group(tmp_path_factory):
                 args = args(work)
             spec.append([f"{mod}:{key}", str(script), [str(a) for a in args]])
         make = _horovodrun_launcher if launcher == "horovodrun" else _torchrun_launcher
-        proc = make(tmp)(np, RUN_MODES, out, json.dumps(spec), timeout=300 + 240 * len(spec),
-                         check=False)
+        proc = make(tmp)(np, RUN_MODES, out, json.dumps(spec), ENTRY_TIMEOUT,
+                         timeout=120 + ENTRY_TIMEOUT * len(spec), check=False)
         (tmp / "launch.out").write_text(proc.stdout)   # kept for a look after a failure
         (tmp / "launch.err").write_text(proc.stderr)
         runs = {(mod, key): ModeRun(f"{mod}:{key}", np, out / str(i), proc,

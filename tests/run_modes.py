@@ -1,22 +1,26 @@
 """Runs on every rank (under horovodrun or torchrun): several runs of check scripts, one after
 the other, in ONE launch (the ``launch_group`` fixture of tests/conftest.py).
 
-    python run_modes.py OUTDIR SPEC_JSON
+    python run_modes.py OUTDIR SPEC_JSON ENTRY_TIMEOUT
 
 ``SPEC_JSON`` is a list of ``[key, script, args]``. Each entry runs as ``python script *args``
 would (``runpy`` with ``__name__ == "__main__"``, ``sys.argv`` set, the script's folder first on
-``sys.path``), in a fresh working folder ``OUTDIR/<i>``, with what it prints on ``sys.stdout`` /
-``sys.stderr`` also written to ``OUTDIR/<i>.rank<r>.out`` / ``.err``. When the script returns,
-the optimizers it left unclosed are closed as at the end of its process
+``sys.path``; a script ``-m MODULE`` as ``python -m MODULE *args``), in a fresh working folder
+``OUTDIR/<i>``, with what it prints on ``sys.stdout`` / ``sys.stderr`` also written to
+``OUTDIR/<i>.rank<r>.out`` / ``.err``. When the script returns, what its process would not have
+passed on is put back (the environment variables, torch's default dtype and thread count), the
+optimizers it left unclosed are closed as at the end of its process
 (``pgc_hvd.runtime.lifecycle.close_all``: closed, or aborted when they failed) and its garbage
-collected; then
-``OUTDIR/<i>.rank<r>.done`` gets ``0``, or ``1`` when that closing raised (printed on its stderr,
-as the exit hook prints it). An exception that escapes a script ends the launch as it would have
-ended the script's own (later entries do not run; their ``.done`` files are missing).
+is collected; then ``OUTDIR/<i>.rank<r>.done`` gets ``0``, or ``1`` when that closing raised
+(printed on its stderr, as the exit hook prints it). An exception that escapes a script ends the
+launch as it would have ended the script's own (later entries do not run; their ``.done`` files
+are missing); so does an entry still running after ENTRY_TIMEOUT seconds (``faulthandler``:
+every thread's traceback on stderr, exit status 1).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -24,6 +28,8 @@ import runpy
 import sys
 import time
 import traceback
+
+import torch
 
 
 class _Tee:
@@ -44,7 +50,7 @@ class _Tee:
 
 
 def main() -> None:
-    out, spec = os.path.abspath(sys.argv[1]), json.loads(sys.argv[2])
+    out, spec, limit = os.path.abspath(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3])
     rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")))
     real_out, real_err, base_path = sys.stdout, sys.stderr, list(sys.path)
     for i, (key, script, args) in enumerate(spec):
@@ -54,24 +60,36 @@ def main() -> None:
         with open(os.path.join(out, f"{i}.rank{rank}.out"), "w") as fo, \
                 open(os.path.join(out, f"{i}.rank{rank}.err"), "w") as fe:
             sys.stdout, sys.stderr = _Tee(real_out, fo), _Tee(real_err, fe)
-            sys.argv = [script, *map(str, args)]
-            sys.path[:] = [os.path.dirname(os.path.abspath(script))] + base_path
+            env = dict(os.environ)
+            dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+            module = script[3:] if script.startswith("-m ") else None
+            sys.argv = [module or script, *map(str, args)]
+            sys.path[:] = [work if module else os.path.dirname(os.path.abspath(script))] + base_path
             print(f"RUN-MODES {key} rank={rank}", file=real_out, flush=True)
             t0 = time.monotonic()
+            faulthandler.dump_traceback_later(limit, exit=True, file=real_err)
             try:
-                runpy.run_path(script, run_name="__main__")
+                if module:
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(script, run_name="__main__")
             except SystemExit as end:
                 if end.code not in (None, 0):
                     raise
             from pgc_hvd.runtime import lifecycle   # the script's end: its process would exit
             errors = lifecycle.close_all()
             gc.collect()   # and its objects would go (a DataLoader's workers, ...)
+            faulthandler.cancel_dump_traceback_later()
             for err in errors:
                 sys.stderr.write("pgc_hvd: closing the optimizer at exit (no close() was called) "
                                  "failed:\n" + "".join(traceback.format_exception(err)))
             sys.stdout.flush()
             sys.stderr.flush()
             sys.stdout, sys.stderr = real_out, real_err
+            os.environ.clear()
+            os.environ.update(env)
+            torch.set_default_dtype(dtype)
+            torch.set_num_threads(threads)
         with open(os.path.join(out, f"{i}.rank{rank}.done"), "w") as fd:
             fd.write("1" if errors else "0")
         print(f"RUN-MODES {key} rank={rank} ended in {time.monotonic() - t0:.1f}s",
