@@ -21,6 +21,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 SCRIPT = HERE / "loopback_checks.py"
+# the torchrun fixture's check is an entry of the session's torchrun -np 2 launch (last: the
+# script ends with hvd.shutdown()), through the fixture's launcher: it sees that launch's
+# connections; the horovodrun one keeps its own launch (that group's last entry is taken)
+LAUNCH_GROUPS = [("torchrun", 2, [("loopback", "test_torchrun_fixture_keeps_ranks_on_loopback",
+                                   SCRIPT, [])], "last")]
 sys.path.insert(0, str(HERE))
 from loopback_checks import on_loopback  # noqa: E402
 
@@ -36,8 +41,8 @@ def test_horovodrun_fixture_keeps_ranks_on_loopback(horovodrun):
 
 
 @pytest.mark.multirank
-def test_torchrun_fixture_keeps_ranks_on_loopback(torchrun):
-    proc = torchrun(2, SCRIPT, timeout=180)
+def test_torchrun_fixture_keeps_ranks_on_loopback(launch_group, request):
+    proc = launch_group(request, "torchrun", 2).ran("loopback")
     on_loopback(proc.stdout, 2, "lo")
 
 

@@ -19,6 +19,9 @@ from pgc_hvd.runtime.optim_state import rng_state, set_rng_state
 from pgc_hvd.runtime.plain import NotPlain, check_plain, dumps, loads
 
 SCRIPT = Path(__file__).resolve().parent / "checkpoint_trust_checks.py"
+# an entry of the session's horovodrun -np 2 launch (launch_group, tests/conftest.py)
+TEST = "test_load_checkpoint_on_two_ranks_refuses_code_and_resumes_identically"
+LAUNCH_GROUPS = [("horovodrun", 2, [("trust", TEST, SCRIPT, [])])]
 
 
 class RunsCode:
@@ -122,8 +125,8 @@ def test_an_earlier_checkpoint_is_refused_with_the_fix_and_converts_without_runn
 
 
 @pytest.mark.multirank
-def test_load_checkpoint_on_two_ranks_refuses_code_and_resumes_identically(horovodrun):
-    out = horovodrun(2, SCRIPT, timeout=240).stdout
+def test_load_checkpoint_on_two_ranks_refuses_code_and_resumes_identically(launch_group, request):
+    out = launch_group(request, "horovodrun", 2).ran("trust").stdout
     assert out.count("ALL OK rank=") == 2, out
     for check in ("resume_identical", "pickled_callable_refused", "legacy_converted"):
         assert all(f"CHECK {check} ok rank={r}" in out for r in (0, 1)), out

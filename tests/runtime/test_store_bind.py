@@ -13,6 +13,9 @@ from pgc_hvd.runtime.store_address import (bind_address, check_reachable, interf
                                            listen)
 
 SCRIPT = Path(__file__).resolve().parent / "store_bind_checks.py"
+# an entry of the session's horovodrun -np 2 launch (launch_group, tests/conftest.py)
+TEST = "test_open_store_listens_on_the_ranks_address_only"
+LAUNCH_GROUPS = [("horovodrun", 2, [("store-bind", TEST, SCRIPT, [])])]
 
 
 def test_the_address_is_the_users_then_gloos_interface_then_master_addr():
@@ -47,8 +50,8 @@ def test_a_loopback_address_on_another_host_is_refused():
 
 
 @pytest.mark.multirank
-def test_open_store_listens_on_the_ranks_address_only(horovodrun):
-    out = horovodrun(2, SCRIPT, timeout=180).stdout
+def test_open_store_listens_on_the_ranks_address_only(launch_group, request):
+    out = launch_group(request, "horovodrun", 2).ran("store-bind").stdout
     assert out.count("ALL OK rank=") == 2, out
     assert "STORE listens on ['127.0.0.1']" in out, out
     for check in ("listens_on_the_ranks_address", "unbindable_address_named"):

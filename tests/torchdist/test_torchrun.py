@@ -1,8 +1,8 @@
 """The torch engine under torchrun (horovod hidden from the ranks): its collectives, the
 quick start, and the runtime's multi-rank checks that matter, launched as the horovodrun tests
 launch them (the same check scripts and assertions, the engine taken from the launcher). The runs
-that end cleanly share one launch per world size (``launch_group``: np 4 and np 3); the runs that
-kill or hang a rank, the call-order check (its own environment) and np 2 have their own."""
+that end cleanly share one launch per world size (``launch_group``: np 4, 3 and 2); the runs that
+kill or hang a rank and the call-order check (its own environment) have their own."""
 
 import importlib.util
 from pathlib import Path
@@ -37,7 +37,17 @@ NP3 = [("small", "test_small_np3_config_errors_exact_checkpoint", SCRIPT, ["smal
        ("ops", "test_torch_engine_collectives", HERE / "torchdist_checks.py", ["ops"])]
 
 
-LAUNCH_GROUPS = [("torchrun", 4, NP4), ("torchrun", 3, NP3)]
+
+
+def _train_cli(cwd):
+    return ["train", "--scheme", "pgc-cr", "--stragglers", "1", "--model", "softmax",
+            "--steps", "8", "--lr", "0.1", "--momentum", "0.9", "--delay", "exp:mean=0.01,seed=1",
+            "--timeout", "60", "--out", cwd / "run"]
+
+
+NP2 = [("surface", "test_horovod_keywords_fp16_and_refusals", HABITS, ["surface"]),
+       ("train-cli", "test_train_cli_under_torchrun_without_horovod", "-m pgc_hvd", _train_cli)]
+LAUNCH_GROUPS = [("torchrun", 4, NP4), ("torchrun", 3, NP3), ("torchrun", 2, NP2)]
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +58,11 @@ def np4(launch_group, request):
 @pytest.fixture(scope="module")
 def np3(launch_group, request):
     return launch_group(request, "torchrun", 3)
+
+
+@pytest.fixture(scope="module")
+def np2(launch_group, request):
+    return launch_group(request, "torchrun", 2)
 
 
 def _checks(proc):
@@ -89,15 +104,12 @@ def test_quickstart_under_torchrun_np4_without_horovod(np4):
 
 
 @pytest.mark.multirank
-def test_train_cli_under_torchrun_without_horovod(torchrun, tmp_path):
+def test_train_cli_under_torchrun_without_horovod(np2):
     """``torchrun -m pgc_hvd train`` (the README's main job's CLI) runs on the torch engine on
     ranks where horovod cannot be imported: records and summary written, every step decided,
     the remedy's ring decay recorded (momentum 0.9 -> rho = 0.1)."""
     import json
-    out = tmp_path / "run"
-    torchrun(2, "-m", "pgc_hvd", "train", "--scheme", "pgc-cr", "--stragglers", "1",
-             "--model", "softmax", "--steps", "8", "--lr", "0.1", "--momentum", "0.9",
-             "--delay", "exp:mean=0.01,seed=1", "--timeout", "60", "--out", out, timeout=180)
+    out = np2.ran("train-cli").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert summ["n"] == 2 and summ["steps"] == 8 and [r["step"] for r in recs] == list(range(8))
@@ -151,9 +163,8 @@ def test_broadcast_optimizer_state_and_rank0_resume(np3):
 
 
 @pytest.mark.multirank
-def test_horovod_keywords_fp16_and_refusals(torchrun):
-    habits_tests.assert_surface(torchrun(2, RUNTIME / "habits_checks.py", "surface", timeout=240,
-                                         check=False))
+def test_horovod_keywords_fp16_and_refusals(np2):
+    habits_tests.assert_surface(np2["surface"])
 
 
 @pytest.mark.multirank
