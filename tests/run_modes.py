@@ -15,7 +15,10 @@ is collected; then ``OUTDIR/<i>.rank<r>.done`` gets ``0``, or ``1`` when that cl
 (printed on its stderr, as the exit hook prints it). An exception that escapes a script ends the
 launch as it would have ended the script's own (later entries do not run; their ``.done`` files
 are missing); so does an entry still running after ENTRY_TIMEOUT seconds (``faulthandler``:
-every thread's traceback on stderr, exit status 1).
+every thread's traceback on stderr, exit status 1), and an entry other than the last that leaves
+Horovod shut down: the next entry's ``hvd.init()`` would rendezvous and connect gloo afresh while
+a loaded rank may still be in the entry before, which ends in gloo's ``Connect timeout`` (seen
+under load); such a script is marked ``"last"`` in its module's ``LAUNCH_GROUPS`` instead.
 """
 
 from __future__ import annotations
@@ -47,6 +50,16 @@ class _Tee:
 
     def __getattr__(self, name):
         return getattr(self.streams[0], name)
+
+
+def _horovod_still_up(key: str) -> None:
+    """Ends the launch when entry ``key`` shut Horovod down and another entry follows."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None and "HOROVOD_RANK" in os.environ and not hvd.is_initialized():
+        raise SystemExit(f"run_modes: entry {key} left Horovod shut down (hvd.shutdown()) and "
+                         "more entries follow: a re-init mid-launch re-connects gloo and times "
+                         "out when a rank lags; drop the shutdown or mark the entry \"last\" in "
+                         "its module's LAUNCH_GROUPS")
 
 
 def main() -> None:
@@ -90,6 +103,8 @@ def main() -> None:
             os.environ.update(env)
             torch.set_default_dtype(dtype)
             torch.set_num_threads(threads)
+        if i < len(spec) - 1:
+            _horovod_still_up(key)
         with open(os.path.join(out, f"{i}.rank{rank}.done"), "w") as fd:
             fd.write("1" if errors else "0")
         print(f"RUN-MODES {key} rank={rank} ended in {time.monotonic() - t0:.1f}s",
