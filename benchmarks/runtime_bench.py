@@ -3,6 +3,7 @@
     python benchmarks/runtime_bench.py [--models resnet18,resnet50] [--np 2,3,4] [--compute 0.3]
                                       [--steps 12] [--json runs/runtime_bench.json]
     python benchmarks/runtime_bench.py --crossover      # the optimistic-threshold crossover
+    python benchmarks/runtime_bench.py --models resnet18 --np 4 --controls allgather,log
 
 Launches ``horovodrun --gloo`` once per (np, part) on this machine and prints ratios, all
 measured in this one invocation:
@@ -24,6 +25,11 @@ b) exponential delays with mean = compute time (seeded; the same schedule for ev
    and model) plus the (n-s)-th order statistic of the delays actually drawn (a step cannot end
    before n-s ranks have slept their delays and then done a straggler-free step's work). Goal:
    PGC-CR within 10% of it. Horovod's own floor is its part-a step plus the largest delay.
+
+``--controls allgather,log``: every pgc_hvd scheme of parts a and b runs once per control plane
+(``control=`` of the optimizer; a label ``pgc-cr/log`` in the output), in the same launch as
+Horovod's step they are compared with; parts a and b also print the control exchanges a rank
+made per step (``control_ops`` of the records, rank 0; issue 25 allows at most 5 at np = 4).
 
 ``--crossover``: time per step of PGC-CR with ``optimistic=True`` (payloads ride with control
 rows: one collective, n payloads) and ``optimistic=False`` (control rows, then one allreduce) at
@@ -114,29 +120,34 @@ def worker(args) -> None:
         return times, []
 
     def run_pgc(label):
+        label, _, control = label.partition("/")
         label, _, opt_mode = label.partition("@")
         scheme, _, policy = label.partition(":")
         kw = {} if not opt_mode else {"optimistic": opt_mode == "opt"}
+        if control:
+            kw["control"] = control
         return time_pgc(pgc_hvd.DistributedOptimizer, build_model(kind, args.width), loader,
                         compute, steps, warm, rank, scheme=scheme, delays=delays,
-                        name=f"b-{scheme}-{policy}-{opt_mode}",
+                        name=f"b-{scheme}-{policy}-{opt_mode}-{control}",
                         straggler_policy=policy or "continue", **kw)
 
     out = {"n": n, "part": args.part, "model": kind, "d": d, "compute": compute,
            "steps": steps, "warmup": warm}
     if args.part == "a":
-        runs = SCHEMES_A
+        runs = with_controls(SCHEMES_A, args.controls)
     elif args.part == "b":
-        runs = RUNS_B
+        runs = with_controls(RUNS_B, args.controls)
     else:
         runs = ("pgc-cr@opt", "pgc-cr@two")
     for name in runs:
         barrier(name)
-        times, nbytes = run_hvd() if name == "hvd" else run_pgc(name)
+        times, nbytes, ops = run_hvd() + ([],) if name == "hvd" else run_pgc(name)
         if rank == 0:
             out[name] = (times[-1] - times[warm - 1]) / (steps - warm)
             if nbytes:
                 out[f"{name}.bytes"] = sum(nbytes) / len(nbytes)
+            if ops:
+                out[f"{name}.control_ops"] = sum(ops) / len(ops)
             print(f"[bench np={n} part {args.part} {kind}] {name}: "
                   f"{out[name] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
     if args.part == "b":
@@ -148,21 +159,31 @@ def worker(args) -> None:
         print("RESULT " + json.dumps(out), flush=True)
 
 
+def with_controls(labels, controls: str) -> tuple:
+    """``labels`` with each pgc_hvd run repeated per control plane of ``controls`` (comma
+    separated; ``allgather`` keeps the plain label, another gets ``/<control>``)."""
+    planes = [c.strip() for c in controls.split(",") if c.strip()]
+    return tuple(lab for lab in labels if lab == "hvd") + tuple(
+        lab if plane == "allgather" else f"{lab}/{plane}"
+        for lab in labels if lab != "hvd" for plane in planes)
+
+
 # ----------------------------------------------------------------------------- driver
 def time_pgc(make_optimizer, m, loader, compute: float, steps: int, warm: int, rank: int,
              **options) -> tuple[list, list]:
     """pgc_hvd's loop on model ``m`` (SGD lr 0.01, ``compute`` seconds slept per partition
     before its backward) until version ``steps``, with ``make_optimizer`` (the Horovod or the
     torch engine's ``DistributedOptimizer``) and its ``options``; on rank 0 returns the wall
-    time each step was decided and the bytes received in each step after ``warm`` (from the
-    records), elsewhere ([], [])."""
+    time each step was decided, the bytes received and the control exchanges made in each step
+    after ``warm`` (from the records), elsewhere ([], [], [])."""
     import torch
     import torch.nn.functional as F
-    decided, nbytes = {}, {}
+    decided, nbytes, ops = {}, {}, {}
 
     def on_record(r):
         decided[r.step] = time.time()
         nbytes[r.step] = r.bytes
+        ops[r.step] = r.extra.get("control_ops")
     opt = make_optimizer(torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(),
                          on_record=on_record, timeout=300, **options)
     while opt.version < steps:
@@ -172,8 +193,9 @@ def time_pgc(make_optimizer, m, loader, compute: float, steps: int, warm: int, r
         opt.step()
     opt.close()
     if rank != 0:
-        return [], []
-    return [decided[t] for t in range(steps)], [nbytes[t] for t in range(warm, steps)]
+        return [], [], []
+    return ([decided[t] for t in range(steps)], [nbytes[t] for t in range(warm, steps)],
+            [ops[t] for t in range(warm, steps) if ops[t] is not None])
 
 
 def launch(np_, part, model, args, steps=None, width=0, compute=None) -> dict:
@@ -186,7 +208,8 @@ def launch(np_, part, model, args, steps=None, width=0, compute=None) -> dict:
     return run_ranks(np_, __file__, ["--part", part, "--compute",
                                      args.compute if compute is None else compute,
                                      "--steps", steps or args.steps, "--warmup", args.warmup,
-                                     "--seed", args.seed, "--model", model, "--width", width],
+                                     "--seed", args.seed, "--model", model, "--width", width,
+                                     "--controls", args.controls],
                      args.timeout, on_line=echo)
 
 
@@ -217,14 +240,15 @@ def report(a: dict, b, c: float, seconds: float) -> None:
           f"{os.cpu_count()} cores), one run, {seconds:.0f}s")
     print("\na) no stragglers: time per step / hvd.DistributedOptimizer's; bytes received per "
           "rank per step / the ring allreduce's 2(n-1)/n 4d")
-    cols = SCHEMES_A[1:]
-    print(f"{'model':>9} {'d':>10} {'np':>3} {'hvd ms':>7} " + " ".join(f"{s:>21}" for s in cols))
+    cols = [k for k in next(iter(a.values()))
+            if "." not in k and k.split("/")[0] in SCHEMES_A[1:]]
+    print(f"{'model':>9} {'d':>10} {'np':>3} {'hvd ms':>7} " + " ".join(f"{s:>28}" for s in cols))
     for (m, k), r in a.items():
         rb = ring_bytes(k, r["d"])
         cells = [f"{r[s] * 1e3:5.0f} {r[s] / r['hvd']:5.2f}x {r.get(s + '.bytes', 0) / rb:5.2f}B"
-                 for s in cols]
+                 f" {r.get(s + '.control_ops', float('nan')):4.1f}op" for s in cols]
         print(f"{m:>9} {r['d']:>10} {k:>3} {r['hvd'] * 1e3:7.0f} "
-              + " ".join(f"{x:>21}" for x in cells))
+              + " ".join(f"{x:>28}" for x in cells))
     if b is None:
         return
     ar = a.get((b["model"], b["n"]))
@@ -234,12 +258,16 @@ def report(a: dict, b, c: float, seconds: float) -> None:
     hvd_floor = ar["hvd"] + b["drawn_max"] if ar else float("nan")
     print(f"  hvd.DistributedOptimizer {b['hvd'] * 1e3:6.0f} ms   / floor "
           f"{b['hvd'] / hvd_floor:.2f}x ({hvd_floor * 1e3:.0f} ms)")
-    print(f"  dgd (pgc_hvd)            {b['dgd'] * 1e3:6.0f} ms")
-    for key in ("pgc-cr", "pgc-cr:cancel"):
-        floor = (ar["pgc-cr"] if ar else float("nan")) + b["drawn_kth"]
+    dgd = b.get("dgd") or next(v for k, v in b.items() if k.startswith("dgd/") and "." not in k)
+    print(f"  dgd (pgc_hvd)            {dgd * 1e3:6.0f} ms")
+    for key in [k for k in b if "." not in k and k.split("/")[0] in ("pgc-cr", "pgc-cr:cancel")]:
+        plane = key.partition("/")[2]
+        base = f"pgc-cr/{plane}" if plane else "pgc-cr"
+        floor = (ar.get(base, float("nan")) if ar else float("nan")) + b["drawn_kth"]
         print(f"  {key:<24} {b[key] * 1e3:6.0f} ms   / hvd {b[key] / b['hvd']:.2f}x, / dgd "
-              f"{b[key] / b['dgd']:.2f}x, / floor {b[key] / floor:.2f}x ({floor * 1e3:.0f} ms; "
-              f"goal <= 1.10x)")
+              f"{b[key] / dgd:.2f}x, / floor {b[key] / floor:.2f}x ({floor * 1e3:.0f} ms; "
+              f"goal <= 1.10x), {b.get(key + '.control_ops', float('nan')):.1f} control "
+              "exchanges/step")
 
 
 def main(argv=None) -> int:
@@ -254,6 +282,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--controls", default="allgather",
+                   help="control planes each pgc_hvd run uses, e.g. allgather,log")
     p.add_argument("--crossover", action="store_true", help="measure the optimistic threshold")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--report", default=None, metavar="JSON",

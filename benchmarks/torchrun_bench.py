@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         part, scheme = run.split(":")
         delays = Exponential(compute, seed=args.seed) if part == "b" else Zero()
         hvd.barrier(name=f"bench.{run}")
-        ends, nbytes = run_ddp(delays) if scheme == "ddp" else run_pgc(scheme, delays, part)
+        ends, nbytes, *_ = run_ddp(delays) if scheme == "ddp" else run_pgc(scheme, delays, part)
         if rank == 0:
             out[run] = (ends[-1] - ends[warm - 1]) / (steps - warm)
             if nbytes:
