@@ -21,7 +21,7 @@ PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
     "closing", "interop", "lifecycle", "optim_state", "planner", "replica_check", "replica_rng",
     "sender", "staleness", "step_records",
     "updates")] + [f"pgc_hvd/sim/{m}.py" for m in (
-        "agents", "progress", "step_records", "workers")] + ["pgc_hvd/compress/message.py"]
+        "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + ["pgc_hvd/compress/message.py"]
 
 
 def class_lengths(root: Path = ROOT) -> list[tuple[int, str]]:

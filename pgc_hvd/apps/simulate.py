@@ -17,6 +17,28 @@ from pgc_hvd.sim.comm import CollectiveModel, CommModel, parse_comm_model
 from pgc_hvd.sim.run import prepare_data, simulate
 
 
+def _with_log_control(p, comm: CollectiveModel, control: str, log_fit, measured_here: bool):
+    """``comm`` on the ``control`` path with the log's measured costs (as measured for a link
+    fitted on this machine, else moved to ``comm``'s link, as ``pgc-hvd experiment scale``
+    does), or a usage error naming what is wrong (no costs file, a plane that carries
+    payloads)."""
+    from pgc_hvd.sim.log_costs import load_log_fit
+
+    from .scale import DEFAULT_LOG_FIT
+    path = Path(log_fit) if log_fit is not None else DEFAULT_LOG_FIT
+    try:
+        costs = load_log_fit(path)
+    except (OSError, ValueError) as err:
+        p.error(f"--log-fit: {err}")
+    try:
+        if not measured_here:
+            link = comm.network.allgather
+            costs = costs.on_link(link.alpha, link.beta)
+        return comm.replace(control=control, log=costs)
+    except ValueError as err:
+        p.error(f"--control-plane {control}: {err}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="pgc-hvd simulate",
                                 description="One simulated run: n virtual workers, real gradients, virtual time.")
@@ -49,6 +71,15 @@ def main(argv=None) -> int:
                    help="collective models: the runtime's data plane (default allreduce)")
     p.add_argument("--poll-interval", type=float, default=None,
                    help="collective models: seconds between control rounds (default 0.002)")
+    p.add_argument("--control-plane", default=None, choices=["allgather", "log", "log-bcast"],
+                   help="collective models: how a step's decision is reached (the optimizer's "
+                        "control=; default allgather, polled rounds; log: the ordered log in "
+                        "rank 0's store; log-bcast: its outcome by a tree broadcast, modelled "
+                        "only); pgc_hvd.sim.comm")
+    p.add_argument("--log-fit", default=None, metavar="PATH",
+                   help="--control-plane log / log-bcast: the log's measured costs (default "
+                        "docs/figures/log_control_fit.json, from benchmarks/"
+                        "measure_log_control.py)")
     p.add_argument("--compression", default=None, metavar="SPEC",
                    help="none (default) or topk:RATIO[,ef=0|1][,method=exact|threshold]: "
                         "top-kappa of every coded message, error feedback on unless ef=0 (the "
@@ -96,11 +127,17 @@ def main(argv=None) -> int:
             comm = comm.replace(**{k: v for k, v in (("plane", a.plane),
                                                      ("poll_interval", a.poll_interval))
                                    if v is not None})
-        elif a.plane is not None or a.poll_interval is not None:
-            p.error("--plane and --poll-interval apply to collective comm models (--comm-model "
-                    "ring:... or fitted:PATH), not to the master model")
+        elif (a.plane, a.poll_interval, a.control_plane) != (None, None, None):
+            p.error("--plane, --poll-interval and --control-plane apply to collective comm "
+                    "models (--comm-model ring:... or fitted:PATH), not to the master model")
     except ValueError as err:
         p.error(f"--comm-model: {err}")
+    if a.log_fit is not None and a.control_plane in (None, "allgather"):
+        p.error("--log-fit gives the log control's costs: it needs --control-plane log or "
+                "log-bcast")
+    if a.control_plane not in (None, "allgather"):
+        comm = _with_log_control(p, comm, a.control_plane, a.log_fit,
+                                 measured_here=a.comm_model.startswith("fitted:"))
     try:
         check_run_folder(a.out, overwrite=a.force)
     except ValueError as err:

@@ -190,3 +190,36 @@ def test_log_and_polled_paths_take_the_same_decisions_with_free_control():
     assert [sorted(r.workers_used) for r in free] == [sorted(r.workers_used) for r in polled]
     for a, b in zip(free, polled):
         assert math.isclose(a.time, b.time, rel_tol=1e-3)
+
+
+def test_simulate_command_runs_the_log_control_path(tmp_path, capsys):
+    """``pgc-hvd simulate --control-plane log`` prices the log path (its operation counts in
+    the records, as the runtime's); options that cannot go with it are refused by name."""
+    from pgc_hvd.apps.simulate import main
+    doc = {"format": FORMAT, "store": {"rtt": 1e-4, "beta": 1e-9, "fan_latency": 2e-4,
+                                       "fan_op": 2e-4, "fan_beta": 2e-9},
+           "body": {"samples": [{"n": 4, "decider": {"run": 7e-5, "row": 2e-5},
+                                 "follower": {"run": 5e-5, "row": 1e-5}}]}}
+    fit = tmp_path / "log.json"
+    fit.write_text(json.dumps(doc))
+    base = ["--scheme", "pgc-cr", "--n", "4", "--s", "1", "--steps", "6", "--partition-time",
+            "0.2", "--delay", "exp:mean=0.2,seed=1", "--comm-model", "ring:alpha=1e-5,gbps=25"]
+    for control in ("allgather", "log"):
+        out = tmp_path / control
+        assert main([*base, "--control-plane", control, "--out", str(out)]
+                    + (["--log-fit", str(fit)] if control == "log" else [])) == 0
+        recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+        ops = [r["extra"]["control_ops_others"] for r in recs[1:]] if control == "log" else []
+        assert all(o <= 7 for o in ops)
+        assert ("log_batches" in recs[-1]["extra"]) == (control == "log")
+    for argv, msg in [(["--log-fit", str(fit)], "needs --control-plane log"),
+                      (["--control-plane", "log", "--log-fit", str(tmp_path / "none.json")],
+                       "measure_log_control"),
+                      (["--control-plane", "log", "--log-fit", str(fit), "--plane", "allgather"],
+                       "carries no payloads"),
+                      (["--comm-model", "master", "--control-plane", "log"],
+                       "collective comm models")]:
+        with pytest.raises(SystemExit) as e:
+            main([*base, "--out", str(tmp_path / "bad"), *argv])
+        assert e.value.code == 2
+        assert msg in capsys.readouterr().err
