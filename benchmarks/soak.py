@@ -1,10 +1,11 @@
 """Soak benchmark: does anything grow with the run's length? (issue 15, item 4)
 
     python benchmarks/soak.py [--np 4] [--steps 20000] [--scheme pgc-cr] [--every 1000]
-                              [--control allgather|log]
+                              [--control allgather|log] [--compute SECONDS]
 
 Trains a tiny model (d = 2,242) for ``--steps`` steps on ``--np`` gloo ranks (no emulated
-compute: every step is protocol only) and prints, every ``--every`` steps, rank 0's resident
+compute by default: every step is protocol only; ``--compute`` sleeps that long per partition,
+as a GPU's forward/backward leaves the CPU free, so the polled plane makes its rounds) and prints, every ``--every`` steps, rank 0's resident
 set size (VmRSS), the agent's held decided updates, and the time per step over the last window.
 Flat RSS and flat time per step from the first window to the last mean the per-step bookkeeping
 is bounded. ``--tracemalloc``: rank 0 also compares Python-heap snapshots taken after the first
@@ -69,6 +70,7 @@ def worker(args) -> None:
         tracemalloc.start(8)
     while opt.version < args.steps:
         for xb, yb in opt.batches(loader):
+            time.sleep(args.compute)
             F.cross_entropy(m(xb), yb).backward()
         opt.step()
         if rank == 0 and opt.version - v_last >= args.every:
@@ -100,6 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--every", type=int, default=1000)
     p.add_argument("--scheme", default="pgc-cr")
     p.add_argument("--control", default="allgather", help="the optimizer's control plane")
+    p.add_argument("--compute", type=float, default=0.0, help="emulated seconds per partition")
     p.add_argument("--timeout", type=float, default=7200)
     p.add_argument("--json", default=None)
     p.add_argument("--tracemalloc", action="store_true", help="Python-heap growth sites")
@@ -113,7 +116,8 @@ def main(argv=None) -> int:
         if "[soak]" in line:
             print("  " + line.split("<stderr>:")[-1], flush=True)
     res = run_ranks(args.np, __file__, ["--steps", args.steps, "--every", args.every,
-                                        "--scheme", args.scheme, "--control", args.control]
+                                        "--scheme", args.scheme, "--control", args.control,
+                                        "--compute", args.compute]
                     + (["--tracemalloc"] if args.tracemalloc else []), args.timeout, on_line=echo)
     rows = res["rows"]
     first, last = rows[0], rows[-1]
@@ -121,7 +125,9 @@ def main(argv=None) -> int:
                 if last["step"] > first["step"] else float("nan"))
     ops = sum(r["control_ops_per_step"] for r in rows[1:]) / max(1, len(rows) - 1)
     res["rss_bytes_per_step"], res["control_ops_per_step"] = round(per_step, 1), round(ops, 2)
-    print(f"\nSoak, np={res['n']}, {res['scheme']}, control {res['control']}, {last['step']} "
+    res["compute"] = args.compute
+    print(f"\nSoak, np={res['n']}, {res['scheme']}, control {res['control']}, compute "
+          f"{args.compute * 1e3:.0f} ms, {last['step']} "
           f"steps: RSS {first['rss_mb']:.1f} -> {last['rss_mb']:.1f} MB ({per_step:.0f} bytes a "
           f"step after the first window), {ops:.1f} control exchanges a step, time per step "
           f"{first['ms_per_step']:.2f} -> {last['ms_per_step']:.2f} ms (first and last window "
