@@ -385,7 +385,7 @@ def check_broadcast():
         p.data.normal_()
     opt2 = wrap(m2, sgd_wd(m2), name="bc.resume")
     if hvd.rank() == 0:
-        ck = torch.load(path, weights_only=False)
+        ck = torch.load(path)   # torch's default, weights_only=True: the state is plain types
         m2.load_state_dict(ck["model"])
         opt2.load_state_dict(ck["optimizer"])
         assert opt2.version == 7
@@ -404,7 +404,7 @@ def check_broadcast():
     m3 = model()
     opt3 = wrap(m3, sgd_wd(m3), name="bc.nobcast")
     if hvd.rank() == 0:
-        opt3.load_state_dict(torch.load(path, weights_only=False)["optimizer"])
+        opt3.load_state_dict(torch.load(path)["optimizer"])
     try:
         train_steps(m3, opt3, loader, 1)
         print(f"NO-ERROR rank={hvd.rank()}", flush=True)
@@ -414,7 +414,7 @@ def check_broadcast():
     m4 = model()
     opt4 = wrap(m4, sgd_wd(m4), name="bc.other", scheme="bcgc")
     try:
-        opt4.load_state_dict(torch.load(path, weights_only=False)["optimizer"])
+        opt4.load_state_dict(torch.load(path)["optimizer"])
         print(f"NO-ERROR rank={hvd.rank()}", flush=True)
     except Exception as err:
         clear(err)
