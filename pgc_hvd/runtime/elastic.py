@@ -227,6 +227,7 @@ class ElasticState(_horovod_state_base()):
         self._check = None              # (boundary, handle) of the joint host check in flight
         self._host_ts = 0.0             # newest host-update timestamp acted on
         self._sockets = gloo_cascade.SOCKETS if cascade else None   # this world's gloo sockets
+        self._world_id = 0              # counts the worlds whose sockets were adopted
 
     # -- Horovod State interface -------------------------------------------------------
     def save(self) -> None:
@@ -256,6 +257,7 @@ class ElasticState(_horovod_state_base()):
         t_ready0 = time.time()
         if self._sockets is not None:   # the sockets opened by this world's hvd.init()
             self._sockets.adopt(exclude=gloo_cascade.rendezvous_endpoints())
+        self._world_id += 1
         params = [p for p in self.model.parameters()]
         from pgc_hvd.runtime.consistency import tensors_digest
 
@@ -287,8 +289,9 @@ class ElasticState(_horovod_state_base()):
             self._world_broke(err)
             raise
         agent = getattr(self.opt, "agent", None)
-        if self._sockets is not None and agent is not None:
-            agent.on_stop = self._agent_stopped   # leave at once, from the agent thread
+        if self._sockets is not None and agent is not None:   # leave at once, from the agent
+            world = self._world_id
+            agent.on_stop = lambda err: self._agent_stopped(err, world)
         _check_timeouts(self.opt)
         if getattr(self.opt, "n", n) != n:
             raise ValueError(f"make_optimizer built an optimizer for n={self.opt.n} in a world of "
@@ -365,10 +368,11 @@ class ElasticState(_horovod_state_base()):
             self._write(rec)
 
     # -- internals ---------------------------------------------------------------------
-    def _agent_stopped(self, err: BaseException) -> None:
-        """The agent thread stopped with ``err``: a broken world is left at once (the others
-        are told by the shut-down sockets), before the training thread notices."""
-        if world_error(err):
+    def _agent_stopped(self, err: BaseException, world: int) -> None:
+        """The agent thread of world ``world`` stopped with ``err``: a broken world is left at
+        once (the others are told by the shut-down sockets), before the training thread
+        notices. An agent of an older world (one that outlived its world) leaves nothing."""
+        if world == self._world_id and world_error(err):
             self._leave_world(broken=True)
 
     def _leave_world(self, broken: bool) -> None:

@@ -164,12 +164,16 @@ def test_elastic_state_leaves_a_broken_world_from_the_agent_thread():
     state = _state()
     assert state._sockets is gc.SOCKETS       # on by default
     state._sockets = tracker = _Tracker()
-    state._agent_stopped(AgentError("rank 1: the other ranks did not finish"))
+    state._world_id = 3
+    state._agent_stopped(AgentError("rank 1: the other ranks did not finish"), 3)
     assert tracker.calls == []                # not a broken world: nothing shut down
     try:
         raise AgentError("collective failed") from exc.HorovodInternalError("reset by peer")
     except AgentError as err:
-        state._agent_stopped(err)
+        broken = err
+    state._agent_stopped(broken, 2)           # an agent that outlived world 2: not this world's
+    assert tracker.calls == []
+    state._agent_stopped(broken, 3)
     assert tracker.calls == ["cascade", "mark"]
     state.restore()                           # Horovod's restore after the error: again, a no-op
     assert tracker.calls[2:] == ["cascade", "mark"]
