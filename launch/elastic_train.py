@@ -13,8 +13,12 @@ appends the world changes to ``OUT/elastic.jsonl``.
 
 Fault injection for tests and benchmarks: ``--kill-host H --kill-at V`` makes the rank on host H
 (``HOROVOD_HOSTNAME``) kill itself with SIGKILL once its model version reaches V in a world of
-``--kill-n`` ranks, after writing the time to ``OUT/kill.json``. ``--compute-time S`` sleeps S
-seconds per partition evaluated (emulated compute: stable step times on a shared machine).
+``--kill-n`` ranks, after writing the time to ``OUT/kill.json``; each rank writes
+``OUT/started-<host>.json`` (its pid, the time) after its first step, for a killer outside the job
+(benchmarks/elastic_random_kills.py). ``--compute-time S`` sleeps S seconds per partition
+evaluated (emulated compute: stable step times on a shared machine). ``--no-cascade`` turns off
+the fast leaving of a broken world (``ElasticState(cascade=False)``: a death then costs up to
+``HOROVOD_GLOO_TIMEOUT_SECONDS``).
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ def parse(argv=None):
                         "many ranks, then 30 versions more (a test of a join that must not end "
                         "before the join)")
     p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--no-cascade", action="store_true",
+                   help="ElasticState(cascade=False): survivors wait for the gloo timeout")
     return p.parse_args(argv)
 
 
@@ -88,7 +94,7 @@ def main(argv=None) -> int:
     state = ElasticState(model, base, make_optimizer,
                          make_loader=lambda n: PartitionLoader(X, y, n=n, batch_size=16, seed=5),
                          events=os.path.join(args.out, "elastic.jsonl"),
-                         check_every=args.check_every)
+                         check_every=args.check_every, cascade=not args.no_cascade)
 
     @hvd.elastic.run
     def train(state):
@@ -104,6 +110,9 @@ def main(argv=None) -> int:
                 if args.compute_time > 0:
                     time.sleep(args.compute_time)
             state.step(loss=None if loss is None else loss.item())
+            if state.worlds == 1 and len(state.step_times) == 1:   # for a killer outside
+                with open(os.path.join(args.out, f"started-{host}.json"), "w") as f:
+                    json.dump({"host": host, "pid": os.getpid(), "time": time.time()}, f)
             if (args.kill_host == host and hvd.size() == args.kill_n
                     and state.opt.version >= args.kill_at):
                 with open(os.path.join(args.out, "kill.json"), "w") as f:

@@ -107,7 +107,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -305,6 +305,9 @@ class CommAgent(_DecisionBody):
         self._applied = int(start_step)      # the training thread's version (release_before)
         self.cond = threading.Condition()
         self.error: Optional[BaseException] = None
+        # called on the agent thread with the error that stopped it, before the training
+        # thread is told (the elastic state leaves a broken world from here: gloo_cascade)
+        self.on_stop: Optional[Callable[[BaseException], None]] = None
         self._outbox: dict[int, Outgoing] = {}
         self._bad_step = -1
         self._busy_total = 0.0
@@ -570,6 +573,12 @@ class CommAgent(_DecisionBody):
             self.channel.close()
         except BaseException as err:  # surfaced to the training thread
             log.error("pgc_hvd agent on rank %d stopped: %s", self.rank, err)
+            if self.on_stop is not None:
+                try:
+                    self.on_stop(err)
+                except Exception as hook_err:   # never hides the agent's own error
+                    log.warning("pgc_hvd agent on rank %d: on_stop failed: %s", self.rank,
+                                hook_err)
             with self.cond:
                 self.error = err
                 self.cond.notify_all()

@@ -26,12 +26,15 @@ Usage (``launch/elastic_train.py`` and docs/elastic.md are the full recipe)::
 
     train(state)
 
-What happens when a rank dies (SIGKILL, a lost host): its peers' collectives fail (gloo notices a
-reset connection at once; a rank with no connection to the dead one waits
-``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s by default). The survivors' agents stop with an
-:class:`~pgc_hvd.runtime.agent.AgentError` whose cause is Horovod's ``HorovodInternalError``;
-:meth:`ElasticState.step` re-raises it as ``HorovodInternalError`` so that Horovod's elastic
-loop resets the world (``hvd.shutdown(); hvd.init()``). Then:
+What happens when a rank dies (SIGKILL, a lost host): the survivors with an operation pending
+on their connection to the dead rank fail at once (gloo sees the reset connection); the first
+rank whose collective fails shuts down its sockets of the world (:mod:`pgc_hvd.runtime.
+gloo_cascade`: Horovod's own shutdown leaves them open), so every rank blocked on a receive
+from it fails at once too and does the same: every survivor leaves within milliseconds, not
+after ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``cascade=False`` turns this off). The survivors'
+agents stop with an :class:`~pgc_hvd.runtime.agent.AgentError` whose cause is Horovod's
+``HorovodInternalError``; :meth:`ElasticState.step` re-raises it as ``HorovodInternalError``
+so that Horovod's elastic loop resets the world (``hvd.shutdown(); hvd.init()``). Then:
 
 1. :meth:`restore` (no collective: the old world is gone) abandons the old optimizer
    (:func:`abandon`): every update the old world decided is applied (a straggler catches up on
@@ -80,7 +83,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from pgc_hvd.runtime import plain
+from pgc_hvd.runtime import gloo_cascade, plain
 from pgc_hvd.runtime.agent import AgentError
 
 log = logging.getLogger(__name__)
@@ -191,12 +194,16 @@ class ElasticState(_horovod_state_base()):
         check_every: model versions between the ranks' joint checks for added hosts.
         timeout: seconds a rank waits for the others' part of one such check.
         hvd: the Horovod module (default ``horovod.torch``).
+        cascade: shut down this rank's gloo sockets when its world breaks, so that the others
+            leave at once (:mod:`pgc_hvd.runtime.gloo_cascade`; Linux, a no-op elsewhere).
+            Import this module before ``hvd.init()`` so that the first world's sockets are
+            found (its import marks the sockets that are not Horovod's).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  make_optimizer: Callable, make_loader: Optional[Callable] = None, *,
                  events: Optional[str] = None, check_every: int = 10, timeout: float = 120.0,
-                 hvd=None):
+                 hvd=None, cascade: bool = True):
         if hvd is None:
             import horovod.torch as hvd
         self.hvd = hvd
@@ -219,6 +226,8 @@ class ElasticState(_horovod_state_base()):
         self._boundary = 0              # last check_every boundary processed
         self._check = None              # (boundary, handle) of the joint host check in flight
         self._host_ts = 0.0             # newest host-update timestamp acted on
+        self._sockets = gloo_cascade.SOCKETS if cascade else None   # this world's gloo sockets
+        self._world_id = 0              # counts the worlds whose sockets were adopted
 
     # -- Horovod State interface -------------------------------------------------------
     def save(self) -> None:
@@ -232,6 +241,7 @@ class ElasticState(_horovod_state_base()):
             self._reason = 1
         if self._noticed != self._noticed:
             self._noticed = time.time()
+        self._leave_world(broken=True)
         self._check = None
         if self.opt is not None:
             abandon(self.opt)
@@ -245,6 +255,9 @@ class ElasticState(_horovod_state_base()):
         hvd = self.hvd
         n, rank = hvd.size(), hvd.rank()
         t_ready0 = time.time()
+        if self._sockets is not None:   # the sockets opened by this world's hvd.init()
+            self._sockets.adopt(exclude=gloo_cascade.rendezvous_endpoints())
+        self._world_id += 1
         params = [p for p in self.model.parameters()]
         from pgc_hvd.runtime.consistency import tensors_digest
 
@@ -275,6 +288,10 @@ class ElasticState(_horovod_state_base()):
         except AgentError as err:   # the new world broke during the construction check
             self._world_broke(err)
             raise
+        agent = getattr(self.opt, "agent", None)
+        if self._sockets is not None and agent is not None:   # leave at once, from the agent
+            world = self._world_id
+            agent.on_stop = lambda err: self._agent_stopped(err, world)
         _check_timeouts(self.opt)
         if getattr(self.opt, "n", n) != n:
             raise ValueError(f"make_optimizer built an optimizer for n={self.opt.n} in a world of "
@@ -351,11 +368,28 @@ class ElasticState(_horovod_state_base()):
             self._write(rec)
 
     # -- internals ---------------------------------------------------------------------
+    def _agent_stopped(self, err: BaseException, world: int) -> None:
+        """The agent thread of world ``world`` stopped with ``err``: a broken world is left at
+        once (the others are told by the shut-down sockets), before the training thread
+        notices. An agent of an older world (one that outlived its world) leaves nothing."""
+        if world == self._world_id and world_error(err):
+            self._leave_world(broken=True)
+
+    def _leave_world(self, broken: bool) -> None:
+        """The world ends: shut down its gloo sockets when it broke (module doc), and mark
+        every socket held now, so that the next world's ``hvd.init()`` tells its own apart."""
+        if self._sockets is None:
+            return
+        if broken:
+            self._sockets.cascade()
+        self._sockets.mark()
+
     def _world_broke(self, err: AgentError) -> None:
         if world_error(err):
             from horovod.common.exceptions import HorovodInternalError
             self._reason = max(self._reason, 1)
             self._noticed = time.time()
+            self._leave_world(broken=True)
             log.warning("pgc_hvd elastic: rank %d at version %d: the world broke (%s); "
                         "re-forming", self.hvd.rank(), self.opt.version, err)
             raise HorovodInternalError(str(err)) from err
@@ -391,6 +425,7 @@ class ElasticState(_horovod_state_base()):
                     self._last_step_at = (self.step_times[-1][1] if self.step_times else
                                           self._last_step_at)
                     self.base.load_state_dict(torch.optim.Optimizer.state_dict(self.opt))
+                    self._leave_world(broken=False)   # an orderly end: only the mark
                     from horovod.common.exceptions import HostsUpdatedInterrupt
                     raise HostsUpdatedInterrupt(False)
             ts = self._host_ts
