@@ -255,9 +255,7 @@ class ElasticState(_horovod_state_base()):
         hvd = self.hvd
         n, rank = hvd.size(), hvd.rank()
         t_ready0 = time.time()
-        if self._sockets is not None:   # the sockets opened by this world's hvd.init()
-            self._sockets.adopt(exclude=gloo_cascade.rendezvous_endpoints())
-        self._world_id += 1
+        self._adopt_world(n, rank)
         params = [p for p in self.model.parameters()]
         from pgc_hvd.runtime.consistency import tensors_digest
 
@@ -374,6 +372,20 @@ class ElasticState(_horovod_state_base()):
         notices. An agent of an older world (one that outlived its world) leaves nothing."""
         if world == self._world_id and world_error(err):
             self._leave_world(broken=True)
+
+    def _adopt_world(self, n: int, rank: int) -> None:
+        """A new world started: its gloo sockets are those its ``hvd.init()`` opened. Finding
+        none in a world of several ranks means they were opened before this module's import
+        marked the process's sockets: said, with the fix, as the cascade cannot work then."""
+        self._world_id += 1
+        if self._sockets is None:
+            return
+        found = self._sockets.adopt(exclude=gloo_cascade.rendezvous_endpoints())
+        if found == 0 and n > 1 and self._sockets.available:
+            log.warning("pgc_hvd elastic: rank %d found none of this world's gloo sockets (was "
+                        "pgc_hvd.runtime.elastic imported after hvd.init()?): a rank's death "
+                        "will cost HOROVOD_GLOO_TIMEOUT_SECONDS in this world; import it "
+                        "before hvd.init()", rank)
 
     def _leave_world(self, broken: bool) -> None:
         """The world ends: shut down its gloo sockets when it broke (module doc), and mark

@@ -131,6 +131,8 @@ def test_a_reused_descriptor_is_not_shut_down():
 
 
 class _Tracker:
+    available = True
+
     def __init__(self):
         self.calls = []
 
@@ -183,3 +185,17 @@ def test_elastic_state_without_cascade_has_no_tracker():
     state = _state(cascade=False)
     assert state._sockets is None
     state._leave_world(broken=True)           # nothing to do, no error
+
+
+def test_a_world_whose_sockets_were_not_found_is_said_with_the_fix(caplog):
+    """Imported after hvd.init(), the module's mark already holds the first world's sockets:
+    adopt finds none, and the state says so (the cascade cannot work in that world)."""
+    state = _state()
+    state._sockets = tracker = _Tracker()
+    with caplog.at_level("WARNING", logger="pgc_hvd.runtime.elastic"):
+        state._adopt_world(n=1, rank=0)          # alone: no peer sockets expected
+        assert not caplog.records
+        state._adopt_world(n=4, rank=2)
+    assert tracker.calls == ["adopt", "adopt"] and state._world_id == 2
+    assert "rank 2 found none of this world's gloo sockets" in caplog.text
+    assert "import it before hvd.init()" in caplog.text
