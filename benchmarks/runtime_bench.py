@@ -26,6 +26,9 @@ b) exponential delays with mean = compute time (seeded; the same schedule for ev
    before n-s ranks have slept their delays and then done a straggler-free step's work). Goal:
    PGC-CR within 10% of it. Horovod's own floor is its part-a step plus the largest delay.
 
+``--repeat K`` runs the whole list K times in turn within each launch (hvd, dgd, ..., hvd, dgd,
+...) and reports each run's median time per step (``<run>.each`` in the JSON holds all K).
+
 ``--controls allgather,log``: every pgc_hvd scheme of parts a and b runs once per control plane
 (``control=`` of the optimizer; a label ``pgc-cr/log`` in the output), in the same launch as
 Horovod's step they are compared with; parts a and b also print the control exchanges a rank
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -119,7 +123,7 @@ def worker(args) -> None:
             times.append(time.time())
         return times, []
 
-    def run_pgc(label):
+    def run_pgc(label, tag=""):
         label, _, control = label.partition("/")
         label, _, opt_mode = label.partition("@")
         scheme, _, policy = label.partition(":")
@@ -128,7 +132,7 @@ def worker(args) -> None:
             kw["control"] = control
         return time_pgc(pgc_hvd.DistributedOptimizer, build_model(kind, args.width), loader,
                         compute, steps, warm, rank, scheme=scheme, delays=delays,
-                        name=f"b-{scheme}-{policy}-{opt_mode}-{control}",
+                        name=f"b-{scheme}-{policy}-{opt_mode}-{control}{tag}",
                         straggler_policy=policy or "continue", **kw)
 
     out = {"n": n, "part": args.part, "model": kind, "d": d, "compute": compute,
@@ -139,17 +143,22 @@ def worker(args) -> None:
         runs = with_controls(RUNS_B, args.controls)
     else:
         runs = ("pgc-cr@opt", "pgc-cr@two")
-    for name in runs:
-        barrier(name)
-        times, nbytes, ops = run_hvd() + ([],) if name == "hvd" else run_pgc(name)
-        if rank == 0:
-            out[name] = (times[-1] - times[warm - 1]) / (steps - warm)
-            if nbytes:
-                out[f"{name}.bytes"] = sum(nbytes) / len(nbytes)
-            if ops:
-                out[f"{name}.control_ops"] = sum(ops) / len(ops)
-            print(f"[bench np={n} part {args.part} {kind}] {name}: "
-                  f"{out[name] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
+    each: dict = {}
+    for r in range(args.repeat):      # the runs in turn, --repeat times: A B C A B C ...
+        for name in runs:
+            barrier(f"{name}.{r}")
+            times, nbytes, ops = (run_hvd() + ([],) if name == "hvd" else
+                                  run_pgc(name, f"r{r}"))
+            if rank == 0:
+                each.setdefault(name, []).append((times[-1] - times[warm - 1]) / (steps - warm))
+                out[name] = statistics.median(each[name])
+                out[f"{name}.each"] = each[name]
+                if nbytes:
+                    out[f"{name}.bytes"] = sum(nbytes) / len(nbytes)
+                if ops:
+                    out[f"{name}.control_ops"] = sum(ops) / len(ops)
+                print(f"[bench np={n} part {args.part} {kind}] {name}: "
+                      f"{each[name][-1] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
     if args.part == "b":
         import numpy as np
         D = delays.matrix(n, steps)[warm:]           # (steps, n) delays actually drawn
@@ -209,7 +218,7 @@ def launch(np_, part, model, args, steps=None, width=0, compute=None) -> dict:
                                      args.compute if compute is None else compute,
                                      "--steps", steps or args.steps, "--warmup", args.warmup,
                                      "--seed", args.seed, "--model", model, "--width", width,
-                                     "--controls", args.controls],
+                                     "--controls", args.controls, "--repeat", args.repeat],
                      args.timeout, on_line=echo)
 
 
@@ -282,6 +291,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the list this many times in turn (A B A B ...) in each launch and "
+                        "report each run's median: steadier on a shared machine")
     p.add_argument("--controls", default="allgather",
                    help="control planes each pgc_hvd run uses, e.g. allgather,log")
     p.add_argument("--crossover", action="store_true", help="measure the optimistic threshold")
