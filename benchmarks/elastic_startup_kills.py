@@ -103,6 +103,13 @@ def killer(out: Path, at: float, t0: float, rng: random.Random, done: threading.
         time.sleep(0.1)
 
 
+def others_running(pattern: str) -> bool:
+    """Whether ``pgrep -f pattern`` finds a process other than this one (whose own command
+    line holds the pattern)."""
+    got = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    return any(int(pid) != os.getpid() for pid in got.split())
+
+
 def one_try(lh, work: Path, args, rng: random.Random, i: int) -> dict:
     listing = work / "hosts.txt"
     listing.write_text("".join(f"{h}:1\n" for h in lh.hosts))
@@ -198,6 +205,11 @@ def main(argv=None) -> int:
                    help="before each try, wait while `pgrep -f PATTERN` finds a process")
     p.add_argument("--out", default=None, help="JSON file for the results")
     args = p.parse_args(argv)
+
+    def stop(*_):   # SIGTERM: leave through the with-blocks (the sshd and folders go)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     rng = random.Random(args.seed)
     results = []
     t_all = time.time()
@@ -214,8 +226,7 @@ def main(argv=None) -> int:
 
     with LocalHosts(count=4) as lh:
         for i in range(args.tries):
-            while args.wait_while and subprocess.run(
-                    ["pgrep", "-f", args.wait_while], capture_output=True).returncode == 0:
+            while args.wait_while and others_running(args.wait_while):
                 time.sleep(10)
             with tempfile.TemporaryDirectory(prefix="pgc-kills-") as d:
                 rec = one_try(lh, Path(d), args, rng, i)
