@@ -6,6 +6,17 @@
 (on one machine, e.g. the loopback ssh hosts of launch/local_hosts.py, add
 ``--network-interface lo``: ``LocalHosts.horovodrun_args()`` does)
 
+Kills at any moment (docs/elastic.md): every rank saves the model and the optimizer state at
+every version it reaches to ``OUT/checkpoints/`` (``--checkpoint-every``; atomic files,
+:mod:`pgc_hvd.runtime.elastic_checkpoint`), and a run whose ``OUT`` holds checkpoints starts
+from the newest (``--no-resume``: from scratch), so a job Horovod could not keep alive (its ranks
+aborted in C++) loses nothing decided when it is started again: ``launch/elastic_run.py`` does
+that without user action. Rank 0 writes ``OUT/done.json`` when training is complete (the
+supervisor's sign of success). ``--progress`` makes each rank append the version it starts from
+and every version it reaches to ``OUT/progress/<attempt>-<host>-<pid>.txt`` (what a benchmark
+checks the restarts against; ``PGC_ELASTIC_ATTEMPT`` is set by the supervisor). The
+``--kill-host`` fault below fires once per ``OUT`` (a resumed run does not kill again).
+
 A small MLP on synthetic data (the recipe; swap in your model and data). Each rank writes
 ``OUT/rank-<host>-<pid>.json`` at the end: its rank and n, final version, a digest of its
 parameters, the (version, time, n) of every step it took and the world changes it saw; rank 0
@@ -39,6 +50,7 @@ import pgc_hvd
 from pgc_hvd.runtime import PartitionLoader
 from pgc_hvd.runtime.consistency import tensors_digest
 from pgc_hvd.runtime.elastic import ElasticState
+from pgc_hvd.runtime.elastic_checkpoint import ElasticCheckpoints
 
 
 def parse(argv=None):
@@ -53,6 +65,15 @@ def parse(argv=None):
     p.add_argument("--compute-time", type=float, default=0.0,
                    help="emulated compute seconds per partition evaluated")
     p.add_argument("--timeout", type=float, default=60.0, help="pgc_hvd collective timeout")
+    p.add_argument("--checkpoint-every", type=int, default=1,
+                   help="versions between the checkpoints every rank writes to OUT/checkpoints "
+                        "(0: none)")
+    p.add_argument("--checkpoint-fsync", action="store_true",
+                   help="fsync each checkpoint (survives the machine's crash, not only kills)")
+    p.add_argument("--no-resume", action="store_true",
+                   help="start from scratch even when OUT/checkpoints holds a checkpoint")
+    p.add_argument("--progress", action="store_true",
+                   help="append every version reached to OUT/progress/<attempt>-<host>-<pid>.txt")
     p.add_argument("--kill-host", default=None)
     p.add_argument("--kill-at", type=int, default=20)
     p.add_argument("--kill-n", type=int, default=4)
@@ -96,13 +117,48 @@ def main(argv=None) -> int:
                          events=os.path.join(args.out, "elastic.jsonl"),
                          check_every=args.check_every, cascade=not args.no_cascade)
 
+    attempt = int(os.environ.get("PGC_ELASTIC_ATTEMPT", "0"))
+    ckpt = None
+    if args.checkpoint_every > 0:
+        ckpt = ElasticCheckpoints(os.path.join(args.out, "checkpoints"),
+                                  tag=f"{host}.{hvd.local_rank()}", every=args.checkpoint_every,
+                                  fsync=args.checkpoint_fsync)
+    resumed = None
+    if ckpt is not None and not args.no_resume:
+        resumed = ckpt.resume(state)
+        if resumed is not None:
+            print(f"ELASTIC resume rank={hvd.rank()} from version {resumed} "
+                  f"({ckpt.folder}) attempt={attempt}", flush=True)
+    progress = None
+    if args.progress:
+        os.makedirs(os.path.join(args.out, "progress"), exist_ok=True)
+        progress = open(os.path.join(args.out, "progress",
+                                     f"{attempt}-{host}-{os.getpid()}.txt"), "a")
+
+    def checkpoint(force=False):
+        """The version this rank reached: recorded (``--progress``), then saved."""
+        if progress is not None and state.opt is not None and \
+                int(state.opt.version) != start.get("recorded"):
+            start["recorded"] = int(state.opt.version)
+            progress.write(f"{int(state.opt.version)} {time.time():.3f} {hvd.size()}\n")
+            progress.flush()
+        if ckpt is not None:
+            ckpt.save(state, force=force)
+
+    start = {}
+
     @hvd.elastic.run
     def train(state):
+        if "digest" not in start:   # what the first world starts from (a resumed checkpoint's model)
+            start.update(version=int(state.opt.version),
+                         digest=tensors_digest(model.parameters()))
+        checkpoint(force=True)   # the first version of this world
         goal = args.steps
         if args.until_n:   # the world this run waits for: 30 more versions in it
             goal = (max(args.steps, state.opt.version + 30) if hvd.size() >= args.until_n
                     else args.max_steps)
         while state.opt.version < goal:
+            checkpoint()
             loss = None
             for xb, yb in state.batches():
                 loss = F.cross_entropy(model(xb), yb)
@@ -114,7 +170,8 @@ def main(argv=None) -> int:
                 with open(os.path.join(args.out, f"started-{host}.json"), "w") as f:
                     json.dump({"host": host, "pid": os.getpid(), "time": time.time()}, f)
             if (args.kill_host == host and hvd.size() == args.kill_n
-                    and state.opt.version >= args.kill_at):
+                    and state.opt.version >= args.kill_at
+                    and not os.path.exists(os.path.join(args.out, "kill.json"))):
                 with open(os.path.join(args.out, "kill.json"), "w") as f:
                     json.dump({"host": host, "version": state.opt.version, "time": time.time(),
                                "pid": os.getpid()}, f)
@@ -127,15 +184,24 @@ def main(argv=None) -> int:
                     json.dump({"host": args.add_host, "version": state.opt.version,
                                "time": time.time()}, f)
         state.close()
+        checkpoint(force=True)
 
     t0 = time.time()
     train(state)
+    if progress is not None:
+        progress.close()
     res = {"rank": hvd.rank(), "n": hvd.size(), "host": host, "pid": os.getpid(),
            "version": int(state.opt.version), "digest": tensors_digest(model.parameters()),
            "worlds": state.worlds, "seconds": time.time() - t0, "changes": state.changes,
-           "step_times": state.step_times}
+           "step_times": state.step_times, "attempt": attempt, "resumed_from": resumed,
+           "start": start,
+           "checkpoint_writes": ckpt.writes if ckpt else 0,
+           "checkpoint_s": ckpt.seconds if ckpt else 0.0}
     with open(os.path.join(args.out, f"rank-{host}-{os.getpid()}.json"), "w") as f:
         json.dump(res, f)
+    if hvd.rank() == 0:   # the supervisor's sign that the job is complete
+        with open(os.path.join(args.out, "done.json"), "w") as f:
+            json.dump({"version": res["version"], "time": time.time(), "attempt": attempt}, f)
     print(f"ELASTIC done rank={hvd.rank()} n={hvd.size()} version={res['version']} "
           f"digest={res['digest']} worlds={state.worlds}", flush=True)
     return 0

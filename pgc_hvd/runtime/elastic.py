@@ -215,6 +215,7 @@ class ElasticState(_horovod_state_base()):
         self.make_optimizer, self.make_loader = make_optimizer, make_loader
         self.events, self.check_every, self.timeout = events, check_every, float(timeout)
         self.opt = None
+        self._resume_version = -1       # a checkpoint's version this rank starts from (resume_at)
         self.loader = None
         self.worlds = 0                 # worlds this rank has trained in
         self.changes: list[dict] = []   # world-change records (every rank)
@@ -260,8 +261,8 @@ class ElasticState(_horovod_state_base()):
         from pgc_hvd.runtime.consistency import tensors_digest
 
         old_n = self.opt.n if self.opt is not None else 0
-        version = int(self.opt.version) if self.opt is not None else -1
-        digest = tensors_digest(params) if self.opt is not None else 0
+        version = int(self.opt.version) if self.opt is not None else self._resume_version
+        digest = tensors_digest(params) if self.opt is not None or version >= 0 else 0
         ints = hvd.allgather(torch.tensor([[version, digest, old_n, self._reason]],
                                           dtype=torch.int64), name="pgc.elastic.sync.i")
         times = hvd.allgather(torch.tensor([[self._last_step_at, self._noticed, self._host_ts]],
@@ -314,6 +315,15 @@ class ElasticState(_horovod_state_base()):
                 "sync_started_at": t_ready0, "ready_at": time.time()}
         self.worlds += 1
         self._reason, self._noticed = 0, float("nan")
+
+    def resume_at(self, version: int) -> None:
+        """Before the first world: this rank's model and ``optimizer`` hold a checkpoint of
+        ``version`` (:class:`~pgc_hvd.runtime.elastic_checkpoint.ElasticCheckpoints`), so the
+        first ``sync()`` counts it as a rank that holds that version (the most advanced rank's
+        model and optimizer state are broadcast to the others) and starts there."""
+        if self.opt is not None:
+            raise RuntimeError("resume_at must be called before the first world's sync()")
+        self._resume_version = int(version)
 
     def reset(self) -> None:
         """Called by Horovod after the world re-formed, before :meth:`sync`; nothing to do."""
