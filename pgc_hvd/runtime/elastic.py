@@ -273,7 +273,9 @@ class ElasticState(_horovod_state_base()):
         self._host_ts = max(t[2] for t in times)
         versions = [r[0] for r in ints]
         V = max(max(versions), 0)
-        root = versions.index(max(versions))
+        # the most advanced rank; among equals one of the last world (old_n > 0) before a rank
+        # that only read a checkpoint (a joiner on a shared folder), then the lowest rank
+        root = max(range(len(ints)), key=lambda i: (ints[i][0], ints[i][2] > 0, -i))
         # a rank without a model (the first world, a rank that joined) or one that differs from
         # the most advanced rank gets the parameters and optimizer state by broadcast
         moved = any(r[0] < 0 or r[0] != ints[root][0] or r[1] != ints[root][1] for r in ints)
@@ -301,7 +303,8 @@ class ElasticState(_horovod_state_base()):
         self._check = None
         prev_n = max(r[2] for r in ints)
         if prev_n > 0:  # a re-formed world: record the change when its first step is done
-            survivors = sum(1 for r in ints if r[0] >= 0)
+            survivors = sum(1 for r in ints if r[2] > 0)   # in the last world (a joiner that
+            #                                           read a checkpoint is still a joiner)
             last = [t[0] for t in times if t[0] == t[0]]
             noticed = [t[1] for t in times if t[1] == t[1]]
             self._pending = {
