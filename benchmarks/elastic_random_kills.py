@@ -41,15 +41,9 @@ ELASTIC = ROOT / "launch" / "elastic_train.py"
 
 def one_kill(lh, work: Path, *, victim: str, delay: float, gloo_timeout: int, args,
              timeout: float = 600) -> dict:
-    listing = work / "hosts.txt"
-    listing.write_text("".join(f"{h}:1\n" for h in lh.hosts))
-    disc = work / "discover.sh"
-    disc.write_text(f"#!/bin/sh\ncat {listing}\n")
-    disc.chmod(0o755)
+    _, disc = lh.discovery(work)
     out = work / "run"
-    env = lh.env()
-    env.update(OMP_NUM_THREADS="1", HOROVOD_GLOO_TIMEOUT_SECONDS=str(gloo_timeout),
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env = lh.elastic_env(gloo_timeout, str(ROOT))
     cmd = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", "4",
            "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(disc),
            *lh.horovodrun_args(), sys.executable, str(ELASTIC), "--out", str(out),

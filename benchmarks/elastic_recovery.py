@@ -50,15 +50,9 @@ def per_step(rows, n, skip=3):
 
 
 def run_case(lh, work: Path, *, np_, hosts, args, gloo_timeout, timeout=600):
-    listing = work / "hosts.txt"
-    listing.write_text("".join(f"{h}:1\n" for h in hosts))
-    disc = work / "discover.sh"
-    disc.write_text(f"#!/bin/sh\ncat {listing}\n")
-    disc.chmod(0o755)
+    listing, disc = lh.discovery(work, hosts)
     out = work / "run"
-    env = lh.env()
-    env.update(OMP_NUM_THREADS="1", HOROVOD_GLOO_TIMEOUT_SECONDS=str(gloo_timeout),
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env = lh.elastic_env(gloo_timeout, str(ROOT))
     cmd = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", str(np_),
            "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(disc),
            *lh.horovodrun_args(), sys.executable, str(ELASTIC), "--out", str(out),

@@ -111,15 +111,9 @@ def others_running(pattern: str) -> bool:
 
 
 def one_try(lh, work: Path, args, rng: random.Random, i: int) -> dict:
-    listing = work / "hosts.txt"
-    listing.write_text("".join(f"{h}:1\n" for h in lh.hosts))
-    disc = work / "discover.sh"
-    disc.write_text(f"#!/bin/sh\ncat {listing}\n")
-    disc.chmod(0o755)
+    _, disc = lh.discovery(work)
     out = work / "run"
-    env = lh.env()
-    env.update(OMP_NUM_THREADS="1", HOROVOD_GLOO_TIMEOUT_SECONDS=str(args.gloo_timeout),
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env = lh.elastic_env(args.gloo_timeout, str(ROOT))
     py = sys.executable
     cmd = [py, str(SUPERVISOR), "--out", str(out), "--restarts", str(args.restarts),
            "--backoff", str(args.backoff), "--attempt-timeout", str(args.attempt_timeout), "--",

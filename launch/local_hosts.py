@@ -191,6 +191,25 @@ class LocalHosts:
         env["PATH"] = f"{self.dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         return env
 
+    def discovery(self, folder, hosts: Optional[list] = None) -> tuple[Path, Path]:
+        """In ``folder``: ``hosts.txt`` listing ``hosts`` (default all), one ``HOST:1`` a line,
+        and ``discover.sh`` printing it, for ``--host-discovery-script``. Appending a line to the
+        listing adds a host to the running job. Returns (listing, script)."""
+        folder = Path(folder)
+        listing, script = folder / "hosts.txt", folder / "discover.sh"
+        listing.write_text("".join(f"{h}:1\n" for h in (self.hosts if hosts is None else hosts)))
+        script.write_text(f"#!/bin/sh\ncat {listing}\n")
+        script.chmod(0o755)
+        return listing, script
+
+    def elastic_env(self, gloo_timeout: float, pythonpath: str) -> dict:
+        """:meth:`env` for an elastic job: one thread per rank, ``HOROVOD_GLOO_TIMEOUT_SECONDS``
+        and ``pythonpath`` first on ``PYTHONPATH`` (the repository, for ``pgc_hvd``)."""
+        env = self.env()
+        env.update(OMP_NUM_THREADS="1", HOROVOD_GLOO_TIMEOUT_SECONDS=str(gloo_timeout),
+                   PYTHONPATH=os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")]))
+        return env
+
     def accepted_logins(self) -> int:
         """ssh logins sshd accepted so far (proof that horovodrun went through ssh)."""
         try:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch_watch import run_watched
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,11 +52,13 @@ def _horovodrun_path() -> str | None:
 
 
 def _launch(cmd: list, cwd, paths: list, timeout: float, env: dict | None, check: bool,
-            drop_prefix: str | None = None):
+            drop_prefix: str | None = None, stall: float | None = None, progress=None):
     """Run a launcher command (the ``horovodrun`` and ``torchrun`` fixtures): ``paths`` first on
     PYTHONPATH, one OpenMP thread per rank unless set, the environment variables starting with
     ``drop_prefix`` removed, then ``env``; fails the test with both streams on a non-zero exit
-    when ``check``."""
+    when ``check``. It cannot hang on a rank's orphan (tests/launch_watch.py): past ``timeout``,
+    or ``stall`` seconds without ``progress()`` moving, every process of the launch is killed
+    and ``subprocess.TimeoutExpired`` raised."""
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     if drop_prefix:
@@ -65,8 +68,8 @@ def _launch(cmd: list, cwd, paths: list, timeout: float, env: dict | None, check
         list(paths) + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if env:
         full_env.update(env)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=str(cwd))
+    proc = run_watched(cmd, env=full_env, cwd=cwd, timeout=timeout, stall=stall,
+                       progress=progress)
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
                     f"\n--- stderr\n{proc.stderr}")
@@ -95,11 +98,11 @@ def _horovodrun_launcher(tmp_path):
                     "False): reinstall Horovod with HOROVOD_WITH_GLOO=1 (launch/setup.sh)")
 
     def run(np: int, script: str | os.PathLike, *args: str, timeout: float = 180.0,
-            env: dict | None = None, check: bool = True):
+            env: dict | None = None, check: bool = True, **watch):
         # horovodrun's own code (tests/hvdrun.py), its Gloo check made once above
         cmd = [sys.executable, str(HVDRUN), "--gloo", "-np", str(np), "-H", f"localhost:{np}",
                "--network-interface", "lo", sys.executable, str(script), *map(str, args)]
-        return _launch(cmd, tmp_path, [str(REPO_ROOT)], timeout, env, check)
+        return _launch(cmd, tmp_path, [str(REPO_ROOT)], timeout, env, check, **watch)
 
     return run
 
@@ -140,7 +143,7 @@ def _torchrun_launcher(tmp_path):
         pytest.skip("torch.distributed has no gloo backend")
 
     def run(np: int, script: str | os.PathLike, *args: str, timeout: float = 180.0,
-            env: dict | None = None, check: bool = True, hide_horovod: bool = True):
+            env: dict | None = None, check: bool = True, hide_horovod: bool = True, **watch):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(np), "--monitor-interval", "0.5", "--tee", "3", str(script),
                *map(str, args)]
@@ -151,7 +154,7 @@ def _torchrun_launcher(tmp_path):
             (hide / "horovod" / "__init__.py").write_text(HIDDEN_HOROVOD)
             paths.insert(0, str(hide))
         return _launch(cmd, tmp_path, paths, timeout, {"GLOO_SOCKET_IFNAME": "lo", **(env or {})},
-                       check, drop_prefix="HOROVOD_")
+                       check, drop_prefix="HOROVOD_", **watch)
 
     return run
 
@@ -211,6 +214,18 @@ class Group:
 
 
 RUN_MODES = Path(__file__).resolve().parent / "run_modes.py"
+
+
+def _newest_write(folder: Path) -> float:
+    """The time of the newest write under ``folder`` (its files and folders), or 0."""
+    newest = 0.0
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            try:
+                newest = max(newest, os.stat(os.path.join(root, name)).st_mtime)
+            except OSError:
+                continue
+    return newest
 ENTRY_TIMEOUT = 300   # seconds, per entry of a grouped launch (the longest single-test timeout)
 
 
@@ -260,8 +275,11 @@ def launch_group(tmp_path_factory):
                 args = args(work)
             spec.append([f"{mod}:{key}", str(script), [str(a) for a in args]])
         make = _horovodrun_launcher if launcher == "horovodrun" else _torchrun_launcher
+        # a launch that writes nothing into its entries' folders for longer than an entry may
+        # run is stuck (e.g. a rank's orphan holds its output open): killed, not waited for
         proc = make(tmp)(np, RUN_MODES, out, json.dumps(spec), ENTRY_TIMEOUT,
-                         timeout=120 + ENTRY_TIMEOUT * len(spec), check=False)
+                         timeout=120 + ENTRY_TIMEOUT * len(spec), check=False,
+                         stall=ENTRY_TIMEOUT + 90, progress=lambda: _newest_write(out))
         (tmp / "launch.out").write_text(proc.stdout)   # kept for a look after a failure
         (tmp / "launch.err").write_text(proc.stderr)
         runs = {(mod, key): ModeRun(f"{mod}:{key}", np, out / str(i), proc,

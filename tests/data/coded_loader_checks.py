@@ -60,7 +60,10 @@ def main(scheme: str, folder: str, steps: int, mismatch: bool = False) -> None:
     train = datasets.ImageFolder(folder, transform=augment)
     plain = datasets.ImageFolder(folder, transform=transforms.ToTensor())
     assert len(train.classes) == n, f"the folder has {len(train.classes)} classes for n={n}"
-    loader = pgc_hvd.CodedLoader(train, n=n, batch_size=4, iid=False, seed=3, num_workers=2)
+    # workers from a fork server, not forked from this threaded rank: a fork of a process
+    # running Horovod's and the agent's threads once deadlocked in CPython's after-fork code
+    loader = pgc_hvd.CodedLoader(train, n=n, batch_size=4, iid=False, seed=3, num_workers=2,
+                                 multiprocessing_context="forkserver")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, n))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

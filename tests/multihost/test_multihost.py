@@ -95,15 +95,6 @@ def test_multihost_pgc_cr_np4_two_hosts(hosts, tmp_path, how):
     assert hosts.accepted_logins() - before >= 4
 
 
-def _discovery(tmp_path, hosts_list):
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("".join(f"{h}:1\n" for h in hosts_list))
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {listing}\n")
-    script.chmod(0o755)
-    return listing, script
-
-
 def _results(out):
     rows = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     events = [json.loads(l) for l in (out / "elastic.jsonl").read_text().splitlines()] \
@@ -117,7 +108,7 @@ def test_elastic_kill_one_of_four_trains_on_with_three(hosts, tmp_path):
     gloo timeout is 30 s; without the cascade most such kills leave a survivor waiting for it
     (docs/elastic.md section 3), with it every survivor notices within a fraction of a second
     (bound here: 10 s, for a loaded machine)."""
-    _, script = _discovery(tmp_path, hosts.hosts[:4])
+    _, script = hosts.discovery(tmp_path, hosts.hosts[:4])
     out = tmp_path / "run"
     victim = hosts.hosts[2]
     proc, cmd = _run(hosts, ["-np", "4", "--min-np", "3", "--max-np", "4",
@@ -155,7 +146,7 @@ def test_elastic_rank_joins(hosts, tmp_path):
     rank gets the model by broadcast and ends with the same parameters. (Training runs past
     version 60 until the world has 4 ranks, at most 2000 versions, so a slow notice from
     Horovod's driver cannot end the run first.)"""
-    listing, script = _discovery(tmp_path, hosts.hosts[:3])
+    listing, script = hosts.discovery(tmp_path, hosts.hosts[:3])
     out = tmp_path / "run"
     newcomer = hosts.hosts[3]
     proc, cmd = _run(hosts, ["-np", "3", "--min-np", "3", "--max-np", "4",
