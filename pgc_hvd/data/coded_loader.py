@@ -42,6 +42,13 @@ while the sampler restarts its predictions after it and the stale batches are di
 ``loader.stats`` counts the three outcomes (``prefetched``, ``discarded``, ``here``).
 With ``num_workers=0``, or before :meth:`bind`, every batch is computed on demand here.
 
+The workers are started by the DataLoader (fork on Linux, by default) from a rank that already
+runs Horovod's background thread and the optimizer's agent thread. Forking a threaded process
+deadlocked once in our tests, inside CPython's after-fork code (the worker never ran; its rank
+waited for its batches): ``multiprocessing_context="forkserver"`` starts the workers from a
+single-threaded server instead, at the price of a picklable dataset and transforms
+(tests/data/coded_loader_checks.py uses it).
+
 Memory holds the partitions' indices (8 bytes a sample), at most 16 cached epoch permutations
 and the batches in flight: nothing grows with the number of steps, and no sample is kept.
 """
