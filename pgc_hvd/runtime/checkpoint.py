@@ -79,22 +79,27 @@ def save_checkpoint(path, model: torch.nn.Module, optimizer, extra: dict | None 
         check_plain(state["pgc"], "the optimizer's pgc_state_dict()")
     except NotPlain as err:
         raise NotPlain(f"save_checkpoint({out}): {err}; nothing was written") from None
-    _write(out, state)
+    write_atomic(out, state)
     return out
 
 
-def _write(out: str, state: dict) -> None:
-    """``torch.save(state)`` to ``out`` atomically and durably (module doc); the written file
-    is checked to hold no global that ``weights_only=True`` refuses."""
+def write_atomic(out: str, state: dict, *, fsync: bool = True, verify: bool = True) -> None:
+    """``torch.save(state)`` to ``out`` atomically (module doc): to ``out.tmp``, renamed over
+    ``out``; a failed or interrupted save removes its ``.tmp``. ``fsync``: the file and the
+    folder are fsync'ed too (durable against the machine's crash, not only the process's death).
+    ``verify``: the written file is checked to hold no global that ``weights_only=True``
+    refuses (it is read once more). Also the writer of the elastic checkpoints
+    (:mod:`pgc_hvd.runtime.elastic_checkpoint`, which skips both by default)."""
     folder = os.path.dirname(os.path.abspath(out))
     os.makedirs(folder, exist_ok=True)
     tmp = out + ".tmp"
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        bad = unsafe_globals(tmp)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        bad = unsafe_globals(tmp) if verify else []
         if bad:     # check_plain let through something torch pickles as a global
             raise NotPlain(f"{out}: the state pickles globals {bad} that load_checkpoint would "
                            f"refuse; store tensors and plain types only; nothing was written")
@@ -103,7 +108,8 @@ def _write(out: str, state: dict) -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-    _fsync_dir(folder)
+    if fsync:
+        _fsync_dir(folder)
 
 
 def read_checkpoint(file) -> dict:
@@ -202,7 +208,7 @@ def convert_checkpoint(file) -> str:
         check_plain(state, file)
     except NotPlain as err:
         raise CheckpointError(f"{err}; not converted") from None
-    _write(file, state)
+    write_atomic(file, state)
     return file
 
 

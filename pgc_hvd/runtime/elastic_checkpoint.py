@@ -29,8 +29,8 @@ Cost (docs/elastic.md, "Kills at any moment"): one ``torch.save`` of the model a
 state per rank per saved version: about 1 ms for the recipe's MLP; for large models save every k
 versions (a restart then redoes at most k - 1 versions).
 
-May import: torch, :mod:`pgc_hvd.runtime.plain`; nothing of Horovod (the caller passes the
-state's parts).
+May import: torch, :mod:`pgc_hvd.runtime.plain`, :mod:`pgc_hvd.runtime.checkpoint` (its atomic
+writer); nothing of Horovod (the caller passes the state's parts).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Optional
 
 import torch
 
+from pgc_hvd.runtime.checkpoint import write_atomic
 from pgc_hvd.runtime.plain import check_plain
 
 FORMAT = 1
@@ -84,26 +85,8 @@ def write(folder, tag: str, version: int, model_state: dict, optimizer_state: di
              "optimizer": optimizer_state, "n": int(n), "time": time.time()}
     check_plain(state, "the elastic checkpoint")
     folder = os.fspath(folder)
-    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{tag}.v{int(version)}.pt")
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    if fsync:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    write_atomic(path, state, fsync=fsync, verify=False)   # check_plain above; every version
     for v, t, old in checkpoint_files(folder):
         if t == tag and v < version:
             with contextlib.suppress(OSError):
