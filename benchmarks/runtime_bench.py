@@ -121,7 +121,7 @@ def worker(args) -> None:
             F.cross_entropy(m(xb), yb).backward()
             opt.step()
             times.append(time.time())
-        return times, []
+        return times, [], []   # as time_pgc: no records of bytes or control exchanges
 
     def run_pgc(label, tag=""):
         label, _, control = label.partition("/")
@@ -147,8 +147,7 @@ def worker(args) -> None:
     for r in range(args.repeat):      # the runs in turn, --repeat times: A B C A B C ...
         for name in runs:
             barrier(f"{name}.{r}")
-            times, nbytes, ops = (run_hvd() + ([],) if name == "hvd" else
-                                  run_pgc(name, f"r{r}"))
+            times, nbytes, ops = run_hvd() if name == "hvd" else run_pgc(name, f"r{r}")
             if rank == 0:
                 each.setdefault(name, []).append((times[-1] - times[warm - 1]) / (steps - warm))
                 out[name] = statistics.median(each[name])

@@ -5,8 +5,9 @@
 
 Trains a tiny model (d = 2,242) for ``--steps`` steps on ``--np`` gloo ranks (no emulated
 compute by default: every step is protocol only; ``--compute`` sleeps that long per partition,
-as a GPU's forward/backward leaves the CPU free, so the polled plane makes its rounds) and prints, every ``--every`` steps, rank 0's resident
-set size (VmRSS), the agent's held decided updates, and the time per step over the last window.
+as a GPU's forward/backward leaves the CPU free, so the polled plane makes its rounds) and
+prints, every ``--every`` steps, rank 0's resident set size (VmRSS), the agent's held decided
+updates, and the time per step over the last window.
 Flat RSS and flat time per step from the first window to the last mean the per-step bookkeeping
 is bounded. ``--tracemalloc``: rank 0 also compares Python-heap snapshots taken after the first
 window and at the end, and prints the allocation sites that grew most (slower).

@@ -135,21 +135,23 @@ def main(argv=None) -> int:
         progress = open(os.path.join(args.out, "progress",
                                      f"{attempt}-{host}-{os.getpid()}.txt"), "a")
 
+    recorded = [None]   # the last version written to the progress file
+
     def checkpoint(force=False):
         """The version this rank reached: recorded (``--progress``), then saved."""
         if progress is not None and state.opt is not None and \
-                int(state.opt.version) != start.get("recorded"):
-            start["recorded"] = int(state.opt.version)
-            progress.write(f"{int(state.opt.version)} {time.time():.3f} {hvd.size()}\n")
+                int(state.opt.version) != recorded[0]:
+            recorded[0] = int(state.opt.version)
+            progress.write(f"{recorded[0]} {time.time():.3f} {hvd.size()}\n")
             progress.flush()
         if ckpt is not None:
             ckpt.save(state, force=force)
 
-    start = {}
+    start = {}   # what the first world starts from (a resumed checkpoint's version and model)
 
     @hvd.elastic.run
     def train(state):
-        if "digest" not in start:   # what the first world starts from (a resumed checkpoint's model)
+        if not start:
             start.update(version=int(state.opt.version),
                          digest=tensors_digest(model.parameters()))
         checkpoint(force=True)   # the first version of this world
