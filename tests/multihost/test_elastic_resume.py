@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launch_watch import run_watched
 import torch
 import torch.nn as nn
 
@@ -212,8 +212,7 @@ def test_recipe_resumes_from_a_checkpoint_on_two_ranks(tmp_path):
            "--host-discovery-script", str(disc), "--network-interface", "lo", sys.executable,
            str(ROOT / "launch" / "elastic_train.py"), "--steps", "12", "--out", str(out),
            "--progress"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env,
-                          cwd=str(tmp_path))
+    proc = run_watched(cmd, env=env, cwd=tmp_path, timeout=150)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
     assert len(rows) == 2 and {r["resumed_from"] for r in rows} == {7}

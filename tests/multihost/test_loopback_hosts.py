@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-import subprocess
 
 import pytest
+from launch_watch import run_watched
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -45,8 +45,7 @@ def test_local_ssh_hosts_keep_ranks_on_loopback(tmp_path):
         before = lh.accepted_logins()
         cmd = [str(exe), "--gloo", "-np", "2", "-H", lh.spec(1), *lh.horovodrun_args(),
                sys.executable, str(SCRIPT)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env,
-                              cwd=str(tmp_path))
+        proc = run_watched(cmd, env=env, cwd=tmp_path, timeout=240)
         assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
         on_loopback(proc.stdout, 2, "lo")
         assert lh.accepted_logins() >= before + 2, "horovodrun did not go through ssh"

@@ -21,9 +21,9 @@ import json
 import os
 import sys
 from pathlib import Path
-import subprocess
 
 import pytest
+from launch_watch import run_watched
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -59,8 +59,7 @@ def _run(lh, args, cwd, timeout, env_extra=None):
         [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.update(env_extra or {})
     cmd = [_horovodrun(), "--gloo", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=str(cwd))
+    proc = run_watched(cmd, env=env, cwd=cwd, timeout=timeout)
     return proc, " ".join(cmd)
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch_watch import run_watched
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "launch" / "examples"
@@ -163,11 +164,9 @@ def test_mnist_port_use_adasum_is_refused():
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="horovod not installed")
 def test_mnist_port_through_horovod_run(tmp_path):
     # Horovod's --num-proc path: the script starts its ranks itself with horovod.run
-    proc = subprocess.run([sys.executable, str(MNIST), "--num-proc", "2", "--communication",
-                           "gloo", "--epochs", "1", "--lr", "0.1"],
-                          capture_output=True, text=True, timeout=150, cwd=str(tmp_path),
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT),
-                               "OMP_NUM_THREADS": "1"})
+    proc = run_watched([sys.executable, str(MNIST), "--num-proc", "2", "--communication",
+                        "gloo", "--epochs", "1", "--lr", "0.1"], timeout=150, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Running training through horovod.run" in proc.stdout
     assert re.search(r"Final accuracy: [0-9.]+% after 11 steps", proc.stdout), proc.stdout

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launch_watch import run_watched
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -67,7 +67,7 @@ def test_run_local_sh_keeps_ranks_on_loopback(tmp_path):
         pytest.skip("run_local.sh runs the venv's horovodrun; this python's folder has none")
     env = dict(os.environ, SCRIPT=str(SCRIPT), TIMEOUT="180",
                PGC_HVD_VENV=str(Path(sys.executable).parent.parent))
-    proc = subprocess.run(["bash", str(ROOT / "launch" / "run_local.sh"), "2"], env=env,
-                          capture_output=True, text=True, timeout=200, cwd=str(tmp_path))
+    proc = run_watched(["bash", str(ROOT / "launch" / "run_local.sh"), "2"], env=env,
+                       timeout=200, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     on_loopback(proc.stdout, 2, "lo")
