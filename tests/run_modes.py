@@ -62,6 +62,17 @@ def _horovod_still_up(key: str) -> None:
                          "its module's LAUNCH_GROUPS")
 
 
+def _escaping(entry_err, real_out, real_err) -> None:
+    """An exception is leaving the entry: its traceback goes into the entry's ``.err`` file
+    (the report's "stderr" section) and the real streams come back, so that the exit hook prints
+    it on the launch's stderr too. Left as ``_Tee``s over the entry's files, which the ``with``
+    closes, the hook would fail on the closed file and the rank would end with status 120 and
+    no traceback anywhere (seen in CI)."""
+    entry_err.write(traceback.format_exc())
+    entry_err.flush()
+    sys.stdout, sys.stderr = real_out, real_err
+
+
 def main() -> None:
     out, spec, limit = os.path.abspath(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3])
     rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")))
@@ -88,7 +99,11 @@ def main() -> None:
                     runpy.run_path(script, run_name="__main__")
             except SystemExit as end:
                 if end.code not in (None, 0):
+                    _escaping(fe, real_out, real_err)
                     raise
+            except BaseException:
+                _escaping(fe, real_out, real_err)
+                raise
             from pgc_hvd.runtime import lifecycle   # the script's end: its process would exit
             errors = lifecycle.close_all()
             gc.collect()   # and its objects would go (a DataLoader's workers, ...)
