@@ -16,6 +16,11 @@ supervisor's sign of success). ``--progress`` makes each rank append the version
 and every version it reaches to ``OUT/progress/<attempt>-<host>-<pid>.txt`` (what a benchmark
 checks the restarts against; ``PGC_ELASTIC_ATTEMPT`` is set by the supervisor). The
 ``--kill-host`` fault below fires once per ``OUT`` (a resumed run does not kill again).
+Each process writes ``OUT/startup/<host>-<pid>.json`` after its first step: when it was created,
+when the script began, imports done, ``hvd.init()`` entered and done, model and state built, its
+first step (where start-up time goes, docs/elastic.md). ``--stop-file F``: once ``F`` holds a
+version, training ends there (a benchmark that runs until it has seen enough: the writer picks a
+version no rank has reached yet).
 
 A small MLP on synthetic data (the recipe; swap in your model and data). Each rank writes
 ``OUT/rank-<host>-<pid>.json`` at the end: its rank and n, final version, a digest of its
@@ -34,12 +39,15 @@ the fast leaving of a broken world (``ElasticState(cascade=False)``: a death the
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import signal
-import sys
 import time
+
+T_SCRIPT = time.time()   # the script began (its imports follow): start-up timeline
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
 
 import horovod.torch as hvd
 import torch
@@ -51,6 +59,20 @@ from pgc_hvd.runtime import PartitionLoader
 from pgc_hvd.runtime.consistency import tensors_digest
 from pgc_hvd.runtime.elastic import ElasticState
 from pgc_hvd.runtime.elastic_checkpoint import ElasticCheckpoints
+
+T_IMPORTED = time.time()
+
+
+def process_started_at() -> float:
+    """When this process was created (``/proc/self/stat`` start time; nan without /proc)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return float("nan")
 
 
 def parse(argv=None):
@@ -87,6 +109,10 @@ def parse(argv=None):
                         "many ranks, then 30 versions more (a test of a join that must not end "
                         "before the join)")
     p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--stop-file", default=None,
+                   help="a file that may come to hold a model version: training then ends at "
+                        "that version (if below --steps); whoever writes it must choose a "
+                        "version no rank has reached yet (benchmarks/elastic_soak.py)")
     p.add_argument("--no-cascade", action="store_true",
                    help="ElasticState(cascade=False): survivors wait for the gloo timeout")
     return p.parse_args(argv)
@@ -95,7 +121,9 @@ def parse(argv=None):
 def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(1)
+    t_init0 = time.time()
     hvd.init()
+    t_init = time.time()
     os.makedirs(args.out, exist_ok=True)
     host = os.environ.get("HOROVOD_HOSTNAME", "localhost")
 
@@ -148,6 +176,27 @@ def main(argv=None) -> int:
             ckpt.save(state, force=force)
 
     start = {}   # what the first world starts from (a resumed checkpoint's version and model)
+    stop_at = [None]   # the version read from --stop-file
+
+    def stop_version() -> int:
+        if stop_at[0] is None and args.stop_file and os.path.exists(args.stop_file):
+            try:
+                stop_at[0] = int(open(args.stop_file).read().split()[0])
+            except (OSError, ValueError, IndexError):   # being written: read it next step
+                pass
+        return args.steps if stop_at[0] is None else min(args.steps, stop_at[0])
+
+    def write_startup(t_first_step: float) -> None:
+        """``OUT/startup/<host>-<pid>.json``: where this process's start-up went (seconds
+        since the epoch: process created, script began, imports done, hvd.init entered and
+        done, model and state built, first step done)."""
+        os.makedirs(os.path.join(args.out, "startup"), exist_ok=True)
+        with open(os.path.join(args.out, "startup", f"{host}-{os.getpid()}.json"), "w") as f:
+            json.dump({"host": host, "pid": os.getpid(), "process_started": process_started_at(),
+                       "script": T_SCRIPT, "imported": T_IMPORTED, "init_entered": t_init0,
+                       "init_done": t_init, "built": t_built, "first_step": t_first_step,
+                       "first_step_version": int(state.opt.version), "n": hvd.size(),
+                       "warm": os.environ.get("PGC_WARM_WORKER") is not None}, f)
 
     @hvd.elastic.run
     def train(state):
@@ -159,7 +208,7 @@ def main(argv=None) -> int:
         if args.until_n:   # the world this run waits for: 30 more versions in it
             goal = (max(args.steps, state.opt.version + 30) if hvd.size() >= args.until_n
                     else args.max_steps)
-        while state.opt.version < goal:
+        while state.opt.version < min(goal, stop_version()):
             checkpoint()
             loss = None
             for xb, yb in state.batches():
@@ -168,6 +217,8 @@ def main(argv=None) -> int:
                 if args.compute_time > 0:
                     time.sleep(args.compute_time)
             state.step(loss=None if loss is None else loss.item())
+            if len(state.step_times) == 1:
+                write_startup(state.step_times[0][1])
             if state.worlds == 1 and len(state.step_times) == 1:   # for a killer outside
                 with open(os.path.join(args.out, f"started-{host}.json"), "w") as f:
                     json.dump({"host": host, "pid": os.getpid(), "time": time.time()}, f)
@@ -188,7 +239,7 @@ def main(argv=None) -> int:
         state.close()
         checkpoint(force=True)
 
-    t0 = time.time()
+    t0 = t_built = time.time()
     train(state)
     if progress is not None:
         progress.close()
