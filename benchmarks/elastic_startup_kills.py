@@ -43,45 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
 from local_hosts import LocalHosts  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from elastic_common import highest, progress, workers  # noqa: E402
+
 ELASTIC = ROOT / "launch" / "elastic_train.py"
 SUPERVISOR = ROOT / "launch" / "elastic_run.py"
-
-
-def workers(out: Path) -> list[tuple[int, str]]:
-    """``(pid, host)`` of the recipe's Python processes writing to ``out`` (module doc)."""
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
-            if len(argv) < 2 or not os.path.basename(argv[0].decode()).startswith("python"):
-                continue
-            args = [a.decode() for a in argv]
-            if not args[1].endswith("elastic_train.py") or str(out) not in args:
-                continue
-            env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
-            host = next((e.split(b"=", 1)[1].decode() for e in env
-                         if e.startswith(b"HOROVOD_HOSTNAME=")), None)
-        except (OSError, UnicodeDecodeError):
-            continue
-        if host is not None:
-            found.append((int(d), host))
-    return found
-
-
-def progress(out: Path) -> dict[int, list[list[int]]]:
-    """attempt -> the version lists of its ranks' progress files."""
-    got: dict[int, list[list[int]]] = {}
-    for p in (out / "progress").glob("*.txt"):
-        rows = [int(line.split()[0]) for line in p.read_text().splitlines() if line.strip()]
-        if rows:
-            got.setdefault(int(p.name.split("-", 1)[0]), []).append(rows)
-    return got
-
-
-def highest(out: Path) -> int:
-    return max((max(r) for rows in progress(out).values() for r in rows), default=-1)
 
 
 def killer(out: Path, at: float, t0: float, rng: random.Random, done: threading.Event,

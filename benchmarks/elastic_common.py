@@ -1,0 +1,99 @@
+"""What the elastic benchmarks share: finding the recipe's worker processes and reading the
+versions its ranks recorded (benchmarks/elastic_startup_kills.py, benchmarks/elastic_soak.py).
+
+A worker is a process running ``launch/elastic_train.py --out OUT``: either a cold one (its
+``/proc/<pid>/cmdline`` is ``python .../elastic_train.py ... OUT ...``, its host the
+``HOROVOD_HOSTNAME`` of its environment) or the child a warm-worker server forked for one
+(``launch/warm_worker.py``: the child's command line is the server's, so the child is found as
+the child of a server whose ``serve`` command names its host, and that ran the recipe: it
+registered itself in ``<server folder>/children/<pid>`` with the script's arguments).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _cmdline(pid: str) -> list[str]:
+    return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+
+
+def workers(out: Path) -> list[tuple[int, str]]:
+    """``(pid, host)`` of the recipe's processes writing to ``out`` (module doc)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            args = _cmdline(d)
+            if len(args) < 2 or not os.path.basename(args[0]).startswith("python"):
+                continue
+            if args[1].endswith("elastic_train.py") and str(out) in args:
+                env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
+                host = next((e.split(b"=", 1)[1].decode() for e in env
+                             if e.startswith(b"HOROVOD_HOSTNAME=")), None)
+                if host is not None and not _is_warm_client(env):
+                    found.append((int(d), host))
+            elif args[1].endswith("warm_worker.py") and "serve" in args:
+                found += _warm_children(args, str(out))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return found
+
+
+def _is_warm_client(env: list[bytes]) -> bool:
+    """A warm worker's client (its child does the work; killing the client kills the child)."""
+    return any(e.startswith(b"PGC_WARM_CLIENT=") for e in env)
+
+
+def _warm_children(serve_args: list[str], out: str) -> list[tuple[int, str]]:
+    """The children a warm-worker server (``warm_worker.py serve --dir D --host H``) forked
+    that run the recipe for ``out`` (registered as ``D/children/<pid>``, the script's argv)."""
+    try:
+        folder = Path(serve_args[serve_args.index("--dir") + 1]) / "children"
+        host = serve_args[serve_args.index("--host") + 1]
+    except (ValueError, IndexError):
+        return []
+    got = []
+    for f in folder.glob("*") if folder.is_dir() else []:
+        try:
+            argv = f.read_text().split("\0")
+        except OSError:
+            continue
+        if f.name.isdigit() and out in argv and any(a.endswith("elastic_train.py")
+                                                     for a in argv) \
+                and Path(f"/proc/{f.name}").exists():
+            got.append((int(f.name), host))
+    return got
+
+
+def progress(out: Path) -> dict[int, list[list[int]]]:
+    """attempt -> the version lists of its ranks' progress files (``--progress``)."""
+    got: dict[int, list[list[int]]] = {}
+    for p in (out / "progress").glob("*.txt"):
+        rows = [int(line.split()[0]) for line in p.read_text().splitlines() if line.strip()]
+        if rows:
+            got.setdefault(int(p.name.split("-", 1)[0]), []).append(rows)
+    return got
+
+
+def progress_rows(out: Path) -> dict[str, list[tuple[int, float, int]]]:
+    """file name -> its ``(version, time, n)`` lines, in the order written."""
+    got = {}
+    for p in (out / "progress").glob("*.txt"):
+        rows = []
+        for line in p.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                try:
+                    rows.append((int(parts[0]), float(parts[1]), int(parts[2])))
+                except ValueError:   # a line being written
+                    pass
+        got[p.name] = rows
+    return got
+
+
+def highest(out: Path) -> int:
+    """The highest version any rank recorded (-1: none yet)."""
+    return max((max(r) for rows in progress(out).values() for r in rows), default=-1)

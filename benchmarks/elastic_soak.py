@@ -1,0 +1,467 @@
+"""A repeated-kill soak of an elastic pgc_hvd job (issue 26, item 3).
+
+    python benchmarks/elastic_soak.py --kills 20 --out docs/figures/elastic_soak.json
+
+One job of ``launch/elastic_train.py`` (``--progress``, a checkpoint every version) under the
+supervisor ``launch/elastic_run.py`` and ``horovodrun --gloo -np 4 --min-np 2 --max-np 4
+--host-discovery-script``, each rank its own host (127.0.0.2, 127.0.0.3, ... over ssh,
+``launch/local_hosts.py``, gloo on ``lo``); the discovery script prints a listing this benchmark
+edits. Once all 4 ranks have taken a step (``OUT/startup/``), it repeats ``--kills`` times:
+
+* wait a random ``--period-min``..``--period-max`` seconds (uniform, seeded ``--seed``) after
+  the previous kill, then SIGKILL one random worker process from outside
+  (``elastic_common.workers``), wherever it is: in a step, a re-form, a join, its start-up;
+* once the survivors' new world has taken its first step (a ``rank lost`` record in
+  ``OUT/elastic.jsonl``; at most ``--reform-wait`` s), replace the dead host in the listing by a
+  new address (a replacement machine: Horovod blacklists a host whose worker failed, for the
+  rest of the job unless ``--blacklist-cooldown-range`` is given, and a real replacement is
+  another node), so the world returns to 4 at the next joint check.
+
+The measured window runs from the moment all 4 ranks had stepped to one more random period
+after the last kill; then the benchmark writes a stop version (``--stop-file``, a little ahead
+of every rank) and the job ends there. Before the soak, in the same invocation, a fault-free run
+of the same job (``--fault-free-steps`` versions, the same 4 hosts) gives the fault-free rate
+(versions per second from the moment all 4 ranks had stepped to the end) and where a 4-host
+job's start-up time goes (``OUT/startup/``: ssh and process creation, imports, ``hvd.init()``,
+building the model and state, the first world's sync and first step).
+
+Reported (printed, and as JSON with ``--out``):
+
+* step efficiency = versions taken in the window / (window seconds x fault-free rate), and the
+  seconds lost per kill that implies;
+* per death: the kill to the first step of the survivors' world (``lost_s``); per join: the
+  survivors' last step before the join to the first step of the world of 4 (``lost_s``), split
+  into the notice (listing written -> the ranks closed at a joint check), the new process's
+  start-up (closed -> process created -> imports done -> ``hvd.init()`` done -> model built),
+  the sync (-> the new world's optimizer ready: waiting for the new rank, broadcast,
+  construction check) and the first step; median and max of each;
+* restarts by the supervisor (a Horovod abort) and every attempt's exit status;
+* identical parameters: the final ranks hold the same parameter digest, at the stop version;
+* nothing decided lost: each rank's recorded versions never go backwards, each attempt started
+  at or above the highest version recorded before it, the run ended at the stop version.
+
+``--warm`` runs every rank through a warm-worker server per host (``launch/warm_worker.py``,
+started on each host before the host is listed), so a joining rank skips the interpreter's
+imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "launch"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from elastic_common import highest, progress, progress_rows, workers  # noqa: E402
+from local_hosts import LocalHosts  # noqa: E402
+
+ELASTIC = ROOT / "launch" / "elastic_train.py"
+SUPERVISOR = ROOT / "launch" / "elastic_run.py"
+WARM = ROOT / "launch" / "warm_worker.py"
+
+
+class JobEnded(RuntimeError):
+    pass
+
+
+def write_listing(path: Path, hosts: list[str]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{h}:1\n" for h in hosts))
+    os.replace(tmp, path)   # the discovery script never reads half a listing
+
+
+def job_command(lh, disc: Path, out: Path, args, steps: int, warm) -> list[str]:
+    py = sys.executable
+    script = [py, str(ELASTIC)] if warm is None else warm.command(str(ELASTIC))
+    return [py, str(SUPERVISOR), "--out", str(out), "--restarts", str(args.restarts),
+            "--backoff", "3", "--attempt-timeout", str(args.job_timeout), "--",
+            str(Path(py).with_name("horovodrun")), "--gloo", "-np", "4", "--min-np", "2",
+            "--max-np", "4", "--host-discovery-script", str(disc), *lh.horovodrun_args(),
+            *script, "--out", str(out), "--steps", str(steps),
+            "--compute-time", str(args.compute_time), "--progress",
+            "--check-every", str(args.check_every),
+            "--timeout", str(2 * args.gloo_timeout + 10), "--stop-file", str(out / "stop")]
+
+
+def start_job(lh, work: Path, hosts: list[str], args, steps: int, warm):
+    listing, disc = lh.discovery(work, hosts)
+    out = work / "run"
+    env = lh.elastic_env(args.gloo_timeout, str(ROOT))
+    log = open(work / "job.log", "w")
+    t0 = time.time()
+    proc = subprocess.Popen(job_command(lh, disc, out, args, steps, warm), env=env,
+                            cwd=str(work), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    return proc, out, listing, t0, log
+
+
+def startups(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "startup").glob("*.json"))] \
+        if (out / "startup").is_dir() else []
+
+
+def events(out: Path) -> list[dict]:
+    f = out / "elastic.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+
+
+def wait_until(pred, timeout: float, proc, what: str, log_path: Path):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if proc.poll() is not None:
+            raise JobEnded(f"the job ended (status {proc.returncode}) while waiting for {what}:\n"
+                           + log_path.read_text()[-3000:])
+        if time.monotonic() > deadline:
+            raise JobEnded(f"no {what} within {timeout:.0f} s:\n" + log_path.read_text()[-3000:])
+        time.sleep(0.05)
+
+
+def version_at(rows: dict, t: float) -> int:
+    """The highest version any rank had recorded by time ``t``."""
+    return max((v for r in rows.values() for v, tt, _ in r if tt <= t), default=-1)
+
+
+def finish(proc, out: Path, timeout: float) -> int:
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        rc = proc.wait(60)
+    for pid, _ in workers(out):   # leftovers (none expected)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return rc
+
+
+def final_ranks(out: Path) -> list[dict]:
+    att = [json.loads(x) for x in (out / "supervisor.jsonl").read_text().splitlines()] \
+        if (out / "supervisor.jsonl").exists() else []
+    last = att[-1]["attempt"] if att else 0
+    return [r for r in (json.loads(p.read_text()) for p in out.glob("rank-*.json"))
+            if r.get("attempt") == last], att
+
+
+def nothing_lost(out: Path, final_version: int) -> tuple[bool, list[str]]:
+    """Module doc: versions never go backwards; attempts start at or above what was recorded."""
+    why = []
+    for name, rows in progress_rows(out).items():
+        vs = [v for v, _, _ in rows]
+        if any(b < a for a, b in zip(vs, vs[1:])):
+            why.append(f"{name}: a version went backwards")
+    prog, before = progress(out), -1
+    for a in sorted(prog):
+        start = min(r[0] for r in prog[a])
+        if a > 0 and start < before:
+            why.append(f"attempt {a} started at {start} < {before} recorded before it")
+        before = max(before, max(max(r) for r in prog[a]))
+    if before != final_version:
+        why.append(f"highest version recorded {before} != the final version {final_version}")
+    return not why, why
+
+
+def startup_split(s: dict, t_launch: float | None = None) -> dict:
+    """Seconds per start-up phase of one process (its ``OUT/startup`` record)."""
+    d = {"exec_to_script": s["script"] - s["process_started"],
+         "imports": s["imported"] - s["script"],
+         "to_init": s["init_entered"] - s["imported"],
+         "hvd_init": s["init_done"] - s["init_entered"],
+         "build": s["built"] - s["init_done"],
+         "sync_and_first_step": s["first_step"] - s["built"],
+         "total": s["first_step"] - s["process_started"]}
+    if t_launch is not None:
+        d = {"launch_to_process": s["process_started"] - t_launch, **d,
+             "launch_to_first_step": s["first_step"] - t_launch}
+    return {k: round(v, 3) for k, v in d.items()}
+
+
+# -- the fault-free run ---------------------------------------------------------------------
+def fault_free(lh, work: Path, args, warm) -> dict:
+    hosts = lh.hosts[:4]
+    if warm is not None:
+        warm.ensure(hosts)
+    proc, out, _, t_launch, log = start_job(lh, work, hosts, args, args.fault_free_steps, warm)
+    rc = finish(proc, out, args.job_timeout)
+    log.close()
+    rows, att = final_ranks(out)
+    if rc != 0 or len(att) != 1 or not rows:
+        raise JobEnded(f"the fault-free run failed (status {rc}, attempts {len(att)}):\n"
+                       + (work / "job.log").read_text()[-3000:])
+    prog = progress_rows(out)
+    st = startups(out)
+    t_start = max(s["first_step"] for s in st if s["n"] == 4)
+    t_end = max(t for r in prog.values() for _, t, _ in r)
+    v0, v1 = version_at(prog, t_start), version_at(prog, t_end)
+    return {"rate": (v1 - v0) / (t_end - t_start), "versions": v1 - v0,
+            "seconds": t_end - t_start, "wall_s": time.time() - t_launch,
+            "identical_parameters": len({r["digest"] for r in rows}) == 1,
+            "startup": {s["host"]: startup_split(s, t_launch) for s in st},
+            "all_stepped_after_s": t_start - t_launch}
+
+
+# -- the soak -------------------------------------------------------------------------------
+def soak(lh, work: Path, args, rng: random.Random, rate: float, warm) -> dict:
+    spare = list(lh.hosts[4:])
+    listed = list(lh.hosts[:4])
+    if warm is not None:
+        warm.ensure(listed)
+    proc, out, listing, t_launch, log = start_job(lh, work, listed, args, 10 ** 9, warm)
+    kills: list[dict] = []
+    try:
+        wait_until(lambda: len({s["host"] for s in startups(out)}) >= 4, args.job_timeout,
+                   proc, "4 ranks stepping", work / "job.log")
+        t_start = time.time()
+        t_prev = t_start
+        for k in range(args.kills):
+            period = rng.uniform(args.period_min, args.period_max)
+            while time.time() < t_prev + period:
+                if proc.poll() is not None:
+                    raise JobEnded(f"the job ended (status {proc.returncode}) during the soak:\n"
+                                   + (work / "job.log").read_text()[-3000:])
+                time.sleep(0.05)
+            rec = {"kill": k, "period_s": round(period, 2)}
+            while True:
+                procs = wait_until(lambda: workers(out), 60, proc, "a worker to kill",
+                                   work / "job.log")
+                pid, host = rng.choice(sorted(procs))
+                n_events = len(events(out))
+                rec.update(versions_at_kill=highest(out), host=host, pid=pid,
+                           workers_then=len(procs), t_kill=time.time())
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    break
+                except ProcessLookupError:
+                    continue
+            t_prev = rec["t_kill"]
+            print(f"kill {k}: {host} (pid {pid}) at version {rec['versions_at_kill']}, "
+                  f"{len(procs)} workers", flush=True)
+
+            seen = n_events
+
+            def reformed():   # a new world took its first step (any reason: the victim may
+                return len(events(out)) > seen   # have been a joiner still starting up)
+            try:
+                wait_until(reformed, args.reform_wait, proc, "the survivors' world",
+                           work / "job.log")
+            except JobEnded:
+                if proc.poll() is not None:
+                    raise
+                rec["reform_wait_timed_out"] = True   # a restart under way, or a slow re-form
+            if host in listed:
+                listed.remove(host)
+            if len(listed) < 4 and spare:
+                new = spare.pop(0)
+                if warm is not None:
+                    warm.ensure([new])
+                listed.append(new)
+                rec.update(added=new, t_add=time.time())
+            write_listing(listing, listed)
+            kills.append(rec)
+        t_end = t_prev + rng.uniform(args.period_min, args.period_max)
+        while time.time() < t_end:
+            if proc.poll() is not None:
+                raise JobEnded("the job ended during the soak:\n"
+                               + (work / "job.log").read_text()[-3000:])
+            time.sleep(0.05)
+        stop = highest(out) + max(50, int(5 * rate))
+        (out / "stop.tmp").write_text(f"{stop}\n")
+        os.replace(out / "stop.tmp", out / "stop")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        finish(proc, out, 60)
+        raise
+    rc = finish(proc, out, args.job_timeout)
+    log.close()
+    prog = progress_rows(out)
+    v0, v1 = version_at(prog, t_start), version_at(prog, t_end)
+    window = t_end - t_start
+    eff = (v1 - v0) / (window * rate)
+    rows, att = final_ranks(out)
+    final = sorted({r["version"] for r in rows})
+    kept, why = nothing_lost(out, stop)
+    evs = events(out)
+    sts = startups(out)
+    deaths, joins = match(kills, evs, sts)
+    return {
+        "kills": len(kills), "window_s": window, "versions": v1 - v0,
+        "step_efficiency": eff,
+        "seconds_lost_per_kill": (window * rate - (v1 - v0)) / rate / max(1, len(kills)),
+        "restarts": max(0, len(att) - 1),
+        "attempts": [{"rc": a["rc"], "resumed_from": a["resumed_from"],
+                      "reached": a["reached"]} for a in att],
+        "supervisor_rc": rc, "stop_version": stop, "final_version": final,
+        "final_n": sorted({r["n"] for r in rows}),
+        "identical_parameters": bool(rows) and len({r["digest"] for r in rows}) == 1,
+        "nothing_lost": kept and final == [stop], "lost_why": why,
+        "world_changes": [(e["old_n"], e["new_n"], e["step"], e["reason"]) for e in evs],
+        "deaths": deaths, "joins": joins, "kill_records": kills,
+        "log_tail": None if rc == 0 else (work / "job.log").read_text()[-3000:]}
+
+
+def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, list]:
+    """Each kill's death record (the first ``rank lost`` world change noticed after it) and
+    its replacement's join record (the first ``hosts updated`` change the ranks acted on after
+    the listing was written; ``joined`` 0 when the new rank died before the world re-formed:
+    no ``lost_s``), each record used once."""
+    used: set[int] = set()
+
+    def first(pred):
+        for i, e in enumerate(evs):
+            if i not in used and e.get("first_step_at") and pred(e):
+                used.add(i)
+                return e
+        return None
+
+    deaths, joins = [], []
+    for rec in kills:
+        d = first(lambda e: e.get("reason") == "rank lost" and e.get("noticed_first_at")
+                  and e["noticed_first_at"] >= rec["t_kill"] - 0.5)
+        if d is not None:
+            deaths.append({"kill": rec["kill"], "step": d["step"], "old_n": d["old_n"],
+                           "new_n": d["new_n"], "lost_s": d["first_step_at"] - rec["t_kill"],
+                           "detect_s": d["noticed_at"] - rec["t_kill"],
+                           "reform_s": d["sync_started_at"] - d["noticed_at"],
+                           "rebuild_s": d["ready_at"] - d["sync_started_at"],
+                           "first_step_s": d["first_step_at"] - d["ready_at"]})
+    for rec in kills:
+        if "t_add" not in rec:
+            continue
+        j = first(lambda e: e.get("reason") == "hosts updated" and e.get("noticed_at")
+                  and e["noticed_at"] >= rec["t_add"])
+        if j is None:
+            continue
+        row = {"kill": rec["kill"], "host": rec["added"], "step": j["step"],
+               "old_n": j["old_n"], "new_n": j["new_n"], "joined": j["joined"],
+               "notice_s": j["noticed_at"] - rec["t_add"],
+               "parameters_broadcast": j["parameters_broadcast"]}
+        if j["joined"]:
+            row.update(lost_s=j["first_step_at"] - j["last_step_at"],
+                       reform_s=j["sync_started_at"] - j["noticed_at"],
+                       sync_s=j["ready_at"] - j["sync_started_at"],
+                       first_step_s=j["first_step_at"] - j["ready_at"])
+            s = next((s for s in sts if s["host"] == rec["added"]), None)
+            if s is not None and abs(s["first_step"] - j["first_step_at"]) < 1.0:
+                row.update(closed_to_process_s=s["process_started"] - j["noticed_at"],
+                           new_rank=startup_split(s))
+        joins.append(row)
+    return deaths, joins
+
+
+def med_max(xs):
+    xs = [x for x in xs if x is not None]
+    return (statistics.median(xs), max(xs)) if xs else (float("nan"), float("nan"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--period-min", type=float, default=10.0)
+    p.add_argument("--period-max", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=26)
+    p.add_argument("--gloo-timeout", type=int, default=30,
+                   help="HOROVOD_GLOO_TIMEOUT_SECONDS: it bounds a re-formed world's rendezvous, "
+                        "which a join's new process must reach in time (docs/elastic.md)")
+    p.add_argument("--compute-time", type=float, default=0.02)
+    p.add_argument("--check-every", type=int, default=10)
+    p.add_argument("--fault-free-steps", type=int, default=1500)
+    p.add_argument("--reform-wait", type=float, default=20.0)
+    p.add_argument("--restarts", type=int, default=5)
+    p.add_argument("--job-timeout", type=float, default=3600.0)
+    p.add_argument("--warm", action="store_true",
+                   help="ranks through warm-worker servers (launch/warm_worker.py)")
+    p.add_argument("--out", default=None, help="JSON file for the figures")
+    args = p.parse_args(argv)
+    if not (0 < args.period_min <= args.period_max):
+        p.error(f"--period-min {args.period_min} / --period-max {args.period_max}: need "
+                f"0 < min <= max")
+    if args.kills < 1 or args.kills > 200:
+        p.error(f"--kills {args.kills}: need 1..200 (one loopback address per replacement)")
+
+    def stop(*_):   # SIGTERM: leave through the with-blocks (the sshd and folders go)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    rng = random.Random(args.seed)
+    load0 = os.getloadavg()[0]
+    t_all = time.time()
+    with LocalHosts(count=4 + args.kills) as lh, tempfile.TemporaryDirectory(
+            prefix="pgc-soak-") as d:
+        warm = None
+        if args.warm:
+            sys.path.insert(0, str(ROOT / "launch"))
+            from warm_worker import LocalWarmServers
+            warm = LocalWarmServers(lh, Path(d) / "warm", env=lh.elastic_env(
+                args.gloo_timeout, str(ROOT)))
+        try:
+            (Path(d) / "ff").mkdir()
+            ff = fault_free(lh, Path(d) / "ff", args, warm)
+            print(f"fault-free: {ff['rate']:.1f} versions/s ({ff['versions']} versions in "
+                  f"{ff['seconds']:.1f} s; all 4 ranks stepped {ff['all_stepped_after_s']:.1f} s "
+                  f"after launch)", flush=True)
+            (Path(d) / "soak").mkdir()
+            res = soak(lh, Path(d) / "soak", args, rng, ff["rate"], warm)
+        finally:
+            if warm is not None:
+                warm.stop()
+    load1 = os.getloadavg()[0]
+    dl, dmax = med_max([x["lost_s"] for x in res["deaths"]])
+    jl, jmax = med_max([x.get("lost_s") for x in res["joins"]])
+    summary = {
+        "kills": res["kills"], "step_efficiency": round(res["step_efficiency"], 4),
+        "fault_free_rate": round(ff["rate"], 2), "window_s": round(res["window_s"], 1),
+        "versions": res["versions"],
+        "seconds_lost_per_kill": round(res["seconds_lost_per_kill"], 2),
+        "death_lost_median_s": round(dl, 2), "death_lost_max_s": round(dmax, 2),
+        "join_lost_median_s": round(jl, 2), "join_lost_max_s": round(jmax, 2),
+        "deaths_matched": len(res["deaths"]),
+        "joins_done": sum(1 for j in res["joins"] if j["joined"]),
+        "joins_failed": sum(1 for j in res["joins"] if not j["joined"]),
+        "restarts": res["restarts"], "identical_parameters": res["identical_parameters"],
+        "nothing_lost": res["nothing_lost"], "final_version": res["final_version"]}
+    parts = ["notice_s", "reform_s", "sync_s", "first_step_s", "closed_to_process_s"]
+    join_parts = {k: [round(v, 2) for v in med_max([j.get(k) for j in res["joins"]])]
+                  for k in parts}
+    for k in ["exec_to_script", "imports", "to_init", "hvd_init", "build",
+              "sync_and_first_step"]:
+        join_parts["new_rank_" + k] = [round(v, 2) for v in med_max(
+            [j["new_rank"][k] for j in res["joins"] if "new_rank" in j])]
+    print("\n| kills | step efficiency | versions/s fault-free | window | lost per kill "
+          "(from efficiency) | death lost: median / max | join lost: median / max | restarts "
+          "| identical parameters | nothing lost |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| {summary['kills']} | **{100 * res['step_efficiency']:.1f}%** | "
+          f"{ff['rate']:.1f} | {res['window_s']:.0f} s | {res['seconds_lost_per_kill']:.2f} s | "
+          f"{dl:.2f} / {dmax:.2f} s | {jl:.2f} / {jmax:.2f} s | {res['restarts']} | "
+          f"{res['identical_parameters']} | {res['nothing_lost']} |")
+    print("\njoin, median / max (s): " + ", ".join(f"{k} {a} / {b}"
+                                                  for k, (a, b) in join_parts.items()))
+    print("fault-free start-up per host (s): " + json.dumps(ff["startup"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "command": "python benchmarks/elastic_soak.py " + " ".join(
+                argv if argv is not None else sys.argv[1:]),
+            "machine": f"{os.cpu_count()} cores, load average {load0:.1f} at the start, "
+                       f"{load1:.1f} at the end",
+            "seconds": round(time.time() - t_all), "gloo_timeout_s": args.gloo_timeout,
+            "warm": args.warm, "summary": summary, "join_parts_median_max_s": join_parts,
+            "fault_free": ff, "soak": res}, indent=1) + "\n")
+    ok = res["identical_parameters"] and res["nothing_lost"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
