@@ -33,18 +33,13 @@ def workers(out: Path) -> list[tuple[int, str]]:
                 env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
                 host = next((e.split(b"=", 1)[1].decode() for e in env
                              if e.startswith(b"HOROVOD_HOSTNAME=")), None)
-                if host is not None and not _is_warm_client(env):
+                if host is not None:
                     found.append((int(d), host))
             elif args[1].endswith("warm_worker.py") and "serve" in args:
                 found += _warm_children(args, str(out))
         except (OSError, UnicodeDecodeError):
             continue
     return found
-
-
-def _is_warm_client(env: list[bytes]) -> bool:
-    """A warm worker's client (its child does the work; killing the client kills the child)."""
-    return any(e.startswith(b"PGC_WARM_CLIENT=") for e in env)
 
 
 def _warm_children(serve_args: list[str], out: str) -> list[tuple[int, str]]:

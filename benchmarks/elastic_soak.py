@@ -11,11 +11,15 @@ edits. Once all 4 ranks have taken a step (``OUT/startup/``), it repeats ``--kil
 * wait a random ``--period-min``..``--period-max`` seconds (uniform, seeded ``--seed``) after
   the previous kill, then SIGKILL one random worker process from outside
   (``elastic_common.workers``), wherever it is: in a step, a re-form, a join, its start-up;
-* once the survivors' new world has taken its first step (a ``rank lost`` record in
-  ``OUT/elastic.jsonl``; at most ``--reform-wait`` s), replace the dead host in the listing by a
-  new address (a replacement machine: Horovod blacklists a host whose worker failed, for the
-  rest of the job unless ``--blacklist-cooldown-range`` is given, and a real replacement is
-  another node), so the world returns to 4 at the next joint check.
+* once the survivors' new world has taken its first step (a new record in
+  ``OUT/elastic.jsonl``; at most ``--reform-wait`` s), replace the dead host in the listing by
+  the address that has been out of it longest, from a pool of ``--pool`` loopback hosts (the
+  dead one joins the end of the queue: a node repaired and listed again), so the world returns
+  to 4 at the next joint check. Horovod blacklists a host whose worker failed for the rest of
+  the job unless horovodrun is given ``--blacklist-cooldown-range MIN MAX``; the soak passes
+  ``--cooldown`` (default 1 10: a host may come back 2-10 s after its failure; the queue keeps
+  it out for several kill periods). A pool of fresh addresses for every kill is not possible
+  here: one sshd listens on at most 16 addresses (``MAX_LISTEN_SOCKS``).
 
 The measured window runs from the moment all 4 ranks had stepped to one more random period
 after the last kill; then the benchmark writes a stop version (``--stop-file``, a little ahead
@@ -87,6 +91,7 @@ def job_command(lh, disc: Path, out: Path, args, steps: int, warm) -> list[str]:
             "--backoff", "3", "--attempt-timeout", str(args.job_timeout), "--",
             str(Path(py).with_name("horovodrun")), "--gloo", "-np", "4", "--min-np", "2",
             "--max-np", "4", "--host-discovery-script", str(disc), *lh.horovodrun_args(),
+            "--blacklist-cooldown-range", *[str(c) for c in args.cooldown],
             *script, "--out", str(out), "--steps", str(steps),
             "--compute-time", str(args.compute_time), "--progress",
             "--check-every", str(args.check_every),
@@ -263,6 +268,7 @@ def soak(lh, work: Path, args, rng: random.Random, rate: float, warm) -> dict:
                 rec["reform_wait_timed_out"] = True   # a restart under way, or a slow re-form
             if host in listed:
                 listed.remove(host)
+                spare.append(host)
             if len(listed) < 4 and spare:
                 new = spare.pop(0)
                 if warm is not None:
@@ -381,6 +387,11 @@ def main(argv=None) -> int:
     p.add_argument("--reform-wait", type=float, default=20.0)
     p.add_argument("--restarts", type=int, default=5)
     p.add_argument("--job-timeout", type=float, default=3600.0)
+    p.add_argument("--pool", type=int, default=8,
+                   help="loopback hosts in all (4 listed at a time; 5-16)")
+    p.add_argument("--cooldown", type=int, nargs=2, default=[1, 10], metavar=("MIN", "MAX"),
+                   help="horovodrun --blacklist-cooldown-range: a failed host may be listed "
+                        "again after this")
     p.add_argument("--warm", action="store_true",
                    help="ranks through warm-worker servers (launch/warm_worker.py)")
     p.add_argument("--out", default=None, help="JSON file for the figures")
@@ -388,8 +399,10 @@ def main(argv=None) -> int:
     if not (0 < args.period_min <= args.period_max):
         p.error(f"--period-min {args.period_min} / --period-max {args.period_max}: need "
                 f"0 < min <= max")
-    if args.kills < 1 or args.kills > 200:
-        p.error(f"--kills {args.kills}: need 1..200 (one loopback address per replacement)")
+    if args.kills < 1:
+        p.error(f"--kills {args.kills}: need at least 1")
+    if not 5 <= args.pool <= 16:
+        p.error(f"--pool {args.pool}: need 5..16 (4 listed, one sshd serves at most 16)")
 
     def stop(*_):   # SIGTERM: leave through the with-blocks (the sshd and folders go)
         raise KeyboardInterrupt
@@ -398,7 +411,7 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     load0 = os.getloadavg()[0]
     t_all = time.time()
-    with LocalHosts(count=4 + args.kills) as lh, tempfile.TemporaryDirectory(
+    with LocalHosts(count=args.pool) as lh, tempfile.TemporaryDirectory(
             prefix="pgc-soak-") as d:
         warm = None
         if args.warm:
