@@ -160,7 +160,8 @@ def client(folder: str, argv: list[str], require: bool = False) -> int:
                 sig = os.WTERMSIG(status)
                 for s in FORWARDED:
                     signal.signal(s, signal.SIG_DFL)
-                signal.signal(sig, signal.SIG_DFL)
+                if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                    signal.signal(sig, signal.SIG_DFL)
                 os.kill(os.getpid(), sig)
                 time.sleep(1)
                 return 128 + sig
