@@ -110,14 +110,23 @@ def start_job(lh, work: Path, hosts: list[str], args, steps: int, warm):
     return proc, out, listing, t0, log
 
 
+def _loads(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:   # a line being appended
+        return None
+
+
 def startups(out: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((out / "startup").glob("*.json"))] \
+    got = [_loads(p.read_text()) for p in sorted((out / "startup").glob("*.json"))] \
         if (out / "startup").is_dir() else []
+    return [g for g in got if g is not None]
 
 
 def events(out: Path) -> list[dict]:
     f = out / "elastic.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+    got = [_loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+    return [g for g in got if g is not None]
 
 
 def wait_until(pred, timeout: float, proc, what: str, log_path: Path):

@@ -191,12 +191,14 @@ def main(argv=None) -> int:
         since the epoch: process created, script began, imports done, hvd.init entered and
         done, model and state built, first step done)."""
         os.makedirs(os.path.join(args.out, "startup"), exist_ok=True)
-        with open(os.path.join(args.out, "startup", f"{host}-{os.getpid()}.json"), "w") as f:
+        path = os.path.join(args.out, "startup", f"{host}-{os.getpid()}.json")
+        with open(path + ".tmp", "w") as f:   # renamed: a reader never sees half a file
             json.dump({"host": host, "pid": os.getpid(), "process_started": process_started_at(),
                        "script": T_SCRIPT, "imported": T_IMPORTED, "init_entered": t_init0,
                        "init_done": t_init, "built": t_built, "first_step": t_first_step,
                        "first_step_version": int(state.opt.version), "n": hvd.size(),
                        "warm": os.environ.get("PGC_WARM_WORKER") is not None}, f)
+        os.replace(path + ".tmp", path)
 
     @hvd.elastic.run
     def train(state):

@@ -217,13 +217,26 @@ def run_child(msg: dict, fds: list[int], folder: str, close: list) -> None:
         os._exit(code)
 
 
+def warm_torch() -> None:
+    """What torch imports lazily on first use, done once here (no thread starts): building an
+    optimizer imports ``torch._dynamo`` (1.5 s unloaded), the first ``torch.save`` /
+    ``torch.load(weights_only=True)`` (a checkpoint, an elastic broadcast) their helpers."""
+    import io
+
+    import torch
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+    buf = io.BytesIO()
+    torch.save({"model": {"w": torch.zeros(2)}, "opt": opt.state_dict(), "v": 1}, buf)
+    buf.seek(0)
+    torch.load(buf, weights_only=True)
+
+
 def serve(folder: str, host: str | None, preload: str) -> int:
     t0 = time.time()
     for name in [m for m in preload.split(",") if m]:
         __import__(name)
-    if "torch.optim" in sys.modules:   # torch imports torch._dynamo when the first optimizer
-        import torch                   # is built: do it here (no thread starts)
-        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    if "torch" in sys.modules:
+        warm_torch()
     os.makedirs(os.path.join(folder, "children"), exist_ok=True)
     path = socket_path(folder, host)
     if os.path.exists(path):
