@@ -44,9 +44,9 @@ Reported (printed, and as JSON with ``--out``):
 * nothing decided lost: each rank's recorded versions never go backwards, each attempt started
   at or above the highest version recorded before it, the run ended at the stop version.
 
-``--warm`` runs every rank through a warm-worker server per host (``launch/warm_worker.py``,
-started on each host before the host is listed), so a joining rank skips the interpreter's
-imports.
+``--warm`` runs every rank through a warm-worker server per host (``launch/warm_worker.py``;
+all ``--pool`` servers are started before the fault-free run, as a replacement node would start
+its own before it is listed), so a joining rank skips the interpreter's imports.
 """
 
 from __future__ import annotations
@@ -324,13 +324,18 @@ def soak(lh, work: Path, args, rng: random.Random, rate: float, warm) -> dict:
         "nothing_lost": kept and final == [stop], "lost_why": why,
         "world_changes": [(e["old_n"], e["new_n"], e["step"], e["reason"]) for e in evs],
         "deaths": deaths, "joins": joins, "kill_records": kills,
+        "events": evs, "startups": sts,
         "log_tail": None if rc == 0 else (work / "job.log").read_text()[-3000:]}
 
 
+MATCH_S = 30.0   # a death's or a join's record later than this is not its own (a restart)
+
+
 def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, list]:
-    """Each kill's death record (the first ``rank lost`` world change noticed after it) and
-    its replacement's join record (the first ``hosts updated`` change the ranks acted on after
-    the listing was written; ``joined`` 0 when the new rank died before the world re-formed:
+    """Each kill's death record (the first ``rank lost`` world change noticed within
+    ``MATCH_S`` after it) and its replacement's join record (the first ``hosts updated`` change
+    the ranks acted on within ``MATCH_S`` after the listing was written; none for a kill whose
+    job Horovod aborted: the supervisor's restart is counted apart; ``joined`` 0 when the new rank died before the world re-formed:
     no ``lost_s``), each record used once."""
     used: set[int] = set()
 
@@ -344,7 +349,7 @@ def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, li
     deaths, joins = [], []
     for rec in kills:
         d = first(lambda e: e.get("reason") == "rank lost" and e.get("noticed_first_at")
-                  and e["noticed_first_at"] >= rec["t_kill"] - 0.5)
+                  and 0 <= e["noticed_first_at"] - rec["t_kill"] + 0.5 <= MATCH_S)
         if d is not None:
             deaths.append({"kill": rec["kill"], "step": d["step"], "old_n": d["old_n"],
                            "new_n": d["new_n"], "lost_s": d["first_step_at"] - rec["t_kill"],
@@ -356,7 +361,7 @@ def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, li
         if "t_add" not in rec:
             continue
         j = first(lambda e: e.get("reason") == "hosts updated" and e.get("noticed_at")
-                  and e["noticed_at"] >= rec["t_add"])
+                  and 0 <= e["noticed_at"] - rec["t_add"] <= MATCH_S)
         if j is None:
             continue
         row = {"kill": rec["kill"], "host": rec["added"], "step": j["step"],
@@ -428,6 +433,10 @@ def main(argv=None) -> int:
             from warm_worker import LocalWarmServers
             warm = LocalWarmServers(lh, Path(d) / "warm", env=lh.elastic_env(
                 args.gloo_timeout, str(ROOT)))
+            # every host of the pool gets its server before the job starts: a replacement
+            # node starts its server (on its own CPUs) before it is listed; here all hosts
+            # share 2 cores, so none is started while the job runs
+            warm.ensure(lh.hosts)
         try:
             (Path(d) / "ff").mkdir()
             ff = fault_free(lh, Path(d) / "ff", args, warm)
