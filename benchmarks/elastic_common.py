@@ -36,15 +36,21 @@ def workers(out: Path) -> list[tuple[int, str]]:
                 if host is not None:
                     found.append((int(d), host))
             elif args[1].endswith("warm_worker.py") and "serve" in args:
-                found += _warm_children(args, str(out))
+                found += _warm_children(int(d), args, str(out))
         except (OSError, UnicodeDecodeError):
             continue
     return found
 
 
-def _warm_children(serve_args: list[str], out: str) -> list[tuple[int, str]]:
-    """The children a warm-worker server (``warm_worker.py serve --dir D --host H``) forked
-    that run the recipe for ``out`` (registered as ``D/children/<pid>``, the script's argv)."""
+def _parent(pid: str) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _warm_children(server: int, serve_args: list[str], out: str) -> list[tuple[int, str]]:
+    """The children the warm-worker server ``server`` (``warm_worker.py serve --dir D --host
+    H``) forked that run the recipe for ``out`` (registered as ``D/children/<pid>``, the
+    script's argv; several servers may share ``D``: a child is its parent's)."""
     try:
         folder = Path(serve_args[serve_args.index("--dir") + 1]) / "children"
         host = serve_args[serve_args.index("--host") + 1]
@@ -56,10 +62,14 @@ def _warm_children(serve_args: list[str], out: str) -> list[tuple[int, str]]:
             argv = f.read_text().split("\0")
         except OSError:
             continue
-        if f.name.isdigit() and out in argv and any(a.endswith("elastic_train.py")
-                                                     for a in argv) \
-                and Path(f"/proc/{f.name}").exists():
-            got.append((int(f.name), host))
+        if not (f.name.isdigit() and out in argv
+                and any(a.endswith("elastic_train.py") for a in argv)):
+            continue
+        try:
+            if _parent(f.name) == server:
+                got.append((int(f.name), host))
+        except (OSError, ValueError, IndexError):   # gone
+            continue
     return got
 
 
