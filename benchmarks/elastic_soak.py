@@ -55,6 +55,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -332,28 +333,34 @@ MATCH_S = 30.0   # a death's or a join's record later than this is not its own (
 
 
 def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, list]:
-    """Each kill's death record (the first ``rank lost`` world change noticed within
-    ``MATCH_S`` after it) and its replacement's join record (the first ``hosts updated`` change
-    the ranks acted on within ``MATCH_S`` after the listing was written; none for a kill whose
-    job Horovod aborted: the supervisor's restart is counted apart; ``joined`` 0 when the new rank died before the world re-formed:
-    no ``lost_s``), each record used once."""
-    used: set[int] = set()
+    """Each kill's death record and its replacement's join record. A death's record is the
+    first ``rank lost`` world change the survivors noticed within ``MATCH_S`` after the kill;
+    one record of ``old_n - new_n`` = k deaths serves k kills (a second kill that landed while
+    the survivors of the first were still re-forming). A join's record is the first ``hosts
+    updated`` change the ranks acted on within ``MATCH_S`` after the listing was written; one
+    with ``joined`` = k serves k replacements (``joined`` 0: the new rank died before the
+    world re-formed; no ``lost_s``). A kill whose job Horovod aborted has no record: the
+    supervisor's restart is counted apart."""
+    left = {i: (max(1, e["old_n"] - e["new_n"]) if e.get("reason") == "rank lost"
+                else max(1, e.get("joined") or 0)) for i, e in enumerate(evs)}
 
     def first(pred):
         for i, e in enumerate(evs):
-            if i not in used and e.get("first_step_at") and pred(e):
-                used.add(i)
+            if left[i] > 0 and e.get("first_step_at") and pred(e):
+                left[i] -= 1
                 return e
         return None
 
     deaths, joins = [], []
     for rec in kills:
         d = first(lambda e: e.get("reason") == "rank lost" and e.get("noticed_first_at")
-                  and 0 <= e["noticed_first_at"] - rec["t_kill"] + 0.5 <= MATCH_S)
+                  and e["noticed_first_at"] - rec["t_kill"] <= MATCH_S
+                  and (e["noticed_first_at"] >= rec["t_kill"] - 0.5   # its first death
+                       or rec["t_kill"] <= e["sync_started_at"]))     # one more, re-forming
         if d is not None:
             deaths.append({"kill": rec["kill"], "step": d["step"], "old_n": d["old_n"],
                            "new_n": d["new_n"], "lost_s": d["first_step_at"] - rec["t_kill"],
-                           "detect_s": d["noticed_at"] - rec["t_kill"],
+                           "detect_s": max(0.0, d["noticed_at"] - rec["t_kill"]),
                            "reform_s": d["sync_started_at"] - d["noticed_at"],
                            "rebuild_s": d["ready_at"] - d["sync_started_at"],
                            "first_step_s": d["first_step_at"] - d["ready_at"]})
@@ -373,8 +380,9 @@ def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, li
                        reform_s=j["sync_started_at"] - j["noticed_at"],
                        sync_s=j["ready_at"] - j["sync_started_at"],
                        first_step_s=j["first_step_at"] - j["ready_at"])
-            s = next((s for s in sts if s["host"] == rec["added"]), None)
-            if s is not None and abs(s["first_step"] - j["first_step_at"]) < 1.0:
+            s = next((s for s in sts if s["host"] == rec["added"]
+                      and abs(s["first_step"] - j["first_step_at"]) < 1.0), None)
+            if s is not None:
                 row.update(closed_to_process_s=s["process_started"] - j["noticed_at"],
                            new_rank=startup_split(s))
         joins.append(row)
@@ -384,6 +392,54 @@ def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, li
 def med_max(xs):
     xs = [x for x in xs if x is not None]
     return (statistics.median(xs), max(xs)) if xs else (float("nan"), float("nan"))
+
+
+def summarize(ff: dict, res: dict) -> tuple[dict, dict]:
+    """The summary and the join phases (median, max) of a soak; printed."""
+    dl, dmax = med_max([x["lost_s"] for x in res["deaths"]])
+    jl, jmax = med_max([x.get("lost_s") for x in res["joins"]])
+    summary = {
+        "kills": res["kills"], "step_efficiency": round(res["step_efficiency"], 4),
+        "fault_free_rate": round(ff["rate"], 2), "window_s": round(res["window_s"], 1),
+        "versions": res["versions"],
+        "seconds_lost_per_kill": round(res["seconds_lost_per_kill"], 2),
+        "death_lost_median_s": round(dl, 2), "death_lost_max_s": round(dmax, 2),
+        "join_lost_median_s": round(jl, 2), "join_lost_max_s": round(jmax, 2),
+        "deaths_matched": len(res["deaths"]),
+        "joins_done": sum(1 for j in res["joins"] if j["joined"]),
+        "joins_failed": sum(1 for j in res["joins"] if not j["joined"]),
+        "restarts": res["restarts"], "identical_parameters": res["identical_parameters"],
+        "nothing_lost": res["nothing_lost"], "final_version": res["final_version"]}
+    parts = ["notice_s", "reform_s", "sync_s", "first_step_s", "closed_to_process_s"]
+    join_parts = {k: [round(v, 2) for v in med_max([j.get(k) for j in res["joins"]])]
+                  for k in parts}
+    for k in ["exec_to_script", "imports", "to_init", "hvd_init", "build",
+              "sync_and_first_step"]:
+        join_parts["new_rank_" + k] = [round(v, 2) for v in med_max(
+            [j["new_rank"][k] for j in res["joins"] if "new_rank" in j])]
+    print("\n| kills | step efficiency | versions/s fault-free | window | lost per kill "
+          "(from efficiency) | death lost: median / max | join lost: median / max | restarts "
+          "| identical parameters | nothing lost |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| {summary['kills']} | **{100 * res['step_efficiency']:.1f}%** | "
+          f"{ff['rate']:.1f} | {res['window_s']:.0f} s | {res['seconds_lost_per_kill']:.2f} s | "
+          f"{dl:.2f} / {dmax:.2f} s | {jl:.2f} / {jmax:.2f} s | {res['restarts']} | "
+          f"{res['identical_parameters']} | {res['nothing_lost']} |")
+    print("\njoin, median / max (s): " + ", ".join(f"{k} {a} / {b}"
+                                                  for k, (a, b) in join_parts.items()))
+    print("fault-free start-up per host (s): " + json.dumps(ff["startup"]))
+    return summary, join_parts
+
+
+def reanalyze(path: str) -> int:
+    """Match the kills to the world changes again from the records a JSON file keeps
+    (``soak.events``, ``soak.startups``), rewrite its summary and print it."""
+    d = json.loads(Path(path).read_text())
+    res = d["soak"]
+    res["deaths"], res["joins"] = match(res["kill_records"], res["events"], res["startups"])
+    d["summary"], d["join_parts_median_max_s"] = summarize(d["fault_free"], res)
+    Path(path).write_text(json.dumps(d, indent=1) + "\n")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -409,7 +465,14 @@ def main(argv=None) -> int:
     p.add_argument("--warm", action="store_true",
                    help="ranks through warm-worker servers (launch/warm_worker.py)")
     p.add_argument("--out", default=None, help="JSON file for the figures")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="copy the work folders (job logs, events, progress) to DIR at the end")
+    p.add_argument("--reanalyze", default=None, metavar="JSON",
+                   help="only match the kills to the world changes again in a JSON file this "
+                        "benchmark wrote, and rewrite its summary")
     args = p.parse_args(argv)
+    if args.reanalyze:
+        return reanalyze(args.reanalyze)
     if not (0 < args.period_min <= args.period_max):
         p.error(f"--period-min {args.period_min} / --period-max {args.period_max}: need "
                 f"0 < min <= max")
@@ -448,39 +511,11 @@ def main(argv=None) -> int:
         finally:
             if warm is not None:
                 warm.stop()
+            if args.keep:   # the job logs, listings, events and progress files, for diagnosis
+                shutil.copytree(d, args.keep, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("checkpoints", "sock-*"))
     load1 = os.getloadavg()[0]
-    dl, dmax = med_max([x["lost_s"] for x in res["deaths"]])
-    jl, jmax = med_max([x.get("lost_s") for x in res["joins"]])
-    summary = {
-        "kills": res["kills"], "step_efficiency": round(res["step_efficiency"], 4),
-        "fault_free_rate": round(ff["rate"], 2), "window_s": round(res["window_s"], 1),
-        "versions": res["versions"],
-        "seconds_lost_per_kill": round(res["seconds_lost_per_kill"], 2),
-        "death_lost_median_s": round(dl, 2), "death_lost_max_s": round(dmax, 2),
-        "join_lost_median_s": round(jl, 2), "join_lost_max_s": round(jmax, 2),
-        "deaths_matched": len(res["deaths"]),
-        "joins_done": sum(1 for j in res["joins"] if j["joined"]),
-        "joins_failed": sum(1 for j in res["joins"] if not j["joined"]),
-        "restarts": res["restarts"], "identical_parameters": res["identical_parameters"],
-        "nothing_lost": res["nothing_lost"], "final_version": res["final_version"]}
-    parts = ["notice_s", "reform_s", "sync_s", "first_step_s", "closed_to_process_s"]
-    join_parts = {k: [round(v, 2) for v in med_max([j.get(k) for j in res["joins"]])]
-                  for k in parts}
-    for k in ["exec_to_script", "imports", "to_init", "hvd_init", "build",
-              "sync_and_first_step"]:
-        join_parts["new_rank_" + k] = [round(v, 2) for v in med_max(
-            [j["new_rank"][k] for j in res["joins"] if "new_rank" in j])]
-    print("\n| kills | step efficiency | versions/s fault-free | window | lost per kill "
-          "(from efficiency) | death lost: median / max | join lost: median / max | restarts "
-          "| identical parameters | nothing lost |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {summary['kills']} | **{100 * res['step_efficiency']:.1f}%** | "
-          f"{ff['rate']:.1f} | {res['window_s']:.0f} s | {res['seconds_lost_per_kill']:.2f} s | "
-          f"{dl:.2f} / {dmax:.2f} s | {jl:.2f} / {jmax:.2f} s | {res['restarts']} | "
-          f"{res['identical_parameters']} | {res['nothing_lost']} |")
-    print("\njoin, median / max (s): " + ", ".join(f"{k} {a} / {b}"
-                                                  for k, (a, b) in join_parts.items()))
-    print("fault-free start-up per host (s): " + json.dumps(ff["startup"]))
+    summary, join_parts = summarize(ff, res)
     if args.out:
         Path(args.out).write_text(json.dumps({
             "command": "python benchmarks/elastic_soak.py " + " ".join(
