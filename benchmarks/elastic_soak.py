@@ -334,7 +334,8 @@ MATCH_S = 30.0   # a death's or a join's record later than this is not its own (
 
 def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, list]:
     """Each kill's death record and its replacement's join record. A death's record is the
-    first ``rank lost`` world change the survivors noticed within ``MATCH_S`` after the kill;
+    first ``rank lost`` world change the survivors noticed within ``MATCH_S`` after the kill
+    and before the next kill;
     one record of ``old_n - new_n`` = k deaths serves k kills (a second kill that landed while
     the survivors of the first were still re-forming). A join's record is the first ``hosts
     updated`` change the ranks acted on within ``MATCH_S`` after the listing was written; one
@@ -352,10 +353,11 @@ def match(kills: list[dict], evs: list[dict], sts: list[dict]) -> tuple[list, li
         return None
 
     deaths, joins = [], []
-    for rec in kills:
+    for i, rec in enumerate(kills):
+        t_next = kills[i + 1]["t_kill"] if i + 1 < len(kills) else float("inf")
         d = first(lambda e: e.get("reason") == "rank lost" and e.get("noticed_first_at")
                   and e["noticed_first_at"] - rec["t_kill"] <= MATCH_S
-                  and (e["noticed_first_at"] >= rec["t_kill"] - 0.5   # its first death
+                  and (rec["t_kill"] - 0.5 <= e["noticed_first_at"] < t_next - 0.5   # its death
                        or rec["t_kill"] <= e["sync_started_at"]))     # one more, re-forming
         if d is not None:
             deaths.append({"kill": rec["kill"], "step": d["step"], "old_n": d["old_n"],
