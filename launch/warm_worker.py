@@ -175,8 +175,9 @@ def run_child(msg: dict, fds: list[int], folder: str, close: list) -> None:
     try:
         for s in close:
             s.close()
-        for s in FORWARDED + (signal.SIGCHLD,):
-            signal.signal(s, signal.SIG_DFL)
+        for s in FORWARDED + (signal.SIGCHLD,):   # as in a fresh interpreter
+            signal.signal(s, signal.default_int_handler if s == signal.SIGINT
+                          else signal.SIG_DFL)
         for i, fd in enumerate(fds[:3]):
             os.dup2(fd, i)
         for fd in fds:
