@@ -400,6 +400,8 @@ def summarize(ff: dict, res: dict) -> tuple[dict, dict]:
     """The summary and the join phases (median, max) of a soak; printed."""
     dl, dmax = med_max([x["lost_s"] for x in res["deaths"]])
     jl, jmax = med_max([x.get("lost_s") for x in res["joins"]])
+    matched = sum(x["lost_s"] for x in res["deaths"]) + sum(x.get("lost_s") or 0.0
+                                                             for x in res["joins"])
     summary = {
         "kills": res["kills"], "step_efficiency": round(res["step_efficiency"], 4),
         "fault_free_rate": round(ff["rate"], 2), "window_s": round(res["window_s"], 1),
@@ -410,6 +412,11 @@ def summarize(ff: dict, res: dict) -> tuple[dict, dict]:
         "deaths_matched": len(res["deaths"]),
         "joins_done": sum(1 for j in res["joins"] if j["joined"]),
         "joins_failed": sum(1 for j in res["joins"] if not j["joined"]),
+        # a cross-check that needs no fault-free rate (the machine's load moves it): the
+        # seconds the matched deaths and joins cost (overlaps counted twice, restarts and
+        # unmatched kills not at all), per kill and against the window
+        "matched_lost_per_kill_s": round(matched / max(1, res["kills"]), 2),
+        "efficiency_from_matched": round(1 - matched / res["window_s"], 4),
         "restarts": res["restarts"], "identical_parameters": res["identical_parameters"],
         "nothing_lost": res["nothing_lost"], "final_version": res["final_version"]}
     parts = ["notice_s", "reform_s", "sync_s", "first_step_s", "closed_to_process_s"]
