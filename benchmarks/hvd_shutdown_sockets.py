@@ -9,6 +9,10 @@ bytes each has received: the connections that carried the collectives (the most 
 ones to watch. Prints one line per rank: ``SOCKETS rank=R init=N shutdown=M busiest_open=B``
 (``busiest_open``: whether the connection with the most bytes received is still open after
 shutdown, i.e. whether a peer blocked on a receive from this rank would be told it left).
+Then ``CYCLES`` (default 8) more ``hvd.init()`` / allreduce / ``hvd.shutdown()`` rounds, as an
+elastic job's world changes do, print ``FDS rank=R [(after init, after shutdown), ...]``: the
+descriptors a shutdown leaves open are released by the next init (the count stays flat), so
+repeated world changes do not accumulate sockets.
 """
 
 from __future__ import annotations
@@ -42,8 +46,18 @@ def main() -> int:
     hvd.shutdown()
     time.sleep(0.5)
     after = established()
-    print(f"SOCKETS rank={os.environ.get('HOROVOD_RANK')} init={len(at_init)} "
+    rank = os.environ.get("HOROVOD_RANK")
+    print(f"SOCKETS rank={rank} init={len(at_init)} "
           f"shutdown={len(after)} busiest_open={busiest in after}", flush=True)
+    counts = []
+    for k in range(int(os.environ.get("CYCLES", "8"))):
+        hvd.init()
+        hvd.allreduce(torch.ones(4), name=f"cycle.{k}")
+        at = len(os.listdir("/proc/self/fd"))
+        hvd.shutdown()
+        time.sleep(0.2)
+        counts.append((at, len(os.listdir("/proc/self/fd"))))
+    print(f"FDS rank={rank} {counts}", flush=True)
     return 0
 
 

@@ -16,6 +16,7 @@ naming "loader transform" ("CHECK mismatch ok").
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import sys
 
 import horovod.torch as hvd
@@ -61,9 +62,13 @@ def main(scheme: str, folder: str, steps: int, mismatch: bool = False) -> None:
     plain = datasets.ImageFolder(folder, transform=transforms.ToTensor())
     assert len(train.classes) == n, f"the folder has {len(train.classes)} classes for n={n}"
     # workers from a fork server, not forked from this threaded rank: a fork of a process
-    # running Horovod's and the agent's threads once deadlocked in CPython's after-fork code
+    # running Horovod's and the agent's threads once deadlocked in CPython's after-fork code.
+    # The server imports what the workers unpickle once, before its first fork; without the
+    # preload every worker imports torch and torchvision itself (seconds each on 2 cores)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torchvision.datasets", "pgc_hvd.data.coded_loader"])
     loader = pgc_hvd.CodedLoader(train, n=n, batch_size=4, iid=False, seed=3, num_workers=2,
-                                 multiprocessing_context="forkserver")
+                                 multiprocessing_context=ctx)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, n))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
