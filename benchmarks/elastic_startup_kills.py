@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "launch"))
 from local_hosts import LocalHosts  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from elastic_common import highest, progress, workers  # noqa: E402
+from elastic_common import highest, progress, progress_rows, workers  # noqa: E402
 
 ELASTIC = ROOT / "launch" / "elastic_train.py"
 SUPERVISOR = ROOT / "launch" / "elastic_run.py"
@@ -84,14 +84,8 @@ def killer(out: Path, at: float, t0: float, rng: random.Random, done: threading.
 
 def timeline(out: Path) -> list[tuple[int, int, float, int]]:
     """``(attempt, version, time, n)`` of every line of the ranks' progress files."""
-    rows = []
-    for p in (out / "progress").glob("*.txt"):
-        attempt = int(p.name.split("-", 1)[0])
-        for line in p.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 3:
-                rows.append((attempt, int(parts[0]), float(parts[1]), int(parts[2])))
-    return rows
+    return [(int(name.split("-", 1)[0]), *row)
+            for name, rows in progress_rows(out).items() for row in rows]
 
 
 def phase_killer(out: Path, listing: Path, newcomer: str, args, t0: float,
