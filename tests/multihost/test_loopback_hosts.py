@@ -21,33 +21,22 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
 sys.path.insert(0, str(ROOT / "tests" / "multirank"))
-from local_hosts import LocalHosts, Unavailable  # noqa: E402
 from loopback_checks import on_loopback  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "multirank" / "loopback_checks.py"
 
 
 @pytest.mark.multirank
-def test_local_ssh_hosts_keep_ranks_on_loopback(tmp_path):
-    exe = Path(sys.executable).with_name("horovodrun")
-    if not exe.exists():
-        pytest.skip("horovod is not installed (run bash launch/setup.sh)")
-    lh = LocalHosts(count=2)
-    try:
-        lh.start()
-    except Unavailable as err:
-        pytest.skip(f"no local ssh hosts: {err}")
-    try:
-        assert lh.horovodrun_args()[-2:] == ["--network-interface", "lo"]
-        env = lh.env()
-        env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="1", PYTHONPATH=os.pathsep.join(
-            [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
-        before = lh.accepted_logins()
-        cmd = [str(exe), "--gloo", "-np", "2", "-H", lh.spec(1), *lh.horovodrun_args(),
-               sys.executable, str(SCRIPT)]
-        proc = run_watched(cmd, env=env, cwd=tmp_path, timeout=240)
-        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
-        on_loopback(proc.stdout, 2, "lo")
-        assert lh.accepted_logins() >= before + 2, "horovodrun did not go through ssh"
-    finally:
-        lh.stop()
+def test_local_ssh_hosts_keep_ranks_on_loopback(tmp_path, two_hosts):
+    exe, lh = two_hosts
+    assert lh.horovodrun_args()[-2:] == ["--network-interface", "lo"]
+    env = lh.env()
+    env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    before = lh.accepted_logins()
+    cmd = [str(exe), "--gloo", "-np", "2", "-H", lh.spec(1), *lh.horovodrun_args(),
+           sys.executable, str(SCRIPT)]
+    proc = run_watched(cmd, env=env, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
+    on_loopback(proc.stdout, 2, "lo")
+    assert lh.accepted_logins() >= before + 2, "horovodrun did not go through ssh"

@@ -160,17 +160,9 @@ def test_without_a_server_cold_or_refused(tmp_path):
 
 
 @pytest.mark.multirank
-def test_horovodrun_ranks_through_warm_servers(tmp_path):
-    from local_hosts import LocalHosts, Unavailable
+def test_horovodrun_ranks_through_warm_servers(tmp_path, two_hosts):
     from warm_worker import LocalWarmServers
-    exe = Path(sys.executable).with_name("horovodrun")
-    if not exe.exists():
-        pytest.skip("horovod is not installed (run bash launch/setup.sh)")
-    lh = LocalHosts(count=2)
-    try:
-        lh.start()
-    except Unavailable as err:
-        pytest.skip(f"no local ssh hosts: {err}")
+    exe, lh = two_hosts
     env = lh.elastic_env(30, str(ROOT))
     warm = LocalWarmServers(lh, tmp_path / "warm", env=env, preload="torch,horovod.torch")
     try:
@@ -185,4 +177,3 @@ def test_horovodrun_ranks_through_warm_servers(tmp_path):
                          for r, h in enumerate(lh.hosts)], proc.stdout
     finally:
         warm.stop()
-        lh.stop()
