@@ -242,8 +242,9 @@ def one_try(lh, work: Path, args, rng: random.Random, i: int) -> dict:
                world_changes=[(e["old_n"], e["new_n"], e["step"]) for e in events],
                wall_s=round(wall, 1), supervisor_rc=rc,
                leftover_workers=len(leftovers))
-    if not ok:
-        rec["log_tail"] = (work / "supervisor.log").read_text()[-3000:]
+    if not ok or args.logs:
+        log = (work / "supervisor.log").read_text()
+        rec["log_tail"] = log if args.logs else log[-3000:]
     return rec
 
 
@@ -271,6 +272,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--wait-while", default=None,
                    help="before each try, wait while `pgrep -f PATTERN` finds a process")
+    p.add_argument("--logs", action="store_true",
+                   help="keep every try's whole supervisor log in the JSON (log_tail)")
     p.add_argument("--out", default=None, help="JSON file for the results")
     args = p.parse_args(argv)
 
