@@ -1,5 +1,6 @@
-"""What the elastic benchmarks share: finding the recipe's worker processes and reading the
-versions its ranks recorded (benchmarks/elastic_startup_kills.py, benchmarks/elastic_soak.py).
+"""What the elastic benchmarks share: finding the recipe's worker processes and killing one,
+and reading what its ranks and the supervisor recorded (benchmarks/elastic_startup_kills.py,
+benchmarks/elastic_soak.py).
 
 A worker is a process running ``launch/elastic_train.py --out OUT``: either a cold one (its
 ``/proc/<pid>/cmdline`` is ``python .../elastic_train.py ... OUT ...``, its host the
@@ -11,8 +12,13 @@ registered itself in ``<server folder>/children/<pid>`` with the script's argume
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import signal
+import time
 from pathlib import Path
+from typing import Callable, Optional
 
 
 def _cmdline(pid: str) -> list[str]:
@@ -73,14 +79,25 @@ def _warm_children(server: int, serve_args: list[str], out: str) -> list[tuple[i
     return got
 
 
-def progress(out: Path) -> dict[int, list[list[int]]]:
-    """attempt -> the version lists of its ranks' progress files (``--progress``)."""
-    got: dict[int, list[list[int]]] = {}
-    for p in (out / "progress").glob("*.txt"):
-        rows = [int(line.split()[0]) for line in p.read_text().splitlines() if line.strip()]
-        if rows:
-            got.setdefault(int(p.name.split("-", 1)[0]), []).append(rows)
-    return got
+def kill_random(out: Path, rng: random.Random, exclude=(),
+                note: Optional[Callable[[], dict]] = None) -> Optional[dict]:
+    """SIGKILL one of the recipe's worker processes for ``out`` (not a pid in ``exclude``),
+    drawn with ``rng``; a process gone before the signal is drawn again. Returns what was
+    killed, as seen just before the signal (``pid``, ``host``, ``workers_then``, ``version``:
+    the highest recorded, ``t``: ``time.time()``, plus ``note()``'s entries), or None when no
+    such process runs."""
+    while True:
+        procs = [w for w in workers(out) if w[0] not in exclude]
+        if not procs:
+            return None
+        pid, host = rng.choice(sorted(procs))
+        got = {"pid": pid, "host": host, "workers_then": len(procs), "version": highest(out),
+               "t": time.time(), **(note() if note is not None else {})}
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        return got
 
 
 def progress_rows(out: Path) -> dict[str, list[tuple[int, float, int]]]:
@@ -99,6 +116,57 @@ def progress_rows(out: Path) -> dict[str, list[tuple[int, float, int]]]:
     return got
 
 
+def progress(out: Path) -> dict[int, list[list[int]]]:
+    """attempt -> the version lists of its ranks' progress files (``--progress``; a file is
+    ``<attempt>-<host>-<pid>.txt``)."""
+    got: dict[int, list[list[int]]] = {}
+    for name, rows in progress_rows(out).items():
+        if rows:
+            got.setdefault(int(name.split("-", 1)[0]), []).append([v for v, _, _ in rows])
+    return got
+
+
 def highest(out: Path) -> int:
     """The highest version any rank recorded (-1: none yet)."""
     return max((max(r) for rows in progress(out).values() for r in rows), default=-1)
+
+
+def attempts_resumed(out: Path) -> tuple[dict, dict, list[str]]:
+    """Each supervisor attempt's first and highest recorded version (``starts``, ``reached``)
+    and, for each attempt that started below the highest version recorded before it, a line
+    saying so (nothing decided lost: the list is empty)."""
+    prog = progress(out)
+    starts, reached, why, before = {}, {}, [], -1
+    for a in sorted(prog):
+        starts[a] = min(r[0] for r in prog[a])
+        reached[a] = max(max(r) for r in prog[a])
+        if a > 0 and starts[a] < before:
+            why.append(f"attempt {a} started at {starts[a]} < {before} recorded before it")
+        before = max(before, reached[a])
+    return starts, reached, why
+
+
+def loads_or_none(text: str):
+    """``json.loads(text)``, or None for a record still being written."""
+    try:
+        return json.loads(text)
+    except ValueError:   # a line being appended
+        return None
+
+
+def events(out: Path) -> list[dict]:
+    """The ranks' ``world_change`` records (``OUT/elastic.jsonl``; a line being written is
+    skipped)."""
+    f = out / "elastic.jsonl"
+    got = [loads_or_none(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+    return [g for g in got if g is not None]
+
+
+def final_ranks(out: Path) -> tuple[list[dict], list[dict]]:
+    """The last attempt's rank results (``OUT/rank-*.json``) and the supervisor's attempt
+    records (``OUT/supervisor.jsonl``)."""
+    att = [json.loads(x) for x in (out / "supervisor.jsonl").read_text().splitlines()] \
+        if (out / "supervisor.jsonl").exists() else []
+    last = att[-1]["attempt"] if att else 0
+    return [r for r in (json.loads(p.read_text()) for p in out.glob("rank-*.json"))
+            if r.get("attempt") == last], att

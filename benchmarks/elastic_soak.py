@@ -67,7 +67,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from elastic_common import highest, progress, progress_rows, workers  # noqa: E402
+from elastic_common import (attempts_resumed, events, final_ranks, highest,  # noqa: E402
+                            kill_random, loads_or_none, progress_rows, workers)
 from local_hosts import LocalHosts  # noqa: E402
 
 ELASTIC = ROOT / "launch" / "elastic_train.py"
@@ -111,22 +112,10 @@ def start_job(lh, work: Path, hosts: list[str], args, steps: int, warm):
     return proc, out, listing, t0, log
 
 
-def _loads(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:   # a line being appended
-        return None
-
-
 def startups(out: Path) -> list[dict]:
-    got = [_loads(p.read_text()) for p in sorted((out / "startup").glob("*.json"))] \
+    """The processes' start-up records (``OUT/startup/``)."""
+    got = [loads_or_none(p.read_text()) for p in sorted((out / "startup").glob("*.json"))] \
         if (out / "startup").is_dir() else []
-    return [g for g in got if g is not None]
-
-
-def events(out: Path) -> list[dict]:
-    f = out / "elastic.jsonl"
-    got = [_loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
     return [g for g in got if g is not None]
 
 
@@ -163,14 +152,6 @@ def finish(proc, out: Path, timeout: float) -> int:
     return rc
 
 
-def final_ranks(out: Path) -> list[dict]:
-    att = [json.loads(x) for x in (out / "supervisor.jsonl").read_text().splitlines()] \
-        if (out / "supervisor.jsonl").exists() else []
-    last = att[-1]["attempt"] if att else 0
-    return [r for r in (json.loads(p.read_text()) for p in out.glob("rank-*.json"))
-            if r.get("attempt") == last], att
-
-
 def nothing_lost(out: Path, final_version: int) -> tuple[bool, list[str]]:
     """Module doc: versions never go backwards; attempts start at or above what was recorded."""
     why = []
@@ -178,12 +159,9 @@ def nothing_lost(out: Path, final_version: int) -> tuple[bool, list[str]]:
         vs = [v for v, _, _ in rows]
         if any(b < a for a, b in zip(vs, vs[1:])):
             why.append(f"{name}: a version went backwards")
-    prog, before = progress(out), -1
-    for a in sorted(prog):
-        start = min(r[0] for r in prog[a])
-        if a > 0 and start < before:
-            why.append(f"attempt {a} started at {start} < {before} recorded before it")
-        before = max(before, max(max(r) for r in prog[a]))
+    _, reached, late = attempts_resumed(out)
+    why += late
+    before = max(reached.values(), default=-1)
     if before != final_version:
         why.append(f"highest version recorded {before} != the final version {final_version}")
     return not why, why
@@ -249,23 +227,17 @@ def soak(lh, work: Path, args, rng: random.Random, rate: float, warm) -> dict:
                                    + (work / "job.log").read_text()[-3000:])
                 time.sleep(0.05)
             rec = {"kill": k, "period_s": round(period, 2)}
-            while True:
-                procs = wait_until(lambda: workers(out), 60, proc, "a worker to kill",
-                                   work / "job.log")
-                pid, host = rng.choice(sorted(procs))
-                n_events = len(events(out))
-                rec.update(versions_at_kill=highest(out), host=host, pid=pid,
-                           workers_then=len(procs), t_kill=time.time())
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    break
-                except ProcessLookupError:
-                    continue
+            got = wait_until(lambda: kill_random(out, rng,
+                                                 note=lambda: {"seen": len(events(out))}),
+                             60, proc, "a worker to kill", work / "job.log")
+            host = got["host"]
+            rec.update(versions_at_kill=got["version"], host=host, pid=got["pid"],
+                       workers_then=got["workers_then"], t_kill=got["t"])
             t_prev = rec["t_kill"]
-            print(f"kill {k}: {host} (pid {pid}) at version {rec['versions_at_kill']}, "
-                  f"{len(procs)} workers", flush=True)
+            print(f"kill {k}: {host} (pid {got['pid']}) at version {rec['versions_at_kill']}, "
+                  f"{got['workers_then']} workers", flush=True)
 
-            seen = n_events
+            seen = got["seen"]
 
             def reformed():   # a new world took its first step (any reason: the victim may
                 return len(events(out)) > seen   # have been a joiner still starting up)

@@ -57,7 +57,8 @@ sys.path.insert(0, str(ROOT / "launch"))
 from local_hosts import LocalHosts  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from elastic_common import highest, progress, progress_rows, workers  # noqa: E402
+from elastic_common import (attempts_resumed, events, final_ranks, highest,  # noqa: E402
+                            kill_random, progress_rows, workers)
 
 ELASTIC = ROOT / "launch" / "elastic_train.py"
 SUPERVISOR = ROOT / "launch" / "elastic_run.py"
@@ -68,16 +69,10 @@ def killer(out: Path, at: float, t0: float, rng: random.Random, done: threading.
     while not done.is_set() and time.time() < t0 + at:
         time.sleep(0.05)
     while not done.is_set():
-        procs = workers(out)
-        if procs:
-            pid, host = rng.choice(sorted(procs))
-            rec.update(versions_at_kill=highest(out), kill_s=time.time() - t0, host=host,
-                       pid=pid, workers_then=len(procs))
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                rec.clear()
-                continue
+        got = kill_random(out, rng)
+        if got is not None:
+            rec.update(versions_at_kill=got["version"], kill_s=got["t"] - t0, host=got["host"],
+                       pid=got["pid"], workers_then=got["workers_then"])
             return
         time.sleep(0.1)
 
@@ -101,15 +96,10 @@ def phase_killer(out: Path, listing: Path, newcomer: str, args, t0: float,
 
     def kill_one(key: str, exclude=()) -> bool:
         while not done.is_set():
-            procs = [w for w in workers(out) if w[0] not in exclude]
-            if procs:
-                pid, host = rng.choice(sorted(procs))
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
-                rec[key] = {"s": time.time() - t0, "host": host, "pid": pid,
-                            "version": highest(out), "workers_then": len(procs)}
+            got = kill_random(out, rng, exclude)
+            if got is not None:
+                rec[key] = {"s": got["t"] - t0, "host": got["host"], "pid": got["pid"],
+                            "version": got["version"], "workers_then": got["workers_then"]}
                 return True
             time.sleep(0.05)
         return False
@@ -209,22 +199,9 @@ def one_try(lh, work: Path, args, rng: random.Random, i: int) -> dict:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    attempts = [json.loads(x) for x in (out / "supervisor.jsonl").read_text().splitlines()] \
-        if (out / "supervisor.jsonl").exists() else []
-    prog = progress(out)
-    last = attempts[-1]["attempt"] if attempts else 0
-    rows = [r for r in (json.loads(p.read_text()) for p in out.glob("rank-*.json"))
-            if r.get("attempt") == last]
-    events = [json.loads(x) for x in (out / "elastic.jsonl").read_text().splitlines()] \
-        if (out / "elastic.jsonl").exists() else []
+    rows, attempts = final_ranks(out)
     # nothing decided lost: each attempt starts at >= the highest version recorded before it
-    starts, reached, kept, before = {}, {}, True, -1
-    for a in sorted(prog):
-        starts[a] = min(r[0] for r in prog[a])
-        reached[a] = max(max(r) for r in prog[a])
-        if a > 0 and starts[a] < before:
-            kept = False
-        before = max(before, reached[a])
+    starts, reached, late = attempts_resumed(out)
     final = sorted({r["version"] for r in rows})
     ok = rc == 0 and final == [args.steps]
     killed = "kill_s" in rec or "kill" in rec
@@ -236,10 +213,10 @@ def one_try(lh, work: Path, args, rng: random.Random, i: int) -> dict:
                           "reached": a["reached"], "seconds": round(a["end"] - a["start"], 1)}
                          for a in attempts],
                attempt_starts=starts, attempt_reached=reached,
-               nothing_lost=bool(kept and ok),
+               nothing_lost=bool(not late and ok),
                identical_parameters=len({r["digest"] for r in rows}) == 1 and bool(rows),
                final_version=final, final_n=sorted({r["n"] for r in rows}),
-               world_changes=[(e["old_n"], e["new_n"], e["step"]) for e in events],
+               world_changes=[(e["old_n"], e["new_n"], e["step"]) for e in events(out)],
                wall_s=round(wall, 1), supervisor_rc=rc,
                leftover_workers=len(leftovers))
     if not ok or args.logs:
