@@ -180,15 +180,15 @@ def main(argv=None) -> int:
     start = {}   # what the first world starts from (a resumed checkpoint's version and model)
     stop_at = [None]   # the version read from --stop-file
 
-    goal_cap = float("inf")   # no stop version: the loop's own goal (--steps, --until-n)
-
     def stop_version() -> float:
+        """The --stop-file's version once written; until then no bound (the loop's own goal,
+        --steps or --until-n, holds)."""
         if stop_at[0] is None and args.stop_file and os.path.exists(args.stop_file):
             try:
                 stop_at[0] = int(open(args.stop_file).read().split()[0])
             except (OSError, ValueError, IndexError):   # being written: read it next step
                 pass
-        return goal_cap if stop_at[0] is None else min(goal_cap, stop_at[0])
+        return float("inf") if stop_at[0] is None else stop_at[0]
 
     def write_startup(t_first_step: float) -> None:
         """``OUT/startup/<host>-<pid>.json``: where this process's start-up went (seconds

@@ -97,13 +97,10 @@ def main() -> None:
                     runpy.run_module(module, run_name="__main__", alter_sys=True)
                 else:
                     runpy.run_path(script, run_name="__main__")
-            except SystemExit as end:
-                if end.code not in (None, 0):
+            except BaseException as end:   # sys.exit(0) / sys.exit() is the script's clean end
+                if not (isinstance(end, SystemExit) and end.code in (None, 0)):
                     _escaping(fe, real_out, real_err)
                     raise
-            except BaseException:
-                _escaping(fe, real_out, real_err)
-                raise
             from pgc_hvd.runtime import lifecycle   # the script's end: its process would exit
             errors = lifecycle.close_all()
             gc.collect()   # and its objects would go (a DataLoader's workers, ...)
