@@ -277,6 +277,8 @@ def serve(folder: str, host: str | None, preload: str) -> int:
                     if len(fds) < 3 or not msg.get("argv"):
                         send_msg(conn, {"error": "need argv and 3 descriptors"})
                         conn.close()
+                        for fd in fds:   # the refused request's descriptors are not kept
+                            os.close(fd)
                         continue
                     sys.stdout.flush()
                     sys.stderr.flush()
