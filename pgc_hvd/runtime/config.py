@@ -31,6 +31,10 @@ from pgc_hvd.schemes import default_stragglers
 POLICIES = ("continue", "cancel")
 #: ``control`` values (how control rows move: :mod:`pgc_hvd.runtime.channel`)
 CONTROLS = ("allgather", "store", "log")
+#: the default control plane: the ordered log, which does not poll, so pgc_hvd issues the same
+#: Horovod ops on every rank whatever the arrival order (the user's unnamed collectives keep
+#: matching; docs/architecture.md "The control plane and the user's collectives")
+DEFAULT_CONTROL = "log"
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
 
@@ -122,7 +126,7 @@ class RuntimeConfig:
     replay_arrivals: Any = None
     straggler_policy: str = "continue"
     optimistic: Optional[bool] = None
-    control: str = "allgather"
+    control: str = DEFAULT_CONTROL
     backward_passes_per_step: int = 1
     op_scale: float = 1.0
     wire_dtype: Optional[str] = None     # "float16": dense messages travel as fp16

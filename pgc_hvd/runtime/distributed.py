@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from pgc_hvd.runtime.config import RuntimeConfig, from_horovod
+from pgc_hvd.runtime.config import DEFAULT_CONTROL, RuntimeConfig, from_horovod
 from pgc_hvd.runtime.optimizer import facade_methods
 
 
@@ -30,7 +30,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          delays=None, records=None, scheme_options: Optional[dict] = None,
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
-                         optimistic: Optional[bool] = None, control: str = "allgather",
+                         optimistic: Optional[bool] = None, control: str = DEFAULT_CONTROL,
                          name: str = "pgc", metrics=(), momentum_correction: bool = True,
                          hvd=None, engine=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
@@ -120,8 +120,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             keeps the paper's rho = 1). Records carry ``implicit_momentum``,
             ``effective_momentum`` and ``ring_decay``. False applies the optimizer's own
             momentum unchanged and the paper's ring (:mod:`pgc_hvd.control.momentum`).
-        control: how the ranks exchange control rows each round. ``"allgather"`` (default): a
-            Horovod allgather (payloads may ride along, ``optimistic``). ``"store"``: a
+        control: how the ranks exchange control rows. ``"log"`` (default): see below.
+            ``"allgather"``: polled rounds of a Horovod allgather (payloads may ride along,
+            ``optimistic``); their number differs by rank, so a user's *unnamed* Horovod
+            collective gets a different name on each rank and hangs: use it only in scripts
+            whose own collectives all have names. ``"store"``: a
             ``torch.distributed.TCPStore`` served by rank 0 (:mod:`pgc_hvd.runtime.control_store`;
             a round costs 0.3-0.6 ms instead of 1.3-7.7 ms here, payloads then move in one data
             allgather per step; it listens only on the address the ranks use:
@@ -140,9 +143,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     Every argument is checked (type and range) before any collective; a bad one raises
     TypeError or ValueError naming it.
     """
+    from pgc_hvd.runtime.engines import name_unnamed_ops, resolve
     if hvd is None:
-        from pgc_hvd.runtime.engines import resolve
         hvd = resolve(engine)
+    # the user's unnamed Horovod collectives are named by their own count, never by Horovod's
+    # handle counter, which pgc_hvd's agent advances at rank-dependent moments
+    name_unnamed_ops(hvd)
     horovod = from_horovod(hvd, compression=compression,
                            backward_passes_per_step=backward_passes_per_step, op=op,
                            gradient_predivide_factor=gradient_predivide_factor,
