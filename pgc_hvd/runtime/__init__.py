@@ -11,7 +11,7 @@
   a restore is checked in full and agreed by every rank, or refused with :class:`CheckpointError`.
 """
 
-from pgc_hvd.runtime.agent import AgentError
+from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pgc_hvd.runtime.loader import PartitionLoader
 from pgc_hvd.compress import TopK

@@ -114,7 +114,8 @@ import torch
 from pgc_hvd.compress.codecs import Codec
 from pgc_hvd.runtime.arrivals import ArrivalBook
 from pgc_hvd.runtime.communicator import Communicator
-from pgc_hvd.runtime.channel import AgentError, Collectives, control_channel, wait_for_handle
+from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE,
                                   CTRL_FAILED, ctrl_len, metrics_at, not_decided_message,
                                   pack_row)
@@ -227,11 +228,11 @@ class _DecisionBody:
         try:
             update = self._data_phase(decision, self._step_start)
         except AgentError as err:
-            if not self._log:
+            if not self._log or not self.census:
                 raise
             # control='log': a dead or frozen rank stops the data collective first; the
             # control store's census names it
-            raise AgentError(self.channel.census(self.step, err)) from err
+            raise self.channel.census(self.step, err) from err
         busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
         self._busy_prev = busy
         with self.cond:
@@ -308,6 +309,10 @@ class CommAgent(_DecisionBody):
         # called on the agent thread with the error that stopped it, before the training
         # thread is told (the elastic state leaves a broken world from here: gloo_cascade)
         self.on_stop: Optional[Callable[[BaseException], None]] = None
+        # control='log': after a failed data collective, name the ranks that did not answer a
+        # census over the control store (up to timeout + 1 s, failure path only); elastic mode
+        # turns it off: Horovod re-forms the world without asking who
+        self.census = True
         self._outbox: dict[int, Outgoing] = {}
         self._bad_step = -1
         self._busy_total = 0.0
@@ -486,8 +491,12 @@ class CommAgent(_DecisionBody):
         return not self._thread.is_alive()
 
     def cut_off(self) -> None:
-        """Make every later collective of this agent fail (:meth:`Collectives.cut_off`)."""
+        """Make every later collective of this agent fail (:meth:`Collectives.cut_off`), and
+        stop its control channel's threads (an abandoned world's log reader)."""
         self.coll.cut_off()
+        stop = getattr(self.channel, "stop", None)
+        if callable(stop):
+            stop()
 
     @property
     def running(self) -> bool:
@@ -527,8 +536,8 @@ class CommAgent(_DecisionBody):
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
-            raise AgentError(str(self.error), failed_ranks=getattr(self.error, "failed_ranks", ())
-                             ) from self.error
+            fields = self.error.fields() if isinstance(self.error, AgentError) else {}
+            raise AgentError(str(self.error), **fields) from self.error
 
     @property
     def bad_log(self) -> list:

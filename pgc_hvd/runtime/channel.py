@@ -24,18 +24,8 @@ from typing import Optional
 
 import torch
 
+from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.wire import WireError, parse_packed
-
-
-class AgentError(RuntimeError):
-    """A fault the runtime cannot step past (dead/hung rank, failed rank, undecodable step).
-
-    ``failed_ranks``: the ranks whose training thread raised, when that is the fault (their
-    control rows said so); () otherwise. Read it, not the message text."""
-
-    def __init__(self, *args, failed_ranks=()):
-        super().__init__(*args)
-        self.failed_ranks = tuple(int(w) for w in failed_ranks)
 
 
 def wait_for_handle(hvd, handle, timeout: float) -> bool:
@@ -90,7 +80,7 @@ class Collectives:
             raise AgentError(
                 f"rank {self.rank}: collective {name} #{self.ops} (step {self.step}) failed: a "
                 f"rank has died or shut down {self.engine}; stopping ({type(err).__name__}: "
-                f"{err})") from err
+                f"{err})", broken_world=True) from err
 
     def _who(self) -> str:
         """The engine's note on which ranks are gone (the torch engine's; Horovod has none)."""

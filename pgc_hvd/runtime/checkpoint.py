@@ -362,7 +362,7 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer) -> dict:
 def _gather(hvd, tensor: torch.Tensor, name: str, timeout: float, rank: int) -> torch.Tensor:
     """``hvd.allgather`` polled with a deadline (a rank that never calls load_checkpoint must
     not hang the others)."""
-    from pgc_hvd.runtime.agent import AgentError
+    from pgc_hvd.runtime.errors import AgentError
 
     handle = hvd.allgather_async(tensor, name=name)
     deadline = time.monotonic() + timeout

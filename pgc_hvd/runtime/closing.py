@@ -21,7 +21,7 @@ import logging
 from typing import Callable, Optional
 
 from pgc_hvd.runtime import consistency
-from pgc_hvd.runtime.channel import AgentError
+from pgc_hvd.runtime.errors import AgentError
 
 
 def close(hvd, config, rank: int, *, version: Callable[[], int], start: Optional[Callable],

@@ -34,7 +34,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import torch
 
-from pgc_hvd.runtime.agent import AgentError
+from pgc_hvd.runtime.errors import AgentError
 
 
 class NonFiniteParameters(AgentError):

@@ -68,6 +68,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE,
                                   CTRL_FAILED, CTRL_READY_STEP, CTRL_VERSION, pack_row)
 
@@ -168,10 +169,32 @@ def decode_batches(raw: bytes, length: int) -> list:
 
 
 class LogRecord:
-    """What a follower reads for step t: the decider's rows, or its error."""
+    """What a follower reads for step t: the decider's rows, or its error (its text and the
+    typed fields of :class:`~pgc_hvd.runtime.errors.AgentError`)."""
 
-    def __init__(self, batches=(), error: Optional[str] = None, failed=()):
-        self.batches, self.error, self.failed = list(batches), error, tuple(failed)
+    def __init__(self, batches=(), error: Optional[str] = None, fields: Optional[dict] = None):
+        self.batches, self.error, self.fields = list(batches), error, dict(fields or {})
+
+
+def _ranks(text: str) -> tuple:
+    return tuple(int(w) for w in text.split(",") if w)
+
+
+def encode_error(error: BaseException) -> bytes:
+    """An outcome that is an error: its typed fields (failed, dead, hung ranks; broken world),
+    then its text."""
+    f = error.fields() if isinstance(error, AgentError) else AgentError().fields()
+    head = "|".join([",".join(map(str, f["failed_ranks"])), ",".join(map(str, f["dead_ranks"])),
+                     ",".join(map(str, f["hung_ranks"])), str(int(f["broken_world"]))])
+    return (_ERR + head + ":" + str(error)).encode()
+
+
+def decode_error(raw: bytes) -> LogRecord:
+    head, _, msg = raw.decode()[len(_ERR):].partition(":")
+    failed, dead, hung, broken = (head.split("|") + ["", "", "", "0"])[:4]
+    return LogRecord(error=msg, fields={"failed_ranks": _ranks(failed), "dead_ranks": _ranks(dead),
+                                        "hung_ranks": _ranks(hung),
+                                        "broken_world": broken == "1"})
 
 
 class LogChannel:
@@ -278,7 +301,6 @@ class LogChannel:
         """Every row queued in the decider's order, ``[(rank, row), ...]`` (at least one: it
         waits); None when none came before ``deadline`` (time.monotonic()). Raises AgentError
         when the store failed."""
-        from pgc_hvd.runtime.channel import AgentError
         with self.cond:
             while not self._queue:
                 if self._reader_error is not None:
@@ -293,11 +315,7 @@ class LogChannel:
     def publish(self, step: int, batches: list, error: Optional[BaseException] = None) -> None:
         """The outcome of ``step``: the batches of rows taken since the last one (or an
         error)."""
-        if error is not None:
-            failed = getattr(error, "failed_ranks", ())
-            value = (_ERR + ",".join(str(w) for w in failed) + ":" + str(error)).encode()
-        else:
-            value = encode_batches(batches)
+        value = encode_batches(batches) if error is None else encode_error(error)
         self._count(1)
         try:
             self.store.set(f"{self.prefix}/dec/{int(step)}", value)
@@ -305,10 +323,25 @@ class LogChannel:
             if error is None:
                 raise
             log.debug("rank 0: could not publish the error of step %d: %s", step, err)
+            return
+        if error is not None:
+            self._await_error_readers(step)
+
+    def _await_error_readers(self, step: int) -> None:
+        """After publishing an error: keep the store (this process) up until every follower
+        has read it (each adds 1 to ``dec/<step>/read``), at most ``timeout`` s, so that they
+        stop with the decider's words (a failed rank named, its step) and not with "the store
+        is unreachable" when this rank's process exits right after. Failure path only."""
+        key, deadline = f"{self.prefix}/dec/{int(step)}/read", time.monotonic() + self.timeout
+        try:
+            while (int(self.store.add(key, 0)) < self.n - 1
+                   and time.monotonic() < deadline and not self._closing):
+                time.sleep(0.01)
+        except Exception as err:
+            log.debug("rank 0: waiting for the error's readers: %s", err)
 
     # -- ranks > 0: the decision of step t ---------------------------------------------
     def decision(self, step: int) -> LogRecord:
-        from pgc_hvd.runtime.channel import AgentError
         self._count(1)
         try:
             raw = self.store.get(f"{self.prefix}/dec/{int(step)}")
@@ -320,15 +353,20 @@ class LogChannel:
                 alive = False
             if not alive:
                 why = "its control store is unreachable: rank 0 died or shut down"
+                who = {"dead_ranks": (0,)}
             else:
                 why = (f"no decision within {self.timeout + self.grace:.0f}s: rank 0 (the "
                        f"decider) has died or hung")
+                who = {"hung_ranks": (0,)}
             raise AgentError(f"rank {self.rank}: control log, step {step}: {why}; stopping "
-                             f"({type(err).__name__}: {err})") from err
+                             f"({type(err).__name__}: {err})", **who) from err
         if raw.startswith(_ERR.encode()):
-            text = raw.decode()[len(_ERR):]
-            failed, _, msg = text.partition(":")
-            return LogRecord(error=msg, failed=[int(w) for w in failed.split(",") if w])
+            self._count(1)
+            try:   # the decider keeps its store up until every follower has read this
+                self.store.add(f"{self.prefix}/dec/{int(step)}/read", 1)
+            except Exception as err:
+                log.debug("rank %d: could not acknowledge the error: %s", self.rank, err)
+            return decode_error(raw)
         batches = decode_batches(raw, self.length)
         self._forget_mine(sum(1 for b in batches for w, _ in b if w == self.rank))
         return LogRecord(batches=batches)
@@ -361,7 +399,7 @@ class LogChannel:
                 return
             self._forgotten += 1
 
-    def census(self, step: int, err: BaseException) -> str:
+    def census(self, step: int, err: AgentError) -> AgentError:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
         frozen rank is in it too, so it fails before the decider misses a row): every rank
         that gets here says so under ``pgc/<name>/fault/<step>/<rank>`` and waits a little for
@@ -385,15 +423,31 @@ class LogChannel:
                        and time.monotonic() < deadline):
                     time.sleep(0.01)
         except Exception:
-            return (f"rank {self.rank}: step {step}: the data collective failed and the "
-                    f"control store on rank 0 is unreachable: rank 0 died or hung; stopping "
-                    f"({err})")
+            return AgentError(f"rank {self.rank}: step {step}: the data collective failed and "
+                              f"the control store on rank 0 is unreachable: rank 0 died or "
+                              f"hung; stopping ({err})", dead_ranks=(0,))
         if not missing:
-            return f"rank {self.rank}: step {step}: {err}"
-        return (f"rank {self.rank}: step {step}: the data collective failed and rank(s) "
-                f"{missing} did not answer a census over the control store within "
-                f"{wait:.0f}s: rank(s) {missing} died or hung (timeout {self.timeout:.0f}s); "
-                f"stopping ({err})")
+            return AgentError(f"rank {self.rank}: step {step}: {err}", **err.fields())
+        # a collective that failed (a peer's connection reset) lost a process; one that timed
+        # out waits for a rank that may only be frozen
+        who = {"dead_ranks": missing} if err.broken_world else {"hung_ranks": missing}
+        return AgentError(f"rank {self.rank}: step {step}: the data collective failed and "
+                          f"rank(s) {missing} did not answer a census over the control store "
+                          f"within {wait:.0f}s: rank(s) {missing} died or hung (timeout "
+                          f"{self.timeout:.0f}s); stopping ({err})", **who)
+
+    def stop(self) -> None:
+        """Leave without the bye protocol (an abandoned world, elastic mode): rank 0's reader
+        thread ends at once (its stop entry, written through its own server); nothing waits
+        for the other ranks."""
+        self._closing = True
+        if self.rank == 0 and self._reader is not None and self._reader.is_alive():
+            try:
+                idx = int(self.store.add(f"{self.prefix}/log/count", 1)) - 1
+                self.store.set(f"{self.prefix}/log/{idx}",
+                               np.full(self.length + 1, _STOP, dtype=np.float64).tobytes())
+            except Exception as err:
+                log.debug("rank 0: could not stop the log reader: %s", err)
 
     def close(self) -> None:
         """After the last outcome: stop rank 0's reader, then the bye protocol of
@@ -421,7 +475,6 @@ def log_loop(agent) -> None:
     every other rank runs ``_decide`` on the same batches by the same rule, so it reaches the
     same outcomes."""
     from pgc_hvd.runtime.agent import _END
-    from pgc_hvd.runtime.channel import AgentError
     from pgc_hvd.schemes import Decision
 
     chan = agent.channel
@@ -430,6 +483,7 @@ def log_loop(agent) -> None:
     agent._step_start = time.time()
     if agent.rank == 0:
         taken: list = []
+        queued: list = []     # batches of the rows read, not yet run
         last_seen = [time.monotonic()] * agent.n
         deadline = time.monotonic() + agent.timeout
         while True:
@@ -448,9 +502,12 @@ def log_loop(agent) -> None:
                     continue
                 if view.moved(ctl, agent.book.offered):
                     continue   # an offer uncovered a rank's next message: see it first
-                batch = chan.next_rows(deadline)
-                if batch is None:
-                    raise AgentError(_timeout_message(agent, ctl, last_seen))
+                if not queued:
+                    got_rows = chan.next_rows(deadline)
+                    if got_rows is None:
+                        raise AgentError(_timeout_message(agent, ctl, last_seen))
+                    queued = one_row_per_rank(got_rows)
+                batch = queued.pop(0)
             except Exception as err:   # every rank stops with the decider's text
                 chan.publish(agent.step, taken, error=err)
                 raise
@@ -462,8 +519,7 @@ def log_loop(agent) -> None:
     while True:
         rec = chan.decision(agent.step)
         if rec.error is not None:
-            raise AgentError(f"rank {agent.rank}: stopping: {rec.error}",
-                             failed_ranks=rec.failed)
+            raise AgentError(f"rank {agent.rank}: stopping: {rec.error}", **rec.fields)
         batches = iter(rec.batches)
         while True:
             ctl = view.rows(agent.book.offered)
@@ -481,6 +537,19 @@ def log_loop(agent) -> None:
                                  f"decider's rows do not decide it here (a bug)")
             for w, r in batch:
                 view.add(w, r)
+
+
+def one_row_per_rank(rows: list) -> list:
+    """The rows read, in log order, cut into batches that hold at most one row of each rank:
+    a batch is what one run of the decision body sees, as a polled round shows one row per
+    rank, so a rank's state that a later row of its own replaces (the step of a non-finite
+    message, a staleness-bound request) is seen by a run before it is replaced."""
+    out: list = [[]]
+    for w, r in rows:
+        if any(v == w for v, _ in out[-1]):
+            out.append([])
+        out[-1].append((w, r))
+    return out
 
 
 def _timeout_message(agent, ctl, last_seen: list) -> str:

@@ -120,7 +120,7 @@ class StoreChannel:
     def exchange(self, row: torch.Tensor, packed=None) -> tuple[list[list[float]], dict]:
         """Publish this rank's row for the next round; return every rank's row, in rank order
         (and no payloads: the :mod:`pgc_hvd.runtime.channel` interface)."""
-        from pgc_hvd.runtime.channel import AgentError
+        from pgc_hvd.runtime.errors import AgentError
 
         k = self.round
         self.round += 1

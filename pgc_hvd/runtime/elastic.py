@@ -84,7 +84,7 @@ import numpy as np
 import torch
 
 from pgc_hvd.runtime import gloo_cascade, plain
-from pgc_hvd.runtime.agent import AgentError
+from pgc_hvd.runtime.errors import AgentError
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +92,18 @@ _REASONS = {0: "start", 1: "rank lost", 2: "hosts updated"}
 
 
 def world_error(err: BaseException) -> bool:
-    """Whether ``err`` (or an error in its cause/context chain) is Horovod's
-    ``HorovodInternalError``: a collective failed because the world broke (a rank died)."""
+    """Whether ``err`` (or an error in its cause/context chain) says the world broke (a rank
+    died): Horovod's ``HorovodInternalError`` (a collective failed), or an
+    :class:`~pgc_hvd.runtime.errors.AgentError` with ``broken_world`` (the control log's store
+    is gone with rank 0, a census named dead ranks)."""
     from horovod.common.exceptions import HorovodInternalError
 
     seen = set()
     e: Optional[BaseException] = err
     while e is not None and id(e) not in seen:
         if isinstance(e, HorovodInternalError):
+            return True
+        if isinstance(e, AgentError) and e.broken_world:
             return True
         seen.add(id(e))
         e = e.__cause__ or e.__context__
@@ -170,7 +174,7 @@ def abandon(opt, join_timeout: float = 5.0) -> int:
     if agent.running:
         log.warning("pgc_hvd elastic: the old world's agent thread is still running after "
                     "%.0fs; its collectives are cut off", join_timeout)
-        agent.cut_off()
+    agent.cut_off()   # also ends the old world's control-log reader (rank 0), if any
     return version
 
 
@@ -290,6 +294,9 @@ class ElasticState(_horovod_state_base()):
             self._world_broke(err)
             raise
         agent = getattr(self.opt, "agent", None)
+        if agent is not None:
+            # a lost rank re-forms the world: no census of who is gone (control='log')
+            agent.census = False
         if self._sockets is not None and agent is not None:   # leave at once, from the agent
             world = self._world_id
             agent.on_stop = lambda err: self._agent_stopped(err, world)
@@ -474,13 +481,12 @@ def _check_timeouts(opt) -> None:
     Horovod's error (the world re-forms), not as pgc_hvd's timeout first (which ends the
     survivor's process, and Horovod then drops its host too)."""
     config = getattr(opt, "config", None)   # DistributedOptimizer.config (RuntimeConfig)
-    control = getattr(config, "control", "allgather")
-    if control != "allgather":
+    control = getattr(config, "control", "log")
+    if control == "store":
         raise ValueError(
-            f"pgc_hvd elastic: control={control!r} exchanges the control rows through a store "
-            f"served by rank 0, outside Horovod, so a dead rank is not seen as Horovod's error "
-            f"(and a dead rank 0 takes the store with it); use the default control='allgather' "
-            f"in make_optimizer")
+            "pgc_hvd elastic: control='store' polls rows through a store served by rank 0 and "
+            "is not built for elastic worlds; use the default control='log' (its lost store "
+            "re-forms the world like a failed collective) or 'allgather' in make_optimizer")
     gloo = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30"))
     mine = getattr(config, "timeout", None)
     if mine is not None and mine <= gloo:

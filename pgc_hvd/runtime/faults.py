@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from pgc_hvd.runtime.channel import AgentError
+from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.consistency import NonFiniteParameters
 
 
@@ -111,7 +111,7 @@ class FaultMonitor:
                          f"rank (rank {w}'s own error names the parameters)")
         if not notes:
             return err
-        return AgentError(f"{err}; " + "; ".join(notes), failed_ranks=err.failed_ranks)
+        return AgentError(f"{err}; " + "; ".join(notes), **err.fields())
 
     def raise_explained(self, err: AgentError):
         """Raise ``err``, explained when there is something to add (chained to it)."""

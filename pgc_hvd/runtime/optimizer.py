@@ -67,7 +67,8 @@ from pgc_hvd.compress.message import MessageEncoder
 from pgc_hvd.control.momentum import applies_to, remedy_scheme_options
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime import closing, consistency, interop, lifecycle, optim_state
-from pgc_hvd.runtime.agent import AgentError, CommAgent
+from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     metric_values, parameter_names)

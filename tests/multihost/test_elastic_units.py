@@ -31,6 +31,16 @@ def test_world_error_follows_the_cause_chain():
         except AgentError as outer:
             assert world_error(outer)
     assert not world_error(AgentError("rank(s) [2] failed (their training thread raised)"))
+    # control='log': rank 0's store gone (the decider died), a census naming dead ranks
+    assert world_error(AgentError("rank 1: control log: store unreachable", dead_ranks=(0,)))
+    try:
+        try:
+            raise AgentError("collective failed", broken_world=True)
+        except AgentError as inner:
+            raise AgentError("census", hung_ranks=(2,)) from inner
+    except AgentError as outer:
+        assert world_error(outer)
+    assert not world_error(AgentError("census over a live store", hung_ranks=(2,)))
     assert not world_error(ValueError("x"))
 
 
@@ -50,8 +60,13 @@ def test_optimizer_timeout_must_exceed_gloo_timeout(monkeypatch):
     class StoreOpt(Opt):
         config = SimpleNamespace(timeout=60.0, control="store")
 
-    with pytest.raises(ValueError, match="control='store' exchanges the control rows"):
+    with pytest.raises(ValueError, match="control='store' polls rows"):
         _check_timeouts(StoreOpt())
+
+    class LogOpt(Opt):   # the default plane is elastic-ready
+        config = SimpleNamespace(timeout=60.0, control="log")
+
+    _check_timeouts(LogOpt())
 
 
 def test_local_hosts_spec_and_hostfile(tmp_path):

@@ -259,7 +259,7 @@ def check_config():
         return lambda: build(model(), k.pop("name", "cfg"), **k)
 
     expect_config_error(kw(name="other" if one else "cfg"), ["name", "other"], "name")
-    expect_config_error(kw(optimistic=not one), ["optimistic"], "optimistic")
+    expect_config_error(kw(optimistic=not one, control="allgather"), ["optimistic"], "optimistic")
     expect_config_error(kw(control="store" if one else "allgather"), ["control"], "control")
 
     def dtype():
@@ -281,7 +281,7 @@ def check_config():
 
     # the same settings on every rank pass, and train
     m = model()
-    opt = build(m, "cfg-ok", optimistic=True)
+    opt = build(m, "cfg-ok", optimistic=True, control="allgather")
     loader = data(n)
     while opt.version < 2:
         for xb, yb in opt.batches(loader):

@@ -104,6 +104,7 @@ def compare(scheme, tag, *, compression=None, options=None, want_two="allreduce"
         name = f"plane-{scheme}-{tag}-{int(optimistic)}"
         runs[optimistic] = run_runtime(scheme, train, parts, order, compression=compression,
                                        name=name, s=s, options=options, optimistic=optimistic,
+                                       control="allgather",
                                        spy=spy_payloads(mine))
         model, updates, records, decisions = runs[optimistic]
         d = flat_params(model).numel()

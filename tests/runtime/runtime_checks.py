@@ -406,7 +406,9 @@ def check_log(scheme, delay=0.6, steps=8, compute=0.0, max_ops=5):
         line += f", store keys at the end {keys}"
         assert keys <= 2 * n + 8 < (n + 1) * steps, f"rank 0's store holds {keys} keys"
     print(line, flush=True)
-    assert mean <= max_ops, f"rank {r}: {total} control ops in {steps} steps"
+    # issue 38's bound: at most 4 control operations a step on a follower, n + 1 on the decider
+    bound = max_ops if r == 0 else min(max_ops, 4)
+    assert mean <= bound, f"rank {r}: {total} control ops in {steps} steps"
     ok(f"log_{scheme}_{compute}")
 
 

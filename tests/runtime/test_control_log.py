@@ -6,8 +6,10 @@ import math
 import torch
 
 from pgc_hvd.runtime.agent import Outgoing
-from pgc_hvd.runtime.control_log import (LogView, decode_batches, decode_rows, encode_batches,
-                                         encode_rows)
+from pgc_hvd.runtime.control_log import (LogView, decode_batches, decode_error, decode_rows,
+                                         encode_batches, encode_error, encode_rows,
+                                         one_row_per_rank)
+from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.wire import CTRL_BUSY, CTRL_DONE, CTRL_READY_STEP, ctrl_len, pack_row
 
 RING, K = 2, 1
@@ -58,3 +60,26 @@ def test_outcome_batches_round_trip():
     assert got[0][0][1][CTRL_READY_STEP] == 4
     assert decode_batches(encode_batches([]), L) == []
     assert [[w for w, _ in b] for b in decode_batches(encode_batches([[(1, row(2))]]), L)] == [[1]]
+
+
+def test_a_batch_holds_one_row_per_rank():
+    """A rank's later row would replace the state its earlier row showed (a non-finite step):
+    the rows read are cut so that every run of the body sees each rank's rows in turn."""
+    rows = [(1, "a"), (2, "b"), (1, "c"), (0, "d"), (1, "e"), (2, "f")]
+    got = one_row_per_rank(rows)
+    assert got == [[(1, "a"), (2, "b")], [(1, "c"), (0, "d")], [(1, "e"), (2, "f")]]
+    assert [x for b in got for x in b] == rows
+    assert one_row_per_rank([(3, "x")]) == [[(3, "x")]]
+
+
+def test_error_outcome_keeps_the_typed_fields():
+    err = AgentError("rank 0 (control log decider): step 4: rank(s) [2] died",
+                     failed_ranks=(1,), dead_ranks=(2, 3), hung_ranks=(), broken_world=True)
+    rec = decode_error(encode_error(err))
+    assert rec.error == str(err)
+    assert rec.fields == err.fields()
+    again = AgentError(rec.error, **rec.fields)
+    assert again.dead_ranks == (2, 3) and again.failed_ranks == (1,) and again.broken_world
+    plain = decode_error(encode_error(ValueError("x: y")))
+    assert plain.error == "x: y" and plain.fields["dead_ranks"] == () \
+        and not plain.fields["broken_world"]
