@@ -318,6 +318,8 @@ class LogChannel:
         value = encode_batches(batches) if error is None else encode_error(error)
         self._count(1)
         try:
+            if error is not None and batches:   # the rows taken before it (failure path)
+                self.store.set(f"{self.prefix}/dec/{int(step)}/rows", encode_batches(batches))
             self.store.set(f"{self.prefix}/dec/{int(step)}", value)
         except Exception as err:
             if error is None:
@@ -329,10 +331,12 @@ class LogChannel:
 
     def _await_error_readers(self, step: int) -> None:
         """After publishing an error: keep the store (this process) up until every follower
-        has read it (each adds 1 to ``dec/<step>/read``), at most ``timeout`` s, so that they
-        stop with the decider's words (a failed rank named, its step) and not with "the store
-        is unreachable" when this rank's process exits right after. Failure path only."""
-        key, deadline = f"{self.prefix}/dec/{int(step)}/read", time.monotonic() + self.timeout
+        has read it (each adds 1 to ``dec/<step>/read``), at most ``min(timeout, 5)`` s (a
+        live follower's agent is blocked on that very read; a dead one never answers), so that
+        they stop with the decider's words (a failed rank named, its step) and not with "the
+        store is unreachable" when this rank's process exits right after. Failure path only."""
+        key = f"{self.prefix}/dec/{int(step)}/read"
+        deadline = time.monotonic() + min(self.timeout, 5.0)
         try:
             while (int(self.store.add(key, 0)) < self.n - 1
                    and time.monotonic() < deadline and not self._closing):
@@ -366,7 +370,15 @@ class LogChannel:
                 self.store.add(f"{self.prefix}/dec/{int(step)}/read", 1)
             except Exception as err:
                 log.debug("rank %d: could not acknowledge the error: %s", self.rank, err)
-            return decode_error(raw)
+            rec = decode_error(raw)
+            try:
+                if self.store.check([f"{self.prefix}/dec/{int(step)}/rows"]):
+                    rec.batches = decode_batches(
+                        self.store.get(f"{self.prefix}/dec/{int(step)}/rows"), self.length)
+            except Exception as err:
+                log.debug("rank %d: could not read the rows before the error: %s", self.rank,
+                          err)
+            return rec
         batches = decode_batches(raw, self.length)
         self._forget_mine(sum(1 for b in batches for w, _ in b if w == self.rank))
         return LogRecord(batches=batches)
@@ -497,20 +509,25 @@ def log_loop(agent) -> None:
                     chan.publish(agent.step, taken)
                     taken = []
                     chan.forget(min(view.version[1:], default=0))
-                    agent._fire(got, ctl)
-                    deadline = time.monotonic() + agent.timeout
-                    continue
-                if view.moved(ctl, agent.book.offered):
+                elif view.moved(ctl, agent.book.offered):
                     continue   # an offer uncovered a rank's next message: see it first
-                if not queued:
+                elif not queued:
                     got_rows = chan.next_rows(deadline)
                     if got_rows is None:
                         raise AgentError(_timeout_message(agent, ctl, last_seen))
                     queued = one_row_per_rank(got_rows)
-                batch = queued.pop(0)
             except Exception as err:   # every rank stops with the decider's text
                 chan.publish(agent.step, taken, error=err)
                 raise
+            if isinstance(got, Decision):
+                # published: every follower runs the same data collective, so a failure there
+                # (a dead rank) stops each of them on its own; nothing more to publish
+                agent._fire(got, ctl)
+                deadline = time.monotonic() + agent.timeout
+                continue
+            if not queued:
+                continue   # an offer uncovered a rank's next message: see it first
+            batch = queued.pop(0)
             now = time.monotonic()
             for w, r in batch:
                 view.add(w, r)
@@ -519,6 +536,15 @@ def log_loop(agent) -> None:
     while True:
         rec = chan.decision(agent.step)
         if rec.error is not None:
+            # the rows the decider took before its error (a non-finite report, say) reach this
+            # rank's book too, so its explanation of the error is the decider's
+            for batch in rec.batches:
+                for w, r in batch:
+                    view.add(w, r)
+                try:
+                    agent._decide(view.rows(agent.book.offered))
+                except AgentError:
+                    break
             raise AgentError(f"rank {agent.rank}: stopping: {rec.error}", **rec.fields)
         batches = iter(rec.batches)
         while True:
