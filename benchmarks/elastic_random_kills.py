@@ -61,7 +61,8 @@ def one_kill(lh, work: Path, *, victim: str, delay: float, gloo_timeout: int, ar
                                    f"{(work / 'stderr').read_text()[-3000:]}")
             time.sleep(0.02)
         time.sleep(0.05)
-        pid = json.loads(started.read_text())["pid"]
+        first = json.loads(started.read_text())
+        pid, victim_rank = first["pid"], first.get("rank")
         time.sleep(delay)
         t_kill = time.time()
         os.kill(pid, signal.SIGKILL)
@@ -76,7 +77,8 @@ def one_kill(lh, work: Path, *, victim: str, delay: float, gloo_timeout: int, ar
     rows = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     ev = json.loads((out / "elastic.jsonl").read_text().splitlines()[0])
     at = max((v for r in rows for v, t, _ in r["step_times"] if t <= t_kill), default=None)
-    return {"gloo_timeout_s": gloo_timeout, "victim": victim, "delay_s": delay,
+    return {"gloo_timeout_s": gloo_timeout, "victim": victim, "victim_rank": victim_rank,
+            "delay_s": delay,
             "version_at_kill": at, "step": ev["step"], "old_n": ev["old_n"],
             "new_n": ev["new_n"], "lost_s": ev["first_step_at"] - t_kill,
             "detect_s": ev["noticed_at"] - t_kill,
@@ -110,6 +112,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--no-cascade", action="store_true",
                    help="ElasticState(cascade=False): the behaviour before issue 26")
+    p.add_argument("--victim-host", type=int, default=None,
+                   help="always kill the rank on this host (index into the 4 hosts; 0 holds "
+                        "rank 0: the control log's decider and its store); default: a host "
+                        "drawn at random for each job")
     p.add_argument("--out", default=None, help="JSON file for the figures")
     args = p.parse_args(argv)
     lo, hi = (float(x) for x in args.delay.split(","))
@@ -120,6 +126,8 @@ def main(argv=None) -> int:
             mine = []
             for _ in range(args.kills):
                 victim, delay = rng.choice(lh.hosts), rng.uniform(lo, hi)
+                if args.victim_host is not None:
+                    victim = lh.hosts[args.victim_host]
                 with tempfile.TemporaryDirectory() as d:
                     mine.append(one_kill(lh, Path(d), victim=victim, delay=delay,
                                          gloo_timeout=gt, args=args))

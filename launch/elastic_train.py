@@ -227,7 +227,8 @@ def main(argv=None) -> int:
                 write_startup(state.step_times[0][1])
             if state.worlds == 1 and len(state.step_times) == 1:   # for a killer outside
                 with open(os.path.join(args.out, f"started-{host}.json"), "w") as f:
-                    json.dump({"host": host, "pid": os.getpid(), "time": time.time()}, f)
+                    json.dump({"host": host, "pid": os.getpid(), "time": time.time(),
+                               "rank": hvd.rank()}, f)
             if (args.kill_host == host and hvd.size() == args.kill_n
                     and state.opt.version >= args.kill_at
                     and not os.path.exists(os.path.join(args.out, "kill.json"))):

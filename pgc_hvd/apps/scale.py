@@ -22,8 +22,8 @@ comm model and the schemes' decision rules; no gradients) of the Horovod runtime
   max_w(compute + delay) + the SGD update's local pass + allreduce(n, 4d) per step, averaged
   over the same delays;
 * on the new plane, four control paths (:mod:`pgc_hvd.sim.comm`, "Control paths"): **polled**
-  (``allgather``, the runtime's default: the ``*_new`` columns), **log** (the runtime's
-  ``control="log"``: rows appended to rank 0's TCPStore, one decider, every rank reads the
+  (``control="allgather"``: the ``*_new`` columns), **log** (the runtime's default,
+  ``control="log"``, the ``default / hvd`` column: rows appended to rank 0's TCPStore, one decider, every rank reads the
   outcome from that one store), **log-bcast** (a fix the runtime does not have: the outcome
   delivered by one tree broadcast), **bcast-o1** (a what-if: the tree, and a decision body
   whose cost stays at its value measured at the smallest n -- a body that reads only the new
@@ -188,7 +188,8 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None,
               ("PGC-CR new / hvd", "pgc_new_vs_hvd"),
               ("MB/step old", "pgc-cr_old_mb"), ("MB/step new", "pgc-cr_new_mb")]
     controls = [("delays", "delay"), ("n", "n"), ("link", "link"), ("model", "model"),
-                ("hvd (s)", "hvd"), ("PGC-CR polled (s)", "pgc-cr_new"),
+                ("hvd (s)", "hvd"), ("default / hvd", "pgc_log_vs_hvd"),
+                ("PGC-CR polled (s)", "pgc-cr_new"),
                 ("PGC-CR log (s)", "pgc-cr_log"), ("PGC-CR log-bcast (s)", "pgc-cr_log-bcast"),
                 ("PGC-CR bcast-o1 (s)", "pgc-cr_bcast-o1"),
                 ("PGC-CR free (s)", "pgc-cr_free"), ("DGD log (s)", "dgd_log"),
@@ -209,7 +210,8 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None,
             f"datacentre = {DATACENTRE}; old plane = allgather of ready ranks' messages with the "
             f"control rows, new = control rows then one allreduce; MB/step: the most any rank "
             f"received per PGC-CR step; {time.perf_counter() - t_all:.0f} s to compute\n\n")
-    chead = (f"\n\n## Control paths on the new plane\n\npolled = the runtime's default "
+    chead = (f"\n\n## Control paths on the new plane\n\ndefault = the runtime's default "
+             f"control plane, control=\"log\" (the log column); polled = control=\"allgather\" "
              f"(allgather of n rows every poll); log = the runtime's control=\"log\" "
              f"({nets['measured'].log.source}); log-bcast = the outcome by one tree broadcast "
              f"(not built); bcast-o1 = log-bcast with the body held at its smallest-n cost "

@@ -4,9 +4,7 @@ Shaped like ``hvd.DistributedOptimizer``: the constructor (:mod:`pgc_hvd.runtime
 Horovod's signature) returns an instance of a dynamic subclass of the user's optimizer class
 with the methods of :class:`PGCOptimizer`, so ``isinstance(opt, torch.optim.SGD)`` still holds
 and the user's ``step`` rule (momentum, weight decay, Adam moments, ...) applies the decoded
-update. Each rank is one worker of the scheme (n = ``hvd.size()``).
-
-Per step t (= the rank's model version, the number of updates it has applied):
+update. Each rank is one worker of the scheme (n = ``hvd.size()``). Per step t (= the rank's model version, the number of updates it has applied):
 
 1. the scheme's work plan says which partitions to evaluate into which ring slots
    (:meth:`batches` yields their batches; each partition's gradient accumulates in ``p.grad``

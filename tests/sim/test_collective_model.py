@@ -304,7 +304,7 @@ def test_scale_experiment_quick(tmp_path):
         assert r["pgc-cr_log_ops"] <= 6
     assert (out / "plot.png").stat().st_size > 0
     text = (out / "table.md").read_text()
-    assert "PGC-CR/DGD new" in text and "log-bcast / hvd" in text
+    assert "PGC-CR/DGD new" in text and "log-bcast / hvd" in text and "default / hvd" in text
 
 
 def test_scale_experiment_options_are_checked(tmp_path, capsys):
