@@ -6,24 +6,14 @@
         [--target 0.95] [--compute 0.1] [--max-steps 300] [--json runs/tta.json]
     python benchmarks/time_to_accuracy.py --quick      # one short launch (the smoke test's)
 
-The workload is the README's quick-start pattern as a user writes it: the 3-layer CNN
-(``pgc_hvd.models.SmallCNN``) on scikit-learn's digits, an 80/20 stratified split, a batch of
-16 per rank and step (per partition for pgc_hvd: the same samples per step as Horovod's
-``DistributedSampler`` of 16 per rank), ``--compute`` seconds of emulated GPU work per batch (a
-sleep, which leaves the CPU free as a GPU would; the real forward/backward runs too), the
-user's optimizer with the user's hyper-parameters (``sgd``: SGD lr 0.05 momentum 0.9;
-``adam``: Adam lr 3e-3), validation accuracy every ``--eval-every`` steps on every rank (the
-parameters are identical, so every rank stops at the same step; evaluation time is not
-counted). Straggler patterns (one delay per rank and step, slept with the emulated compute
-between the forward and the backward -- a slow GPU is slow before its gradients exist, so
-Horovod's hooks, which start the allreduce during the backward, wait for it; the same seeded
-schedule for every variant):
-
-* ``none``       no injected delay;
-* ``slow``       rank 1 sleeps 3 x compute every step (one rank 4x slow);
-* ``exp``        Exp(mean = compute) on every rank and step;
-* ``lognormal``  log-normal (median 0.3 x compute, sigma 0.5) plus, with probability 0.01, a
-                 10-30 x compute straggler (the design note's pattern, scaled).
+The workload, the straggler patterns and the variants are those of ``pgc_hvd/apps/tta.py``
+(the loop this benchmark shares with the main job, ``launch/demo.sh``): the 3-layer CNN on
+scikit-learn's digits, a batch of 16 per rank (pgc_hvd: per partition) and step, ``--compute``
+seconds of emulated GPU work per batch with each rank's delay slept between the forward and the
+backward, the user's optimizer with the user's hyper-parameters (``sgd``: SGD lr 0.05 momentum
+0.9; ``adam``: Adam lr 3e-3), validation accuracy every ``--eval-every`` steps (not timed), and
+one seeded delay schedule per pattern for every variant: ``none``, ``slow`` (rank 1 4x slow),
+``exp`` (Exp(mean = compute) per rank and step), ``lognormal`` (with rare 10-30 x stragglers).
 
 Variants: ``hvd`` (``hvd.DistributedOptimizer``), and any pgc_hvd scheme name (s = 0 for
 ``dgd``, 1 otherwise), ``NAME:off`` with ``momentum_correction=False``, ``NAME:KEY=VALUE`` with a scheme option

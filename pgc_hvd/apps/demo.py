@@ -266,18 +266,28 @@ def plot(args, summary: dict, runs: dict, path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for k, r in summary.items():
-        a.plot([e[1] for e in r["evals"]], [e[2] for e in r["evals"]], lw=1.4, marker=".",
-               ms=3, label=LABELS.get(k, k))
+        line, = a.plot([e[1] for e in r["evals"]], [e[2] for e in r["evals"]], lw=1.4,
+                       marker=".", ms=3, label=LABELS.get(k, k))
+        if r["seconds_to_target"] is not None:      # where it first reached the target
+            a.plot([r["seconds_to_target"]], [args.target], marker="*", ms=12,
+                   color=line.get_color(), zorder=3)
     a.axhline(args.target, color="gray", ls="--", lw=0.9, label=f"target {args.target:.0%}")
-    a.set_ylim(max(0.0, min(args.target - 0.25, 0.7)), 1.0)
+    reached = min(max(e[2] for e in r["evals"]) for r in summary.values())
+    a.set_ylim(max(0.0, min(args.target - 0.25, reached) - 0.05), 1.0)  # the approach to the target
     a.set_xlabel("training seconds (evaluation not timed)")
     a.set_ylabel("validation accuracy")
-    a.set_title("validation accuracy vs wall-clock time")
+    a.set_title("validation accuracy vs wall-clock time (star: target reached)")
     a.legend(loc="lower right")
-    b.boxplot([[1e3 * t for t in runs[k]["step_times"]] for k in summary],
-              tick_labels=[LABELS.get(k, k) for k in summary], showfliers=True)
+    times = [[1e3 * t for t in runs[k]["step_times"]] for k in summary]
+    b.boxplot(times, tick_labels=[LABELS.get(k, k) for k in summary], showmeans=True)
+    top = 1.25 * max(statistics.quantiles(t, n=100)[-1] if len(t) > 1 else t[0] for t in times)
+    beyond = sum(x > top for t in times for x in t)
+    b.set_ylim(0, top)     # the first step (start-up) and rare long steps would flatten the boxes
     b.set_ylabel("step time (ms, rank 0)")
-    b.set_title("step-time distribution")
+    b.set_title("step-time distribution (triangle: mean)")
+    if beyond:
+        b.text(0.99, 0.98, f"{beyond} steps above {top:.0f} ms not shown", ha="right", va="top",
+               fontsize=8, transform=b.transAxes)
     fig.suptitle(f"{args.np} ranks, {trial_of(args).describe()}, "
                  f"{args.compute_time:g} s compute per batch, delays {args.delay}", fontsize=9)
     fig.tight_layout()
@@ -320,6 +330,8 @@ def main(argv=None) -> int:
     text = table(args, summary)
     (out / "report.md").write_text(text + "\n")
     print("\n" + text)
+    print("busy: the share of the training seconds the ranks spent computing (forward, emulated "
+          "compute and delay, backward; mean over ranks); * / hvd: ratio to Horovod's")
     plot(args, summary, runs, out / "report.png")
     print(f"\nparameters identical on every rank at the end: "
           f"{'yes' if all(r['same_params'] for r in summary.values()) else 'NO'}; "
