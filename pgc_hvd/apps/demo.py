@@ -24,8 +24,8 @@ accuracy and the ratios to Horovod's. Writes into OUT (a non-empty OUT is refuse
 * ``OUT/<scheme>/records.jsonl``  pgc_hvd's step records (pgc_hvd schemes; ``pgc-hvd report``,
   ``pgc-hvd advise`` read them);
 * ``OUT/report.md`` (the table), ``OUT/report.png`` (validation accuracy against training
-  seconds with the target line, and the distribution of step times), ``OUT/ranks.log`` (every
-  rank's stderr).
+  seconds with the target line, and the distribution of step times), ``OUT/ranks.log`` (what
+  the ranks printed besides rank 0's progress).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pgc-hvd demo", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    p.add_argument("--force", action="store_true", help="empty a non-empty --out first")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier demo's outputs in a non-empty --out")
     p.add_argument("--schemes", default="hvd,pgc-cr,bcgc",
                    help="comma- or space-separated: hvd (hvd.DistributedOptimizer) and pgc_hvd "
                         "schemes with their defaults, e.g. dgd, is-sgd, pgc-bcgc, "
@@ -171,10 +172,20 @@ def worker(args) -> None:
 
 
 # ----------------------------------------------------------------------------- parent
+def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a launch: SIGTERM to horovodrun's process group (it ends its ranks), SIGKILL to
+    what is left after ``grace`` seconds."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def launch(args, argv: list) -> int:
     """``horovodrun --gloo -np N`` of this command's worker on this machine (gloo on the
-    loopback interface); rank 0's lines are printed as they come, every rank's stderr goes to
-    ``OUT/ranks.log``. Returns the launch's exit status (stopped after ``--timeout`` s)."""
+    loopback interface); rank 0's lines are printed as they come, every other line (the other
+    ranks', every stderr) goes to ``OUT/ranks.log``. Returns the launch's exit status (stopped after ``--timeout`` s)."""
     exe = Path(sys.executable).with_name("horovodrun")
     if not exe.exists():
         exe = shutil.which("horovodrun")
@@ -188,9 +199,10 @@ def launch(args, argv: list) -> int:
            *argv]
     out = Path(args.out)
     with open(out / "ranks.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-                                start_new_session=True)
-        timer = threading.Timer(args.timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+        stopped = threading.Event()
+        timer = threading.Timer(args.timeout, lambda: (stopped.set(), stop(proc)))
         timer.start()
         try:
             for line in proc.stdout:
@@ -204,8 +216,8 @@ def launch(args, argv: list) -> int:
     if rc != 0:
         tail = (out / "ranks.log").read_text().splitlines()[-30:]
         print("\n".join(tail), file=sys.stderr)
-        stopped = f" (stopped after --timeout {args.timeout:g} s)" if rc == -signal.SIGKILL else ""
-        print(f"pgc-hvd demo: the launch failed with exit status {rc}{stopped}; every rank's "
+        why = f" (stopped after --timeout {args.timeout:g} s)" if stopped.is_set() else ""
+        print(f"pgc-hvd demo: the launch failed with exit status {rc}{why}; every rank's "
               f"output is in {out / 'ranks.log'}", file=sys.stderr)
     return rc
 
@@ -295,8 +307,13 @@ def plot(args, summary: dict, runs: dict, path: Path) -> None:
     plt.close(fig)
 
 
+OUTPUTS = ("summary.json", "report.md", "report.png", "ranks.log")
+
+
 def prepare_out(args) -> Path:
-    """OUT, created; a non-empty OUT is refused without ``--force`` (emptied with it)."""
+    """OUT, created. A non-empty OUT is refused without ``--force``; with it, what a demo
+    writes there is removed (:data:`OUTPUTS` and the run folders, those holding ``run.json`` or
+    ``records.jsonl``) and anything else is left alone."""
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise SystemExit(f"pgc-hvd demo: --out {out} is a file; --out names a folder")
@@ -304,7 +321,11 @@ def prepare_out(args) -> Path:
         if not args.force:
             raise SystemExit(f"pgc-hvd demo: {out} is not empty; pass --force to overwrite it or "
                              "--out NEW_DIR")
-        shutil.rmtree(out)
+        for f in OUTPUTS:
+            (out / f).unlink(missing_ok=True)
+        for d in out.iterdir():
+            if d.is_dir() and ((d / "run.json").exists() or (d / "records.jsonl").exists()):
+                shutil.rmtree(d)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
