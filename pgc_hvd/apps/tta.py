@@ -163,15 +163,15 @@ class _PgcLoop:
 
     def __init__(self, model, inner, train, trial: Trial, n: int, scheme: str, flags: list,
                  name: str, **options):
-        import pgc_hvd
+        from pgc_hvd.data.coded_loader import CodedLoader
+        from pgc_hvd.runtime.distributed import DistributedOptimizer
         scheme_options = dict(f.split("=", 1) for f in flags if "=" in f)
-        self.opt = pgc_hvd.DistributedOptimizer(
+        self.opt = DistributedOptimizer(
             inner, named_parameters=model.named_parameters(), scheme=scheme, name=name,
             scheme_options=scheme_options or None, momentum_correction=("off" not in flags),
             **options)
         self.s = self.opt.config.stragglers
-        self.loader = pgc_hvd.CodedLoader(train, n=n, batch_size=trial.batch_size,
-                                          seed=trial.seed)
+        self.loader = CodedLoader(train, n=n, batch_size=trial.batch_size, seed=trial.seed)
 
     def compute(self, model, loss_fn, emulate, step: int) -> None:
         for i, (xb, yb) in enumerate(self.opt.batches(self.loader)):
