@@ -29,9 +29,9 @@ import math
 import time
 from typing import Callable, Optional
 
-#: the user's optimizer by name, with its default hyper-parameters
-OPTIMIZERS = {"sgd": "SGD lr 0.05 momentum 0.9", "adam": "Adam lr 3e-3"}
+#: the user's optimizers by name, with their default learning rates (SGD's momentum: 0.9)
 DEFAULT_LR = {"sgd": 0.05, "adam": 3e-3}
+OPTIMIZERS = tuple(DEFAULT_LR)
 PATTERNS = ("none", "slow", "exp", "lognormal")
 
 
