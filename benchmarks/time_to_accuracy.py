@@ -6,24 +6,14 @@
         [--target 0.95] [--compute 0.1] [--max-steps 300] [--json runs/tta.json]
     python benchmarks/time_to_accuracy.py --quick      # one short launch (the smoke test's)
 
-The workload is the README's quick-start pattern as a user writes it: the 3-layer CNN
-(``pgc_hvd.models.SmallCNN``) on scikit-learn's digits, an 80/20 stratified split, a batch of
-16 per rank and step (per partition for pgc_hvd: the same samples per step as Horovod's
-``DistributedSampler`` of 16 per rank), ``--compute`` seconds of emulated GPU work per batch (a
-sleep, which leaves the CPU free as a GPU would; the real forward/backward runs too), the
-user's optimizer with the user's hyper-parameters (``sgd``: SGD lr 0.05 momentum 0.9;
-``adam``: Adam lr 3e-3), validation accuracy every ``--eval-every`` steps on every rank (the
-parameters are identical, so every rank stops at the same step; evaluation time is not
-counted). Straggler patterns (one delay per rank and step, slept with the emulated compute
-between the forward and the backward -- a slow GPU is slow before its gradients exist, so
-Horovod's hooks, which start the allreduce during the backward, wait for it; the same seeded
-schedule for every variant):
-
-* ``none``       no injected delay;
-* ``slow``       rank 1 sleeps 3 x compute every step (one rank 4x slow);
-* ``exp``        Exp(mean = compute) on every rank and step;
-* ``lognormal``  log-normal (median 0.3 x compute, sigma 0.5) plus, with probability 0.01, a
-                 10-30 x compute straggler (the design note's pattern, scaled).
+The workload, the straggler patterns and the variants are those of ``pgc_hvd/apps/tta.py``
+(the loop this benchmark shares with the main job, ``launch/demo.sh``): the 3-layer CNN on
+scikit-learn's digits, a batch of 16 per rank (pgc_hvd: per partition) and step, ``--compute``
+seconds of emulated GPU work per batch with each rank's delay slept between the forward and the
+backward, the user's optimizer with the user's hyper-parameters (``sgd``: SGD lr 0.05 momentum
+0.9; ``adam``: Adam lr 3e-3), validation accuracy every ``--eval-every`` steps (not timed), and
+one seeded delay schedule per pattern for every variant: ``none``, ``slow`` (rank 1 4x slow),
+``exp`` (Exp(mean = compute) per rank and step), ``lognormal`` (with rare 10-30 x stragglers).
 
 Variants: ``hvd`` (``hvd.DistributedOptimizer``), and any pgc_hvd scheme name (s = 0 for
 ``dgd``, 1 otherwise), ``NAME:off`` with ``momentum_correction=False``, ``NAME:KEY=VALUE`` with a scheme option
@@ -48,134 +38,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hvd_launch import run_ranks  # noqa: E402
 
-OPTIMIZERS = {"sgd": "SGD lr 0.05 momentum 0.9", "adam": "Adam lr 3e-3"}
-PATTERNS = ("none", "slow", "exp", "lognormal")
-
-
-def delay_spec(pattern: str, compute: float, seed: int):
-    """The pattern's delay spec (``pgc_hvd.delays.parse_delay`` syntax), or None."""
-    if pattern == "none":
-        return None
-    if pattern == "slow":
-        return f"slow:worker=1,delay={3 * compute}"
-    if pattern == "exp":
-        return f"exp:mean={compute},seed={seed + 1}"
-    if pattern == "lognormal":
-        import math
-        return (f"lognormal:mu={math.log(0.3 * compute)},sigma=0.5,seed={seed + 1}"
-                f"+straggler:p=0.01,low={10 * compute},high={30 * compute},seed={seed + 1}")
-    raise ValueError(f"unknown pattern {pattern!r}; use one of {', '.join(PATTERNS)}")
-
-
-def make_optimizer(name: str, params):
-    import torch
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=3e-3)
-    raise ValueError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
+from pgc_hvd.apps.tta import OPTIMIZERS, PATTERNS, Trial, delay_spec  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- worker (per rank)
-def _data(split_seed: int = 0):
-    import torch
-    from pgc_hvd.data import load_dataset, train_test_split
-    tr, te = train_test_split(load_dataset("digits"), 0.2, seed=split_seed)
-    return (torch.utils.data.TensorDataset(torch.from_numpy(tr.X), torch.from_numpy(tr.y)),
-            torch.from_numpy(te.X), torch.from_numpy(te.y))
-
-
-def _accuracy(model, X, y) -> float:
-    import torch
-    with torch.no_grad():
-        return float((model(X).argmax(1) == y).float().mean())
-
-
-def _emulate(compute: float, delays, rank: int, step: int, first: bool) -> None:
-    """The GPU's forward/backward time and this rank's straggler delay for the step (once per
-    step), slept before the backward: a slow GPU is slow before its gradients exist, so
-    Horovod's hooks (which start the allreduce during the backward) see it."""
-    time.sleep(compute + (float(delays.sample(rank, step)) if (delays is not None and first)
-                          else 0.0))
-
-
-def _train_one(variant: str, index: int, args, hvd, train, Xte, yte) -> dict:
-    import torch
-    import torch.nn.functional as F
-
-    import pgc_hvd
-    from pgc_hvd.delays import parse_delay
-    from pgc_hvd.models import SmallCNN
-
-    rank, n = hvd.rank(), hvd.size()
-    torch.manual_seed(args.seed)
-    model = SmallCNN()
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    inner = make_optimizer(args.optimizer, model.parameters())
-    spec = delay_spec(args.pattern, args.compute, args.seed)
-    delays = parse_delay(spec) if spec else None
-    scheme, *flags = variant.split(":")
-    options = dict(f.split("=", 1) for f in flags if "=" in f)
-    if scheme == "hvd":
-        opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters())
-        sampler = torch.utils.data.distributed.DistributedSampler(
-            train, num_replicas=n, rank=rank, shuffle=True, seed=args.seed)
-        loader = torch.utils.data.DataLoader(train, batch_size=args.batch_size, sampler=sampler,
-                                             drop_last=True)
-        batches, epoch = iter(loader), 0
-    else:
-        opt = pgc_hvd.DistributedOptimizer(
-            inner, named_parameters=model.named_parameters(), scheme=scheme,
-            name=f"tta{index}", scheme_options=options or None,
-            momentum_correction=("off" not in flags))
-        loader = pgc_hvd.CodedLoader(train, n=n, batch_size=args.batch_size, seed=args.seed)
-    trained, reached, acc, step = 0.0, None, _accuracy(model, Xte, yte), 0
-    for step in range(1, args.max_steps + 1):
-        t0 = time.perf_counter()
-        if scheme == "hvd":
-            opt.zero_grad()
-            try:
-                xb, yb = next(batches)
-            except StopIteration:
-                epoch += 1
-                sampler.set_epoch(epoch)
-                batches = iter(loader)
-                xb, yb = next(batches)
-            loss = F.cross_entropy(model(xb), yb)
-            _emulate(args.compute, delays, rank, step - 1, first=True)
-            loss.backward()          # Horovod's hooks start the allreduce here
-            opt.step()
-        else:
-            for i, (xb, yb) in enumerate(opt.batches(loader)):
-                loss = F.cross_entropy(model(xb), yb)
-                _emulate(args.compute, delays, rank, opt.version, first=i == 0)
-                loss.backward()
-            opt.step()
-        trained += time.perf_counter() - t0
-        if step % args.eval_every == 0:
-            acc = _accuracy(model, Xte, yte)
-            if acc >= args.target:
-                reached = step
-                break
-    if scheme != "hvd":
-        opt.close()
-    from pgc_hvd.runtime.consistency import tensors_digest
-    digest = tensors_digest(list(model.parameters()))
-    digests = hvd.allgather(torch.tensor([digest], dtype=torch.int64),
-                            name=f"tta.digest{index}").tolist()
-    return {"variant": variant, "steps": reached, "time": trained if reached else None,
-            "steps_run": step, "seconds_run": trained, "time_per_step": trained / max(step, 1),
-            "accuracy": acc, "same_params": len(set(digests)) == 1}
-
-
 def worker(args) -> None:
     import horovod.torch as hvd
     import torch
+
+    from pgc_hvd.apps.tta import digits_split, train_one
     torch.set_num_threads(1)
     hvd.init()
-    train, Xte, yte = _data()
-    out = [_train_one(v, i, args, hvd, train, Xte, yte)
-           for i, v in enumerate(args.variants.split(","))]
+    trial = Trial(optimizer=args.optimizer, seed=args.seed, compute=args.compute,
+                  delay=delay_spec(args.pattern, args.compute, args.seed),
+                  batch_size=args.batch_size, steps=args.max_steps, eval_every=args.eval_every,
+                  target=args.target, stop_at_target=True)
+    data = digits_split()
+    out = [train_one(v, i, trial, hvd, data) for i, v in enumerate(args.variants.split(","))]
+    for r in out:              # rank 0's series stay out of the launch's result line
+        del r["step_times"], r["evals"]
     if hvd.rank() == 0:
         print("RESULT " + json.dumps({"pattern": args.pattern, "optimizer": args.optimizer,
                                       "seed": args.seed, "runs": out}), flush=True)

@@ -16,6 +16,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
                           "decode norms ||a_I||_1, residuals and decode times of every code"),
     ("report",): ("pgc_hvd.apps.report", "main",
                   "report RUN_DIR: table + plot of one run's (or a folder of runs') records"),
+    ("demo",): ("pgc_hvd.apps.demo", "main",
+                "the main job: hvd.DistributedOptimizer vs pgc-cr and bcgc, time to val accuracy"),
     ("train",): ("pgc_hvd.apps.train", "main",
                  "one training run on every rank (under horovodrun): scheme, s, delays, records"),
     ("simulate",): ("pgc_hvd.apps.simulate", "main",

@@ -1,0 +1,89 @@
+"""The main job (``bash launch/demo.sh``, ``pgc_hvd/apps/demo.py``) cannot rot: its smallest mode
+runs as a user would start it, on 4 real ranks (hvd.DistributedOptimizer, pgc-cr, bcgc), and
+writes the summary, table and plot; ``--help`` lists every option; bad options are refused
+before any rank starts."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launch_watch import run_watched
+
+from pgc_hvd.apps import demo
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "launch" / "demo.sh"
+
+
+def test_help_lists_every_option():
+    """``demo.sh --help`` (no environment needed) names every option ``pgc-hvd demo`` takes."""
+    text = subprocess.run(["bash", str(DEMO), "--help"], capture_output=True, text=True,
+                          check=True).stdout
+    options = set(re.findall(r"--[a-z][a-z-]*", demo.build_parser().format_help())) - {"--help"}
+    assert len(options) > 10
+    missing = sorted(o for o in options | {"--skip-setup"} if o not in text)
+    assert not missing, f"demo.sh --help does not list {missing}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--schemes", "hvd,nope"], "unknown scheme 'nope'"),
+    (["--schemes", "hvd hvd"], "names a scheme twice"),
+    (["--optimizer", "adam", "--momentum", "0.5"], "--momentum is SGD's"),
+    (["--target", "1.5"], "--target is a validation accuracy"),
+    (["--delay", "exp:mean=-1"], "--delay"),
+    (["--steps", "0"], "--steps must be >= 1"),
+])
+def test_bad_options_are_refused_at_once(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        demo.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_ratio_to_a_missed_target():
+    """A scheme that misses the target is ``inf`` times Horovod's time; against a Horovod run
+    that missed it there is no ratio."""
+    def run(steps, time):
+        return {"step_times": [0.1, 0.3], "steps_run": 2, "time_per_step": 0.2,
+                "seconds_run": 0.4, "busy": [0.2, 0.3], "steps": steps, "time": time,
+                "accuracy": 0.9, "same_params": True, "evals": [[0, 0.0, 0.1]]}
+    args = demo.parse_args(["--np", "2"])
+    got = demo.summarize(args, {"hvd": run(2, 0.4), "pgc-cr": run(None, None)})
+    assert got["pgc-cr"]["seconds_to_target_vs_hvd"] == float("inf")
+    assert got["hvd"]["seconds_to_target_vs_hvd"] == 1.0
+    got = demo.summarize(args, {"hvd": run(None, None), "pgc-cr": run(2, 0.4)})
+    assert got["pgc-cr"]["seconds_to_target_vs_hvd"] is None
+    assert got["pgc-cr"]["busy_fraction"] == pytest.approx(0.25 / 0.4)
+    assert "not reached" in demo.table(args, got)
+
+
+@pytest.mark.multirank
+def test_quick_demo_runs_every_scheme_on_four_ranks(tmp_path):
+    """``bash launch/demo.sh --skip-setup --quick``: Horovod, pgc-cr and bcgc each train 10
+    steps on 4 ranks with identical parameters at the end; summary.json holds each one's time per
+    step and busy seconds (rank 0's and every rank's), the table and the plot are written."""
+    out = tmp_path / "demo"
+    env = dict(os.environ, PGC_HVD_VENV=sys.prefix)
+    proc = run_watched(["bash", str(DEMO), "--skip-setup", "--quick", "--out", str(out)],
+                       env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary) == ["hvd", "pgc-cr", "bcgc"]
+    for scheme, r in summary.items():
+        assert r["n"] == 4 and r["steps"] == 10, (scheme, r)
+        assert r["same_params"], scheme
+        assert r["time_per_step_s"] > 0 and r["busy_s_rank0"] > 0, (scheme, r)
+        assert len(r["busy_s"]) == 4 and all(b > 0 for b in r["busy_s"]), (scheme, r)
+        assert [e[0] for e in r["evals"]] == [0, 5, 10], (scheme, r)
+        assert 0 <= r["final_val_accuracy"] <= 1
+        assert r["time_per_step_vs_hvd"] > 0
+        assert len(json.loads((out / scheme / "run.json").read_text())["step_times"]) == 10
+    assert summary["hvd"]["s"] is None and summary["pgc-cr"]["s"] == summary["bcgc"]["s"] == 1
+    for scheme in ("pgc-cr", "bcgc"):   # pgc_hvd's own step records, one per step
+        assert len((out / scheme / "records.jsonl").read_text().splitlines()) == 10
+    assert "s/step / hvd" in proc.stdout and "hvd.DistributedOptimizer" in proc.stdout
+    assert (out / "report.md").read_text().count("\n") == 2 + len(summary)
+    assert (out / "report.png").stat().st_size > 10_000
