@@ -129,3 +129,75 @@ def test_the_checker_sees_lazy_relative_and_table_imports(tmp_path, src, code, e
         path.write_text(code if name == src else "")
     found = [package_of(m) for _, m in imports(tmp_path / src, tmp_path)]
     assert found == ([] if expected is None else [expected])
+
+
+def _module_graph(root: Path) -> dict:
+    """module -> the package modules it imports (at the top or inside a function); an import of
+    a name from an ancestor package (``from pgc_hvd import _C``) is not an edge: a module's
+    parents are imported before it anyway."""
+    mods = {}
+    for p in (root / "pgc_hvd").rglob("*.py"):
+        rel = p.relative_to(root).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        mods[".".join(parts)] = p
+    graph = {m: set() for m in mods}
+    for m, p in mods.items():
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    if sub in mods:
+                        graph[m].add(sub)
+                    elif node.module in mods and not m.startswith(node.module + "."):
+                        graph[m].add(node.module)
+            elif isinstance(node, ast.Import):
+                graph[m].update(a.name for a in node.names if a.name in mods)
+        graph[m].discard(m)
+    return graph
+
+
+def import_circles(root: Path) -> list:
+    """The strongly connected sets of more than one module (Tarjan)."""
+    graph, index, low, stack, on, out = _module_graph(root), {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_in_the_package():
+    """No module imports (even lazily, inside a function) a module that imports it back,
+    directly or through others (issue 38: agent -> channel -> control_log -> agent was one)."""
+    assert import_circles(ROOT) == []
+
+
+def test_the_circle_check_finds_a_circle(tmp_path):
+    pkg = tmp_path / "pgc_hvd"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pgc_hvd.b import x\n")
+    (pkg / "b.py").write_text("def x():\n    from pgc_hvd import c\n")
+    (pkg / "c.py").write_text("import pgc_hvd.a\n")
+    assert import_circles(tmp_path) == [["pgc_hvd.a", "pgc_hvd.b", "pgc_hvd.c"]]

@@ -69,3 +69,63 @@ def test_the_checker_sees_foreign_reads(tmp_path, code, found):
     (tmp_path / "pgc_hvd").mkdir()
     (tmp_path / "pgc_hvd" / "m.py").write_text(code)
     assert bool(foreign_reads(tmp_path)) == found
+
+
+# -- every single-underscore member, not only _pgc_ (issue 38) ------------------------------
+def _owned_private(tree) -> set:
+    """The private names a module owns: its functions and classes, module-level names, and the
+    attributes it sets on ``self`` / ``cls``."""
+    owned = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            owned.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) \
+                and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            owned.add(node.attr)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                if isinstance(t, ast.Name):
+                    owned.add(t.id)
+    return {n for n in owned if n.startswith("_") and not n.startswith("__")}
+
+
+def foreign_private_uses(root: Path = ROOT) -> list[str]:
+    """``x._name`` read or written in a module of ``pgc_hvd/`` where ``_name`` is owned by another
+    module of the package and not by this one; ``self`` / ``cls`` members (a subclass using its
+    base's) and ``_pgc_`` names (the test above) are left out."""
+    files = sorted((root / "pgc_hvd").rglob("*.py"))
+    trees = {p: ast.parse(p.read_text(encoding="utf-8"), str(p)) for p in files}
+    owned = {p: _owned_private(t) for p, t in trees.items()}
+    owners: dict = {}
+    for p, names in owned.items():
+        for n in names:
+            owners.setdefault(n, []).append(p)
+    bad = []
+    for p, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and not node.attr.startswith("_pgc_")):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in owned[p] or node.attr not in owners:
+                continue
+            where = ", ".join(str(o.relative_to(root)) for o in owners[node.attr][:2])
+            bad.append(f"{p.relative_to(root)}:{node.lineno}: uses {ast.unparse(node)[:40]}, "
+                       f"private to {where}: use (or add) the owner's public member")
+    return bad
+
+
+def test_no_module_uses_another_modules_private_members():
+    bad = foreign_private_uses()
+    assert not bad, "private members used outside their module:\n" + "\n".join(bad)
+
+
+def test_the_private_member_check_catches_a_read(tmp_path):
+    pkg = tmp_path / "pgc_hvd"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("class A:\n    def __init__(self):\n        self._hidden = 1\n")
+    (pkg / "b.py").write_text("def peek(a):\n    a._round = 2\n    return a._hidden\n")
+    (pkg / "c.py").write_text("class C:\n    def run(self):\n        self._round = 0\n")
+    bad = foreign_private_uses(tmp_path)
+    assert len(bad) == 2 and all("b.py" in b for b in bad), bad

@@ -51,13 +51,13 @@ class LinearSolveDecoder:
             self.hits += 1
             return hit
         self.misses += 1
-        res = self._solve(key)
+        res = self.solve_uncached(key)
         self._cache[key] = res
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return res
 
-    def _solve(self, I: tuple[int, ...]) -> DecodeResult:
+    def solve_uncached(self, I: tuple[int, ...]) -> DecodeResult:
         n = self.n
         a = np.zeros(n, dtype=self.B.dtype)
         if not I:

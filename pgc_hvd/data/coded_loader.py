@@ -315,7 +315,7 @@ class CodedLoader:
         raise RuntimeError(f"pgc_hvd: {self._scheme.name} gives rank {self._rank} nothing to "
                            f"evaluate for {_PLAN_CACHE} steps from step {pos[0]}")
 
-    def _draw_key(self) -> tuple[int, int]:
+    def draw_key(self) -> tuple[int, int]:
         """The next predicted key (called by the KeySampler as the DataLoader dispatches)."""
         step, i = self._cursor
         self._cursor = self._norm((step, i + 1))

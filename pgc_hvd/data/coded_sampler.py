@@ -89,7 +89,7 @@ class KeyedCollate:
 
 class KeySampler(Sampler):
     """The DataLoader's ``batch_sampler``: endless; each batch is the items of the key that
-    ``owner._draw_key()`` predicts next (the owner records the key in its queue of dispatched
+    ``owner.draw_key()`` predicts next (the owner records the key in its queue of dispatched
     keys, in the order the DataLoader will return them)."""
 
     def __init__(self, owner):
@@ -102,7 +102,7 @@ class KeySampler(Sampler):
             owner = self._owner()
             if owner is None:
                 return
-            partition, step = owner._draw_key()
+            partition, step = owner.draw_key()
             items = [(partition, step, int(i)) for i in owner.indices(partition, step)]
             del owner
             yield items

@@ -89,7 +89,7 @@ timeout names the ranks it waits for and whether their control rows kept coming.
 
 ``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds. A rank appends its
 row to an ordered log when an event happens (message submitted, non-finite, done, failed), rank
-0's agent runs the same decision body (:meth:`CommAgent._decide`) on the rows in log order and
+0's agent runs the same decision body (:meth:`CommAgent.decide`) on the rows in log order and
 publishes the rows of each outcome, and every other agent reads them with one blocking ``get``
 and runs the same body on them (:func:`pgc_hvd.runtime.control_log.log_loop`): the same
 decisions, about 3 store operations per rank per step.
@@ -125,7 +125,7 @@ __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_
 
 log = logging.getLogger("pgc_hvd.runtime")
 
-_END, _IDLE, _WAIT = object(), object(), object()   # outcomes of CommAgent._decide
+from pgc_hvd.runtime.arrivals import END, IDLE, WAIT   # outcomes of CommAgent.decide
 
 @dataclass
 class Outgoing:
@@ -179,11 +179,13 @@ class _DecisionBody:
     same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
     ``control="log"`` (:func:`pgc_hvd.runtime.control_log.log_loop`)."""
 
-    def _decide(self, ctl) -> object:
+    def decide(self, ctl) -> object:
         """The decision body on one view of every rank's control row (the same on every rank):
-        raises on a failed rank or a round that cannot fire; returns ``_END`` (every rank is
-        done), ``_IDLE`` (a rank's loop ended before the open step: nothing to decide),
-        ``_WAIT`` (the open round needs more arrivals) or the scheme's Decision."""
+        raises on a failed rank or a round that cannot fire; returns ``END`` (every rank is
+        done), ``IDLE`` (a rank's loop ended before the open step: nothing to decide),
+        ``WAIT`` (the open round needs more arrivals) or the scheme's Decision. A pure function
+        of the rows seen so far (the control plane calls it: the polled loop below, the
+        control log's decider and followers)."""
         self.control_rounds += 1
         self._last_rows, self._last_round_at = ctl, time.monotonic()
         n, book, rnd = self.n, self.book, self._round
@@ -192,7 +194,7 @@ class _DecisionBody:
             raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
                              f"stopping rank {self.rank}", failed_ranks=failed)
         if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
-            return _END
+            return END
         self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
         book.see_ready(ctl)
         ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
@@ -205,7 +207,7 @@ class _DecisionBody:
             # stopped at. A rank still training that computes it makes it needed again
             # (a rank that left its loop early catches up at close()).
             self._ended_at = min(ended)
-            return _IDLE
+            return IDLE
         book.see_bad(ctl, warn=self.rank == 0)
         decision = None
         for arr in book.arrivals(ctl):
@@ -216,12 +218,12 @@ class _DecisionBody:
             decision = rnd.poll()
         if decision is None:
             self._check_stuck(ctl, rnd)
-            return _WAIT
+            return WAIT
         return decision
 
-    def _fire(self, decision: Decision, ctl) -> None:
+    def fire(self, decision: Decision, ctl) -> None:
         """A decided step: the data phase, its report and update handed over, the next round
-        opened."""
+        opened (the control plane calls it with the rows that decided)."""
         n = self.n
         busy = [ctl[w][CTRL_BUSY] for w in range(n)]
         self.coll.step = self.step
@@ -604,29 +606,48 @@ class CommAgent(_DecisionBody):
             self._wake = False
 
     def _append_row(self) -> None:
-        """control='log': this rank's row joins the log (:func:`~pgc_hvd.runtime.control_log.
-        append_row`; called where the event happens)."""
-        from pgc_hvd.runtime.control_log import append_row
-        append_row(self)
+        """control='log': this rank's row joins the log (called where the event happens)."""
+        self.channel.append(self.control_row())
+
+    def control_row(self) -> torch.Tensor:
+        """This rank's control row now (:func:`~pgc_hvd.runtime.wire.pack_row`), showing its
+        newest message: what the control log appends when something happens to the rank."""
+        row = torch.empty(self.ctrl_len, dtype=torch.float64)
+        with self.cond:
+            out = self._outbox[max(self._outbox)] if self._outbox else None
+            pack_row(row, out, ring_size=self.ring_size, metrics=self.metrics,
+                     busy=self._busy_total, bad_step=self._bad_step,
+                     done=1.0 + self._applied if self._done else 0.0, failed=self._failed,
+                     c_request=self._c_request if self.rank == 0 else None)
+        return row
+
+    def open_round(self) -> None:
+        """Open the round of the current step (at the start of the decision loop)."""
+        self._round = self.scheme.open_round(self.step)
+        self._step_start = time.time()
+
+    @property
+    def current_round(self):
+        """The scheme's open ``Round`` (read only; for error messages)."""
+        return self._round
 
     def _loop(self) -> None:
         if self._log:   # one decider, every other rank follows its published rows
             from pgc_hvd.runtime.control_log import log_loop
             return log_loop(self)
-        self._round = self.scheme.open_round(self.step)
-        self._step_start = time.time()
+        self.open_round()
         while True:
             ctl, payloads = self._control_round()
             self.comm.received(payloads)
-            got = self._decide(ctl)
-            if got is _END:
+            got = self.decide(ctl)
+            if got is END:
                 return
-            if got is _IDLE:
+            if got is IDLE:
                 self._idle(hurry=False)
-            elif got is _WAIT:
+            elif got is WAIT:
                 self._idle(hurry=bool(self._round.arrived))
             else:
-                self._fire(got, ctl)
+                self.fire(got, ctl)
 
     def _own(self, step: int) -> Outgoing:
         """This rank's message of ``step`` (the communicator reads own payloads here)."""

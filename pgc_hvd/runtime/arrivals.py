@@ -23,6 +23,11 @@ from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_ERROR, CTRL_LOSS, CTRL_REA
                                   used_metrics)
 from pgc_hvd.schemes import Arrival
 
+#: what one run of the decision body (:meth:`~pgc_hvd.runtime.agent.CommAgent.decide`) can
+#: say besides a Decision: every rank is done; a rank's loop ended before the open step
+#: (nothing to decide); the open round needs more arrivals
+END, IDLE, WAIT = object(), object(), object()
+
 log = logging.getLogger("pgc_hvd.runtime")
 
 

@@ -201,7 +201,7 @@ def convert_checkpoint(file) -> str:
     if not isinstance(rng, dict):
         raise CheckpointError(f"{file} is not a pgc_hvd checkpoint (no pgc RNG state: found "
                               f"{_describe(state)}); nothing to convert")
-    from pgc_hvd.runtime.optim_state import plain_rng_state
+    from pgc_hvd.runtime.plain import plain_rng_state
     state["pgc"]["rng"] = plain_rng_state(rng)
     state = _numbers(state)
     try:
@@ -311,7 +311,7 @@ def check_pgc_state(state, current: dict, source: str = "the state dict") -> Non
 
 
 def _rng_part_ok(part, key: str, size: int) -> bool:
-    """numpy's or Python's RNG state as :func:`~pgc_hvd.runtime.optim_state.plain_rng_state`
+    """numpy's or Python's RNG state as :func:`~pgc_hvd.runtime.plain.plain_rng_state`
     writes it (a dict whose ``key`` is a tensor of ``size``), or the generator's own tuple (an
     in-memory state of an earlier version)."""
     if isinstance(part, tuple):

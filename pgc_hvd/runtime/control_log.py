@@ -68,7 +68,9 @@ from typing import Optional
 import numpy as np
 import torch
 
+from pgc_hvd.runtime.arrivals import END
 from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.schemes import Decision
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE,
                                   CTRL_FAILED, CTRL_READY_STEP, CTRL_VERSION, pack_row)
 
@@ -481,18 +483,15 @@ class LogChannel:
 # -- the agent's side (CommAgent under control="log"; the agent is passed in) -----------
 def log_loop(agent) -> None:
     """The agent's loop under ``control="log"`` (module doc): rank 0 takes the rows in log
-    order, runs the agent's ``_decide`` once per batch of rows (every row queued since its last
+    order, runs the agent's ``decide`` once per batch of rows (every row queued since its last
     run), once more after each outcome and once more when an offer uncovered a rank's next
     message (as a polled rank's next row would show it), and publishes each outcome's batches;
-    every other rank runs ``_decide`` on the same batches by the same rule, so it reaches the
+    every other rank runs ``decide`` on the same batches by the same rule, so it reaches the
     same outcomes."""
-    from pgc_hvd.runtime.agent import _END
-    from pgc_hvd.schemes import Decision
 
     chan = agent.channel
     view = LogView(agent.n, agent.ctrl_len, agent.ring_size, agent.metrics)
-    agent._round = agent.scheme.open_round(agent.step)
-    agent._step_start = time.time()
+    agent.open_round()
     if agent.rank == 0:
         taken: list = []
         queued: list = []     # batches of the rows read, not yet run
@@ -501,8 +500,8 @@ def log_loop(agent) -> None:
         while True:
             ctl = view.rows(agent.book.offered)
             try:
-                got = agent._decide(ctl)
-                if got is _END:
+                got = agent.decide(ctl)
+                if got is END:
                     chan.publish(agent.step, taken)
                     return
                 if isinstance(got, Decision):
@@ -522,7 +521,7 @@ def log_loop(agent) -> None:
             if isinstance(got, Decision):
                 # published: every follower runs the same data collective, so a failure there
                 # (a dead rank) stops each of them on its own; nothing more to publish
-                agent._fire(got, ctl)
+                agent.fire(got, ctl)
                 deadline = time.monotonic() + agent.timeout
                 continue
             if not queued:
@@ -542,18 +541,18 @@ def log_loop(agent) -> None:
                 for w, r in batch:
                     view.add(w, r)
                 try:
-                    agent._decide(view.rows(agent.book.offered))
+                    agent.decide(view.rows(agent.book.offered))
                 except AgentError:
                     break
             raise AgentError(f"rank {agent.rank}: stopping: {rec.error}", **rec.fields)
         batches = iter(rec.batches)
         while True:
             ctl = view.rows(agent.book.offered)
-            got = agent._decide(ctl)
-            if got is _END:
+            got = agent.decide(ctl)
+            if got is END:
                 return
             if isinstance(got, Decision):
-                agent._fire(got, ctl)
+                agent.fire(got, ctl)
                 break
             if view.moved(ctl, agent.book.offered):
                 continue
@@ -581,7 +580,7 @@ def one_row_per_rank(rows: list) -> list:
 def _timeout_message(agent, ctl, last_seen: list) -> str:
     """The decider's error when no row came within ``timeout``: the ranks the open step
     waits for, and how long since each one's last row."""
-    t, rnd, now = agent.step, agent._round, time.monotonic()
+    t, rnd, now = agent.step, agent.current_round, time.monotonic()
     done = {w for w in range(agent.n) if ctl[w][CTRL_DONE] > 0}
     bad = {w for w in range(agent.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
     waiting = [w for w in range(agent.n) if w not in set(rnd.arrived) | done | bad]
@@ -592,17 +591,3 @@ def _timeout_message(agent, ctl, last_seen: list) -> str:
             f"{agent.timeout:.0f}s: it waits for rank(s) {waiting} (their last control row: "
             f"{quiet}): a rank has died or hung, or computes longer than the timeout; "
             f"stopping instead of hanging")
-
-
-def append_row(agent) -> None:
-    """control='log': this rank's control row, showing its newest message, joins the log
-    (called where the event happens: submit, non-finite message, done, failed, staleness
-    bound request)."""
-    row = torch.empty(agent.ctrl_len, dtype=torch.float64)
-    with agent.cond:
-        out = agent._outbox[max(agent._outbox)] if agent._outbox else None
-        pack_row(row, out, ring_size=agent.ring_size, metrics=agent.metrics,
-                 busy=agent._busy_total, bad_step=agent._bad_step,
-                 done=1.0 + agent._applied if agent._done else 0.0, failed=agent._failed,
-                 c_request=agent._c_request if agent.rank == 0 else None)
-    agent.channel.append(row)

@@ -7,7 +7,7 @@ staleness bound, RNG states, delay-trace position), its restore into the parts t
 ``load_state_dict`` done so that the param-group dicts a scheduler holds stay the optimizer's.
 The checks of a saved state are :mod:`pgc_hvd.runtime.checkpoint`'s.
 
-May import: numpy, torch, ``runtime.interop`` and ``runtime.checkpoint``'s checks. The
+May import: numpy, torch, ``runtime.interop``, ``runtime.plain`` and ``runtime.checkpoint``'s checks. The
 optimizer itself is used through its public members only.
 """
 
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pgc_hvd.runtime import interop
+from pgc_hvd.runtime.plain import plain_rng_state
 
 
 def rng_state() -> dict:
@@ -28,27 +29,6 @@ def rng_state() -> dict:
         "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
         "python": random.getstate(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None})
-
-
-def plain_rng_state(rng: dict) -> dict:
-    """RNG states as tensors and plain types (a checkpoint is read with
-    ``torch.load(weights_only=True)``, :mod:`pgc_hvd.runtime.plain`): torch's (and CUDA's) byte
-    tensors as they are; numpy's ``get_state()`` tuple as ``{"kind", "key" (int64 tensor of
-    624), "pos", "has_gauss", "cached_gaussian"}``; Python's ``random.getstate()`` tuple as
-    ``{"version", "state" (int64 tensor of 625), "gauss_next"}``. Entries already in that form
-    are kept."""
-    out = dict(rng)
-    if isinstance(rng["numpy"], tuple):
-        kind, key, pos, has_gauss, cached = rng["numpy"]
-        out["numpy"] = {"kind": str(kind), "key": torch.from_numpy(np.asarray(key, np.int64)),
-                        "pos": int(pos), "has_gauss": int(has_gauss),
-                        "cached_gaussian": float(cached)}
-    if isinstance(rng["python"], tuple):
-        version, internal, gauss_next = rng["python"]
-        out["python"] = {"version": int(version),
-                         "state": torch.tensor(internal, dtype=torch.int64),
-                         "gauss_next": None if gauss_next is None else float(gauss_next)}
-    return out
 
 
 def set_rng_state(rng: dict) -> None:

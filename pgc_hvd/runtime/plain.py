@@ -23,6 +23,7 @@ import io
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 import torch
 
 SCALARS = (type(None), bool, int, float, complex, str, bytes, bytearray)
@@ -93,3 +94,24 @@ def unsafe_globals(file) -> list:
     """The globals in torch file ``file`` that ``weights_only=True`` refuses (read from the
     pickle's opcodes; nothing is built or run)."""
     return list(torch.serialization.get_unsafe_globals_in_checkpoint(file))
+
+
+def plain_rng_state(rng: dict) -> dict:
+    """RNG states as tensors and plain types (a checkpoint is read with
+    ``torch.load(weights_only=True)``, :mod:`pgc_hvd.runtime.plain`): torch's (and CUDA's) byte
+    tensors as they are; numpy's ``get_state()`` tuple as ``{"kind", "key" (int64 tensor of
+    624), "pos", "has_gauss", "cached_gaussian"}``; Python's ``random.getstate()`` tuple as
+    ``{"version", "state" (int64 tensor of 625), "gauss_next"}``. Entries already in that form
+    are kept."""
+    out = dict(rng)
+    if isinstance(rng["numpy"], tuple):
+        kind, key, pos, has_gauss, cached = rng["numpy"]
+        out["numpy"] = {"kind": str(kind), "key": torch.from_numpy(np.asarray(key, np.int64)),
+                        "pos": int(pos), "has_gauss": int(has_gauss),
+                        "cached_gaussian": float(cached)}
+    if isinstance(rng["python"], tuple):
+        version, internal, gauss_next = rng["python"]
+        out["python"] = {"version": int(version),
+                         "state": torch.tensor(internal, dtype=torch.int64),
+                         "gauss_next": None if gauss_next is None else float(gauss_next)}
+    return out
