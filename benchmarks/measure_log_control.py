@@ -21,7 +21,7 @@ runtime opens it (:mod:`pgc_hvd.runtime.control_log`):
   the body on a batch of rows (the decider runs it once per batch of the rows queued since its
   last run; each follower replays the same batches): the runtime's
   :func:`pgc_hvd.runtime.control_log.log_loop` (decider and follower branches, the real
-  :class:`~pgc_hvd.runtime.agent._DecisionBody`, ``LogView``, ``ArrivalBook``, the outcome's
+  :class:`~pgc_hvd.runtime.agent.DecisionBody`, ``LogView``, ``ArrivalBook``, the outcome's
   encoding and decoding) on an in-memory channel over rows of ``pgc-cr`` with
   s = max(1, n // 16) (each step every rank shows its message, in random order; no row of step
   t + 1 before step t is decided), at each n in ``--ns``, in thread CPU seconds, once with
@@ -210,12 +210,12 @@ class _Channel:
 
 
 def _agent_class():
-    from pgc_hvd.runtime.agent import _DecisionBody
+    from pgc_hvd.runtime.agent import DecisionBody
     from pgc_hvd.runtime.arrivals import ArrivalBook
     from pgc_hvd.runtime.wire import ctrl_len
 
-    class Agent(_DecisionBody):
-        """The agent's state that log_loop and the decision body read; ``_fire`` without the
+    class Agent(DecisionBody):
+        """The agent's state that log_loop and the decision body read; ``fire`` without the
         data phase (its cost is the data plane's, modelled apart)."""
 
         def __init__(self, scheme, rank: int, channel):
@@ -229,7 +229,7 @@ def _agent_class():
             self.fired = 0
             channel.agent, channel.length = self, self.ctrl_len
 
-        def _fire(self, decision, ctl):
+        def fire(self, decision, ctl):
             self.fired += 1
             self.step += 1
             if self.step % 64 == 0:

@@ -174,10 +174,20 @@ class Report:
     c: Optional[int] = None
 
 
-class _DecisionBody:
+class DecisionBody:
     """The decision body of :class:`CommAgent`, on one view of every rank's control row (the
     same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
     ``control="log"`` (:func:`pgc_hvd.runtime.control_log.log_loop`)."""
+
+    def open_round(self) -> None:
+        """Open the round of the current step (at the start of the decision loop)."""
+        self._round = self.scheme.open_round(self.step)
+        self._step_start = time.time()
+
+    @property
+    def current_round(self):
+        """The scheme's open ``Round`` (read only; for error messages)."""
+        return self._round
 
     def decide(self, ctl) -> object:
         """The decision body on one view of every rank's control row (the same on every rank):
@@ -273,7 +283,7 @@ class _DecisionBody:
                 f"(give every rank the same number of step() calls)")
 
 
-class CommAgent(_DecisionBody):
+class CommAgent(DecisionBody):
     """Runs the control/data protocol for one rank in a background thread (see module doc).
 
     ``codec`` (:mod:`pgc_hvd.compress.codecs`) says how payload rows look and how weighted rows
@@ -621,15 +631,6 @@ class CommAgent(_DecisionBody):
                      c_request=self._c_request if self.rank == 0 else None)
         return row
 
-    def open_round(self) -> None:
-        """Open the round of the current step (at the start of the decision loop)."""
-        self._round = self.scheme.open_round(self.step)
-        self._step_start = time.time()
-
-    @property
-    def current_round(self):
-        """The scheme's open ``Round`` (read only; for error messages)."""
-        return self._round
 
     def _loop(self) -> None:
         if self._log:   # one decider, every other rank follows its published rows
