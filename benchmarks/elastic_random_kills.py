@@ -39,6 +39,21 @@ from local_hosts import LocalHosts  # noqa: E402
 ELASTIC = ROOT / "launch" / "elastic_train.py"
 
 
+def _started(out: Path, victim: str):
+    """The started-<host>.json record of the victim (a host, or ``rank:R``: whichever host's
+    process holds rank R), once written in full; None before."""
+    files = ([out / f"started-{victim}.json"] if not victim.startswith("rank:")
+             else sorted(out.glob("started-*.json")))
+    for f in files:
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if not victim.startswith("rank:") or rec.get("rank") == int(victim[5:]):
+            return rec
+    return None
+
+
 def one_kill(lh, work: Path, *, victim: str, delay: float, gloo_timeout: int, args,
              timeout: float = 600) -> dict:
     _, disc = lh.discovery(work)
@@ -52,17 +67,16 @@ def one_kill(lh, work: Path, *, victim: str, delay: float, gloo_timeout: int, ar
     t0 = time.time()
     with open(work / "stdout", "w") as so, open(work / "stderr", "w") as se:
         proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=env, cwd=str(work))
-        started = out / f"started-{victim}.json"
         deadline = time.monotonic() + timeout
-        while not started.exists():
+        first = None
+        while first is None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(f"the job ended before {victim} started: "
                                    f"{(work / 'stderr').read_text()[-3000:]}")
+            first = _started(out, victim)
             time.sleep(0.02)
-        time.sleep(0.05)
-        first = json.loads(started.read_text())
-        pid, victim_rank = first["pid"], first.get("rank")
+        pid, victim_rank, victim = first["pid"], first.get("rank"), first["host"]
         time.sleep(delay)
         t_kill = time.time()
         os.kill(pid, signal.SIGKILL)
@@ -112,10 +126,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--no-cascade", action="store_true",
                    help="ElasticState(cascade=False): the behaviour before issue 26")
-    p.add_argument("--victim-host", type=int, default=None,
-                   help="always kill the rank on this host (index into the 4 hosts; 0 holds "
-                        "rank 0: the control log's decider and its store); default: a host "
-                        "drawn at random for each job")
+    p.add_argument("--victim-rank", type=int, default=None,
+                   help="always kill the process that holds this rank at its first step (0: "
+                        "the control log's decider and the server of its store); default: a "
+                        "host drawn at random for each job")
     p.add_argument("--out", default=None, help="JSON file for the figures")
     args = p.parse_args(argv)
     lo, hi = (float(x) for x in args.delay.split(","))
@@ -126,8 +140,8 @@ def main(argv=None) -> int:
             mine = []
             for _ in range(args.kills):
                 victim, delay = rng.choice(lh.hosts), rng.uniform(lo, hi)
-                if args.victim_host is not None:
-                    victim = lh.hosts[args.victim_host]
+                if args.victim_rank is not None:
+                    victim = f"rank:{args.victim_rank}"
                 with tempfile.TemporaryDirectory() as d:
                     mine.append(one_kill(lh, Path(d), victim=victim, delay=delay,
                                          gloo_timeout=gt, args=args))
