@@ -78,10 +78,11 @@ def prepare_data(dataset: str, root: Optional[str] = None, test_fraction: float 
     return tr, te
 
 
-def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digits", model: Optional[str] = None,
-             optimizer: Any = "sgd:lr=0.5", delay: Any = None, steps: int = 100,
-             iid: bool = True, sizes=None, seed: int = 0, scheme_options: Optional[dict] = None,
-             data=None, records_path: Optional[Path] = None, zero_init: bool = False,
+def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digits",
+             model: Optional[str] = None, optimizer: Any = "sgd:lr=0.5", delay: Any = None,
+             steps: int = 100, iid: bool = True, sizes=None, seed: int = 0,
+             scheme_options: Optional[dict] = None, data=None,
+             records_path: Optional[Path] = None, zero_init: bool = False,
              dtype: torch.dtype = torch.float32, adaptive: bool = False,
              control: Optional[dict] = None, overwrite: bool = False,
              **config) -> tuple[list, dict]:
@@ -95,6 +96,7 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
     default (:func:`pgc_hvd.schemes.stragglers_for`: 0 for dgd, which refuses s > 0 here too;
     an experiment that runs DGD beside the schemes of budget s passes
     :func:`pgc_hvd.schemes.setting_stragglers`)."""
+    s = stragglers_for(scheme, n, s)
     from pgc_hvd.control.rule import ControlConfig, adaptive_default
     if adaptive_default(scheme, adaptive):
         from pgc_hvd.control.sim import SimController
@@ -105,7 +107,7 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
     tr, te = data if data is not None else prepare_data(dataset, seed=seed)
     task = build_task(model or default_model(tr), tr, seed=seed, zero_init=zero_init, dtype=dtype)
     make_opt = make_optimizer(optimizer)
-    sch = get_scheme(scheme, n, stragglers_for(scheme, n, s),
+    sch = get_scheme(scheme, n, s,
                      **remedy_scheme_options(scheme, scheme_options, param_groups_of(make_opt),
                                              config.get("momentum_correction", True)))
     parts = partition(tr.y, n, iid=iid, sizes=sizes, seed=seed)

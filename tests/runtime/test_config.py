@@ -227,4 +227,5 @@ def test_the_cross_rank_fields_are_the_checked_values():
     fields = cross_rank_fields(c)
     assert fields["stragglers"] == 2 and fields["compression"] == TopK(0.1)
     assert fields["scheme"] == "pgc-cr" and fields["options"] == {}
-    assert fields["extra"]["wire dtype"] == "float32" and fields["extra"]["metrics (names)"] == ["acc"]
+    assert fields["extra"]["wire dtype"] == "float32"
+    assert fields["extra"]["metrics (names)"] == ["acc"]
