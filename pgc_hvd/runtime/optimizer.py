@@ -291,7 +291,7 @@ class PGCOptimizer(_StateDicts):
 
     @property
     def agent(self) -> CommAgent:
-        """This rank's communication agent (decisions, ``c_changes``, ``bad_log``)."""
+        """This rank's communication agent (decisions, ``staleness_changes``, ``bad_log``)."""
         return self._pgc_agent
 
     @property

@@ -325,14 +325,14 @@ def check_staleness_bound():
             raise AssertionError(f"set_staleness_bound({bad!r}) accepted")
     opt.set_staleness_bound(2)
     run(m, opt, 4, loader)
-    assert opt.staleness_bound == 2 and opt.agent.c_changes == [(0, 2)], opt.agent.c_changes
+    assert opt.staleness_bound == 2 and opt.agent.staleness_changes == [(0, 2)], opt.agent.staleness_changes
     save_checkpoint(tmp, m, opt)
     m2 = model()
     opt2 = build(m2, "cb-b", options={"c": 3})
     load_checkpoint(tmp, m2, opt2)
     assert opt2.staleness_bound == 2
     run(m2, opt2, 6, loader)
-    assert opt2.staleness_bound == 2 and opt2.agent.c_changes == []
+    assert opt2.staleness_bound == 2 and opt2.agent.staleness_changes == []
     same_on_all_ranks(m2, "cb")
     os.remove(f"{tmp}.rank{hvd.rank()}")
     m3 = model()
