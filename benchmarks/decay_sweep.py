@@ -39,14 +39,16 @@ def _run(job):
     torch.set_num_threads(1)
     from pgc_hvd.delays import Exponential
     from pgc_hvd.metrics.targets import first_at_least
+    from pgc_hvd.schemes import setting_stragglers
     from pgc_hvd.sim.run import simulate
     if workload == "softmax":
-        recs, _ = simulate(scheme, 12, 3, dataset="digits", model="softmax",
+        recs, _ = simulate(scheme, 12, setting_stragglers(scheme, 3), dataset="digits",
+                           model="softmax",
                            optimizer="sgd:lr=2.0", delay=Exponential(1.0, seed=1000 * seed + 14),
                            steps=300, scheme_options=opts, partition_time=1.0, batch_size=4,
                            seed=seed)
         return {"losses": [r.loss for r in recs], "times": [r.time for r in recs]}
-    recs, _ = simulate(scheme, 4, 1, dataset="digits", model="cnn",
+    recs, _ = simulate(scheme, 4, setting_stragglers(scheme, 1), dataset="digits", model="cnn",
                        optimizer="sgd:lr=0.05,momentum=0.9",
                        delay=Exponential(1.0, seed=1000 * seed + 12), steps=400,
                        scheme_options=opts, partition_time=1.0, batch_size=16, seed=seed,

@@ -50,8 +50,9 @@ def worker(args) -> None:
     import horovod.torch as hvd
     import torch
 
-    from pgc_hvd.compress import DenseCodec, from_horovod, make_codec
+    from pgc_hvd.compress import DenseCodec, make_codec
     from pgc_hvd.runtime.agent import CommAgent, Outgoing
+    from pgc_hvd.runtime.config import horovod_wire_dtype
     from pgc_hvd.schemes import default_stragglers, get_scheme
 
     torch.set_num_threads(1)
@@ -72,10 +73,10 @@ def worker(args) -> None:
         return times, []
 
     def run_pgc(scheme, fp16, reduce):
-        wire = from_horovod(hvd.Compression.fp16 if fp16 else hvd.Compression.none)
+        wire = horovod_wire_dtype(hvd.Compression.fp16 if fp16 else hvd.Compression.none)
         codec = (make_codec(d, None, complex_messages=False, wire_dtype=wire) if fp16
                  else DenseCodec(d))
-        sch = get_scheme(scheme, n, default_stragglers(scheme))
+        sch = get_scheme(scheme, n, default_stragglers(scheme, n))
         agent = CommAgent(hvd, sch, rank, d, 1, codec=codec, device="cpu", timeout=300,
                           name=f"bench-{scheme}-{int(fp16)}-{reduce}", optimistic=False,
                           narrow_reduce=reduce)

@@ -223,7 +223,7 @@ def _agent_class():
             self.ring_size, self.metrics = scheme.lookback, 0
             self.ctrl_len = ctrl_len(self.ring_size, 0)
             self.book = ArrivalBook(self.n, self.ring_size, 0)
-            self.step, self.control_rounds, self.c_changes = 0, 0, []
+            self.step, self.control_rounds, self.staleness_changes = 0, 0, []
             self._ended_at, self._last_rows, self._last_round_at = None, None, 0.0
             self.timeout, self.channel = 3600.0, channel
             self.fired = 0

@@ -62,12 +62,14 @@ def run_one(scheme: str, optimizer: str, correction: str, seed: int, steps: int,
     code = f"""
 import json, torch
 from pgc_hvd.metrics.targets import first_at_least
+from pgc_hvd.schemes import setting_stragglers
 from pgc_hvd.sim.run import simulate, prepare_data
 torch.set_num_threads(1)
 if {correction == 'force'}:      # the correction on a scheme outside its scope (--scope)
     import pgc_hvd.sim.engine as engine
     engine.applies_to = lambda scheme: True
-recs, summ = simulate({scheme!r}, 4, 1, dataset="digits", model="cnn", optimizer={optimizer!r},
+recs, summ = simulate({scheme!r}, 4, setting_stragglers({scheme!r}, 1), dataset="digits",
+    model="cnn", optimizer={optimizer!r},
     delay={delay.format(s=seed + 1)!r}, steps={steps}, seed={seed},
     data=prepare_data("digits", seed={seed}), batch_size=16, partition_time=1.0, eval_every=5,
     momentum_correction={correction != 'off'})

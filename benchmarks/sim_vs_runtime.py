@@ -151,7 +151,7 @@ def simulate(res: dict, scheme: str, comm_path: str, plane: str, policy: str,
     cm = load_fit(comm_path, plane=plane, **kw)
     cfg = SimConfig(steps=res["steps"], delay=res["delay"], partition_time=run["partition_time"],
                     comm=cm, straggler_policy=policy, diagnostics=False, eval_every=0)
-    sim = TimingSimulator(get_scheme(scheme, n, default_stragglers(scheme)), res["d"], cfg)
+    sim = TimingSimulator(get_scheme(scheme, n, default_stragglers(scheme, n)), res["d"], cfg)
     recs = sim.run()
     w = res["warmup"]
     meas = recs[w:]

@@ -1,6 +1,6 @@
 """``pgc-hvd`` command line: one entry point, one subcommand per job.
 
-    pgc-hvd report codes --n 100 --s 20,24     decode norms, residuals, decode times per code
+    pgc-hvd report codes --n 100 --stragglers 20,24   decode norms, residuals, decode times per code
 
 Subcommands are registered lazily so that ``pgc-hvd --help`` does not import torch.
 """

@@ -13,7 +13,7 @@
 2. **Protocol cost.** The real runtime spends time per step outside compute (control rounds,
    allgather, decode): p_t = step_time_t - max over the ranks used of busy_t; its mean is charged
    as a fixed per-step decode time in the simulator.
-3. **Candidates.** DGD, and for s in ``--s-values``: IS-SGD, GC-CR, PGC-CR, BCGC, simulated with
+3. **Candidates.** DGD, and for s in ``--stragglers``: IS-SGD, GC-CR, PGC-CR, BCGC, simulated with
    the fitted per-rank delays, tau, the protocol cost, the run's number of steps and the model
    and data given (``--model``, ``--dataset``, ``--batch-size``, ``--lr``), ``continue`` policy.
 4. **Ranking.** By predicted time to accuracy: simulated time to ``--target-accuracy``
@@ -103,9 +103,9 @@ def observations(run_dir: Path, partition_time: Optional[float] = None) -> dict:
     if not recs:
         raise ValueError(f"{rec_path}: no records with per-rank busy seconds")
     n, scheme_name, s = recs[0]["n"], recs[0]["scheme"], recs[0]["s"]
-    from pgc_hvd.schemes import get_scheme
-    # dgd takes s = 0 only; records written before it refused s > 0 may say s = 1
-    sch = get_scheme(scheme_name, n, 0 if scheme_name == "dgd" else s)
+    from pgc_hvd.schemes import get_scheme, setting_stragglers
+    # dgd takes s = 0 only; records written before it refused s > 0 may say the setting's s
+    sch = get_scheme(scheme_name, n, setting_stragglers(scheme_name, s))
     k = np.array([[max(1, len(sch.work_plan(w, r["step"]).evaluate)) for w in range(n)] for r in recs], float)
     busy = np.array([r["busy"] for r in recs], dtype=float)
     all_wait = all(len(r["workers_used"]) == n for r in recs)
@@ -313,7 +313,9 @@ def main(argv=None) -> int:
     p.add_argument("--target-loss", type=float, default=None, help="default: the run's summary")
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="rank by time to this validation accuracy instead of the loss")
-    p.add_argument("--s-values", default="1,2")
+    p.add_argument("--stragglers", dest="s_values", default="1,2",
+                   help="comma-separated straggler budgets s to try (default 1,2)")
+    p.add_argument("--s-values", dest="s_values", help=argparse.SUPPRESS)   # the old spelling
     p.add_argument("--steps", type=int, default=None, help="default: the run's")
     p.add_argument("--partition-time", type=float, default=None,
                    help="seconds per partition (default: estimated from the records)")
@@ -324,9 +326,9 @@ def main(argv=None) -> int:
     try:
         s_values = [int(x) for x in a.s_values.split(",") if x.strip()]
     except ValueError:
-        p.error(f"--s-values must be comma-separated integers, got {a.s_values!r}")
+        p.error(f"--stragglers must be comma-separated integers, got {a.s_values!r}")
     if not s_values or min(s_values) < 1:
-        p.error(f"--s-values needs straggler budgets >= 1, got {a.s_values!r}")
+        p.error(f"--stragglers needs straggler budgets >= 1, got {a.s_values!r}")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps must be >= 1 (or left out: the run's), got {a.steps}")
     if a.partition_time is not None and not a.partition_time > 0:
@@ -352,7 +354,7 @@ def main(argv=None) -> int:
     n = res["observations"]["n"]
     dropped = sorted(s for s in s_values if s >= n)
     if dropped:
-        print(f"[advise] --s-values {dropped} skipped: s must be below n = {n}")
+        print(f"[advise] --stragglers {dropped} skipped: s must be below n = {n}")
     print(format_report(res))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))

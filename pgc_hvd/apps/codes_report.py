@@ -1,6 +1,6 @@
 """Decode-quality report: ||a_I||_1, residual and decode time per code.
 
-    pgc-hvd report codes --n 100 --s 20,24 [--patterns 200] [--seed 0] [--codes ...]
+    pgc-hvd report codes --n 100 --stragglers 20,24 [--patterns 200] [--seed 0] [--codes ...]
 
 A code is a name, optionally with integer options: ``rs:stride=1`` is the Reed-Solomon code on
 consecutive evaluation points (see :mod:`pgc_hvd.codes.reed_solomon`).
@@ -109,7 +109,9 @@ def format_table(rows: Sequence[CodeFigures]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="pgc-hvd report codes", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=100, help="number of workers (default 100)")
-    p.add_argument("--s", default="20,24", help="comma-separated straggler budgets (default 20,24)")
+    p.add_argument("--stragglers", dest="s", default="20,24",
+                   help="comma-separated straggler budgets s (default 20,24)")
+    p.add_argument("--s", dest="s", help=argparse.SUPPRESS)   # the old spelling
     p.add_argument("--patterns", type=int, default=200, help="straggler patterns sampled per code and s")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--codes", default=",".join(DEFAULT_CODES),
@@ -118,13 +120,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         ss = [int(x) for x in args.s.split(",") if x.strip()]
     except ValueError:
-        p.error(f"--s must be comma-separated integers, got {args.s!r}")
+        p.error(f"--stragglers must be comma-separated integers, got {args.s!r}")
     if not ss:
-        p.error(f"--s names no straggler budget: {args.s!r}")
+        p.error(f"--stragglers names no straggler budget: {args.s!r}")
     if args.n < 1:
         p.error(f"--n is the number of workers and must be >= 1, got {args.n}")
     if min(ss) < 0:
-        p.error(f"--s budgets must be >= 0, got {args.s!r}")
+        p.error(f"--stragglers budgets must be >= 0, got {args.s!r}")
     if args.patterns < 1:
         p.error(f"--patterns must be >= 1, got {args.patterns}")
     names = [c.strip() for c in args.codes.split(",") if c.strip()]

@@ -151,12 +151,14 @@ def run_one(spec: dict, out: str, quick: bool, data_dir=None) -> dict:
     import torch
     torch.set_num_threads(1)
     from pgc_hvd.delays import Exponential
+    from pgc_hvd.schemes import setting_stragglers
     from pgc_hvd.sim.run import simulate
     data = _data(data_dir)
     optimizer, correction = spec["optimizer"], spec["correction"]
     s, seed = spec["s"], spec["seed"]
     t0 = time.perf_counter()
-    recs, summ = simulate(spec["scheme"], N, s, data=data, model=MODEL, optimizer=optimizer,
+    recs, summ = simulate(spec["scheme"], N, setting_stragglers(spec["scheme"], s), data=data,
+                          model=MODEL, optimizer=optimizer,
                           delay=Exponential(1.0, seed=1000 * seed + s + 11),
                           steps=spec["max_steps"], scheme_options=spec["opts"],
                           partition_time=1.0, batch_size=BATCH, seed=seed,

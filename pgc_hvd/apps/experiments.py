@@ -40,6 +40,7 @@ from pgc_hvd.compress import TopK
 from pgc_hvd.delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
 from pgc_hvd.metrics.targets import first_reaching
 
+from pgc_hvd.schemes import setting_stragglers
 from pgc_hvd.sim.run import prepare_data, simulate
 
 from .tables import log as _log, table as _table, write_experiment
@@ -77,7 +78,8 @@ def exp_pgc(out: Path, quick: bool) -> tuple[list, str]:
                 for name, opts in schemes:
                     label = f"{name}_s{s}_mean{mean:g}" + (f"_seed{seed}" if seed else "")
                     _log(f"[pgc] {label}")
-                    recs, summ = simulate(name, n, s, data=data, optimizer=PGC_OPTIMIZER,
+                    recs, summ = simulate(name, n, setting_stragglers(name, s), data=data,
+                                          optimizer=PGC_OPTIMIZER,
                                           delay=Exponential(mean, seed=int(mean * 10) + s + 1000 * seed),
                                           steps=steps, scheme_options=opts, partition_time=1.0,
                                           batch_size=PGC_BATCH, seed=seed,
@@ -226,7 +228,8 @@ def exp_bcgc(out: Path, quick: bool, datasets=None) -> tuple[list, str]:
             for label0, scheme, comp, opts in BCGC_SCHEMES:
                 label = f"{dname}_s{s}_{label0}"
                 _log(f"[bcgc] {label}")
-                recs, summ = simulate(scheme, n, s, data=data, model=model, optimizer=opt,
+                recs, summ = simulate(scheme, n, setting_stragglers(scheme, s), data=data,
+                                      model=model, optimizer=opt,
                                       delay=FixedStragglers(n, s, 0.1, seed=s), steps=steps,
                                       zero_init=True,
                                       compression=None if comp is None else

@@ -49,7 +49,7 @@ from typing import Optional
 
 import numpy as np
 
-from pgc_hvd.schemes import get_scheme
+from pgc_hvd.schemes import get_scheme, setting_stragglers
 
 from pgc_hvd.sim.comm import CollectiveModel, load_fit, parse_comm_model
 from pgc_hvd.delays import DelayTrace, Exponential, LogNormal, Replay
@@ -108,7 +108,7 @@ def hvd_time_per_step(D: np.ndarray, n: int, d: int, cm: CollectiveModel) -> flo
 
 def _run(scheme: str, n: int, d: int, steps: int, trace, cm: CollectiveModel) -> tuple:
     """(time per step, the records after warm-up) of one time-only run."""
-    s = 0 if scheme == "dgd" else stragglers(n)
+    s = setting_stragglers(scheme, stragglers(n))
     cfg = SimConfig(steps=steps, delay=Replay(trace), partition_time=PARTITION_TIME, comm=cm,
                     diagnostics=False, eval_every=0)
     recs = TimingSimulator(get_scheme(scheme, n, s), d, cfg).run()

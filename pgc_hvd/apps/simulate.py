@@ -44,7 +44,10 @@ def main(argv=None) -> int:
                                 description="One simulated run: n virtual workers, real gradients, virtual time.")
     p.add_argument("--scheme", default="pgc-cr")
     p.add_argument("--n", type=int, default=12)
-    p.add_argument("--s", type=int, default=1)
+    p.add_argument("--stragglers", "--straggler-budget", dest="s", type=int, default=None,
+                   help="straggler budget s (default: the scheme's, 1; 0 for dgd, which waits "
+                        "for every worker and takes 0 only)")
+    p.add_argument("--s", dest="s", type=int, help=argparse.SUPPRESS)   # the old spelling
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option, e.g. c=2, r=2, decoder=min-error")
     p.add_argument("--dataset", default="digits")
@@ -150,6 +153,16 @@ def main(argv=None) -> int:
         control = parse_options(a.control, "--control")
     except ValueError as err:
         p.error(str(err))
+    from pgc_hvd.schemes import scheme_class
+    try:
+        scheme_cls = scheme_class(a.scheme)
+    except ValueError as err:
+        p.error(f"--scheme: {err}")
+    try:
+        if a.s is not None:
+            scheme_cls.check_stragglers(a.s, a.n)
+    except ValueError as err:
+        p.error(f"--stragglers {a.s}: {err}")
     try:
         delay = Recording(parse_delay(a.delay))
     except (ValueError, OSError) as err:   # a bad spec, or a missing or damaged replay: trace

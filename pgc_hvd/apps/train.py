@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pgc-hvd train", description=__doc__.split("\n\n")[0])
     p.add_argument("--scheme", default="pgc-cr")
     p.add_argument("--stragglers", "--straggler-budget", dest="s", type=int, default=None,
-                   help="straggler budget s (default 1; dgd, which waits for every rank, takes 0 "
-                        "only; not `--s`: horovodrun would take it for its own)")
+                   help="straggler budget s (default: the scheme's, 1; 0 for dgd, which waits "
+                        "for every rank and takes 0 only, and on one rank; not `--s`: "
+                        "horovodrun would take it for its own)")
     p.add_argument("--dataset", default="digits",
                    help="digits, breast_cancer, wine, iris, generated (in memory), or cifar10 / "
                         "imagefolder: torchvision's CIFAR10 / ImageFolder from --data-dir, fed "
@@ -135,13 +136,16 @@ def main(argv=None) -> int:
         parser.error(str(err))
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
-    dgd = args.scheme.lower() == "dgd"
-    if args.s is None:
-        args.s = 0 if dgd else 1
-    elif dgd and args.s != 0:
-        parser.error(f"--stragglers {args.s}: dgd waits for every rank and tolerates no "
-                     "stragglers; pass --stragglers 0 (or leave it out), or choose a scheme that "
-                     "uses s (is-sgd, pgc-cr, bcgc, gc-cr)")
+    from pgc_hvd.schemes import scheme_class
+    try:
+        scheme_cls = scheme_class(args.scheme)
+    except ValueError as err:
+        parser.error(f"--scheme: {err}")
+    try:   # the scheme's check of s; its range in n = hvd.size() is the optimizer's, the same
+        if args.s is not None:
+            scheme_cls.check_stragglers(args.s)
+    except ValueError as err:
+        parser.error(f"--stragglers {args.s}: {err}")
     if args.workers < 0:
         parser.error(f"--workers is a number of DataLoader processes and must be >= 0, got "
                      f"{args.workers}")
@@ -261,7 +265,7 @@ def main(argv=None) -> int:
         final_test = data.evaluate(task, "test")
         used = [len(r["workers_used"]) for r in recs]
         summary = {
-            "scheme": args.scheme, "n": n, "s": args.s, "scheme_options": scheme_options,
+            "scheme": args.scheme, "n": n, "s": opt.scheme.s, "scheme_options": scheme_options,
             "device": device.type,
             "channel": args.channel,
             "steps": args.steps,

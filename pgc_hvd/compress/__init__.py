@@ -3,12 +3,13 @@
 * :class:`TopK`, :func:`parse_compression`: top-kappa settings, one kappa(d) rule, one spelling
   (``topk:RATIO[,ef=0|1][,method=exact|threshold]``);
 * :mod:`~pgc_hvd.compress.codecs`: dense, complex and sparse payload rows, error-feedback memory,
-  fp16 messages (:class:`Fp16Codec`; :func:`from_horovod` maps ``hvd.Compression.none/fp16``);
+  fp16 messages (:class:`Fp16Codec`; ``hvd.Compression.none/fp16`` are mapped to a wire dtype
+  by the optimizer's configuration, :func:`pgc_hvd.runtime.config.wire_format`);
 * :mod:`~pgc_hvd.compress.transport`: which collective carries a step's messages, from the bytes.
 """
 
 from pgc_hvd.compress.codecs import (Codec, ComplexCodec, DenseCodec, Fp16Codec, Fp16SparseCodec,
-                                     ResidualMemory, SparseCodec, SparseComplexCodec, from_horovod,
+                                     ResidualMemory, SparseCodec, SparseComplexCodec, WIRE_DTYPES,
                                      make_codec)
 from pgc_hvd.compress.topk import TopK, parse_compression
 from pgc_hvd.compress.transport import (allreduce_bytes, alltoall_reduce_bytes, choose_collective,
@@ -16,5 +17,5 @@ from pgc_hvd.compress.transport import (allreduce_bytes, alltoall_reduce_bytes, 
 
 __all__ = ["TopK", "parse_compression", "Codec", "DenseCodec", "ComplexCodec", "SparseCodec",
            "SparseComplexCodec", "Fp16Codec", "Fp16SparseCodec", "ResidualMemory", "make_codec",
-           "from_horovod", "choose_collective", "optimistic_default", "allreduce_bytes",
+           "WIRE_DTYPES", "choose_collective", "optimistic_default", "allreduce_bytes",
            "alltoall_reduce_bytes"]

@@ -23,7 +23,7 @@ codec                         width     row
 ============================  ========  ===========================================
 
 fp16 wire (:class:`Fp16Codec`, ``make_codec(..., wire_dtype=torch.float16)``, Horovod's
-``hvd.Compression.fp16``, see :func:`pgc_hvd.compress.from_horovod`): the dense message is
+``hvd.Compression.fp16``, mapped by :func:`pgc_hvd.runtime.config.wire_format`): the dense message is
 rounded to float16 when encoded, so a payload row is 2d + 4 bytes instead of 4d (half the bytes
 in the optimistic rows and the data allgather), and the allreduce of the ranks' weighted
 contributions runs in float16 too (half the bytes, 2 (n-1)/n * 2d). See :class:`Fp16Codec` for
@@ -398,7 +398,8 @@ def fp16_finite(x: torch.Tensor) -> bool:
     return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
-_WIRE_DTYPES = (torch.float32, torch.float16)
+#: the wire dtypes a codec exists for (the dtype of the payload values and of the allreduce)
+WIRE_DTYPES = (torch.float32, torch.float16)
 
 
 def make_codec(d: int, compression: Optional[TopK], *, complex_messages: bool,
@@ -406,18 +407,17 @@ def make_codec(d: int, compression: Optional[TopK], *, complex_messages: bool,
                wire_dtype: Optional[torch.dtype] = None) -> Codec:
     """The codec for messages of d entries under ``compression`` (None: dense).
 
-    ``wire_dtype``: None or ``torch.float32`` (default, fp32 payloads and allreduce) or
-    ``torch.float16`` (the value :func:`pgc_hvd.compress.from_horovod` returns for
-    ``hvd.Compression.fp16``): :class:`Fp16Codec` for dense real messages,
+    ``compression`` and ``wire_dtype`` are typed values, as the optimizer's configuration
+    (:meth:`pgc_hvd.runtime.config.RuntimeConfig.checked`, which maps Horovod's
+    ``compression`` keyword) and the simulator give them. ``wire_dtype``: None or
+    ``torch.float32`` (default, fp32 payloads and allreduce) or ``torch.float16``
+    (``hvd.Compression.fp16``): :class:`Fp16Codec` for dense real messages,
     :class:`Fp16SparseCodec` (fp16 values, int32 indices) with ``TopK``; not for complex
     (Reed-Solomon) messages."""
-    if wire_dtype is not None and wire_dtype not in _WIRE_DTYPES:
+    if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
         raise ValueError(f"wire_dtype={wire_dtype!r}: use torch.float32 (default) or "
                          f"torch.float16 (fp16 messages, like hvd.Compression.fp16)")
     if wire_dtype == torch.float16:
-        if compression is not None and not isinstance(compression, TopK):
-            raise TypeError(f"compression must be None or pgc_hvd.compress.TopK(...), got "
-                            f"{compression!r}")
         if complex_messages:
             raise ValueError("fp16 messages (wire_dtype=torch.float16, hvd.Compression.fp16) "
                              "apply to real codes only; the Reed-Solomon scheme (rs) sends "
@@ -425,46 +425,6 @@ def make_codec(d: int, compression: Optional[TopK], *, complex_messages: bool,
         return Fp16Codec(d) if compression is None else Fp16SparseCodec(d, compression, memory)
     if compression is None:
         return ComplexCodec(d) if complex_messages else DenseCodec(d)
-    if not isinstance(compression, TopK):
-        raise TypeError(f"compression must be None or pgc_hvd.compress.TopK(...), got "
-                        f"{compression!r}")
     if complex_messages:
         return SparseComplexCodec(d, compression)
     return SparseCodec(d, compression, memory)
-
-
-def from_horovod(compression) -> torch.dtype:
-    """The wire dtype for one of Horovod's compression settings, for
-    ``make_codec(..., wire_dtype=from_horovod(compression))``:
-
-    * ``hvd.Compression.none`` (``horovod.torch.compression.NoneCompressor``) or None ->
-      ``torch.float32``;
-    * ``hvd.Compression.fp16`` (``FP16Compressor``) -> ``torch.float16`` (:class:`Fp16Codec`:
-      2d + 4 bytes per payload row, the allreduce in fp16).
-
-    Anything else raises TypeError naming the supported values (Horovod's own compressors work
-    on a tensor per collective; pgc_hvd codes messages and sparsifies them with its own
-    :class:`~pgc_hvd.compress.TopK`). Horovod is imported only here, only when needed."""
-    if compression is None:
-        return torch.float32
-    wire = getattr(compression, "pgc_wire_dtype", None)    # pgc_hvd.torch.Compression.*
-    if wire in ("float32", "float16"):
-        return getattr(torch, wire)
-    try:
-        from horovod.torch.compression import FP16Compressor, NoneCompressor
-    except ImportError as err:
-        raise TypeError(f"compression={compression!r} looks like a Horovod compressor, but "
-                        f"horovod.torch cannot be imported ({err})") from None
-
-    def is_(cls) -> bool:
-        return compression is cls or isinstance(compression, cls) or (
-            isinstance(compression, type) and issubclass(compression, cls))
-
-    if is_(FP16Compressor):      # checked first: a subclass of neither is refused below
-        return torch.float16
-    if is_(NoneCompressor):
-        return torch.float32
-    raise TypeError(f"Horovod compression {compression!r} is not supported by pgc_hvd: use "
-                    f"hvd.Compression.none (fp32 messages) or hvd.Compression.fp16 (fp16 "
-                    f"messages, half the bytes); for sparsification use pgc_hvd's own "
-                    f"compression=pgc_hvd.compress.TopK(ratio) (top-kappa with error feedback)")

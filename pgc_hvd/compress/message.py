@@ -75,7 +75,9 @@ def topk_message(dense: torch.Tensor, kappa: int, *, error_feedback: bool = Fals
 class MessageEncoder:
     """Forms and encodes one worker's coded messages of d entries (module doc).
 
-    ``compression``: None (dense) or :class:`TopK`; error feedback (``TopK(ef=True)``) keeps
+    ``compression``: None (dense) or :class:`TopK` (typed values, trusted: the optimizer's
+    configuration checks them, :meth:`pgc_hvd.runtime.config.RuntimeConfig.checked`); error
+    feedback (``TopK(ef=True)``) keeps
     the residual u - C(u) in :attr:`residual` for real messages; ``complex_messages`` for
     Reed-Solomon codes; ``wire_dtype`` float16 for fp16 payloads. ``rows=False`` (the
     simulator): no payload-row codec; :meth:`compress` keeps payloads as tensors or
@@ -84,15 +86,12 @@ class MessageEncoder:
 
     def __init__(self, d: int, compression: Optional[TopK], *, complex_messages: bool,
                  device=None, wire_dtype: Optional[torch.dtype] = None, rows: bool = True):
-        if compression is not None and not isinstance(compression, TopK):
-            raise TypeError(f"compression must be None or pgc_hvd.compress.TopK(...), got "
-                            f"{compression!r}")
         self.d = int(d)
         self.compression = compression
         #: entries a compressed message keeps (None: dense messages)
         self.kappa: Optional[int] = None if compression is None else compression.kappa(self.d)
         self.complex = bool(complex_messages)
-        memory = (ResidualMemory(d, device) if rows and isinstance(compression, TopK) and
+        memory = (ResidualMemory(d, device) if rows and compression is not None and
                   compression.error_feedback and not complex_messages else None)
         self.codec = (make_codec(d, compression, complex_messages=complex_messages,
                                  memory=memory, wire_dtype=wire_dtype) if rows else None)

@@ -75,10 +75,10 @@ gradients) or stay with their owner while they sit in the scheme's staleness tab
 staleness: the owner contributes them when a later decision uses them).
 
 Staleness bound (bounded staleness, docs/control.md): rank 0 may request another bound c
-(:meth:`CommAgent.request_c_bound`, e.g. from the control rule). The request travels in rank 0's
+(:meth:`CommAgent.request_staleness_bound`, e.g. from the control rule). The request travels in rank 0's
 control rows; every rank sets ``scheme.staleness_bound`` when a control round shows a value that differs
 from its own, before offering that round's arrivals. The rows are the same on every rank, so the
-change takes effect at the same point of the decision sequence everywhere (``c_changes`` logs
+change takes effect at the same point of the decision sequence everywhere (``staleness_changes`` logs
 ``(step, c)``), whatever the ranks' timing.
 
 Faults: every collective runs asynchronously and is polled with a deadline (``timeout``): a rank
@@ -116,7 +116,7 @@ from pgc_hvd.runtime.arrivals import ArrivalBook
 from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
-from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE,
+from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_STALENESS_BOUND, CTRL_DONE,
                                   CTRL_FAILED, ctrl_len, metrics_at, not_decided_message,
                                   pack_row)
 from pgc_hvd.schemes import Decision
@@ -205,7 +205,7 @@ class DecisionBody:
                              f"stopping rank {self.rank}", failed_ranks=failed)
         if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
             return END
-        self._apply_c_bound(int(ctl[0][CTRL_C_BOUND]))
+        self._apply_staleness_bound(int(ctl[0][CTRL_STALENESS_BOUND]))
         book.see_ready(ctl)
         ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
         if ended and self.step >= min(ended) and not any(
@@ -259,12 +259,12 @@ class DecisionBody:
             self.book.forget_before(self.step - 32)
         self._round = self.scheme.open_round(self.step)
 
-    def _apply_c_bound(self, c: int) -> None:
+    def _apply_staleness_bound(self, c: int) -> None:
         """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
         sch = self.scheme
         if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
             sch.staleness_bound = c
-            self.c_changes.append((self.step, c))
+            self.staleness_changes.append((self.step, c))
 
     def _check_stuck(self, ctl, rnd) -> None:
         """Raise when the scheme says the open round can no longer fire
@@ -333,7 +333,7 @@ class CommAgent(DecisionBody):
         self.control_rounds = 0
         self._busy_prev = [0.0] * self.n
         self._c_request: Optional[int] = None   # rank 0: staleness bound to request
-        self.c_changes: list[tuple[int, int]] = []
+        self.staleness_changes: list[tuple[int, int]] = []
         if isinstance(metrics, bool) or not isinstance(metrics, int) or metrics < 0:
             raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
                              f"values each message carries in its control row (default 0)")
@@ -371,7 +371,7 @@ class CommAgent(DecisionBody):
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
-    def request_c_bound(self, c: int) -> None:
+    def request_staleness_bound(self, c: int) -> None:
         """Ask every rank to decide with staleness bound ``c`` from the next control round on
         (see the module doc); only rank 0's request is sent."""
         with self.cond:
@@ -709,4 +709,4 @@ class CommAgent(DecisionBody):
             return {"offered": sizes["offered"], "meta": sizes["meta"],
                     "cache": len(self.comm.cache), "outbox": len(self._outbox),
                     "updates": self.held_updates, "pool": self.pool.free_buffers,
-                    "bad_log": sizes["bad_log"], "c_changes": len(self.c_changes)}
+                    "bad_log": sizes["bad_log"], "staleness_changes": len(self.staleness_changes)}

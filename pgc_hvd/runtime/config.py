@@ -1,11 +1,13 @@
 """The optimizer's configuration: Horovod's keywords mapped, every default, every local check.
 
 Owns :class:`RuntimeConfig` (the arguments of :func:`pgc_hvd.DistributedOptimizer` in one frozen
-object), the mapping of Horovod's keywords (``compression=hvd.Compression.fp16``, ``op=hvd.Sum``,
-the fusion options), every default (the straggler budget's is
-:func:`pgc_hvd.schemes.default_stragglers`, written once, below both engines) and every check
-that needs no collective, each once and before any collective, each error naming the argument
-and the fix. It also lists the fields every rank compares at construction
+object), the mapping of Horovod's keywords (``compression=hvd.Compression.fp16`` to a typed
+top-kappa setting and wire dtype, :func:`wire_format`; ``op=hvd.Sum``, the fusion options),
+every default (the straggler budget's is the scheme's,
+:meth:`pgc_hvd.schemes.protocol.Scheme.default_stragglers`, written once, below both engines)
+and every check that needs no collective, each once and before any collective, each error
+naming the argument and the fix; :meth:`RuntimeConfig.checked` returns the typed values the
+encoder and codecs trust. It also lists the fields every rank compares at construction
 (:func:`cross_rank_fields`; the comparison itself is :mod:`pgc_hvd.runtime.consistency`'s).
 
 May import: ``options``, ``delays``, ``compress``, ``schemes``, ``control`` (layers below
@@ -16,16 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import math
-import operator
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from pgc_hvd.compress import TopK
+from pgc_hvd.compress import WIRE_DTYPES, TopK
 from pgc_hvd.options import is_count
-from pgc_hvd.schemes import default_stragglers
+from pgc_hvd.schemes import default_stragglers, stragglers_for
+
+log = logging.getLogger("pgc_hvd.runtime")
 
 #: ``straggler_policy`` values (the simulator's option of the same name)
 POLICIES = ("continue", "cancel")
@@ -54,24 +58,13 @@ def takes_three(fn) -> bool:
     return pos >= 3
 
 
-def _check_arguments(n: int, *, stragglers, compression, delays, records, timeout, poll_interval,
-                     on_record, on_update, replay_arrivals, scheme_options, optimistic=None):
-    """Type and range checks of DistributedOptimizer's arguments, before any collective, each
-    error naming the argument. Returns (s as an int, delays as a DelayModel or None); a delay
-    spec string (``"exp:mean=0.1,seed=1"``) is parsed as the simulator's ``--delay``."""
+def _check_arguments(n: int, *, delays, records, timeout, poll_interval,
+                     on_record, on_update, replay_arrivals, optimistic):
+    """Type and range checks of the arguments that need nothing but n, before any collective,
+    each error naming the argument. Returns delays as a DelayModel or None (a delay spec
+    string, ``"exp:mean=0.1,seed=1"``, parsed as the simulator's ``--delay``)."""
     from pgc_hvd.delays import check_workers, parse_delay
 
-    if isinstance(stragglers, bool):
-        raise TypeError("stragglers must be an int (the straggler budget s), got a bool")
-    try:
-        s = operator.index(stragglers)
-    except TypeError:
-        raise TypeError(f"stragglers must be an int (the straggler budget s), got "
-                        f"{stragglers!r}") from None
-    if compression is not None and not isinstance(compression, TopK):
-        raise TypeError(f"compression must be None (dense messages) or "
-                        f"pgc_hvd.compress.TopK(...), got {compression!r}; Horovod's "
-                        f"hvd.Compression does not apply here")
     if optimistic is not None and not isinstance(optimistic, bool):
         raise TypeError(f"optimistic must be None (by message size), True or False, got "
                         f"{optimistic!r}")
@@ -97,24 +90,84 @@ def _check_arguments(n: int, *, stragglers, compression, delays, records, timeou
         if not 0 <= int(w) < n:
             raise ValueError(f"replay_arrivals names worker {w}, outside [0, n) = [0, {n}): "
                              "was the schedule recorded with another number of ranks?")
-    if (scheme_options or {}).get("decoder") == "min-error" and compression is None:
-        raise ValueError("decoder='min-error' picks the complete class whose messages lost least "
-                         "to compression (sum of ||C(u_i) - u_i||), so it needs compressed "
-                         "messages: pass compression=pgc_hvd.compress.TopK(...), or use "
-                         "decoder='n-s' for dense ones")
-    return s, delays
+    return delays
+
+
+def wire_format(compression, wire_dtype: Optional[torch.dtype] = None
+                ) -> tuple[Optional[TopK], torch.dtype]:
+    """The ``compression`` keyword as ``(top-kappa setting or None, wire dtype)``, the typed
+    pair the encoder and codecs take as it is:
+
+    * None -> dense fp32 messages; :class:`~pgc_hvd.compress.TopK` -> top-kappa messages;
+    * Horovod's ``hvd.Compression.none`` / ``hvd.Compression.fp16`` (or ``pgc_hvd.torch``'s
+      names for them) -> dense messages on an fp32 / fp16 wire (:func:`horovod_wire_dtype`).
+
+    ``wire_dtype`` (None: fp32 unless the compression says fp16) may ask for fp16 values with
+    ``TopK``; anything else, or a Horovod compression that says another dtype, is refused."""
+    if compression is None or isinstance(compression, TopK):
+        topk, wire = compression, torch.float32 if wire_dtype is None else wire_dtype
+    else:
+        topk, wire = None, horovod_wire_dtype(compression)
+        if wire_dtype is not None and wire_dtype != wire:
+            raise ValueError(f"compression={compression!r} sends {wire} messages, but "
+                             f"wire_dtype={wire_dtype!r} was also given: give one of them")
+    if wire not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype must be torch.float32 (default) or torch.float16 (fp16 "
+                         f"messages, as hvd.Compression.fp16), got {wire!r}")
+    return topk, wire
+
+
+def horovod_wire_dtype(compression) -> torch.dtype:
+    """The wire dtype of one of Horovod's compression settings:
+
+    * ``hvd.Compression.none`` (``horovod.torch.compression.NoneCompressor``) or None ->
+      ``torch.float32``;
+    * ``hvd.Compression.fp16`` (``FP16Compressor``) -> ``torch.float16``
+      (:class:`~pgc_hvd.compress.Fp16Codec`: 2d + 4 bytes per payload row, the allreduce in
+      fp16);
+    * ``pgc_hvd.torch.Compression.none`` / ``.fp16``: the same, without Horovod.
+
+    Anything else raises TypeError naming what works (Horovod's own compressors work on a
+    tensor per collective; pgc_hvd codes messages and sparsifies them with its own
+    :class:`~pgc_hvd.compress.TopK`). Horovod is imported only here, only when needed."""
+    if compression is None:
+        return torch.float32
+    wire = getattr(compression, "pgc_wire_dtype", None)    # pgc_hvd.torch.Compression.*
+    if wire in ("float32", "float16"):
+        return getattr(torch, wire)
+    works = ("use None or hvd.Compression.none (fp32 messages) or hvd.Compression.fp16 (fp16 "
+             "messages, half the bytes); for sparsification use pgc_hvd's own "
+             "compression=pgc_hvd.compress.TopK(ratio) (top-kappa with error feedback)")
+    try:
+        from horovod.torch.compression import FP16Compressor, NoneCompressor
+    except ImportError as err:
+        raise TypeError(f"compression={compression!r} is not pgc_hvd's, and horovod.torch "
+                        f"cannot be imported to read it as Horovod's ({err}): {works}") from None
+
+    def is_(cls) -> bool:
+        return compression is cls or isinstance(compression, cls) or (
+            isinstance(compression, type) and issubclass(compression, cls))
+
+    if is_(FP16Compressor):      # checked first: a subclass of neither is refused below
+        return torch.float16
+    if is_(NoneCompressor):
+        return torch.float32
+    raise TypeError(f"compression={compression!r} is not supported by pgc_hvd: {works}")
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     """The keyword arguments of :func:`DistributedOptimizer` (its docstring says what each
     means), in one object. :meth:`checked` validates them for a world of n ranks before any
-    collective (:func:`_check_arguments`, then the choices below), parses a delay spec string,
-    normalises the replayed arrivals, and returns the config the optimizer is built from."""
+    collective and returns the config the optimizer is built from, whose fields are typed and
+    trusted from there on: ``stragglers`` an int (the scheme's default resolved),
+    ``compression`` a :class:`~pgc_hvd.compress.TopK` or None and ``wire_dtype`` a torch
+    dtype (Horovod's ``compression`` keyword mapped, :func:`wire_format`), ``delays`` a delay
+    model or None, the replayed arrivals as int pairs."""
 
     scheme: str = "pgc-cr"
-    stragglers: Optional[int] = None     # None: default_stragglers(scheme)
-    compression: Any = None
+    stragglers: Optional[int] = None     # None: the scheme's default (checked: an int)
+    compression: Any = None              # checked: TopK or None (Horovod's mapped)
     delays: Any = None
     records: Any = None
     scheme_options: Optional[dict] = None
@@ -129,18 +182,23 @@ class RuntimeConfig:
     control: str = DEFAULT_CONTROL
     backward_passes_per_step: int = 1
     op_scale: float = 1.0
-    wire_dtype: Optional[str] = None     # "float16": dense messages travel as fp16
+    wire_dtype: Optional[torch.dtype] = None   # checked: torch.float32, or float16 (fp16 wire)
     metrics: tuple = ()                  # names of the user metrics step(metrics=) carries
     momentum_correction: bool = True     # pgc_hvd.control.momentum (stale gradients' momentum)
 
     def checked(self, n: int) -> "RuntimeConfig":
-        stragglers = (default_stragglers(self.scheme) if self.stragglers is None
-                      else self.stragglers)
-        s, delays = _check_arguments(
-            n, stragglers=stragglers, compression=self.compression, delays=self.delays,
-            records=self.records, timeout=self.timeout, poll_interval=self.poll_interval,
-            on_record=self.on_record, on_update=self.on_update,
-            replay_arrivals=self.replay_arrivals, scheme_options=self.scheme_options,
+        """This config checked for n ranks, with typed fields (class doc); TypeError or
+        ValueError naming the argument and the fix. ``stragglers`` is the scheme's check and
+        default (:func:`pgc_hvd.schemes.stragglers_for`); one rank (n = 1, e.g. ``python
+        train.py`` to debug) has no straggler to tolerate, so the default is then s = 0, and a
+        warning says so (once per optimizer), while an explicit ``stragglers`` >= 1 is refused
+        there like any s > n - 1, with the fix. Checking a checked config changes nothing."""
+        s = stragglers_for(self.scheme, n, self.stragglers)
+        compression, wire_dtype = wire_format(self.compression, self.wire_dtype)
+        delays = _check_arguments(
+            n, delays=self.delays, records=self.records,
+            timeout=self.timeout, poll_interval=self.poll_interval, on_record=self.on_record,
+            on_update=self.on_update, replay_arrivals=self.replay_arrivals,
             optimistic=self.optimistic)
         if self.control not in CONTROLS:
             raise ValueError(f"control must be 'allgather', 'store' or 'log', "
@@ -151,9 +209,15 @@ class RuntimeConfig:
         replay = ([(int(w), int(k)) for w, k in self.replay_arrivals]
                   if self.replay_arrivals else None)
         from pgc_hvd.control.momentum import parse_momentum_correction
-        return dataclasses.replace(self, stragglers=s, delays=delays, name=str(self.name),
-                                   momentum_correction=parse_momentum_correction(
-                                       self.momentum_correction),
+        correction = parse_momentum_correction(self.momentum_correction)
+        if self.stragglers is None and s < default_stragglers(self.scheme):
+            # one rank (python train.py, to debug) has no straggler to tolerate: say so, once
+            log.warning("pgc_hvd: %s runs with s = 0 stragglers on %d rank (the default s = %d "
+                        "needs n >= 2 ranks); pass stragglers=0 to say so, or start more ranks",
+                        self.scheme, n, default_stragglers(self.scheme))
+        return dataclasses.replace(self, stragglers=s, compression=compression,
+                                   wire_dtype=wire_dtype, delays=delays, name=str(self.name),
+                                   momentum_correction=correction,
                                    scheme_options=dict(self.scheme_options or {}),
                                    timeout=float(self.timeout), replay_arrivals=replay)
 
@@ -163,7 +227,12 @@ class RuntimeConfig:
         return self.straggler_policy == "cancel"
 
     def check_scheme(self, scheme) -> None:
-        """The checks that need the built scheme (``straggler_policy="cancel"``'s limits)."""
+        """The checks that need the built scheme: the minimum-error decoder's need of
+        compressed messages (:meth:`~pgc_hvd.schemes.protocol.Scheme.check_error_norms`) and
+        ``straggler_policy="cancel"``'s limits."""
+        scheme.check_error_norms(self.compression is not None,
+                                 "pass compression=pgc_hvd.compress.TopK(...), or use "
+                                 "decoder='n-s' for dense messages")
         if not self.cancel:
             return
         if scheme.late_usable:
@@ -177,9 +246,6 @@ class RuntimeConfig:
         """The steps ``rank`` computes in the replayed schedule, in order (it skips the others,
         as in the run the order came from)."""
         return sorted({k for w, k in self.replay_arrivals or () if w == rank})
-
-    def wire(self) -> Optional[torch.dtype]:
-        return None if self.wire_dtype is None else getattr(torch, self.wire_dtype)
 
     def effective_optimistic(self, codec, device, n: int) -> bool:
         """``optimistic``, or by default: small payloads ride with the control rows
@@ -206,7 +272,7 @@ def cross_rank_fields(config: RuntimeConfig) -> dict:
             "options": config.scheme_options, "compression": config.compression,
             "control": config.control, "name": config.name, "optimistic": optimistic_field,
             "replay": config.replay_arrivals,
-            "extra": {"wire dtype": config.wire_dtype or "float32",
+            "extra": {"wire dtype": str(config.wire_dtype).replace("torch.", ""),
                       "op (update factor)": config.op_scale,
                       "backward_passes_per_step": config.backward_passes_per_step,
                       "metrics (names)": list(config.metrics),
@@ -263,18 +329,16 @@ def metric_values(names: tuple, metrics) -> tuple:
 
 
 # -- Horovod's keywords --------------------------------------------------------------------
-def from_horovod(hvd, *, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                 num_groups, groups, sparse_as_dense, process_set, metrics) -> dict:
-    """The :class:`RuntimeConfig` fields that Horovod's keywords map to: ``compression`` and
-    ``wire_dtype`` (:func:`horovod_compression`), ``op_scale`` (:func:`horovod_op`),
-    ``backward_passes_per_step`` and ``metrics`` (checked); the fusion and sparse keywords are
-    checked and otherwise accepted (:func:`horovod_fusion_options`)."""
-    compression, wire_dtype = horovod_compression(compression)
+def from_horovod(hvd, *, backward_passes_per_step, op, gradient_predivide_factor, num_groups,
+                 groups, sparse_as_dense, process_set, metrics) -> dict:
+    """The :class:`RuntimeConfig` fields that Horovod's keywords map to: ``op_scale``
+    (:func:`horovod_op`), ``backward_passes_per_step`` and ``metrics`` (checked); the fusion
+    and sparse keywords are checked and otherwise accepted (:func:`horovod_fusion_options`).
+    ``compression`` is mapped by :meth:`RuntimeConfig.checked` (:func:`wire_format`)."""
     op_scale = horovod_op(hvd, op, gradient_predivide_factor)
     horovod_fusion_options(hvd, backward_passes_per_step, num_groups, groups, sparse_as_dense,
                            process_set)
-    return {"compression": compression, "wire_dtype": wire_dtype, "op_scale": op_scale,
-            "backward_passes_per_step": int(backward_passes_per_step),
+    return {"op_scale": op_scale, "backward_passes_per_step": int(backward_passes_per_step),
             "metrics": metric_names(metrics)}
 
 
@@ -286,18 +350,6 @@ def metric_names(metrics) -> tuple:
         raise ValueError(f"metrics {list(metrics)}: names must be distinct and not 'step', "
                          f"'loss' or 'ranks'")
     return tuple(metrics)
-
-
-def horovod_compression(compression):
-    """``(compression, wire dtype name)``: Horovod's ``hvd.Compression.none`` -> dense fp32,
-    ``hvd.Compression.fp16`` -> dense messages with a float16 wire format
-    (:func:`pgc_hvd.compress.from_horovod`); pgc_hvd's :class:`TopK` as it is (fp32 values);
-    anything else is refused naming what works."""
-    if compression is None or isinstance(compression, TopK):
-        return compression, None
-    from pgc_hvd.compress import from_horovod as wire_of
-    wire = wire_of(compression)
-    return None, (None if wire == torch.float32 else str(wire).replace("torch.", ""))
 
 
 def horovod_op(hvd, op, predivide) -> float:

@@ -71,13 +71,13 @@ import torch
 from pgc_hvd.runtime.arrivals import END
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.schemes import Decision
-from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_C_BOUND, CTRL_DONE,
+from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_STALENESS_BOUND, CTRL_DONE,
                                   CTRL_FAILED, CTRL_READY_STEP, CTRL_VERSION, pack_row)
 
 log = logging.getLogger("pgc_hvd.runtime")
 
 #: the row fields that describe the rank, not its message (taken from its latest row)
-STATE_FIELDS = (CTRL_BUSY, CTRL_BAD_STEP, CTRL_DONE, CTRL_FAILED, CTRL_C_BOUND)
+STATE_FIELDS = (CTRL_BUSY, CTRL_BAD_STEP, CTRL_DONE, CTRL_FAILED, CTRL_STALENESS_BOUND)
 _STOP = -1.0          # the rank word of the entry that stops rank 0's reader thread
 _ERR = "pgc-log-error:"
 

@@ -45,7 +45,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         scheme: any name of :func:`pgc_hvd.schemes.get_scheme` (``dgd``, ``pgc-cr``, ``bcgc``,
             ``gc-cr``, ``bounded-staleness``, ...); n = ``hvd.size()``.
         stragglers: the straggler budget s; default (None): 0 for ``dgd`` (it waits for every
-            rank), 1 for every other scheme.
+            rank), 1 for every other scheme, and 0 on a single rank (``python train.py``: a
+            warning says so once; :meth:`~pgc_hvd.schemes.protocol.Scheme.default_stragglers`).
         compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback);
             Horovod's ``hvd.Compression.none`` (dense) and ``hvd.Compression.fp16`` (dense
             messages travel as float16: half the bytes) are accepted.
@@ -149,14 +150,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     # the user's unnamed Horovod collectives are named by their own count, never by Horovod's
     # handle counter, which pgc_hvd's agent advances at rank-dependent moments
     name_unnamed_ops(hvd)
-    horovod = from_horovod(hvd, compression=compression,
-                           backward_passes_per_step=backward_passes_per_step, op=op,
+    horovod = from_horovod(hvd, backward_passes_per_step=backward_passes_per_step, op=op,
                            gradient_predivide_factor=gradient_predivide_factor,
                            num_groups=num_groups, groups=groups, sparse_as_dense=sparse_as_dense,
                            process_set=process_set, metrics=metrics)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), facade_methods())
     config = RuntimeConfig(
-        scheme=scheme, stragglers=stragglers, delays=delays, records=records,
+        scheme=scheme, stragglers=stragglers, compression=compression, delays=delays,
+        records=records,
         scheme_options=scheme_options, timeout=timeout, poll_interval=poll_interval, name=name,
         on_record=on_record, on_update=on_update, replay_arrivals=replay_arrivals,
         straggler_policy=straggler_policy, optimistic=optimistic, control=control,

@@ -49,7 +49,7 @@ def set_rng_state(rng: dict) -> None:
 
 
 def pgc_part(version: int, scheme, rank: int, capture, encoder, busy: float,
-             c_bound: Optional[int], *, copy: bool = True) -> dict:
+             staleness_bound: Optional[int], *, copy: bool = True) -> dict:
     """This rank's ``"pgc"`` part (tensors cloned with ``copy``, referenced without)."""
     keep = (lambda b: b.clone()) if copy else (lambda b: b)
     residual = encoder.residual
@@ -60,7 +60,7 @@ def pgc_part(version: int, scheme, rank: int, capture, encoder, busy: float,
         "slot_versions": list(capture.worker_ring.versions),
         "residual": None if residual is None else keep(residual),
         "busy": busy,
-        "c_bound": c_bound,
+        "staleness_bound": staleness_bound,
         "rng": rng_state(),
         "trace_position": {"worker": int(rank), "step": int(version)},
     }
@@ -89,7 +89,8 @@ def load_pgc_state(opt, state: dict, source: str, *, capture, encoder, sender,
     opt.version = int(state["version"])
     restore_pgc_part(state, capture, encoder)
     sender.busy = float(state.get("busy", 0.0))
-    staleness.restore(state.get("c_bound"))
+    # "c_bound": the key's name in states saved before it was "staleness_bound"
+    staleness.restore(state.get("staleness_bound", state.get("c_bound")))
 
 
 def load_torch_state(optimizer, sd: dict, load) -> None:

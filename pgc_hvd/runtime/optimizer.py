@@ -190,7 +190,7 @@ class PGCOptimizer(_StateDicts):
         worker_ring = Ring(self.scheme, self.rank)   # slot versions, plans, the unfilled-slot rule
         self._pgc_encoder = MessageEncoder(lay.numel, config.compression,
                                            complex_messages=worker_ring.complex,
-                                           device=lay.device, wire_dtype=config.wire())
+                                           device=lay.device, wire_dtype=config.wire_dtype)
         self._pgc_capture = GradientCapture(
             lay, worker_ring, ring_mode=bool(self.scheme.pipelined or worker_ring.complex),
             passes_per_step=config.backward_passes_per_step,
@@ -291,7 +291,7 @@ class PGCOptimizer(_StateDicts):
 
     @property
     def agent(self) -> CommAgent:
-        """This rank's communication agent (decisions, ``c_changes``, ``bad_log``)."""
+        """This rank's communication agent (decisions, ``staleness_changes``, ``bad_log``)."""
         return self._pgc_agent
 
     @property

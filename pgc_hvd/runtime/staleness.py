@@ -2,7 +2,7 @@
 
 Owns c_0 (the bound the optimizer was built with: buffers and control rows are sized for it)
 and the checks of a requested bound. The one writer of the scheme's bound while training runs is
-the agent thread (:meth:`~pgc_hvd.runtime.agent.CommAgent.request_c_bound`: rank 0's request
+the agent thread (:meth:`~pgc_hvd.runtime.agent.CommAgent.request_staleness_bound`: rank 0's request
 travels in its control rows and every rank applies it at the same control round); before the
 first step a restored checkpoint sets it directly (:meth:`StalenessKnob.restore`).
 
@@ -40,11 +40,11 @@ class StalenessKnob:
         if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= c <= self.c0:
             raise ValueError(f"staleness bound c must be an integer in [1, {self.c0}] (the c "
                              f"this optimizer was built with), got {c!r}")
-        self.agent.request_c_bound(int(c))
+        self.agent.request_staleness_bound(int(c))
 
     def restore(self, c: Optional[int]) -> None:
         """Before the first step: a checkpoint's bound. Every rank restores its own value;
         rank 0's request makes them agree at once."""
         if c is not None and self.c0 is not None:
             self.scheme.staleness_bound = int(c)
-            self.agent.request_c_bound(int(c))
+            self.agent.request_staleness_bound(int(c))

@@ -3,24 +3,24 @@
 Owns the row's layout, its packing (:func:`pack_row`) and parsing, and what is read back from
 the rows alone (:func:`used_metrics`, :func:`not_decided_message`). May import: torch.
 
-======================  ==========================================================================
-field                   meaning
-======================  ==========================================================================
-``CTRL_READY_STEP``     step of the oldest message not yet offered, -1 when none
-``CTRL_VERSION``        model version that message was computed at
-``CTRL_READY_TIME``     ``time.time()`` when it became ready (orders arrivals across ranks)
-``CTRL_LOSS``           training loss reported with it (nan when none)
-``CTRL_BUSY``           cumulative busy seconds of the rank's training thread
-``CTRL_BAD_STEP``       newest step whose message held NaN/Inf, -1 when none
-``CTRL_DONE``           1 when the rank's training loop has finished
-``CTRL_FAILED``         1 when the rank's training thread raised
-``CTRL_PAYLOAD``        1 when the message's payload follows this row in the same allgather
-``CTRL_C_BOUND``        rank 0 only: the staleness bound c requested for the scheme, -1 = none
-``CTRL_ERROR``          ||C(u) - u||, the message's compression error (nan when not sent)
-``CTRL_FIXED`` + i      version of ring slot i of the message (``ring_size`` entries, -1 padded)
-``metrics_at(r)`` + j   user metric j reported with the message (``metrics`` = k entries, fixed when
-                        the agent is built, default 0; nan when none), :func:`metric_values`
-======================  ==========================================================================
+========================  ==========================================================================
+field                     meaning
+========================  ==========================================================================
+``CTRL_READY_STEP``       step of the oldest message not yet offered, -1 when none
+``CTRL_VERSION``          model version that message was computed at
+``CTRL_READY_TIME``       ``time.time()`` when it became ready (orders arrivals across ranks)
+``CTRL_LOSS``             training loss reported with it (nan when none)
+``CTRL_BUSY``             cumulative busy seconds of the rank's training thread
+``CTRL_BAD_STEP``         newest step whose message held NaN/Inf, -1 when none
+``CTRL_DONE``             1 when the rank's training loop has finished
+``CTRL_FAILED``           1 when the rank's training thread raised
+``CTRL_PAYLOAD``          1 when the message's payload follows this row in the same allgather
+``CTRL_STALENESS_BOUND``  rank 0 only: the staleness bound c requested for the scheme, -1 = none
+``CTRL_ERROR``            ||C(u) - u||, the message's compression error (nan when not sent)
+``CTRL_FIXED`` + i        version of ring slot i of the message (``ring_size`` entries, -1 padded)
+``metrics_at(r)`` + j     user metric j reported with the message (``metrics`` = k entries, fixed
+                          when the agent is built, default 0; nan when none), :func:`metric_values`
+========================  ==========================================================================
 
 A row is ``ctrl_len(ring_size, metrics)`` = 11 + ring_size + k float64 words, 8 (11 + L + k)
 bytes per rank per control round.
@@ -46,7 +46,7 @@ CTRL_BAD_STEP = 5
 CTRL_DONE = 6
 CTRL_FAILED = 7
 CTRL_PAYLOAD = 8
-CTRL_C_BOUND = 9
+CTRL_STALENESS_BOUND = 9
 CTRL_ERROR = 10
 CTRL_FIXED = 11
 
@@ -104,7 +104,7 @@ def pack_row(row: torch.Tensor, out=None, *, ring_size: int, metrics: int = 0, b
     row[CTRL_FAILED] = 1.0 if failed else 0.0
     row[CTRL_PAYLOAD] = 1.0 if payload else 0.0
     if c_request is not None:
-        row[CTRL_C_BOUND] = c_request
+        row[CTRL_STALENESS_BOUND] = c_request
     return row
 
 

@@ -25,8 +25,10 @@ Protocol (full text in :mod:`pgc_hvd.schemes.protocol`, which engines code again
 """
 
 from .protocol import Arrival, Decision, Round, Scheme, Use, WorkPlan, weighted_sum
-from .registry import SCHEMES, default_stragglers, get_scheme, scheme_class
+from .registry import (SCHEMES, default_stragglers, get_scheme, scheme_class, setting_stragglers,
+                       stragglers_for)
 from .ring import MessageForm, Ring
 
-__all__ = ["get_scheme", "default_stragglers", "scheme_class", "SCHEMES", "Scheme", "Round", "Arrival", "Decision", "Use", "WorkPlan",
+__all__ = ["get_scheme", "default_stragglers", "stragglers_for", "setting_stragglers",
+           "scheme_class", "SCHEMES", "Scheme", "Round", "Arrival", "Decision", "Use", "WorkPlan",
            "weighted_sum", "Ring", "MessageForm"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Optional
 
 from .bounded_staleness import BoundedStalenessScheme
 from .coded import (BCGCScheme, CyclicMDSScheme, GCCRScheme, GCFRScheme, GFRCScheme, GMDSScheme,
@@ -31,11 +32,28 @@ SCHEMES = {
 }
 
 
-def default_stragglers(name: str) -> int:
-    """The straggler budget s when none is given: 0 for ``dgd`` (it waits for every worker and
-    tolerates no straggler), 1 for every other scheme. The one place this default is written
-    (``DistributedOptimizer(stragglers=None)``, the benchmarks)."""
-    return 0 if str(name).lower() == "dgd" else 1
+def default_stragglers(name: str, n: Optional[int] = None) -> int:
+    """The straggler budget s of scheme ``name`` when none is given, for n workers (None: any
+    n >= 2): 0 for ``dgd`` (it waits for every worker and tolerates no straggler) and for
+    n = 1, 1 otherwise (:meth:`~pgc_hvd.schemes.protocol.Scheme.default_stragglers`, where it
+    is written)."""
+    return scheme_class(name).default_stragglers(n)
+
+
+def stragglers_for(name: str, n: Optional[int], s=None) -> int:
+    """The straggler budget a run of scheme ``name`` over n workers uses: ``s`` checked
+    (:meth:`~pgc_hvd.schemes.protocol.Scheme.check_stragglers`: an int in [0, n - 1], 0 for
+    dgd; n None: not known yet) or, when None, the scheme's default. Every engine and command
+    line resolves s here."""
+    cls = scheme_class(name)
+    return cls.default_stragglers(n) if s is None else cls.check_stragglers(s, n)
+
+
+def setting_stragglers(name: str, s: int) -> int:
+    """The budget scheme ``name`` runs with in an experiment setting of budget s: s, or 0 for
+    dgd, which the papers run beside the schemes of budget s
+    (:meth:`~pgc_hvd.schemes.protocol.Scheme.setting_stragglers`)."""
+    return scheme_class(name).setting_stragglers(s)
 
 
 def scheme_options(name: str) -> list[str]:
@@ -55,8 +73,9 @@ def get_scheme(name: str, n: int, s: int, **options) -> Scheme:
     """Build scheme ``name`` for n workers and straggler budget s (see module docs).
 
     Every scheme uses the s it is given; ``dgd``, which waits for all n workers, takes s = 0
-    only (a larger s is a ValueError, not silently ignored; see
-    :class:`~pgc_hvd.schemes.synchronous.DGDScheme`)."""
+    only (a larger s is a ValueError, not silently ignored;
+    :meth:`~pgc_hvd.schemes.protocol.Scheme.check_stragglers`). For the default s, or to check
+    s before building, :func:`stragglers_for`."""
     key = scheme_class(name).name
     allowed = scheme_options(key)
     bad = sorted(set(options) - set(allowed))

@@ -49,11 +49,8 @@ class FirstCompleteRound(Round):
         errors = {}
         for w in self.arrived:
             e = self.arrivals[w].error_norm
-            if e is None:
-                raise ValueError(
-                    f"{sch.name} with decoder='min-error' needs Arrival.error_norm "
-                    f"(||C(g^_i) - g^_i||) from every worker; worker {w} sent none"
-                )
+            sch.check_error_norms(e is not None, f"worker {w}'s arrival has no error_norm "
+                                                 f"(||C(g^_i) - g^_i||)")
             errors[w] = float(e)
         j = min_error_class(sch.code.classes, self.arrived, errors)
         members = sch.code.classes[j]

@@ -12,28 +12,23 @@ from pgc_hvd.codes import get_code
 
 from .protocol import Scheme
 from .rounds import FirstKRound
-from .validation import check_scheme_n_s
 
 
 class DGDScheme(Scheme):
     """Synchronous distributed gradient descent: every step waits for all n workers, so it
     tolerates no straggler and takes s = 0 only. A budget s > 0 is refused rather than ignored
     (a run asking for s = 1 would believe it tolerates a straggler): pass s = 0, ``is-sgd`` to
-    drop the s slowest, or a coded scheme to tolerate s exactly. The papers' experiments run
-    DGD beside schemes of budget s; :func:`pgc_hvd.sim.run.simulate` accepts that and runs (and
-    records) DGD with s = 0."""
+    drop the s slowest, or a coded scheme to tolerate s exactly
+    (:meth:`~pgc_hvd.schemes.protocol.Scheme.check_stragglers`). The papers' experiments run
+    DGD beside schemes of budget s: they ask for
+    :meth:`~pgc_hvd.schemes.protocol.Scheme.setting_stragglers` (0 here) explicitly."""
 
     name = "dgd"
     round_type = FirstKRound
     waits_for_all = True     # so s must be 0 (IS-SGD, which waits for n - s, sets False)
 
     def __init__(self, n: int, s: int = 0):
-        n, s = check_scheme_n_s(self.name, n, s)
-        if self.waits_for_all and s != 0:
-            raise ValueError(f"dgd waits for all n={n} workers and tolerates no stragglers, so "
-                             f"s={s} would be ignored; pass s=0 (stragglers=0, --stragglers 0), "
-                             f"or use 'is-sgd' to drop the s slowest, or a coded scheme "
-                             f"('pgc-cr', 'bcgc', 'gc-cr') to tolerate s stragglers exactly")
+        s = self.check_stragglers(s, n)
         super().__init__(n, s)
         self.code = get_code("uncoded", n, 0)
         self.wait_for = n

@@ -244,10 +244,9 @@ class Simulator:
         self.element_size = int(element_size)
         self.model_bytes = self.d * self.element_size
         self.kappa = (None if config.compression is None else config.compression.kappa(self.d))
-        if scheme.needs_error_norms and self.kappa is None:
-            raise ValueError(f"{scheme.name} with decoder='min-error' picks the class whose "
-                             "messages lost least to compression; it needs top-kappa compression "
-                             "(SimConfig.compression, pgc-hvd simulate --compression topk:0.05)")
+        scheme.check_error_norms(self.kappa is not None,
+                                 "SimConfig.compression (pgc-hvd simulate --compression "
+                                 "topk:0.05), or use decoder='n-s'")
         # state
         self.workers = []
         for w in range(self.n):

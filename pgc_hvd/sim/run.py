@@ -23,7 +23,7 @@ from pgc_hvd.data import load_dataset, partition, standardize, train_test_split
 from pgc_hvd.metrics.diagnostics import delay_histogram
 from pgc_hvd.metrics.records import RecordWriter
 from pgc_hvd.models import build_task, default_model
-from pgc_hvd.schemes import get_scheme
+from pgc_hvd.schemes import get_scheme, stragglers_for
 
 from .engine import SimConfig, Simulator
 
@@ -78,10 +78,11 @@ def prepare_data(dataset: str, root: Optional[str] = None, test_fraction: float 
     return tr, te
 
 
-def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Optional[str] = None,
-             optimizer: Any = "sgd:lr=0.5", delay: Any = None, steps: int = 100,
-             iid: bool = True, sizes=None, seed: int = 0, scheme_options: Optional[dict] = None,
-             data=None, records_path: Optional[Path] = None, zero_init: bool = False,
+def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digits",
+             model: Optional[str] = None, optimizer: Any = "sgd:lr=0.5", delay: Any = None,
+             steps: int = 100, iid: bool = True, sizes=None, seed: int = 0,
+             scheme_options: Optional[dict] = None, data=None,
+             records_path: Optional[Path] = None, zero_init: bool = False,
              dtype: torch.dtype = torch.float32, adaptive: bool = False,
              control: Optional[dict] = None, overwrite: bool = False,
              **config) -> tuple[list, dict]:
@@ -91,9 +92,11 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
     records go (one JSON line per step); an existing non-empty file there is refused unless
     ``overwrite=True``. Every argument is checked before that file is opened.
 
-    ``scheme="dgd"`` runs with s = 0 whatever ``s`` is: the papers' experiments run DGD, which
-    waits for every worker, beside the schemes of budget s, and this is the one place that
-    accepts it; its records and summary say s = 0 (``get_scheme("dgd", n, s)`` refuses s > 0)."""
+    ``s``: the straggler budget, checked as the optimizer checks it, or None for the scheme's
+    default (:func:`pgc_hvd.schemes.stragglers_for`: 0 for dgd, which refuses s > 0 here too;
+    an experiment that runs DGD beside the schemes of budget s passes
+    :func:`pgc_hvd.schemes.setting_stragglers`)."""
+    s = stragglers_for(scheme, n, s)
     from pgc_hvd.control.rule import ControlConfig, adaptive_default
     if adaptive_default(scheme, adaptive):
         from pgc_hvd.control.sim import SimController
@@ -103,9 +106,8 @@ def simulate(scheme: str, n: int, s: int, dataset: str = "digits", model: Option
         config.setdefault("diag_cost", True)
     tr, te = data if data is not None else prepare_data(dataset, seed=seed)
     task = build_task(model or default_model(tr), tr, seed=seed, zero_init=zero_init, dtype=dtype)
-    baseline = isinstance(scheme, str) and scheme.lower() == "dgd"
     make_opt = make_optimizer(optimizer)
-    sch = get_scheme(scheme, n, 0 if baseline else s,
+    sch = get_scheme(scheme, n, s,
                      **remedy_scheme_options(scheme, scheme_options, param_groups_of(make_opt),
                                              config.get("momentum_correction", True)))
     parts = partition(tr.y, n, iid=iid, sizes=sizes, seed=seed)

@@ -42,9 +42,8 @@ class TimingSimulator(Simulator):
 
     def __init__(self, scheme: Scheme, d: int, config: SimConfig, element_size: int = 4,
                  writer=None):
-        if scheme.needs_error_norms:
-            raise ValueError(f"{scheme.name} with decoder='min-error' ranks classes by the "
-                             "compression error of the real messages: use the full simulator")
+        scheme.check_error_norms(False, "the timing simulator has no messages to compress; "
+                                        "use the full simulator (pgc_hvd.sim.Simulator)")
         if config.partition_time is None:
             raise ValueError("TimingSimulator: give SimConfig.partition_time (seconds per "
                              "partition gradient); there are no gradients to measure")

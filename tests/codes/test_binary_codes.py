@@ -229,7 +229,7 @@ def test_streaming_class_decoder_stops_at_first_complete_class():
 def test_report_main_prints_every_code(capsys):
     from pgc_hvd.apps.codes_report import main
 
-    assert main(["--n", "12", "--s", "2,3", "--patterns", "5"]) == 0
+    assert main(["--n", "12", "--stragglers", "2,3", "--patterns", "5"]) == 0
     out = capsys.readouterr().out
     for name in ("bcgc", "gfrc", "fr", "gmds", "cr", "rs", "cyclic-mds"):
         assert name in out
@@ -257,7 +257,7 @@ def test_decode_input_is_checked():
     (["--patterns", "0"], "--patterns must be >= 1"),
     (["--n", "-3"], "--n is the number of workers and must be >= 1"),
     (["--n", "0"], "--n is the number of workers and must be >= 1"),
-    (["--s", "2,-1"], "--s budgets must be >= 0"),
+    (["--stragglers", "2,-1"], "--stragglers budgets must be >= 0"),
 ])
 def test_report_usage_errors(usage_error, argv, message):
     from pgc_hvd.apps.codes_report import main

@@ -56,8 +56,8 @@ def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(runs):
     res = json.loads((runs.ran("c").cwd / "result.json").read_text())
     acts = res["actions"]
     assert acts and acts[0]["knob"] == "c" and (acts[0]["old"], acts[0]["new"]) == (2, 1)
-    assert res["c_bounds"] == [1, 1] and res["lrs"] == [50.0, 50.0]
-    (change,), (change1,) = res["c_changes"]          # one change per rank, the same one
+    assert res["staleness_bounds"] == [1, 1] and res["lrs"] == [50.0, 50.0]
+    (change,), (change1,) = res["staleness_changes"]          # one change per rank, the same one
     assert change == change1 and change[1] == 1 and change[0] > acts[0]["step"]
     for r in res["records"]:
         assert r["c"] == (2 if r["step"] < change[0] else 1)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pgc_hvd.apps.control_experiment import control_delay
+from pgc_hvd.schemes import setting_stragglers
 from pgc_hvd.sim.run import prepare_data, simulate
 
 BUDGET = 100.0
@@ -20,7 +21,8 @@ def data():
 
 def run(data, lr, c, adaptive, control=None, scheme="bounded-staleness", **kw):
     opts = {"r": 2, "c": c} if scheme == "bounded-staleness" else {}
-    recs, summ = simulate(scheme, 8, 1, data=data, model="softmax", optimizer=f"sgd:lr={lr}",
+    recs, summ = simulate(scheme, 8, setting_stragglers(scheme, 1), data=data, model="softmax",
+                          optimizer=f"sgd:lr={lr}",
                           delay=control_delay(), steps=100000, max_time=BUDGET,
                           scheme_options=opts, partition_time=1.0, adaptive=adaptive,
                           control=control, **kw)

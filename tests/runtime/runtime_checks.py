@@ -27,6 +27,7 @@ import pgc_hvd
 
 hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 from pgc_hvd.runtime import AgentError, PartitionLoader, load_checkpoint, save_checkpoint
+from pgc_hvd.schemes import default_stragglers
 
 torch.set_num_threads(1)
 
@@ -158,7 +159,7 @@ def check_exact(schemes, opt_kwargs=None, tag=""):
     want = full_gradient_average(loader, n)
     before = flat_params(model()).double()
     for sch in schemes:
-        m, opt = train(sch, 1, s=0 if sch == "dgd" else 1, lr=1.0, name=f"exact{tag}-{sch}",
+        m, opt = train(sch, 1, s=default_stragglers(sch), lr=1.0, name=f"exact{tag}-{sch}",
                        loader=loader, opt_kwargs=opt_kwargs)
         got = before - flat_params(m).double()  # plain SGD, lr 1: the decoded update
         err = float((got - want).norm() / want.norm())
@@ -280,7 +281,7 @@ def check_momentum_correction(steps=10):
 
 
 def check_checkpoint(scheme="pgc-cr", steps=8, half=4):
-    s = 0 if scheme == "dgd" or hvd.size() == 1 else 1
+    s = default_stragglers(scheme, hvd.size())
     ref, _ = train(scheme, steps, s=s, momentum=0.9, name="ck-ref")
     tmp = os.path.join(tempfile.gettempdir(), f"pgc-ck-{os.environ.get('HOROVOD_HOSTNAME', '')}"
                        f"-{os.getppid()}")
@@ -324,14 +325,14 @@ def check_staleness_bound():
             raise AssertionError(f"set_staleness_bound({bad!r}) accepted")
     opt.set_staleness_bound(2)
     run(m, opt, 4, loader)
-    assert opt.staleness_bound == 2 and opt.agent.c_changes == [(0, 2)], opt.agent.c_changes
+    assert opt.staleness_bound == 2 and opt.agent.staleness_changes == [(0, 2)], opt.agent.staleness_changes
     save_checkpoint(tmp, m, opt)
     m2 = model()
     opt2 = build(m2, "cb-b", options={"c": 3})
     load_checkpoint(tmp, m2, opt2)
     assert opt2.staleness_bound == 2
     run(m2, opt2, 6, loader)
-    assert opt2.staleness_bound == 2 and opt2.agent.c_changes == []
+    assert opt2.staleness_bound == 2 and opt2.agent.staleness_changes == []
     same_on_all_ranks(m2, "cb")
     os.remove(f"{tmp}.rank{hvd.rank()}")
     m3 = model()

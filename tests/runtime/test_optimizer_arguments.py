@@ -1,5 +1,6 @@
-"""DistributedOptimizer's argument checks (they run before any collective, so they are tested
-here without Horovod ranks) and the train command's own checks."""
+"""The train command's own checks, TopK's and the loaders' (they run before any collective, so
+they are tested here without Horovod ranks); DistributedOptimizer's argument checks are
+RuntimeConfig's (tests/runtime/test_config.py)."""
 
 from __future__ import annotations
 
@@ -8,42 +9,7 @@ import os
 import pytest
 
 from pgc_hvd.compress import TopK
-from pgc_hvd.runtime.config import _check_arguments
 from pgc_hvd.apps.train import main as train_main
-from pgc_hvd.delays import Exponential
-
-
-def check(**overrides):
-    args = dict(stragglers=1, compression=None, delays=None, records=None, timeout=60.0,
-                poll_interval=0.002, on_record=None, on_update=None, replay_arrivals=None,
-                scheme_options=None)
-    args.update(overrides)
-    return _check_arguments(4, **args)
-
-
-def test_good_arguments_pass_and_a_delay_spec_is_parsed():
-    s, delays = check(delays="exp:mean=0.1,seed=1", compression=TopK(0.05))
-    assert s == 1 and isinstance(delays, Exponential)
-    assert check(delays=delays)[1] is delays
-    check(scheme_options={"decoder": "min-error"}, compression=TopK(0.05))
-
-
-@pytest.mark.parametrize("overrides, error, message", [
-    ({"stragglers": 1.9}, TypeError, "stragglers must be an int"),
-    ({"stragglers": True}, TypeError, "stragglers must be an int"),
-    ({"compression": "topk:0.01"}, TypeError, "TopK"),
-    ({"delays": 0.1}, TypeError, "sample\\(worker, step\\)"),
-    ({"records": "/tmp/records.jsonl"}, TypeError, "write\\(record\\)"),
-    ({"on_record": "print"}, TypeError, "on_record must be None or callable"),
-    ({"timeout": -1}, ValueError, "timeout must be finite seconds > 0"),
-    ({"poll_interval": 0}, ValueError, "poll_interval must be finite seconds > 0"),
-    ({"replay_arrivals": [(5, 0)]}, ValueError, "outside \\[0, n\\)"),
-    ({"scheme_options": {"decoder": "min-error"}}, ValueError,
-     "needs compressed messages: pass compression=pgc_hvd.compress.TopK"),
-])
-def test_bad_arguments_are_named(overrides, error, message):
-    with pytest.raises(error, match=message):
-        check(**overrides)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -64,7 +30,9 @@ def test_bad_topk(kwargs, message):
     (["--compression", "topk:abc"], "topk:RATIO"),
     (["--compression", "gzip:0.1"], "topk:RATIO"),
     (["--progress-every", "0"], "--progress-every is a number of steps and must be >= 1"),
-    (["--scheme", "dgd", "--stragglers", "1"], "--stragglers 1: dgd waits for every rank"),
+    (["--scheme", "dgd", "--stragglers", "1"], "--stragglers 1: dgd waits for all workers"),
+    (["--stragglers", "-1"], "--stragglers -1: pgc-cr: s (stragglers tolerated) must be >= 0"),
+    (["--scheme", "pgc"], "--scheme: unknown scheme 'pgc'"),
     (["--compute-time", "-1"], "--compute-time must be finite seconds >= 0"),
     (["--compute-time", "nan"], "--compute-time must be finite seconds >= 0"),
     (["--target-loss", "nan"], "--target-loss must be a finite loss"),

@@ -185,13 +185,38 @@ def test_invalid_scheme_parameters():
 
 def test_dgd_refuses_a_straggler_budget_it_would_ignore():
     """dgd waits for all n workers: s > 0 is an error naming the alternatives, not silently
-    dropped; is-sgd, its subclass, uses s. The experiment level (simulate) runs dgd beside
-    schemes of budget s with s = 0, and says so in its summary."""
+    dropped, in the scheme and in the simulator alike; is-sgd, its subclass, uses s. The
+    experiment level runs dgd beside schemes of budget s with s = 0, asked for explicitly
+    (setting_stragglers), and says so in its summary."""
     with pytest.raises(ValueError, match=r"dgd waits for all n=6 workers.*s=1 would be ignored.*"
                                          r"pass s=0.*is-sgd"):
         get_scheme("dgd", 6, 1)
     assert get_scheme("dgd", 6, 0).wait_for == 6
     assert get_scheme("is-sgd", 6, 2).wait_for == 4
+    from pgc_hvd.schemes import setting_stragglers
     from pgc_hvd.sim.run import simulate
-    recs, summary = simulate("dgd", 4, 1, model="softmax", steps=2, partition_time=0.1)
-    assert summary["s"] == 0 and all(r.s == 0 and len(r.workers_used) == 4 for r in recs)
+    with pytest.raises(ValueError, match=r"dgd waits for all n=4 workers.*s=1 would be ignored"):
+        simulate("dgd", 4, 1, model="softmax", steps=2, partition_time=0.1)
+    assert setting_stragglers("dgd", 1) == 0 and setting_stragglers("is-sgd", 1) == 1
+    for s in (setting_stragglers("dgd", 1), None):      # None: the scheme's default
+        recs, summary = simulate("dgd", 4, s, model="softmax", steps=2, partition_time=0.1)
+        assert summary["s"] == 0 and all(r.s == 0 and len(r.workers_used) == 4 for r in recs)
+
+
+def test_the_straggler_budget_lives_on_the_scheme():
+    """Its default (1; 0 for dgd and on one worker), its check (an int in [0, n - 1], 0 for
+    dgd; n may be unknown yet) and the resolution every engine and command line uses."""
+    from pgc_hvd.schemes import default_stragglers, scheme_class, stragglers_for
+    assert [default_stragglers(x) for x in ("pgc-cr", "bcgc", "is-sgd", "dgd")] == [1, 1, 1, 0]
+    assert [default_stragglers(x, 1) for x in ("pgc-cr", "bcgc", "is-sgd", "dgd")] == [0] * 4
+    assert stragglers_for("pgc-cr", 4) == 1 and stragglers_for("pgc-cr", 4, 3) == 3
+    assert stragglers_for("gc-cr", 1) == 0 and stragglers_for("DGD", 8) == 0
+    assert scheme_class("pgc-cr").check_stragglers(5) == 5      # n not known: range unchecked
+    with pytest.raises(ValueError, match=r"use s in \[0, 0\]"):
+        stragglers_for("pgc-cr", 1, 1)
+    with pytest.raises(ValueError, match=r"must be >= 0"):
+        scheme_class("pgc-cr").check_stragglers(-1)
+    with pytest.raises(ValueError, match=r"dgd waits for all workers"):
+        scheme_class("dgd").check_stragglers(2)
+    with pytest.raises(TypeError, match="stragglers must be an int"):
+        stragglers_for("pgc-cr", 4, 1.0)

@@ -10,7 +10,7 @@ from pgc_hvd.metrics.records import read_records
 
 
 def test_simulate_cli_writes_records_trace_and_replays(tmp_path, capsys):
-    args = ["simulate", "--scheme", "bcgc", "--n", "6", "--s", "2", "--steps", "4",
+    args = ["simulate", "--scheme", "bcgc", "--n", "6", "--stragglers", "2", "--steps", "4",
             "--partition-time", "0.5", "--delay", "exp:mean=1,seed=2", "--compression", "topk:0.1,ef=0"]
     assert main(args + ["--out", str(tmp_path / "a"), "--save-trace", str(tmp_path / "t.json")]) == 0
     first = list(read_records(tmp_path / "a" / "records.jsonl"))
@@ -63,11 +63,24 @@ def test_simulate_refuses_to_replace_an_earlier_run(tmp_path, usage_error):
     (["--compression", "gzip"], "use 'none' or a top-kappa spec"),
     (["--compression", "topk:k=5"], "takes a ratio"),
     (["--threads", "0"], "--threads must be >= 1"),
+    (["--scheme", "dgd"], "--stragglers 1: dgd waits for all n=4 workers"),
+    (["--stragglers", "4"], "--stragglers 4: pgc-cr: needs 0 <= s <= n-1"),
+    (["--scheme", "pgc"], "--scheme: unknown scheme 'pgc'"),
 ])
 def test_simulate_rejects_bad_values_before_writing(tmp_path, usage_error, bad, message):
     argv = ["simulate", "--n", "4", "--s", "1", "--out", str(tmp_path / "x")] + bad
     assert message in usage_error(main, argv)
     assert not (tmp_path / "x" / "records.jsonl").exists()
+
+
+def test_stragglers_is_the_flag_and_s_its_hidden_alias(capsys):
+    from pgc_hvd.apps.codes_report import main as codes_main
+    from pgc_hvd.apps.simulate import main as simulate_main
+    for cli in (simulate_main, codes_main):
+        with pytest.raises(SystemExit):
+            cli(["--help"])
+        text = capsys.readouterr().out
+        assert "--stragglers" in text and "--s " not in text and "--s," not in text
 
 
 def test_experiment_refuses_to_replace_results(tmp_path, usage_error):

@@ -40,12 +40,12 @@ while opt.version < steps:
 opt.close()
 levels = hvd.allgather_object(ctl.rule.level)
 lrs = hvd.allgather_object(opt.param_groups[0]["lr"])
-c_bounds = hvd.allgather_object(opt.staleness_bound)
-c_changes = hvd.allgather_object(list(opt.agent.c_changes))
+staleness_bounds = hvd.allgather_object(opt.staleness_bound)
+staleness_changes = hvd.allgather_object(list(opt.agent.staleness_changes))
 if hvd.rank() == 0:
     writer.close()
     recs = list(read_records(out / "records.jsonl"))
-    json.dump({"levels": levels, "lrs": lrs, "c_bounds": c_bounds, "c_changes": c_changes,
+    json.dump({"levels": levels, "lrs": lrs, "staleness_bounds": staleness_bounds, "staleness_changes": staleness_changes,
                "records": [{"step": r["step"], "c": r["extra"].get("c"), "max_age": r["max_age"],
                             "versions": r["versions"]} for r in recs],
                "n_records": len(recs),

@@ -1,0 +1,231 @@
+"""RuntimeConfig on its own, in one process: every default, every check (each error naming the
+argument and the fix), and the typed values ``checked`` hands the encoder and codecs
+(``stragglers: int``, ``compression: TopK | None``, ``wire_dtype: torch.dtype``), Horovod's
+``compression`` keyword mapped once."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import pgc_hvd.torch as pgc_torch
+from pgc_hvd.compress import Fp16Codec, Fp16SparseCodec, SparseCodec, TopK
+from pgc_hvd.compress.message import MessageEncoder
+from pgc_hvd.delays import Exponential
+from pgc_hvd.runtime.config import (CONTROLS, RuntimeConfig, cross_rank_fields,
+                                    horovod_wire_dtype, wire_format)
+from pgc_hvd.schemes import get_scheme
+
+LOGGER = "pgc_hvd.runtime"
+
+
+def checked(n=4, **fields):
+    return RuntimeConfig(**fields).checked(n)
+
+
+def one_process_notes(caplog):
+    return [r for r in caplog.records if r.name == LOGGER and "n >= 2 ranks" in r.getMessage()]
+
+
+# -- defaults ---------------------------------------------------------------------------------
+def test_defaults_are_typed_values():
+    c = checked(4)
+    assert c.scheme == "pgc-cr" and c.stragglers == 1 and type(c.stragglers) is int
+    assert c.compression is None and c.wire_dtype == torch.float32
+    assert c.delays is None and c.records is None and c.replay_arrivals is None
+    assert c.scheme_options == {} and c.name == "pgc" and c.timeout == 60.0
+    assert c.poll_interval == 0.002 and c.straggler_policy == "continue" and not c.cancel
+    assert c.optimistic is None and c.control in CONTROLS
+    assert c.backward_passes_per_step == 1 and c.op_scale == 1.0 and c.metrics == ()
+    assert c.momentum_correction is True
+
+
+def test_checking_a_checked_config_changes_nothing():
+    for fields in ({}, {"compression": pgc_torch.Compression.fp16},
+                   {"compression": TopK(0.1), "stragglers": 2, "delays": "exp:mean=0.1,seed=1",
+                    "replay_arrivals": [(np.int64(1), 0)]}):
+        once = checked(4, **fields)
+        assert once.checked(4) == once
+
+
+@pytest.mark.parametrize("scheme, n, s", [
+    ("pgc-cr", 4, 1), ("bcgc", 6, 1), ("bounded-staleness", 3, 1), ("is-sgd", 2, 1),
+    ("dgd", 4, 0),        # dgd waits for every rank: s = 0
+    ("pgc-cr", 1, 0), ("bcgc", 1, 0), ("dgd", 1, 0),      # one rank: nobody to wait less for
+])
+def test_the_straggler_default_is_the_schemes(scheme, n, s):
+    c = checked(n, scheme=scheme)
+    assert c.stragglers == s
+    get_scheme(scheme, n, c.stragglers)    # the scheme takes it
+
+
+def test_one_rank_with_the_default_runs_s0_and_says_so_once(caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    assert checked(1).stragglers == 0
+    (note,) = one_process_notes(caplog)
+    assert "pgc-cr runs with s = 0" in note.getMessage()
+    assert "stragglers=0" in note.getMessage()        # how to say it explicitly
+    caplog.clear()
+    for quiet in ({"stragglers": 0}, {"scheme": "dgd"}):   # asked for, or the usual default
+        assert checked(1, **quiet).stragglers == 0
+    assert checked(2).stragglers == 1
+    with pytest.raises(TypeError):           # a refused config says nothing about s
+        checked(1, compression="fp16")
+    assert one_process_notes(caplog) == []
+
+
+def test_an_explicit_budget_is_checked_with_the_fix():
+    with pytest.raises(ValueError, match=r"needs 0 <= s <= n-1.*use s in \[0, 0\]"):
+        checked(1, stragglers=1)
+    with pytest.raises(ValueError, match=r"use s in \[0, 3\]"):
+        checked(4, stragglers=4)
+    with pytest.raises(ValueError, match=r"use s in \[0, 3\]"):
+        checked(4, stragglers=-1)
+    with pytest.raises(ValueError, match=r"dgd waits for all n=4 workers.*pass s=0.*is-sgd"):
+        checked(4, scheme="dgd", stragglers=1)
+    s = checked(4, stragglers=np.int64(2)).stragglers
+    assert s == 2 and type(s) is int
+
+
+@pytest.mark.parametrize("bad", [1.9, True, "1"])
+def test_a_budget_that_is_not_an_int_is_a_type_error(bad):
+    with pytest.raises(TypeError, match="stragglers must be an int"):
+        checked(4, stragglers=bad)
+
+
+def test_an_unknown_scheme_is_named():
+    with pytest.raises(ValueError, match="unknown scheme 'pgc'; valid names: dgd"):
+        checked(4, scheme="pgc")
+
+
+# -- compression: Horovod's keyword mapped once -----------------------------------------------
+def test_compression_becomes_a_topk_or_none_and_a_wire_dtype():
+    topk = TopK(0.05)
+    assert wire_format(None) == (None, torch.float32)
+    assert wire_format(topk) == (topk, torch.float32)
+    assert wire_format(topk, torch.float16) == (topk, torch.float16)
+    assert wire_format(pgc_torch.Compression.fp16) == (None, torch.float16)
+    assert wire_format(pgc_torch.Compression.none) == (None, torch.float32)
+    c = checked(4, compression=pgc_torch.Compression.fp16)
+    assert c.compression is None and c.wire_dtype == torch.float16
+    assert cross_rank_fields(c)["extra"]["wire dtype"] == "float16"
+    assert cross_rank_fields(checked(4))["extra"]["wire dtype"] == "float32"
+    c = checked(4, compression=topk)
+    assert c.compression is topk and c.wire_dtype == torch.float32
+
+
+def test_the_typed_values_go_to_the_encoder_as_they_are():
+    for compression, codec in ((pgc_torch.Compression.fp16, Fp16Codec), (TopK(0.5), SparseCodec)):
+        c = checked(4, compression=compression)
+        enc = MessageEncoder(16, c.compression, complex_messages=False, wire_dtype=c.wire_dtype)
+        assert type(enc.codec) is codec
+    c = checked(4, compression=TopK(0.5), wire_dtype=torch.float16)
+    assert type(MessageEncoder(16, c.compression, complex_messages=False,
+                               wire_dtype=c.wire_dtype).codec) is Fp16SparseCodec
+
+
+@pytest.mark.parametrize("bad", ["topk:0.01", "fp16", 16, torch.float16])
+def test_an_unknown_compression_is_refused_naming_what_works(bad):
+    with pytest.raises(TypeError) as err:
+        checked(4, compression=bad)
+    msg = str(err.value)
+    assert "hvd.Compression.none" in msg and "hvd.Compression.fp16" in msg and "TopK" in msg
+
+
+def test_a_wire_dtype_without_a_codec_or_against_the_compression_is_refused():
+    with pytest.raises(ValueError, match="torch.float32 .* or torch.float16"):
+        checked(4, wire_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="give one of them"):
+        checked(4, compression=pgc_torch.Compression.fp16, wire_dtype=torch.float32)
+
+
+def test_horovods_compression_names_map_to_wire_dtypes():
+    hvd = pytest.importorskip("horovod.torch")
+    from horovod.torch.compression import Compressor, FP16Compressor, NoneCompressor
+    assert horovod_wire_dtype(hvd.Compression.fp16) == torch.float16
+    assert horovod_wire_dtype(hvd.Compression.none) == torch.float32
+    assert horovod_wire_dtype(None) == torch.float32
+    assert horovod_wire_dtype(FP16Compressor()) == torch.float16
+    assert horovod_wire_dtype(NoneCompressor) == torch.float32
+    c = checked(4, compression=hvd.Compression.fp16)
+    assert c.compression is None and c.wire_dtype == torch.float16
+
+    class Gzip(Compressor):
+        pass
+
+    for bad in (Gzip, "fp16", TopK(0.01)):
+        with pytest.raises(TypeError) as err:
+            horovod_wire_dtype(bad)
+        msg = str(err.value)
+        assert "hvd.Compression.none" in msg and "hvd.Compression.fp16" in msg and "TopK" in msg
+
+
+# -- the other arguments ----------------------------------------------------------------------
+def test_good_arguments_pass_and_a_delay_spec_is_parsed():
+    c = checked(4, delays="exp:mean=0.1,seed=1", compression=TopK(0.05))
+    assert c.stragglers == 1 and isinstance(c.delays, Exponential)
+    assert checked(4, delays=c.delays).delays is c.delays
+    c = checked(4, replay_arrivals=[(np.int64(3), np.int64(0)), [0, 1]], name=7, timeout=5)
+    assert c.replay_arrivals == [(3, 0), (0, 1)] and c.name == "7" and c.timeout == 5.0
+    assert type(c.timeout) is float and c.replay_steps(0) == [1] and c.replay_steps(3) == [0]
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    ({"delays": 0.1}, TypeError, "sample\\(worker, step\\)"),
+    ({"delays": "exp:mean=-1"}, ValueError, "mean"),
+    ({"records": "/tmp/records.jsonl"}, TypeError, "write\\(record\\)"),
+    ({"on_record": "print"}, TypeError, "on_record must be None or callable"),
+    ({"on_update": 3}, TypeError, "on_update must be None or callable"),
+    ({"timeout": -1}, ValueError, "timeout must be finite seconds > 0"),
+    ({"timeout": float("inf")}, ValueError, "timeout must be finite seconds > 0"),
+    ({"poll_interval": 0}, ValueError, "poll_interval must be finite seconds > 0"),
+    ({"poll_interval": True}, ValueError, "poll_interval must be finite seconds > 0"),
+    ({"replay_arrivals": [(5, 0)]}, ValueError, "outside \\[0, n\\)"),
+    ({"optimistic": 1}, TypeError, "optimistic must be None"),
+    ({"control": "gossip"}, ValueError, "control must be 'allgather', 'store' or 'log'"),
+    ({"straggler_policy": "drop"}, ValueError, "straggler_policy must be 'continue' or 'cancel'"),
+])
+def test_bad_arguments_are_named(overrides, error, message):
+    with pytest.raises(error, match=message):
+        checked(4, **overrides)
+
+
+def test_a_delay_model_for_another_world_is_refused():
+    from pgc_hvd.delays import FixedStragglers
+    with pytest.raises(ValueError, match="n=6"):
+        checked(4, delays=FixedStragglers(6, 1, 0.1))
+
+
+# -- the checks that need the built scheme -------------------------------------------------------
+def test_the_min_error_decoder_needs_compressed_messages():
+    scheme = get_scheme("bcgc", 4, 1, decoder="min-error")
+    with pytest.raises(ValueError, match="bcgc with decoder='min-error'.*needs top-kappa "
+                                         "compression: pass compression=pgc_hvd.compress.TopK"):
+        checked(4, scheme="bcgc", scheme_options={"decoder": "min-error"}).check_scheme(scheme)
+    with pytest.raises(ValueError, match="needs top-kappa compression"):
+        checked(4, compression=pgc_torch.Compression.fp16).check_scheme(scheme)
+    checked(4, compression=TopK(0.05)).check_scheme(scheme)
+    checked(4).check_scheme(get_scheme("bcgc", 4, 1))     # other decoders: dense is fine
+
+
+def test_cancel_is_refused_where_late_messages_are_used_or_a_schedule_is_replayed():
+    cancel = checked(4, straggler_policy="cancel")
+    assert cancel.cancel
+    cancel.check_scheme(get_scheme("pgc-cr", 4, 1))
+    with pytest.raises(ValueError, match="drops late messages, but bounded-staleness uses them"):
+        cancel.check_scheme(get_scheme("bounded-staleness", 4, 1))
+    with pytest.raises(ValueError, match="use straggler_policy='continue'"):
+        checked(4, straggler_policy="cancel",
+                replay_arrivals=[(0, 0)]).check_scheme(get_scheme("pgc-cr", 4, 1))
+
+
+def test_the_cross_rank_fields_are_the_checked_values():
+    c = checked(4, compression=TopK(0.1), stragglers=np.int64(2), metrics=("acc",))
+    fields = cross_rank_fields(c)
+    assert fields["stragglers"] == 2 and fields["compression"] == TopK(0.1)
+    assert fields["scheme"] == "pgc-cr" and fields["options"] == {}
+    assert fields["extra"]["wire dtype"] == "float32"
+    assert fields["extra"]["metrics (names)"] == ["acc"]
