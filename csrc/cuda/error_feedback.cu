@@ -10,15 +10,17 @@ namespace {
 using detail::to_f32;
 
 template <typename T>
-__global__ void __launch_bounds__(256) add_into_kernel(float* __restrict__ r, const T* __restrict__ x, int64_t n) {
+__global__ void __launch_bounds__(256)
+    add_into_kernel(float* __restrict__ r, const T* __restrict__ x, int64_t n) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += gs)
     r[i] += to_f32(x[i]);
 }
 
 template <typename I>
-__global__ void __launch_bounds__(256) take_and_zero_kernel(float* __restrict__ r, const I* __restrict__ idx, int64_t k,
-                                     float* __restrict__ out_v) {
+__global__ void __launch_bounds__(256)
+    take_and_zero_kernel(float* __restrict__ r, const I* __restrict__ idx, int64_t k,
+                         float* __restrict__ out_v) {
   const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < k; j += gs) {
     const int64_t i = static_cast<int64_t>(idx[j]);

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from pgc_hvd.ops._ext import ext
+
+ext()  # the ops must be defined (by pgc_hvd._C) before their fake kernels are registered
+
 
 def _index_dtype(index64: bool) -> torch.dtype:
     return torch.int64 if index64 else torch.int32

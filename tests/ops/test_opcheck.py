@@ -90,6 +90,16 @@ def test_opcheck(device, name):
         opcheck(op, args)
 
 
+def test_every_op_has_a_kernel_per_device():
+    """CPU and CUDA kernels from pgc_hvd._C (in a build without CUDA, its CUDA entry raises the
+    error that says how to rebuild), Meta from the fake kernel."""
+    library()
+    for name in OPS:
+        for key in ("CPU", "CUDA", "Meta"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pgc_hvd::{name}", key), \
+                (name, key)
+
+
 def test_schemas_mark_what_the_ops_write():
     """Only out (coded, decode) and residual (error feedback) are written; the accumulating
     ops return nothing (no alias of an input), top-k and error feedback two new tensors."""
