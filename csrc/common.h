@@ -42,8 +42,8 @@ inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const ch
                     b.device(), "; move them to one device");
 }
 
-// The error of a CUDA tensor reaching a build without the CUDA kernels (registered for the CUDA
-// dispatch key in library.cpp then, so that the checks above still come first).
+// The error of a CUDA tensor in a build without the CUDA kernels: library.cpp then registers,
+// for the CUDA dispatch key, kernels that raise it once the op's checks have passed.
 [[noreturn]] inline void no_cuda_kernels() {
   TORCH_CHECK(false, "pgc_hvd._C was built without CUDA; rebuild on a machine with the CUDA "
                      "toolkit (bash launch/setup.sh) or pass CPU tensors");

@@ -154,9 +154,8 @@ def topk_compress(
     |x| broken by the lower index. Raises TypeError (dtype), ValueError (shape, contiguity,
     k outside [0, d], Inf/NaN in x: nothing is returned then).
     """
-    walk, compact = _walk_compact(walk, compact)
-    return tuple(library().topk_compress(x, _check_k(k), _check_method(method),
-                                         _index64(index_dtype), walk, compact))
+    k, method, index64 = _check_k(k), _check_method(method), _index64(index_dtype)
+    return tuple(library().topk_compress(x, k, method, index64, *_walk_compact(walk, compact)))
 
 
 def error_feedback_compress(
@@ -183,9 +182,9 @@ def error_feedback_compress(
     Returns fp32 ``values`` and ascending ``indices``. Inf/NaN in x + residual raise ValueError
     after ``residual`` already holds x + residual (see the module docstring).
     """
-    walk, compact = _walk_compact(walk, compact)
-    return tuple(library().error_feedback_compress(x, residual, _check_k(k), _check_method(method),
-                                                   _index64(index_dtype), walk, compact))
+    k, method, index64 = _check_k(k), _check_method(method), _index64(index_dtype)
+    return tuple(library().error_feedback_compress(x, residual, k, method, index64,
+                                                   *_walk_compact(walk, compact)))
 
 
 def compression_error_norm(message: torch.Tensor, values: torch.Tensor,
