@@ -8,7 +8,6 @@ together with a plain ``copy_`` of the same machine gives the bandwidth floor.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -104,33 +103,13 @@ def l2_recall(x: torch.Tensor, k: int) -> float:
     return float(v_thr.double().pow(2).sum() / v_ex.double().pow(2).sum())
 
 
-WALK_ENV = "PGC_HVD_CUDA_TOPK_WALK"
-COMPACT_ENV = "PGC_HVD_CUDA_TOPK_COMPACT"
-# CUDA radix-select variants timed next to the default (device walk with compaction):
-VARIANTS = {"host walk": {WALK_ENV: "host", COMPACT_ENV: "1"},
-            "no compaction": {WALK_ENV: "device", COMPACT_ENV: "0"}}
-
-
-def with_env(env: Dict[str, str], fn: Callable[[], object]) -> Callable[[], object]:
-    """fn run with the environment variables ``env`` set (the extension reads them per call;
-    setting them costs microseconds, next to the hundreds a top-k takes); restored after."""
-    def run():
-        before = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn()
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
-    return run
-
-
-def with_walk(walk: str, fn: Callable[[], object]) -> Callable[[], object]:
-    """fn run with the CUDA radix-select driver ``walk`` ("device" or "host")."""
-    return with_env({WALK_ENV: walk}, fn)
+# CUDA radix-select variants timed next to the default (device walk with compaction), as the
+# top-k ops' walk / compact arguments (whose defaults pgc_hvd.ops reads once from
+# PGC_HVD_CUDA_TOPK_WALK / PGC_HVD_CUDA_TOPK_COMPACT):
+VARIANTS: Dict[str, Dict[str, object]] = {
+    "host walk": {"walk": "host", "compact": True},
+    "no compaction": {"walk": "device", "compact": False},
+}
 
 
 def topk_case(device: str, d: int, frac: float, method: str, dist: str = "gaussian",
@@ -138,13 +117,14 @@ def topk_case(device: str, d: int, frac: float, method: str, dist: str = "gaussi
     """variant (a key of VARIANTS) times that CUDA radix-select variant instead."""
     x = _data(dist, d, device)
     k = int(frac * d)
-    ours = lambda: ops.topk_compress(x, k, method)  # noqa: E731
+    setting = VARIANTS[variant] if variant else {}
+    ours = lambda: ops.topk_compress(x, k, method, **setting)  # noqa: E731
     case = Case(
         op=f"topk {method}" + ("" if dist == "gaussian" else f" ({dist})")
         + (f" [{variant}]" if variant else ""),
         d=d,
         param=f"k={frac:.0%}",
-        ours=with_env(VARIANTS[variant], ours) if variant else ours,
+        ours=ours,
         ref=lambda: torch.topk(x.abs(), k),
         ref_name="torch.topk(x.abs(), k)",
         floor_bytes=4 * d,
@@ -168,12 +148,13 @@ def ef_case(device: str, d: int, frac: float, method: str, variant: str = "") ->
     r_ours = torch.zeros(d, device=device)
     r_ref = torch.zeros(d, device=device)
     k = int(frac * d)
-    ours = lambda: ops.error_feedback_compress(x, r_ours, k, method)  # noqa: E731
+    setting = VARIANTS[variant] if variant else {}
+    ours = lambda: ops.error_feedback_compress(x, r_ours, k, method, **setting)  # noqa: E731
     return Case(
         op=f"error feedback {method}" + (f" [{variant}]" if variant else ""),
         d=d,
         param=f"k={frac:.0%}",
-        ours=with_env(VARIANTS[variant], ours) if variant else ours,
+        ours=ours,
         ref=lambda: _ef_torch(x, r_ref, k),
         ref_name="x+r, torch.topk, scatter",
         floor_bytes=12 * d,  # read x, read and write the residual

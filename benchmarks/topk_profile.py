@@ -4,8 +4,8 @@
     python benchmarks/topk_profile.py --device cpu    # smoke run of the script on a CPU
 
 For d = 11,689,512 and 1,000,000 (k = 1%), exact and threshold, the default (device-side walk
-with compaction) and the variants of ops_cases.VARIANTS (the host-driven walk,
-PGC_HVD_CUDA_TOPK_WALK=host; exact without compaction, PGC_HVD_CUDA_TOPK_COMPACT=0), prints:
+with compaction) and the variants of ops_cases.VARIANTS (the host-driven walk, walk="host";
+exact without compaction, compact=False), prints:
 
 * wall time per call (best of --reps, synchronised), and ``torch.topk(x.abs(), k)`` alongside;
 * the GPU's kernel, memset and memcpy time per call, summed (torch.profiler, CUPTI), and its
@@ -25,7 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ops_cases import D_LARGE, D_SMALL, VARIANTS, time_it, with_env  # noqa: E402
+from ops_cases import D_LARGE, D_SMALL, VARIANTS, time_it  # noqa: E402
 
 from pgc_hvd import ops  # noqa: E402
 
@@ -52,9 +52,8 @@ def profile_case(device: str, d: int, method: str, variant: str, reps: int) -> N
     torch.manual_seed(0)
     x = torch.randn(d, device=device)
     k = d // 100
-    fn = lambda: ops.topk_compress(x, k, method)  # noqa: E731
-    if variant:
-        fn = with_env(VARIANTS[variant], fn)
+    setting = VARIANTS[variant] if variant else {}
+    fn = lambda: ops.topk_compress(x, k, method, **setting)  # noqa: E731
     wall = time_it(fn, device, reps)
     ref = time_it(lambda: torch.topk(x.abs(), k), device, max(3, reps // 2))
     activities = [ProfilerActivity.CPU]

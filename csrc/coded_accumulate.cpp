@@ -1,4 +1,4 @@
-// Validation and device dispatch of coded accumulation (see coded_accumulate.h).
+// Checks of coded accumulation, shared by every device (see coded_accumulate.h).
 #include "coded_accumulate.h"
 
 #include <cmath>
@@ -7,8 +7,8 @@
 
 namespace pgc {
 
-void coded_accumulate(at::Tensor out, const std::vector<at::Tensor>& slots,
-                      const std::vector<double>& coeffs, bool accumulate) {
+void coded_accumulate(const at::Tensor& out, at::TensorList slots, at::ArrayRef<double> coeffs,
+                      bool accumulate, CodedKernel kernel) {
   check_flat(out, "out");
   TORCH_CHECK_TYPE(out.scalar_type() == at::kFloat, "out must be float32 (the accumulator), got ",
                    out.scalar_type());
@@ -37,17 +37,7 @@ void coded_accumulate(at::Tensor out, const std::vector<at::Tensor>& slots,
     if (!accumulate) out.zero_();
     return;
   }
-  if (out.is_cuda()) {
-#ifdef PGC_HVD_WITH_CUDA
-    cuda::coded_accumulate(out, slots, c32, accumulate);
-#else
-    TORCH_CHECK(false, "pgc_hvd._C was built without CUDA; rebuild on a machine with the CUDA "
-                       "toolkit (bash launch/setup.sh) or pass CPU tensors");
-#endif
-  } else {
-    TORCH_CHECK_VALUE(out.device().is_cpu(), "unsupported device ", out.device());
-    cpu::coded_accumulate(out, slots, c32, accumulate);
-  }
+  kernel(out, slots, c32, accumulate);
 }
 
 }  // namespace pgc

@@ -1,9 +1,10 @@
-// Shared input checks for pgc_hvd._C. Every op validates its tensors here and raises a
-// Python exception (ValueError/TypeError via TORCH_CHECK_* -> RuntimeError subclasses) that
-// names the problem and the fix, instead of crashing or answering silently wrong.
+// Shared input checks of the ops of pgc_hvd._C. Every op validates its tensors here, on every
+// device, and raises a Python exception (TORCH_CHECK_VALUE -> ValueError, TORCH_CHECK_TYPE ->
+// TypeError, through the dispatcher) that names the problem and the fix, instead of crashing or
+// answering silently wrong.
 #pragma once
+#include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
-#include <torch/extension.h>
 
 #include <cmath>
 #include <limits>
@@ -39,6 +40,14 @@ inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const ch
                               const char* wb) {
   TORCH_CHECK_VALUE(a.device() == b.device(), wa, " is on ", a.device(), " but ", wb, " is on ",
                     b.device(), "; move them to one device");
+}
+
+// The error of a CUDA tensor in a build without the CUDA kernels: library.cpp then registers,
+// for the CUDA dispatch key, kernels that raise it once the op's checks have passed.
+[[noreturn]] inline void no_cuda_kernels() {
+  TORCH_CHECK(false, "pgc_hvd._C was built without CUDA; rebuild on a machine with the CUDA "
+                     "toolkit (bash launch/setup.sh) or pass CPU tensors");
+  __builtin_unreachable();
 }
 
 }  // namespace pgc

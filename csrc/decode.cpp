@@ -1,23 +1,12 @@
-// Validation and device dispatch of decode-accumulate (see decode.h).
+// Checks and order of decode-accumulate, shared by every device (see decode.h).
 #include "decode.h"
 
 #include <cmath>
 
-#include "coded_accumulate.h"
 #include "common.h"
 
 namespace pgc {
 namespace {
-
-ContentReport inspect_contents(const at::Tensor& out, const std::vector<at::Tensor>& dense,
-                               const std::vector<at::Tensor>& sparse_values,
-                               const std::vector<at::Tensor>& sparse_indices, bool check_finite) {
-#ifdef PGC_HVD_WITH_CUDA
-  if (out.is_cuda())
-    return cuda::inspect_contents(dense, sparse_values, sparse_indices, out.numel(), check_finite);
-#endif
-  return cpu::inspect_contents(dense, sparse_values, sparse_indices, out.numel(), check_finite);
-}
 
 void check_weight(double w, const char* kind, size_t i) {
   TORCH_CHECK_VALUE(finite_in_float32(w), "the weight of ", kind, " message ", i, " is ", w,
@@ -26,12 +15,10 @@ void check_weight(double w, const char* kind, size_t i) {
 
 }  // namespace
 
-void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
-                       const std::vector<double>& dense_weights,
-                       const std::vector<at::Tensor>& sparse_values,
-                       const std::vector<at::Tensor>& sparse_indices,
-                       const std::vector<double>& sparse_weights, bool accumulate,
-                       bool check_finite) {
+void decode_accumulate(const at::Tensor& out, at::TensorList dense,
+                       at::ArrayRef<double> dense_weights, at::TensorList sparse_values,
+                       at::TensorList sparse_indices, at::ArrayRef<double> sparse_weights,
+                       bool accumulate, bool check_finite, const DecodeKernels& kernels) {
   check_flat(out, "out");
   TORCH_CHECK_TYPE(out.scalar_type() == at::kFloat, "out must be float32 (the accumulator), got ",
                    out.scalar_type());
@@ -40,11 +27,6 @@ void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
                         sparse_values.size() == sparse_weights.size(),
                     "pass one weight per message");
   const int64_t d = out.numel();
-  if (!out.is_cuda()) TORCH_CHECK_VALUE(out.device().is_cpu(), "unsupported device ", out.device());
-#ifndef PGC_HVD_WITH_CUDA
-  TORCH_CHECK(!out.is_cuda(), "pgc_hvd._C was built without CUDA; rebuild on a machine with the "
-                              "CUDA toolkit (bash launch/setup.sh) or pass CPU tensors");
-#endif
   for (size_t i = 0; i < dense.size(); ++i) {
     const auto& m = dense[i];
     check_flat(m, "every dense message");
@@ -75,7 +57,7 @@ void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
   }
   // Content checks: all of them before out is touched.
   const ContentReport report =
-      inspect_contents(out, dense, sparse_values, sparse_indices, check_finite);
+      kernels.inspect_contents(dense, sparse_values, sparse_indices, d, check_finite);
   for (size_t i = 0; i < sparse_values.size(); ++i) {
     TORCH_CHECK_VALUE(report.sparse_indices[i].in_range, "sparse message ", i,
                       " has indices outside [0, d) = [0, ", d, ")");
@@ -99,20 +81,14 @@ void decode_accumulate(at::Tensor out, const std::vector<at::Tensor>& dense,
         w.push_back(dense_weights[i]);
       }
     if (group.empty()) continue;
-    coded_accumulate(out, group, w, acc);
+    coded_accumulate(out, group, w, acc, kernels.coded_accumulate);
     acc = true;
   }
   if (!acc) out.zero_();
   for (size_t i = 0; i < sparse_values.size(); ++i) {
     if (sparse_values[i].numel() == 0) continue;
-    const float w = static_cast<float>(sparse_weights[i]);
-#ifdef PGC_HVD_WITH_CUDA
-    if (out.is_cuda()) {
-      cuda::scatter_add(out, sparse_values[i], sparse_indices[i], w, report.sparse_indices[i].increasing);
-      continue;
-    }
-#endif
-    cpu::scatter_add(out, sparse_values[i], sparse_indices[i], w, report.sparse_indices[i].increasing);
+    kernels.scatter_add(out, sparse_values[i], sparse_indices[i],
+                        static_cast<float>(sparse_weights[i]), report.sparse_indices[i].increasing);
   }
 }
 

@@ -1,4 +1,4 @@
-// Validation and device dispatch of top-kappa compression (see topk.h).
+// Checks of top-kappa compression, shared by every device (see topk.h).
 #include "topk.h"
 
 #include <limits>
@@ -7,10 +7,23 @@
 
 namespace pgc {
 
-TopkMethod parse_topk_method(const std::string& method) {
-  if (method == "exact") return TopkMethod::kExact;
-  if (method == "threshold") return TopkMethod::kThreshold;
-  TORCH_CHECK_VALUE(false, "method must be \"exact\" or \"threshold\", got \"", method, "\"");
+TopkOptions topk_options(c10::string_view method, bool index64, c10::string_view walk,
+                         bool compact) {
+  TopkOptions o;
+  if (method == "exact") {
+    o.method = TopkMethod::kExact;
+  } else {
+    TORCH_CHECK_VALUE(method == "threshold", "method must be \"exact\" or \"threshold\", got \"",
+                      method, "\"");
+    o.method = TopkMethod::kThreshold;
+  }
+  TORCH_CHECK_VALUE(walk == "device" || walk == "host",
+                    "walk must be \"device\" (the default) or \"host\", got \"", walk,
+                    "\" (pgc_hvd.ops reads it from PGC_HVD_CUDA_TOPK_WALK)");
+  o.index64 = index64;
+  o.host_walk = walk == "host";
+  o.compact = compact;
+  return o;
 }
 
 void check_kappa(int64_t kappa, int64_t d, bool index64) {
@@ -21,22 +34,12 @@ void check_kappa(int64_t kappa, int64_t d, bool index64) {
 }
 
 std::tuple<at::Tensor, at::Tensor> topk_compress(const at::Tensor& x, int64_t kappa,
-                                                 const std::string& method, bool index64) {
-  const TopkMethod m = parse_topk_method(method);
+                                                 const TopkOptions& opt, TopkKernel kernel) {
   check_flat(x, "x");
   TORCH_CHECK_TYPE(is_float_like(x.scalar_type()), "x must be float32, float16 or bfloat16, got ",
                    x.scalar_type());
-  check_kappa(kappa, x.numel(), index64);
-  if (x.is_cuda()) {
-#ifdef PGC_HVD_WITH_CUDA
-    return cuda::topk_compress(x, kappa, m, index64);
-#else
-    TORCH_CHECK(false, "pgc_hvd._C was built without CUDA; rebuild on a machine with the CUDA "
-                       "toolkit (bash launch/setup.sh) or pass CPU tensors");
-#endif
-  }
-  TORCH_CHECK_VALUE(x.device().is_cpu(), "unsupported device ", x.device());
-  return cpu::topk_compress(x, kappa, m, index64);
+  check_kappa(kappa, x.numel(), opt.index64);
+  return kernel(x, kappa, opt);
 }
 
 }  // namespace pgc

@@ -41,7 +41,7 @@ void accumulate_blocks(float* __restrict__ out, const std::vector<const T*>& slo
 }
 
 template <typename T>
-void run(at::Tensor& out, const std::vector<at::Tensor>& slots, const std::vector<float>& coeffs,
+void run(const at::Tensor& out, at::TensorList slots, const std::vector<float>& coeffs,
          bool accumulate) {
   std::vector<const T*> ptrs;
   ptrs.reserve(slots.size());
@@ -51,7 +51,7 @@ void run(at::Tensor& out, const std::vector<at::Tensor>& slots, const std::vecto
 
 }  // namespace
 
-void coded_accumulate(at::Tensor& out, const std::vector<at::Tensor>& slots,
+void coded_accumulate(const at::Tensor& out, at::TensorList slots,
                       const std::vector<float>& coeffs, bool accumulate) {
   switch (slots[0].scalar_type()) {
     case at::kFloat: run<float>(out, slots, coeffs, accumulate); break;

@@ -72,10 +72,8 @@ IndexReport inspect_indices(const at::Tensor& indices, int64_t d) {
 
 }  // namespace
 
-ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
-                               const std::vector<at::Tensor>& sparse_values,
-                               const std::vector<at::Tensor>& sparse_indices, int64_t d,
-                               bool check_finite) {
+ContentReport inspect_contents(at::TensorList dense, at::TensorList sparse_values,
+                               at::TensorList sparse_indices, int64_t d, bool check_finite) {
   ContentReport r(sparse_values.size(), dense.size());
   for (size_t i = 0; i < sparse_values.size(); ++i) {
     if (sparse_indices[i].numel() == 0) continue;
@@ -87,8 +85,8 @@ ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
   return r;
 }
 
-void scatter_add(at::Tensor& out, const at::Tensor& values, const at::Tensor& indices, float w,
-                 bool increasing) {
+void scatter_add(const at::Tensor& out, const at::Tensor& values, const at::Tensor& indices,
+                 float w, bool increasing) {
   float* o = out.data_ptr<float>();
   const int64_t n = values.numel();
   switch (values.scalar_type()) {

@@ -10,8 +10,8 @@ namespace pgc::cpu {
 namespace {
 
 template <typename T>
-std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& x, at::Tensor& residual, int64_t kappa,
-                                       TopkMethod method, bool index64) {
+std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& x, const at::Tensor& residual,
+                                       int64_t kappa, TopkMethod method, bool index64) {
   const int64_t n = x.numel();
   const T* __restrict__ xp = x.data_ptr<T>();
   float* __restrict__ r = residual.data_ptr<float>();
@@ -55,8 +55,10 @@ std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& x, at::Tensor& residual
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> error_feedback_compress(const at::Tensor& x,
-                                                           at::Tensor& residual, int64_t kappa,
-                                                           TopkMethod method, bool index64) {
+                                                           const at::Tensor& residual,
+                                                           int64_t kappa, const TopkOptions& opt) {
+  const TopkMethod method = opt.method;
+  const bool index64 = opt.index64;
   switch (x.scalar_type()) {
     case at::kFloat: return run<float>(x, residual, kappa, method, index64);
     case at::kHalf: return run<at::Half>(x, residual, kappa, method, index64);

@@ -40,7 +40,9 @@ std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& x, int64_t kappa, TopkM
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> topk_compress(const at::Tensor& x, int64_t kappa,
-                                                 TopkMethod method, bool index64) {
+                                                 const TopkOptions& opt) {
+  const TopkMethod method = opt.method;
+  const bool index64 = opt.index64;
   if (kappa == 0) {
     return {at::empty({0}, x.options()),
             at::empty({0}, x.options().dtype(index64 ? at::kLong : at::kInt))};

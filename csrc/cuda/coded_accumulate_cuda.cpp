@@ -1,4 +1,5 @@
-// Tensor glue for the CUDA coded accumulation (compiled only when CUDA is enabled).
+// Tensor glue of the CUDA coded accumulation (compiled only when CUDA is enabled; the checks
+// come first, in coded_accumulate.cpp).
 // Only c10/cuda headers are used: ATen/cuda/CUDAContext.h pulls in cuBLAS/cuSPARSE headers that
 // a minimal CUDA toolkit lacks.
 #include "coded_accumulate.h"
@@ -6,7 +7,7 @@
 
 namespace pgc::cuda {
 
-void coded_accumulate(at::Tensor& out, const std::vector<at::Tensor>& slots,
+void coded_accumulate(const at::Tensor& out, at::TensorList slots,
                       const std::vector<float>& coeffs, bool accumulate) {
   const c10::cuda::CUDAGuard guard(out.device());
   const cudaStream_t stream = current_stream();

@@ -6,10 +6,8 @@
 
 namespace pgc::cuda {
 
-ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
-                               const std::vector<at::Tensor>& sparse_values,
-                               const std::vector<at::Tensor>& sparse_indices, int64_t d,
-                               bool check_finite) {
+ContentReport inspect_contents(at::TensorList dense, at::TensorList sparse_values,
+                               at::TensorList sparse_indices, int64_t d, bool check_finite) {
   const size_t ns = sparse_values.size(), nd = dense.size();
   ContentReport r(ns, nd);
   if (ns + nd == 0 || (!check_finite && ns == 0)) return r;
@@ -49,8 +47,8 @@ ContentReport inspect_contents(const std::vector<at::Tensor>& dense,
   return r;
 }
 
-void scatter_add(at::Tensor& out, const at::Tensor& values, const at::Tensor& indices, float w,
-                 bool /*increasing: atomics handle both*/) {
+void scatter_add(const at::Tensor& out, const at::Tensor& values, const at::Tensor& indices,
+                 float w, bool /*increasing: atomics handle both*/) {
   const c10::cuda::CUDAGuard guard(out.device());
   kernels::scatter_add(out.data_ptr<float>(), values.data_ptr(), kernel_dtype(values),
                        indices.data_ptr(), indices.scalar_type() == at::kLong, values.numel(), w,

@@ -2,10 +2,10 @@
 // a blocking device-to-host read of a few counters. c10/cuda headers only (see
 // coded_accumulate_cuda.cpp).
 #pragma once
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/extension.h>
 
 #include "cuda/kernels.h"
 

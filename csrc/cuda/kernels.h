@@ -92,7 +92,7 @@ void select_write(const void* v, DType dt, const int64_t* idx_in, int64_t n, lon
 void gather_sample(const void* x, DType dt, const float* add, int64_t s, int64_t stride,
                    float* out, cudaStream_t stream);
 
-// ---- error feedback (topk.cu)
+// ---- error feedback (error_feedback.cu)
 // r[i] += float(x[i]) for i < n.
 void add_into(float* r, const void* x, DType dt, int64_t n, cudaStream_t stream);
 // out_v[j] = r[idx[j]], r[idx[j]] = 0 for j < k (idx distinct).

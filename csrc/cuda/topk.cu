@@ -1,4 +1,4 @@
-// CUDA kernels of top-kappa selection and error feedback (launchers declared in kernels.h).
+// CUDA kernels of top-kappa selection (launchers declared in kernels.h).
 //
 // Radix select: key_histogram builds a 2048-bin histogram of one digit of the keys in shared
 // memory (each lane loads kHistItems keys before counting any, so that enough loads are in
@@ -273,24 +273,6 @@ __global__ void __launch_bounds__(256) gather_sample_kernel(const T* __restrict_
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(256) add_into_kernel(float* __restrict__ r, const T* __restrict__ x, int64_t n) {
-  const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += gs)
-    r[i] += to_f32(x[i]);
-}
-
-template <typename I>
-__global__ void __launch_bounds__(256) take_and_zero_kernel(float* __restrict__ r, const I* __restrict__ idx, int64_t k,
-                                     float* __restrict__ out_v) {
-  const int64_t gs = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < k; j += gs) {
-    const int64_t i = static_cast<int64_t>(idx[j]);
-    out_v[j] = r[i];
-    r[i] = 0.f;
-  }
-}
-
 int64_t tiles_of(int64_t n) { return (n + kSelectTile - 1) / kSelectTile; }
 
 }  // namespace
@@ -409,27 +391,6 @@ void gather_sample(const void* x, DType dt, const float* add, int64_t s, int64_t
     gather_sample_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(x), add, s, stride,
                                                       out);
   });
-}
-
-void add_into(float* r, const void* x, DType dt, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  const int grid = detail::grid_stride_blocks(n, 256);
-  detail::by_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    add_into_kernel<T><<<grid, 256, 0, stream>>>(r, static_cast<const T*>(x), n);
-  });
-}
-
-void take_and_zero(float* r, const void* idx, bool index64, int64_t k, float* out_v,
-                   cudaStream_t stream) {
-  if (k == 0) return;
-  const int grid = detail::grid_stride_blocks(k, 256);
-  if (index64)
-    take_and_zero_kernel<int64_t><<<grid, 256, 0, stream>>>(
-        r, static_cast<const int64_t*>(idx), k, out_v);
-  else
-    take_and_zero_kernel<int32_t><<<grid, 256, 0, stream>>>(
-        r, static_cast<const int32_t*>(idx), k, out_v);
 }
 
 }  // namespace pgc::cuda::kernels

@@ -1,6 +1,8 @@
-// Tensor glue of CUDA top-kappa compression and error feedback (kernels in topk.cu).
+// Tensor glue of CUDA top-kappa compression (kernels in topk.cu), and the radix select that
+// error feedback (error_feedback_cuda.cpp) runs on its residual.
 //
-// Two drivers of the same radix select (radix.h), chosen by PGC_HVD_CUDA_TOPK_WALK:
+// Two drivers of the same radix select (radix.h), chosen by the op's walk argument (pgc_hvd.ops
+// reads its default once from PGC_HVD_CUDA_TOPK_WALK):
 //   device (default): the digit walk runs on the device (radix_walk writes the prefix into a walk
 //     state that the next launches read). Exact: one digit-0 histogram pass over x, ONE 64-byte
 //     read-back (the candidate count, and the non-finite count for the ValueError), one stable
@@ -17,26 +19,15 @@
 // short there rather than write past it. The compaction (cub) writes what it selects into
 // buffers sized by the counts; the counts and the compaction read the same x on one stream.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "cuda/glue.h"
-#include "error_feedback.h"
+#include "cuda/select_cuda.h"
 #include "nonfinite.h"
 #include "radix.h"
-#include "topk.h"
 
 namespace pgc::cuda {
 namespace {
-
-// n elements of dtype dt at v; idx (optional, int64) maps them to positions in the original
-// buffer (candidates), else position = element number.
-struct Source {
-  const void* v;
-  kernels::DType dt;
-  const int64_t* idx;
-  int64_t n;
-};
 
 struct HostWalk {
   at::TensorOptions dev;  // device options (dtype set per allocation)
@@ -154,17 +145,6 @@ struct HostWalk {
   }
 };
 
-// PGC_HVD_CUDA_TOPK_COMPACT=0 makes the device walk's exact path skip the compaction: five
-// passes over x but no read-back until the end (a design alternative, timed alongside by
-// benchmarks/ops_report.py; the default, 1, compacts).
-bool compaction_enabled() {
-  const char* e = std::getenv("PGC_HVD_CUDA_TOPK_COMPACT");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "1") == 0) return true;
-  TORCH_CHECK_VALUE(std::strcmp(e, "0") == 0,
-                    "PGC_HVD_CUDA_TOPK_COMPACT must be 1 (the default) or 0, got '", e, "'");
-  return false;
-}
-
 // Radix select driven from the device (see the top of this file).
 struct DeviceWalk {
   static constexpr int64_t kCompactAtMost = 4;  // compact when candidates are <= n / 4
@@ -236,6 +216,9 @@ struct DeviceWalk {
 
   // Exact: digit-0 histogram and walk, one read-back (non-finite and candidate counts), the
   // compaction of the boundary bin and above, and the rest of the walk on those candidates.
+  // Without use_compaction (the op's compact = False; PGC_HVD_CUDA_TOPK_COMPACT=0 in pgc_hvd.ops)
+  // the walk goes on over x: five passes but no read-back until the end (a design alternative,
+  // timed alongside by benchmarks/ops_report.py).
   void exact(const Source& src, const at::Tensor& like, int64_t kappa, bool use_compaction,
              const char* what, void* out_v, void* out_i, bool index64) {
     walk(src, kappa, 0, 0);
@@ -303,60 +286,30 @@ struct DeviceWalk {
   }
 };
 
-// Which driver runs (see the top of this file): PGC_HVD_CUDA_TOPK_WALK = device (default) or host.
-bool host_walk_requested() {
-  const char* e = std::getenv("PGC_HVD_CUDA_TOPK_WALK");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "device") == 0) return false;
-  TORCH_CHECK_VALUE(std::strcmp(e, "host") == 0,
-                    "PGC_HVD_CUDA_TOPK_WALK must be 'device' (the default) or 'host', got '", e,
-                    "'");
-  return true;
-}
+}  // namespace
 
-// Top-kappa of src into (out_v, out_i); like gives the values' dtype and device.
-void select_topk(const Source& src, const at::Tensor& like, int64_t kappa, TopkMethod method,
-                 const char* what, void* out_v, void* out_i, bool index64) {
-  const bool use_compaction = compaction_enabled();  // checks the setting on every path
-  if (host_walk_requested()) {
-    HostWalk(like).run(src, like, kappa, method, what, out_v, out_i, index64);
+void select_topk(const Source& src, const at::Tensor& like, int64_t kappa,
+                 const TopkOptions& opt, const char* what, void* out_v, void* out_i) {
+  if (opt.host_walk) {
+    HostWalk(like).run(src, like, kappa, opt.method, what, out_v, out_i, opt.index64);
     return;
   }
   DeviceWalk w(like);
-  if (method == TopkMethod::kExact)
-    w.exact(src, like, kappa, use_compaction, what, out_v, out_i, index64);
+  if (opt.method == TopkMethod::kExact)
+    w.exact(src, like, kappa, opt.compact, what, out_v, out_i, opt.index64);
   else
-    w.threshold(src, like, kappa, what, out_v, out_i, index64);
+    w.threshold(src, like, kappa, what, out_v, out_i, opt.index64);
 }
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> topk_compress(const at::Tensor& x, int64_t kappa,
-                                                 TopkMethod method, bool index64) {
+                                                 const TopkOptions& opt) {
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor values = at::empty({kappa}, x.options());
-  at::Tensor indices = at::empty({kappa}, x.options().dtype(index64 ? at::kLong : at::kInt));
+  at::Tensor indices =
+      at::empty({kappa}, x.options().dtype(opt.index64 ? at::kLong : at::kInt));
   if (kappa == 0) return {values, indices};
-  select_topk(Source{x.data_ptr(), kernel_dtype(x), nullptr, x.numel()}, x, kappa, method, "x",
-              values.data_ptr(), indices.data_ptr(), index64);
-  return {values, indices};
-}
-
-std::tuple<at::Tensor, at::Tensor> error_feedback_compress(const at::Tensor& x,
-                                                           at::Tensor& residual, int64_t kappa,
-                                                           TopkMethod method, bool index64) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const auto stream = current_stream();
-  const int64_t n = x.numel();
-  float* r = residual.data_ptr<float>();
-  kernels::add_into(r, x.data_ptr(), kernel_dtype(x), n, stream);  // the one read of x
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  at::Tensor values = at::empty({kappa}, residual.options());
-  at::Tensor indices = at::empty({kappa}, residual.options().dtype(index64 ? at::kLong : at::kInt));
-  if (kappa == 0) return {values, indices};
-  select_topk(Source{r, kernels::DType::kFloat32, nullptr, n}, residual, kappa, method,
-              "x + residual", values.data_ptr(), indices.data_ptr(), index64);
-  kernels::take_and_zero(r, indices.data_ptr(), index64, kappa, values.data_ptr<float>(), stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  select_topk(Source{x.data_ptr(), kernel_dtype(x), nullptr, x.numel()}, x, kappa, opt, "x",
+              values.data_ptr(), indices.data_ptr());
   return {values, indices};
 }
 

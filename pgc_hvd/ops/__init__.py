@@ -1,7 +1,10 @@
 """Hot-path tensor ops of pgc_hvd, backed by the compiled extension ``pgc_hvd._C``.
 
-Each op dispatches on the device of its tensors (CPU kernels with OpenMP; CUDA kernels when the
-extension was built with a CUDA toolkit) and has a pure-PyTorch reference in
+The kernels are torch ops, ``torch.ops.pgc_hvd.<name>`` (schemas in ``csrc/library.cpp``): the
+dispatcher picks the kernel by the device of the tensors (CPU kernels with OpenMP; CUDA kernels
+when the extension was built with a CUDA toolkit), and a fake kernel per op
+(:mod:`pgc_hvd.ops._fake`) lets torch.compile trace them. The functions here check and convert
+their arguments and call those ops; each has a pure-PyTorch reference in
 :mod:`pgc_hvd.ops.reference` that the tests compare against.
 
 * :func:`coded_accumulate`, :func:`add_slot`: coded messages from the ring buffer's slots.

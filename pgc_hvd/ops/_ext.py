@@ -1,15 +1,21 @@
-"""Loads the compiled extension once, with an error that says how to build it."""
+"""Loads the compiled extension once, with an error that says how to build it, and hands out its
+torch ops (``torch.ops.pgc_hvd``) with their fake kernels registered."""
 
 from __future__ import annotations
 
 import functools
 
+import torch
+
+_LIBRARY = None  # torch.ops.pgc_hvd once loaded (see library())
+
 
 @functools.lru_cache(maxsize=None)
 def ext():
-    """Return the ``pgc_hvd._C`` module (importing torch first, whose libraries it links)."""
-    import torch  # noqa: F401  (loads libtorch*, which _C links against)
+    """Return the ``pgc_hvd._C`` module (importing torch first, whose libraries it links).
 
+    Importing it registers the torch library ``pgc_hvd`` (``csrc/library.cpp``): the schemas of
+    the four ops and their CPU and CUDA kernels."""
     try:
         from pgc_hvd import _C
     except ImportError as err:  # pragma: no cover - only on a broken install
@@ -18,6 +24,18 @@ def ext():
             f"{err}. Run `bash launch/setup.sh` from the repository root to build it."
         ) from err
     return _C
+
+
+def library():
+    """``torch.ops.pgc_hvd``: the ops of the compiled extension, loaded on the first call with
+    their fake kernels (:mod:`pgc_hvd.ops._fake`), so that torch.compile traces them."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        ext()
+        from pgc_hvd.ops import _fake  # noqa: F401  (registers the fake kernels)
+
+        _LIBRARY = torch.ops.pgc_hvd
+    return _LIBRARY
 
 
 def cuda_compiled() -> bool:

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from pgc_hvd.ops._ext import ext
+from pgc_hvd.ops._ext import library
 
 
 def coded_accumulate(
@@ -39,7 +39,7 @@ def coded_accumulate(
     Raises ValueError/TypeError on shapes, dtypes, devices or non-finite coefficients.
     """
     coeffs = [float(a) for a in coeffs]
-    ext().coded_accumulate(out, list(slots), coeffs, bool(accumulate))
+    library().coded_accumulate(out, list(slots), coeffs, bool(accumulate))
     return out
 
 

@@ -23,11 +23,15 @@ Two selection methods give the same I whenever it is well defined:
 
 On CUDA the digit walk of radix select runs on the device by default, so a selection queues
 without host round trips except one small read-back (the candidate count, and the Inf/NaN
-count behind the ValueError below). ``PGC_HVD_CUDA_TOPK_WALK=host`` selects the first,
-host-driven version (one blocking read-back per digit), kept as a fallback and as the reference
-that ``benchmarks/ops_report.py`` times alongside; ``PGC_HVD_CUDA_TOPK_COMPACT=0`` makes the
-exact path walk all digits over x instead of compacting candidates (a design alternative timed
-alongside). Every setting gives the same result.
+count behind the ValueError below). ``walk="host"`` selects the first, host-driven version (one
+blocking read-back per digit), kept as a fallback and as the reference that
+``benchmarks/ops_report.py`` times alongside; ``compact=False`` makes the exact path walk all
+digits over x instead of compacting candidates (a design alternative timed alongside). Every
+setting gives the same result, and the CPU kernels ignore both. Their defaults come from the
+environment, read once, at the import of this module (:func:`cuda_topk_defaults`; a bad value
+makes every top-k raise ValueError):
+``PGC_HVD_CUDA_TOPK_WALK`` = ``device`` (default) or ``host``, ``PGC_HVD_CUDA_TOPK_COMPACT`` =
+``1`` (default) or ``0``; both are arguments of the torch ops (``torch.ops.pgc_hvd``).
 
 Error feedback (EF-SGD): with a residual e (fp32, the part of past messages not yet sent),
 
@@ -46,13 +50,61 @@ feedback still adds x into the residual).
 from __future__ import annotations
 
 import operator
-from typing import Tuple
+import os
+from typing import Mapping, Optional, Tuple
 
 import torch
 
-from pgc_hvd.ops._ext import ext
+from pgc_hvd.ops._ext import library
 
 METHODS = ("exact", "threshold")
+WALKS = ("device", "host")
+WALK_ENV = "PGC_HVD_CUDA_TOPK_WALK"
+COMPACT_ENV = "PGC_HVD_CUDA_TOPK_COMPACT"
+
+
+def cuda_topk_from_env(environ: Mapping[str, str] = os.environ) -> Tuple[str, bool]:
+    """``(walk, compact)`` as ``environ`` sets them: ``PGC_HVD_CUDA_TOPK_WALK`` = ``device``
+    (default) or ``host``, ``PGC_HVD_CUDA_TOPK_COMPACT`` = ``1`` (default) or ``0``; an unset or
+    empty variable means its default. Raises ValueError naming the variable otherwise."""
+    walk = environ.get(WALK_ENV) or "device"
+    if walk not in WALKS:
+        raise ValueError(f"{WALK_ENV} must be 'device' (the default) or 'host', got {walk!r}")
+    compact = environ.get(COMPACT_ENV) or "1"
+    if compact not in ("1", "0"):
+        raise ValueError(f"{COMPACT_ENV} must be 1 (the default) or 0, got {compact!r}")
+    return walk, compact == "1"
+
+
+def _read_env_once():
+    try:
+        return cuda_topk_from_env()
+    except ValueError as err:  # raised by the first top-k, not by the import
+        return err
+
+
+# (walk, compact) from the environment, read once, when this module is imported; or the
+# ValueError that every top-k call then raises.
+_CUDA_TOPK_DEFAULTS = _read_env_once()
+
+
+def cuda_topk_defaults() -> Tuple[str, bool]:
+    """The default ``(walk, compact)`` of the top-k ops: the environment as it was when
+    :mod:`pgc_hvd.ops` was imported (:func:`cuda_topk_from_env`); a later change is not seen
+    (pass ``walk=`` / ``compact=`` to choose per call). Raises the ValueError of a bad value."""
+    if isinstance(_CUDA_TOPK_DEFAULTS, ValueError):
+        raise ValueError(*_CUDA_TOPK_DEFAULTS.args)
+    return _CUDA_TOPK_DEFAULTS
+
+
+def _walk_compact(walk: Optional[str], compact: Optional[bool]) -> Tuple[str, bool]:
+    if walk is None or compact is None:
+        env_walk, env_compact = cuda_topk_defaults()
+        walk = env_walk if walk is None else walk
+        compact = env_compact if compact is None else compact
+    if walk not in WALKS:
+        raise ValueError(f"walk must be one of {WALKS}, got {walk!r}")
+    return walk, bool(compact)
 
 
 def _index64(index_dtype: torch.dtype) -> bool:
@@ -80,7 +132,13 @@ def _check_method(method: str) -> str:
 
 
 def topk_compress(
-    x: torch.Tensor, k: int, method: str = "exact", *, index_dtype: torch.dtype = torch.int64
+    x: torch.Tensor,
+    k: int,
+    method: str = "exact",
+    *,
+    index_dtype: torch.dtype = torch.int64,
+    walk: Optional[str] = None,
+    compact: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The k entries of largest magnitude of ``x``: ``(values, indices)``.
 
@@ -89,12 +147,15 @@ def topk_compress(
         k: number of entries kept, 0 <= k <= d.
         method: ``"exact"`` or ``"threshold"`` (see the module docstring; same result).
         index_dtype: ``torch.int64`` (default) or ``torch.int32``.
+        walk, compact: how CUDA runs the radix select (``"device"``/``"host"``; compact the
+            candidates or not); None takes :func:`cuda_topk_defaults`. Same result either way.
 
     Returns ``values`` (x's dtype, ``values == x[indices]``) and ``indices`` ascending, ties in
     |x| broken by the lower index. Raises TypeError (dtype), ValueError (shape, contiguity,
     k outside [0, d], Inf/NaN in x: nothing is returned then).
     """
-    return tuple(ext().topk_compress(x, _check_k(k), _check_method(method), _index64(index_dtype)))
+    k, method, index64 = _check_k(k), _check_method(method), _index64(index_dtype)
+    return tuple(library().topk_compress(x, k, method, index64, *_walk_compact(walk, compact)))
 
 
 def error_feedback_compress(
@@ -104,6 +165,8 @@ def error_feedback_compress(
     method: str = "exact",
     *,
     index_dtype: torch.dtype = torch.int64,
+    walk: Optional[str] = None,
+    compact: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Top-k of ``x + residual`` with error feedback; updates ``residual`` in place.
 
@@ -114,16 +177,14 @@ def error_feedback_compress(
     Args:
         x: flat contiguous float32/float16/bfloat16 gradient of d elements.
         residual: flat contiguous float32 buffer of d elements on x's device (not aliasing x).
-        k, method, index_dtype: as in :func:`topk_compress`.
+        k, method, index_dtype, walk, compact: as in :func:`topk_compress`.
 
     Returns fp32 ``values`` and ascending ``indices``. Inf/NaN in x + residual raise ValueError
     after ``residual`` already holds x + residual (see the module docstring).
     """
-    return tuple(
-        ext().error_feedback_compress(
-            x, residual, _check_k(k), _check_method(method), _index64(index_dtype)
-        )
-    )
+    k, method, index64 = _check_k(k), _check_method(method), _index64(index_dtype)
+    return tuple(library().error_feedback_compress(x, residual, k, method, index64,
+                                                   *_walk_compact(walk, compact)))
 
 
 def compression_error_norm(message: torch.Tensor, values: torch.Tensor,

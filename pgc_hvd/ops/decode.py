@@ -17,7 +17,7 @@ from typing import Sequence, Tuple, Union
 
 import torch
 
-from pgc_hvd.ops._ext import ext
+from pgc_hvd.ops._ext import library
 
 Message = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 
@@ -65,5 +65,6 @@ def decode_accumulate(
                 f"message {i} must be a tensor (dense) or a (values, indices) pair, got "
                 f"{type(m).__name__}"
             )
-    ext().decode_accumulate(out, dense, dense_w, sv, si, sw, bool(accumulate), bool(check_finite))
+    library().decode_accumulate(out, dense, dense_w, sv, si, sw, bool(accumulate),
+                                bool(check_finite))
     return out

@@ -4,6 +4,9 @@ threshold method's recall of the exact top-kappa's L2 mass, and input checks."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgc_hvd.ops import topk_compress
+from pgc_hvd.ops._ext import library
+from pgc_hvd.ops.compress import cuda_topk_from_env
 from pgc_hvd.ops.reference import topk_compress_ref
 
 from ops_helpers import DEVICES, DTYPES, sample_positions
@@ -18,8 +23,10 @@ from ops_helpers import DEVICES, DTYPES, sample_positions
 METHODS = ["exact", "threshold"]
 
 
-def assert_matches_ref(x: torch.Tensor, k: int, method: str, index_dtype=torch.int64):
-    values, indices = topk_compress(x, k, method, index_dtype=index_dtype)
+def assert_matches_ref(x: torch.Tensor, k: int, method: str, index_dtype=torch.int64,
+                       **setting):
+    """setting: the CUDA radix select's walk / compact arguments (the defaults when absent)."""
+    values, indices = topk_compress(x, k, method, index_dtype=index_dtype, **setting)
     ref_v, ref_i = topk_compress_ref(x.cpu(), k, index_dtype=index_dtype)
     assert values.dtype == x.dtype and indices.dtype == index_dtype
     assert values.device == x.device and indices.device == x.device
@@ -192,16 +199,18 @@ def test_hypothesis_ties(levels, d, kfrac, seed, method):
     assert_matches_ref(x, int(math.floor(kfrac * d)), method)
 
 
-# Every CUDA radix-select setting: (PGC_HVD_CUDA_TOPK_WALK: who walks the radix digits,
-# PGC_HVD_CUDA_TOPK_COMPACT: whether the device walk compacts the candidates).
-CUDA_SETTINGS = [("device", "1"), ("host", "1"), ("device", "0")]
+# Every CUDA radix-select setting, as the top-k ops' arguments: walk (who walks the radix digits;
+# default from PGC_HVD_CUDA_TOPK_WALK) and compact (whether the device walk compacts the
+# candidates; default from PGC_HVD_CUDA_TOPK_COMPACT).
+CUDA_SETTINGS = [dict(walk="device", compact=True), dict(walk="host", compact=True),
+                 dict(walk="device", compact=False)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("case", ["gaussian", "student_t3", "many_ties", "all_equal", "ramp"])
 @pytest.mark.parametrize("d", [1, 1031, 300_007])
-def test_cuda_walks_agree(monkeypatch, method, case, d):
+def test_cuda_walks_agree(method, case, d):
     """Both CUDA drivers of radix select (device-side walk, the default, with or without the
     compaction, and the host-driven first version) select exactly the reference's entries."""
     g = torch.Generator().manual_seed(d)
@@ -212,28 +221,59 @@ def test_cuda_walks_agree(monkeypatch, method, case, d):
     else:
         x = ADVERSARIAL[case](d)
     x = x.contiguous().cuda()
-    for walk, compact in CUDA_SETTINGS:
-        monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", walk)
-        monkeypatch.setenv("PGC_HVD_CUDA_TOPK_COMPACT", compact)
+    for setting in CUDA_SETTINGS:
         for k in sorted({1, max(1, d // 100), d // 3, d}):
-            assert_matches_ref(x, k, method)
+            assert_matches_ref(x, k, method, **setting)
     x[d // 2] = float("nan")  # the check still comes before anything is returned
     with pytest.raises(ValueError, match="Inf or NaN"):
         topk_compress(x, 1, method)
 
 
-@pytest.mark.gpu
-def test_cuda_walk_settings_are_checked(monkeypatch):
-    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", "sideways")
+def test_cuda_walk_settings_are_checked():
+    """The environment's settings are checked when read (once per process), and so are the
+    arguments, on every device (the CPU kernels ignore them but refuse a bad walk)."""
+    assert cuda_topk_from_env({}) == ("device", True)
+    assert cuda_topk_from_env({"PGC_HVD_CUDA_TOPK_WALK": "host",
+                               "PGC_HVD_CUDA_TOPK_COMPACT": "0"}) == ("host", False)
     with pytest.raises(ValueError, match="PGC_HVD_CUDA_TOPK_WALK must be 'device'"):
-        topk_compress(torch.randn(10, device="cuda"), 3)
-    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", "device")
-    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_COMPACT", "yes")
+        cuda_topk_from_env({"PGC_HVD_CUDA_TOPK_WALK": "sideways"})
     for walk in ("device", "host"):
-        monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", walk)
+        with pytest.raises(ValueError, match="PGC_HVD_CUDA_TOPK_COMPACT must be 1"):
+            cuda_topk_from_env({"PGC_HVD_CUDA_TOPK_WALK": walk,
+                                "PGC_HVD_CUDA_TOPK_COMPACT": "yes"})
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
         for method in METHODS:
-            with pytest.raises(ValueError, match="PGC_HVD_CUDA_TOPK_COMPACT must be 1"):
-                topk_compress(torch.randn(10, device="cuda"), 3, method)
+            with pytest.raises(ValueError, match="walk must be one of"):
+                topk_compress(torch.randn(10, device=device), 3, method, walk="sideways")
+            with pytest.raises(ValueError, match='walk must be "device"'):
+                library().topk_compress(torch.randn(10, device=device), 3, method, True,
+                                        "sideways", True)
+
+
+def test_cuda_walk_settings_read_once():
+    """pgc_hvd.ops reads PGC_HVD_CUDA_TOPK_WALK / _COMPACT once, at its import, and keeps them
+    (a later change of the environment is not seen); a bad value makes a top-k raise ValueError
+    on any device, naming the variable."""
+    script = """
+import os, torch
+from pgc_hvd.ops import topk_compress
+from pgc_hvd.ops.compress import cuda_topk_defaults
+topk_compress(torch.randn(10), 3)
+os.environ["PGC_HVD_CUDA_TOPK_WALK"] = "device"
+os.environ["PGC_HVD_CUDA_TOPK_COMPACT"] = "1"
+print(cuda_topk_defaults())
+"""
+    env = dict(os.environ, PGC_HVD_CUDA_TOPK_WALK="host", PGC_HVD_CUDA_TOPK_COMPACT="0")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "('host', False)"
+    env["PGC_HVD_CUDA_TOPK_WALK"] = "sideways"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0
+    assert "ValueError: PGC_HVD_CUDA_TOPK_WALK must be 'device'" in out.stderr
 
 
 @pytest.mark.gpu
@@ -248,8 +288,7 @@ def test_cuda_walk_settings_are_checked(monkeypatch):
     setting=st.sampled_from(CUDA_SETTINGS),
     dtype=st.sampled_from(DTYPES),
 )
-def test_hypothesis_cuda_matches_reference(monkeypatch, levels, d, kfrac, seed, method, setting,
-                                           dtype):
+def test_hypothesis_cuda_matches_reference(levels, d, kfrac, seed, method, setting, dtype):
     """Random sizes, tie structures and scales (values spread over 23 binades, so every radix
     digit decides somewhere; |x| <= 40 * 2^10 stays finite in float16) on the GPU, under both
     drivers of radix select (and the device walk without compaction)."""
@@ -257,6 +296,4 @@ def test_hypothesis_cuda_matches_reference(monkeypatch, levels, d, kfrac, seed, 
     x = torch.randint(-levels, levels + 1, (d,), generator=g).float()
     x = x * torch.exp2(torch.randint(-12, 11, (d,), generator=g).float())
     x = x * (1 + torch.randint(0, 4, (d,), generator=g).float() * 2.0**-21)  # float32's last digit
-    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_WALK", setting[0])
-    monkeypatch.setenv("PGC_HVD_CUDA_TOPK_COMPACT", setting[1])
-    assert_matches_ref(x.to("cuda", dtype), max(1, int(math.floor(kfrac * d))), method)
+    assert_matches_ref(x.to("cuda", dtype), max(1, int(math.floor(kfrac * d))), method, **setting)
