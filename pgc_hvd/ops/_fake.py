@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from pgc_hvd.ops._ext import ext
-
-ext()  # the ops must be defined (by pgc_hvd._C) before their fake kernels are registered
+# the ops must be defined (importing pgc_hvd._C registers them) before their fake kernels are;
+# pgc_hvd.ops._ext.library() imports this module after loading _C with its error message
+from pgc_hvd import _C  # noqa: F401,E402
 
 
 def _index_dtype(index64: bool) -> torch.dtype:
