@@ -126,6 +126,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--no-cascade", action="store_true",
                    help="ElasticState(cascade=False): the behaviour before issue 26")
+    p.add_argument("--victim-host", type=int, default=None,
+                   help="always kill the rank on this host (index into the 4 hosts; which rank "
+                        "a host holds is Horovod's choice)")
     p.add_argument("--victim-rank", type=int, default=None,
                    help="always kill the process that holds this rank at its first step (0: "
                         "the control log's decider and the server of its store); default: a "
@@ -140,6 +143,8 @@ def main(argv=None) -> int:
             mine = []
             for _ in range(args.kills):
                 victim, delay = rng.choice(lh.hosts), rng.uniform(lo, hi)
+                if args.victim_host is not None:
+                    victim = lh.hosts[args.victim_host]
                 if args.victim_rank is not None:
                     victim = f"rank:{args.victim_rank}"
                 with tempfile.TemporaryDirectory() as d:
