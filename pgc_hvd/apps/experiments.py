@@ -315,11 +315,12 @@ STALENESS_COLS = [("variant", "variant"), ("time to target (s)", "time_to_target
                   ("corr", "corr_min_mean"), ("diverged at step", "diverged")]
 
 
-def staleness_delay():
+def staleness_delay(seed: int = 0):
     """Log-normal(mu = -1, sigma = 0.5) delays scaled per worker by :data:`STALENESS_FACTORS`,
-    plus a 10-30 s straggler with probability 0.02 per worker-step (the design note's set-up)."""
-    return (Heterogeneous(LogNormal(-1.0, 0.5, seed=5), STALENESS_FACTORS)
-            + LongStraggler(0.02, 10.0, 30.0, seed=6))
+    plus a 10-30 s straggler with probability 0.02 per worker-step (the design note's set-up).
+    ``seed`` picks the delay draws (0: the draws every earlier figure used)."""
+    return (Heterogeneous(LogNormal(-1.0, 0.5, seed=5 + 1000 * seed), STALENESS_FACTORS)
+            + LongStraggler(0.02, 10.0, 30.0, seed=6 + 1000 * seed))
 
 
 def staleness_runs(out: Path, data, budget: float, model: str = "softmax",

@@ -13,8 +13,29 @@ with age 0 <= t - v_i < c; the update is the mean of the table,
 Late arrivals (from earlier steps) still refresh the table. Without staleness
 (every shard fresh) the update is the exact average gradient.
 
+Replays and the remedy (``replay``; docs/control.md "Bounded staleness: count each gradient
+once"). The note's rule above applies the whole table at every step, so an entry that is not
+refreshed enters up to c consecutive updates: a *replay*, and nothing limits how many steps
+fire from one table (after a step the next round is polled and fires at once while every
+entry is younger than c). The gradient g_i^{(v)} then enters sum_t w_i = u_i w_i in total,
+u_i <= c its number of uses -- an lr amplified by up to c on the slow workers' shards, which
+with the user's momentum 0.9 diverges (docs/experiments.md section 5). ``replay="once"`` (the
+default) counts every gradient once, at its first use:
+
+    g^(t) = sum_{i in F_t} w_i g_i^{(v_i)},   F_t = the entries no earlier step has used,
+
+and step t fires when every shard has an entry of age t - v_i < c (as before) *and* F_t is not
+empty, so no step is a pure replay. Each gradient's total weight over its uses is w_i (1/n):
+the update is asynchronous SGD with delays bounded by c - 1 (and every shard's newest gradient
+at most c - 1 versions old at every step). ``replay="mean"`` is the note's rule (every entry,
+every step; the off switch). Two more weightings are kept for the comparison that chose
+"once": ``"age"`` (staleness-aware lr, w_i / (1 + a_i) on every entry at every step, a_i =
+t - v_i) and ``"split"`` (w_i / c on every entry at every step: an entry's weight spread over
+the c uses it can have, so its total is at most w_i).
+
 Options: ``r`` (replicas, default s+1, 1 <= r <= n), ``c`` (staleness bound,
-default s+1, c >= 1), ``shard_sizes`` (n positive numbers).
+default s+1, c >= 1), ``shard_sizes`` (n positive numbers), ``replay`` ("once" default,
+"mean", "age", "split").
 """
 
 from __future__ import annotations
@@ -39,11 +60,31 @@ class _TableRound(Round):
         sch = self.scheme
         t = self.step
         table = sch.table
-        if any(e is None or not 0 <= t - e[2] < sch.staleness_bound for e in table):
+        c = sch.staleness_bound
+        if any(e is None or not 0 <= t - e[2] < c for e in table):
             return None
-        uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i]) for i, e in enumerate(table))
         ages = [t - e[2] for e in table]
-        return self.decide({}, {"table_max_age": max(ages)}, uses=uses)
+        mode = sch.replay
+        if mode == "mean":      # the design note's rule: every entry, every step
+            uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i]) for i, e in enumerate(table))
+            return self.decide({}, {"table_max_age": max(ages)}, uses=uses)
+        fresh = [i for i, e in enumerate(table) if (e[0], e[1]) not in sch.used]
+        if mode == "once":
+            if not fresh:       # every entry has been applied already: wait for a new one
+                return None
+            uses = tuple(Use(table[i][0], table[i][1], table[i][2], sch.shard_weights[i])
+                         for i in fresh)
+        elif mode == "age":
+            uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i] / (1.0 + ages[i]))
+                         for i, e in enumerate(table))
+        else:                   # "split"
+            uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i] / c)
+                         for i, e in enumerate(table))
+        sch.used.update((e[0], e[1]) for e in table)
+        return self.decide({}, {"table_max_age": max(ages), "n_fresh": len(fresh),
+                                "replayed": len(table) - len(fresh),
+                                "weight_sum": float(sum(u.weight for u in uses))},
+                           uses=uses)
 
     def _message_store(self):
         return self.scheme.table_messages
@@ -58,8 +99,10 @@ class BoundedStalenessScheme(Scheme):
     uses_stale_gradients = True         # table entries of age < c
     round_type = _TableRound
 
+    REPLAY_MODES = ("once", "mean", "age", "split")
+
     def __init__(self, n: int, s: int, r: Optional[int] = None, c: Optional[int] = None,
-                 shard_sizes=None):
+                 shard_sizes=None, replay: str = "once"):
         n, s = check_scheme_n_s(self.name, n, s)
         super().__init__(n, s)
         self.r = check_positive_int(self.name, "r", s + 1 if r is None else r, 1, n,
@@ -80,11 +123,22 @@ class BoundedStalenessScheme(Scheme):
                 )
             total = sum(sizes)
             self.shard_weights = [x / total for x in sizes]
+        mode = str(replay).strip().lower()
+        if mode in ("off", "table", "note"):
+            mode = "mean"
+        if mode not in self.REPLAY_MODES:
+            raise ValueError(f"{self.name}: replay={replay!r}; use 'once' (default: each "
+                             "gradient counted once, at its first use), 'mean' (the design "
+                             "note's table mean at every step, the remedy off), 'age' or 'split'")
+        self.replay = mode
         self._supports = [[(j + l) % n for l in range(self.r)] for j in range(n)]
         self.code = None
         # table[i] = (worker, step, version) of the newest gradient of shard i
         self.table: list = [None] * n
         self.table_messages: dict = {}
+        # (worker, step) of the table entries an update has used (replay != "mean"); an entry
+        # leaves this set when a newer gradient of its shard replaces it
+        self.used: set = set()
 
     def supports(self):
         return self._supports
@@ -119,6 +173,7 @@ class BoundedStalenessScheme(Scheme):
             return
         if old is not None:
             self.table_messages.pop((old[0], old[1]), None)
+            self.used.discard((old[0], old[1]))
         self.table[shard] = (arrival.worker, arrival.step, v)
         if arrival.message is not None:
             self.table_messages[(arrival.worker, arrival.step)] = arrival.message

@@ -144,7 +144,8 @@ def test_bounded_staleness_every_shard_evaluated_once_per_step():
 
 def test_bounded_staleness_fires_only_when_every_shard_is_younger_than_c():
     n, s, c = 4, 1, 2
-    scheme = get_scheme("bounded-staleness", n, s, r=2, c=c, shard_sizes=[1, 1, 1, 5])
+    scheme = get_scheme("bounded-staleness", n, s, r=2, c=c, shard_sizes=[1, 1, 1, 5],
+                        replay="mean")   # the design note's rule: the whole table every step
     g = np.arange(4 * 2, dtype=float).reshape(4, 2)
     # step 0: everyone delivers
     rnd = scheme.open_round(0)
@@ -169,6 +170,108 @@ def test_bounded_staleness_fires_only_when_every_shard_is_younger_than_c():
     assert {(u.worker, u.step, u.version) for u in d2.uses} == {(0, 2, 2), (1, 2, 2), (2, 2, 2), (2, 1, 1)}
     assert d2.info["table_max_age"] == 1 and d2.info["max_age"] == 1
     assert np.allclose(rnd2.combine(), (w[:, None] * g).sum(axis=0))
+
+
+def _drive(scheme, events):
+    """Feed ``events`` = [(worker, lag)] to ``scheme`` as an engine would: the arrival of worker
+    for step max(0, t - lag) (each (worker, step) once), then poll the next rounds; returns the
+    decisions in order."""
+    t, rnd, sent, out = 0, scheme.open_round(0), set(), []
+    for worker, lag in events:
+        step = max(0, t - lag)
+        if (worker, step) in sent:
+            continue
+        sent.add((worker, step))
+        d = rnd.offer(Arrival(worker, step, step, None))
+        while d is not None:
+            out.append(d)
+            t += 1
+            rnd = scheme.open_round(t)
+            d = rnd.poll()
+    return out
+
+
+_events = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 4)), min_size=1, max_size=120)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 8), st.integers(1, 5), st.data())
+def test_bounded_staleness_once_counts_every_gradient_once(n, c, data):
+    """replay="once" (the default): a gradient's total weight over its uses is its shard's
+    weight w_i, every update has at least one new gradient, every entry is younger than c."""
+    r = data.draw(st.integers(1, n))
+    sizes = data.draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
+    scheme = get_scheme("bounded-staleness", n, 1, r=r, c=c, shard_sizes=sizes)
+    assert scheme.replay == "once"
+    events = [(w % n, lag) for w, lag in data.draw(_events)]
+    total: dict = {}
+    for d in _drive(scheme, events):
+        assert d.uses and d.info["n_fresh"] == len(d.uses)
+        assert d.info["max_age"] < c and d.info["table_max_age"] < c
+        for u in d.uses:
+            total[(u.worker, u.step)] = total.get((u.worker, u.step), 0.0) + u.weight
+    for (w, step), tot in total.items():
+        assert tot == pytest.approx(scheme.shard_weights[scheme.shard_of(w, step)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 8), st.integers(1, 5), st.data())
+def test_bounded_staleness_weightings_fire_as_the_note_and_bound_the_weights(n, c, data):
+    """"mean" (the note's rule), "age" and "split" fire at the same steps (every entry younger
+    than c, from the table alone); "split" keeps a gradient's total at most w_i, "age" weights
+    w_i / (1 + age); "once" fires at a subset of those moments (never a pure replay)."""
+    r = data.draw(st.integers(1, n))
+    events = [(w % n, lag) for w, lag in data.draw(_events)]
+    runs = {m: _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, replay=m), events)
+            for m in ("mean", "age", "split")}
+    key = [(d.step, tuple((u.worker, u.step) for u in d.uses)) for d in runs["mean"]]
+    for m in ("age", "split"):
+        assert [(d.step, tuple((u.worker, u.step) for u in d.uses)) for d in runs[m]] == key
+    total: dict = {}
+    for d in runs["split"]:
+        for u in d.uses:
+            total[(u.worker, u.step)] = total.get((u.worker, u.step), 0.0) + u.weight
+    assert all(v <= 1.0 / n + 1e-12 for v in total.values())
+    for d in runs["age"]:
+        for u in d.uses:
+            assert u.weight == pytest.approx(1.0 / n / (1 + d.step - u.version))
+    once = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c), events)
+    assert len(once) <= len(runs["mean"])
+
+
+def test_bounded_staleness_once_equals_the_mean_without_staleness():
+    """c = 1 (every entry must be fresh: all n arrivals of step t): the default's update is
+    the note's, the exact average."""
+    n = 6
+    g = np.random.default_rng(1).standard_normal((n, 3))
+    for mode in ("once", "mean"):
+        scheme = get_scheme("bounded-staleness", n, 1, r=2, c=1, replay=mode)
+        for t in range(3):
+            arrivals = [Arrival(j, t, t, g[scheme.shard_of(j, t)]) for j in range(n)]
+            rnd = scheme.open_round(t)
+            ds = [rnd.offer(a) for a in arrivals]
+            assert ds[-1] is not None and all(d is None for d in ds[:-1])
+            assert np.allclose(rnd.combine(), g.mean(axis=0))
+
+
+def test_bounded_staleness_once_does_not_replay():
+    """The note's rule fires step 1 from step 0's table alone (a pure replay); the default
+    waits for a new gradient and uses only it, with its own weight."""
+    n = 4
+    g = np.eye(n)
+    scheme = get_scheme("bounded-staleness", n, 1, r=2, c=2)
+    rnd = scheme.open_round(0)
+    for j in range(n):
+        d0 = rnd.offer(Arrival(j, 0, 0, g[scheme.shard_of(j, 0)]))
+    assert d0 is not None and d0.info["n_fresh"] == n and d0.info["replayed"] == 0
+    rnd1 = scheme.open_round(1)
+    assert rnd1.poll() is None
+    d1 = rnd1.offer(Arrival(0, 1, 1, g[scheme.shard_of(0, 1)]))
+    assert d1 is not None and [(u.worker, u.step) for u in d1.uses] == [(0, 1)]
+    assert d1.info["replayed"] == n - 1 and d1.info["weight_sum"] == pytest.approx(1 / n)
+    assert np.allclose(rnd1.combine(), g[scheme.shard_of(0, 1)] / n)
+    with pytest.raises(ValueError, match="replay"):
+        get_scheme("bounded-staleness", n, 1, replay="twice")
 
 
 def test_bounded_staleness_keeps_the_newest_version():

@@ -1,0 +1,150 @@
+"""What breaks bounded staleness under momentum 0.9 on a deep net? (simulator, issue 35)
+
+    python benchmarks/staleness_mechanism.py [--seeds 0,1,2] [--cs 2,4,8] [--jobs 2]
+                                             [--budget 200] [--json PATH]
+
+The design note's set-up (``pgc_hvd.apps.experiments.staleness_delay``: 8 heterogeneous
+workers, log-normal delays, 10-30 s stragglers with p = 0.02 per worker-step, 1 s per
+partition gradient) on MNIST-1D with ``cnn1d``, minibatch 32, bounded staleness r = 2,
+c in ``--cs``, a virtual budget of ``--budget`` s. Variants, each separating one mechanism:
+
+* ``mean`` (the note's rule: the whole table at every step), SGD lr 0.1 momentum 0.9: the
+  failing configuration;
+* ``mean, plain SGD lr 0.1``: the user's momentum removed, same lr (is the momentum on top
+  the breaker?);
+* ``mean, plain SGD lr 1.0``: momentum removed, same total gain lr / (1 - beta);
+* ``split``: every entry at every step with weight w_i / c, so an entry's total weight over
+  its (at most c) uses is at most w_i: the replay kept, its amplification removed;
+* ``age``: w_i / (1 + a_i) at every step (staleness-aware lr, eta / tau);
+* ``once``: each gradient counted once, at its first use (no replay, the delay kept);
+* ``once, plain SGD lr 1.0``;
+* DGD with momentum 0.9 and with plain SGD lr 1.0, for reference.
+
+Per run: final and best validation accuracy, the validation loss at the end, whether it
+diverged, steps, and the replay statistics read from the records: ``uses_per_grad`` (mean
+number of updates a table entry enters), ``max_uses``, ``replay_steps`` (share of steps whose
+every entry had been used before: pure replays), ``weight_per_grad`` (mean total weight of
+a gradient over its uses, in units of w_i = 1/n: the lr amplification) and ``mean_age``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+MOM = "sgd:lr=0.1,momentum=0.9"
+SGD01 = "sgd:lr=0.1"
+SGD1 = "sgd:lr=1.0"
+
+
+def variants(cs):
+    out = [("dgd", "dgd", MOM, None, 0), ("dgd plain lr 1.0", "dgd", SGD1, None, 0)]
+    for c in cs:
+        out += [(f"mean c={c}", "bounded-staleness", MOM, "mean", c),
+                (f"mean plain lr 0.1 c={c}", "bounded-staleness", SGD01, "mean", c),
+                (f"mean plain lr 1.0 c={c}", "bounded-staleness", SGD1, "mean", c),
+                (f"split c={c}", "bounded-staleness", MOM, "split", c),
+                (f"age c={c}", "bounded-staleness", MOM, "age", c),
+                (f"once c={c}", "bounded-staleness", MOM, "once", c),
+                (f"once plain lr 1.0 c={c}", "bounded-staleness", SGD1, "once", c)]
+    return out
+
+
+def replay_stats(recs, n: int) -> dict:
+    """Replays read from the records: every use is (worker, version) of a table entry."""
+    uses: dict = {}
+    weight: dict = {}
+    replay_steps = 0
+    for r in recs:
+        ws = r.extra.get("weights")
+        fresh = 0
+        for k, (w, v) in enumerate(zip(r.workers_used, r.versions)):
+            key = (w, v)
+            fresh += key not in uses
+            uses[key] = uses.get(key, 0) + 1
+        replay_steps += fresh == 0
+    counts = list(uses.values()) or [0]
+    return {"uses_per_grad": statistics.fmean(counts), "max_uses": max(counts),
+            "replay_steps": replay_steps / max(1, len(recs))}
+
+
+def _run(job):
+    label, scheme, opt, replay, c, seed, budget = job
+    import math
+    import torch
+    torch.set_num_threads(1)
+    from pgc_hvd.apps.experiments import STALENESS_FACTORS, staleness_delay
+    from pgc_hvd.sim.run import prepare_data, simulate
+    data = prepare_data("mnist1d")
+    opts = {} if scheme == "dgd" else {"r": 2, "c": c, "replay": replay}
+    recs, summ = simulate(scheme, len(STALENESS_FACTORS), 1, data=data, model="cnn1d",
+                          optimizer=opt, delay=staleness_delay(seed), steps=100000,
+                          max_time=budget, scheme_options=opts, partition_time=1.0,
+                          batch_size=32, seed=seed, eval_every=2, eval_train=False,
+                          diagnostics=False)
+    accs = [r.extra["test_accuracy"] for r in recs if r.extra.get("test_accuracy") is not None]
+    loss = next((r.extra["test_loss"] for r in reversed(recs)
+                 if r.extra.get("test_loss") is not None), None)
+    row = {"variant": label, "seed": seed, "steps": len(recs), "time": recs[-1].time,
+           "final_acc": accs[-1] if accs else None, "best_acc": max(accs) if accs else None,
+           "final_loss": loss if loss is None or math.isfinite(loss) else None,
+           "diverged": summ.get("diverged"), "grad_evals": summ["grad_evals"],
+           "mean_age": statistics.fmean(r.mean_age for r in recs if r.mean_age is not None),
+           "max_age": max(r.max_age for r in recs)}
+    if scheme != "dgd":
+        row.update(replay_stats(recs, len(STALENESS_FACTORS)))
+        ws = [r.extra.get("weight_sum") for r in recs]
+        if replay == "mean":        # every use carries w_i = 1/n
+            row["weight_per_grad"] = row["uses_per_grad"]
+        elif all(w is not None for w in ws):
+            # total weight applied / gradients used, in units of 1/n
+            row["weight_per_grad"] = (sum(ws) * len(STALENESS_FACTORS)
+                                      / max(1, len({(w, v) for r in recs
+                                                    for w, v in zip(r.workers_used, r.versions)})))
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--cs", default="2,4,8")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--budget", type=float, default=200.0)
+    p.add_argument("--only", default=None, help="comma-separated variant prefixes to run")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    seeds = [int(x) for x in a.seeds.split(",")]
+    cs = [int(x) for x in a.cs.split(",")]
+    vs = variants(cs)
+    if a.only:
+        keep = [x.strip() for x in a.only.split(",")]
+        vs = [v for v in vs if any(v[0].startswith(k) for k in keep)]
+    jobs = [(*v, seed, a.budget) for v in vs for seed in seeds]
+    with ProcessPoolExecutor(a.jobs) as pool:
+        rows = []
+        for row in pool.map(_run, jobs):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print("\nvariant | final acc (median) | best acc | diverged | steps | uses/grad | "
+          "weight/grad | replay steps | mean age")
+    for v in vs:
+        rs = [r for r in rows if r["variant"] == v[0]]
+        med = lambda k: statistics.median([r[k] for r in rs if r.get(k) is not None] or [float("nan")])
+        print(f"{v[0]} | {med('final_acc'):.3f} | {med('best_acc'):.3f} | "
+              f"{sum(r['diverged'] is not None for r in rs)}/{len(rs)} | {med('steps'):.0f} | "
+              f"{med('uses_per_grad'):.2f} | {med('weight_per_grad'):.2f} | "
+              f"{med('replay_steps'):.2f} | {med('mean_age'):.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"command": "python benchmarks/staleness_mechanism.py "
+                       + " ".join(argv if argv is not None else sys.argv[1:]),
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
