@@ -41,16 +41,67 @@ SGD1 = "sgd:lr=1.0"
 
 
 def variants(cs):
-    out = [("dgd", "dgd", MOM, None, 0), ("dgd plain lr 1.0", "dgd", SGD1, None, 0)]
+    """(label, scheme, optimizer, replay, c, extra); extra: None, "momcorr" (the momentum
+    correction of pgc_hvd.control.momentum on this scheme), "dc" (DC-ASGD, lambda 0.04),
+    "dca" (DC-ASGD-a, adaptive lambda 2 / sqrt(mean square)), "gap" (Gap-Aware)."""
+    B = "bounded-staleness"
+    out = [("dgd", "dgd", MOM, None, 0, None), ("dgd plain lr 0.1", "dgd", SGD01, None, 0, None)]
     for c in cs:
-        out += [(f"mean c={c}", "bounded-staleness", MOM, "mean", c),
-                (f"mean plain lr 0.1 c={c}", "bounded-staleness", SGD01, "mean", c),
-                (f"mean plain lr 1.0 c={c}", "bounded-staleness", SGD1, "mean", c),
-                (f"split c={c}", "bounded-staleness", MOM, "split", c),
-                (f"age c={c}", "bounded-staleness", MOM, "age", c),
-                (f"once c={c}", "bounded-staleness", MOM, "once", c),
-                (f"once plain lr 1.0 c={c}", "bounded-staleness", SGD1, "once", c)]
+        out += [(f"mean c={c}", B, MOM, "mean", c, None),
+                (f"mean plain lr 0.1 c={c}", B, SGD01, "mean", c, None),
+                (f"mean plain lr 1.0 c={c}", B, SGD1, "mean", c, None),
+                (f"split c={c}", B, MOM, "split", c, None),
+                (f"age c={c}", B, MOM, "age", c, None),
+                (f"mean momcorr c={c}", B, MOM, "mean", c, "momcorr"),
+                (f"mean dc-asgd-a c={c}", B, MOM, "mean", c, "dca"),
+                (f"once c={c}", B, MOM, "once", c, None),
+                (f"once plain lr 0.1 c={c}", B, SGD01, "once", c, None),
+                (f"once plain lr 1.0 c={c}", B, SGD1, "once", c, None),
+                (f"once-age c={c}", B, MOM, "once-age", c, None),
+                (f"once momcorr c={c}", B, MOM, "once", c, "momcorr"),
+                (f"once dc-asgd c={c}", B, MOM, "once", c, "dc"),
+                (f"once dc-asgd-a c={c}", B, MOM, "once", c, "dca"),
+                (f"once gap-aware c={c}", B, MOM, "once", c, "gap")]
     return out
+
+
+class Compensation:
+    """A ``step_hook`` that rewrites g_hat = sum_u w_u m_u from the decision's messages:
+
+    * DC-ASGD (Zheng et al. 2017): m_u + lambda m_u * m_u * (beta_t - beta_{v_u}); "dc":
+      lambda = 0.04 (MXNet's default), "dca": lambda_t = 2 / sqrt(MS_t), MS_t the running
+      mean square of g_hat (0.95 decay), the paper's adaptive variant;
+    * Gap-Aware (Barkai et al. 2020): m_u / max(1, G_u), G_u = |beta_t - beta_{v_u}| / C, C the
+      running mean of |beta_{t+1} - beta_t| (elementwise)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.ms = None
+        self.step_size = None
+        self.prev = None
+
+    def __call__(self, sim, step, decision, g_hat, extra):
+        import torch
+        x_t = sim.snapshots[step]
+        if self.prev is not None:
+            delta = (x_t - self.prev).abs()
+            self.step_size = delta if self.step_size is None else 0.95 * self.step_size + 0.05 * delta
+        self.prev = x_t.clone()
+        out = torch.zeros_like(g_hat)
+        for u in decision.uses:
+            m = sim.store[(u.worker, u.step)]["dense"].to(g_hat.dtype)
+            gap = x_t - sim.snapshots[u.version]
+            if self.kind in ("dc", "dca"):
+                lam = 0.04
+                if self.kind == "dca":
+                    lam = 2.0 / (self.ms.sqrt() + 1e-7) if self.ms is not None else 0.0
+                m = m + lam * m * m * gap
+            elif self.kind == "gap" and self.step_size is not None:
+                m = m / torch.clamp(gap.abs() / (self.step_size + 1e-12), min=1.0)
+            out += float(u.weight) * m
+        g_hat.copy_(out)
+        sq = g_hat * g_hat
+        self.ms = sq if self.ms is None else 0.95 * self.ms + 0.05 * sq
 
 
 def replay_stats(recs, n: int) -> dict:
@@ -59,9 +110,8 @@ def replay_stats(recs, n: int) -> dict:
     weight: dict = {}
     replay_steps = 0
     for r in recs:
-        ws = r.extra.get("weights")
         fresh = 0
-        for k, (w, v) in enumerate(zip(r.workers_used, r.versions)):
+        for w, v in zip(r.workers_used, r.versions):
             key = (w, v)
             fresh += key not in uses
             uses[key] = uses.get(key, 0) + 1
@@ -72,10 +122,25 @@ def replay_stats(recs, n: int) -> dict:
 
 
 def _run(job):
-    label, scheme, opt, replay, c, seed, budget = job
+    label, scheme, opt, replay, c, extra, seed, budget = job
     import math
     import torch
     torch.set_num_threads(1)
+    import pgc_hvd.sim.engine as engine
+    hook = None
+    original = engine.applies_to
+    if extra == "momcorr":      # the pipelined schemes' momentum correction, on this scheme
+        engine.applies_to = lambda scheme: True
+    elif extra is not None:
+        hook = Compensation(extra)
+    try:
+        return _simulate(label, scheme, opt, replay, c, seed, budget, hook)
+    finally:
+        engine.applies_to = original
+
+
+def _simulate(label, scheme, opt, replay, c, seed, budget, hook):
+    import math
     from pgc_hvd.apps.experiments import STALENESS_FACTORS, staleness_delay
     from pgc_hvd.sim.run import prepare_data, simulate
     data = prepare_data("mnist1d")
@@ -84,7 +149,7 @@ def _run(job):
                           optimizer=opt, delay=staleness_delay(seed), steps=100000,
                           max_time=budget, scheme_options=opts, partition_time=1.0,
                           batch_size=32, seed=seed, eval_every=2, eval_train=False,
-                          diagnostics=False)
+                          diagnostics=False, step_hook=hook)
     accs = [r.extra["test_accuracy"] for r in recs if r.extra.get("test_accuracy") is not None]
     loss = next((r.extra["test_loss"] for r in reversed(recs)
                  if r.extra.get("test_loss") is not None), None)

@@ -30,7 +30,7 @@ the update is asynchronous SGD with delays bounded by c - 1 (and every shard's n
 at most c - 1 versions old at every step). ``replay="mean"`` is the note's rule (every entry,
 every step; the off switch). Two more weightings are kept for the comparison that chose
 "once": ``"age"`` (staleness-aware lr, w_i / (1 + a_i) on every entry at every step, a_i =
-t - v_i) and ``"split"`` (w_i / c on every entry at every step: an entry's weight spread over
+t - v_i), ``"once-age"`` (counted once, with weight w_i / (1 + a_i)) and ``"split"`` (w_i / c on every entry at every step: an entry's weight spread over
 the c uses it can have, so its total is at most w_i).
 
 Options: ``r`` (replicas, default s+1, 1 <= r <= n), ``c`` (staleness bound,
@@ -69,11 +69,12 @@ class _TableRound(Round):
             uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i]) for i, e in enumerate(table))
             return self.decide({}, {"table_max_age": max(ages)}, uses=uses)
         fresh = [i for i, e in enumerate(table) if (e[0], e[1]) not in sch.used]
-        if mode == "once":
+        if mode in ("once", "once-age"):
             if not fresh:       # every entry has been applied already: wait for a new one
                 return None
-            uses = tuple(Use(table[i][0], table[i][1], table[i][2], sch.shard_weights[i])
-                         for i in fresh)
+            scale = (lambda a: 1.0) if mode == "once" else (lambda a: 1.0 / (1.0 + a))
+            uses = tuple(Use(table[i][0], table[i][1], table[i][2],
+                             sch.shard_weights[i] * scale(ages[i])) for i in fresh)
         elif mode == "age":
             uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i] / (1.0 + ages[i]))
                          for i, e in enumerate(table))
@@ -99,7 +100,7 @@ class BoundedStalenessScheme(Scheme):
     uses_stale_gradients = True         # table entries of age < c
     round_type = _TableRound
 
-    REPLAY_MODES = ("once", "mean", "age", "split")
+    REPLAY_MODES = ("once", "mean", "age", "split", "once-age")
 
     def __init__(self, n: int, s: int, r: Optional[int] = None, c: Optional[int] = None,
                  shard_sizes=None, replay: str = "once"):
