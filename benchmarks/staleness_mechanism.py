@@ -58,6 +58,12 @@ def variants(cs):
                 (f"once plain lr 0.1 c={c}", B, SGD01, "once", c, None),
                 (f"once plain lr 1.0 c={c}", B, SGD1, "once", c, None),
                 (f"once-age c={c}", B, MOM, "once-age", c, None),
+                (f"once decay 0.5 c={c}", B, MOM, "once:0.5", c, None),
+                (f"once decay 0.25 c={c}", B, MOM, "once:0.25", c, None),
+                (f"once decay 0.1 c={c}", B, MOM, "once:0.1", c, None),
+                (f"once m=4 c={c}", B, MOM, "once:1:4", c, None),
+                (f"once m=7 c={c}", B, MOM, "once:1:7", c, None),
+                (f"once m=7 decay 0.5 c={c}", B, MOM, "once:0.5:7", c, None),
                 (f"once momcorr c={c}", B, MOM, "once", c, "momcorr"),
                 (f"once dc-asgd c={c}", B, MOM, "once", c, "dc"),
                 (f"once dc-asgd-a c={c}", B, MOM, "once", c, "dca"),
@@ -144,7 +150,12 @@ def _simulate(label, scheme, opt, replay, c, seed, budget, hook):
     from pgc_hvd.apps.experiments import STALENESS_FACTORS, staleness_delay
     from pgc_hvd.sim.run import prepare_data, simulate
     data = prepare_data("mnist1d")
-    opts = {} if scheme == "dgd" else {"r": 2, "c": c, "replay": replay}
+    opts = {} if scheme == "dgd" else {"r": 2, "c": c, "replay": replay.split(":")[0]}
+    if ":" in (replay or ""):       # "once:RHO[:M]": counted once with weight rho^age, at
+        parts = replay.split(":")   # least M new gradients per step
+        opts["decay"] = float(parts[1])
+        if len(parts) > 2:
+            opts["min_fresh"] = int(parts[2])
     recs, summ = simulate(scheme, len(STALENESS_FACTORS), 1, data=data, model="cnn1d",
                           optimizer=opt, delay=staleness_delay(seed), steps=100000,
                           max_time=budget, scheme_options=opts, partition_time=1.0,
@@ -164,7 +175,7 @@ def _simulate(label, scheme, opt, replay, c, seed, budget, hook):
         ws = [r.extra.get("weight_sum") for r in recs]
         if replay == "mean":        # every use carries w_i = 1/n
             row["weight_per_grad"] = row["uses_per_grad"]
-        elif all(w is not None for w in ws):
+        elif ws and all(w is not None for w in ws):
             # total weight applied / gradients used, in units of 1/n
             row["weight_per_grad"] = (sum(ws) * len(STALENESS_FACTORS)
                                       / max(1, len({(w, v) for r in recs

@@ -198,15 +198,17 @@ _events = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 4)), min_size=1, 
 @given(st.integers(2, 8), st.integers(1, 5), st.data())
 def test_bounded_staleness_once_counts_every_gradient_once(n, c, data):
     """replay="once" (the default): a gradient's total weight over its uses is its shard's
-    weight w_i, every update has at least one new gradient, every entry is younger than c."""
+    weight w_i, every update has at least m = ``min_fresh`` new gradients (default n - s),
+    every entry is younger than c."""
     r = data.draw(st.integers(1, n))
     sizes = data.draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
-    scheme = get_scheme("bounded-staleness", n, 1, r=r, c=c, shard_sizes=sizes)
-    assert scheme.replay == "once"
+    m = data.draw(st.one_of(st.none(), st.integers(1, n)))
+    scheme = get_scheme("bounded-staleness", n, 1, r=r, c=c, shard_sizes=sizes, min_fresh=m)
+    assert scheme.replay == "once" and scheme.min_fresh == (n - 1 if m is None else m)
     events = [(w % n, lag) for w, lag in data.draw(_events)]
     total: dict = {}
     for d in _drive(scheme, events):
-        assert d.uses and d.info["n_fresh"] == len(d.uses)
+        assert d.info["n_fresh"] == len(d.uses) >= scheme.min_fresh
         assert d.info["max_age"] < c and d.info["table_max_age"] < c
         for u in d.uses:
             total[(u.worker, u.step)] = total.get((u.worker, u.step), 0.0) + u.weight
@@ -235,8 +237,26 @@ def test_bounded_staleness_weightings_fire_as_the_note_and_bound_the_weights(n, 
     for d in runs["age"]:
         for u in d.uses:
             assert u.weight == pytest.approx(1.0 / n / (1 + d.step - u.version))
-    once = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c), events)
-    assert len(once) <= len(runs["mean"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 8), st.integers(1, 5), st.floats(0.0, 1.0), st.data())
+def test_bounded_staleness_once_with_decay_weights_by_age_at_the_one_use(n, c, rho, data):
+    """``decay`` = rho: a gradient enters one update, with weight w_i rho^a (a its age then),
+    so its total is at most w_i; the updates fire at the same moments as without decay."""
+    r = data.draw(st.integers(1, n))
+    events = [(w % n, lag) for w, lag in data.draw(_events)]
+    m = data.draw(st.integers(1, n))
+    plain = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, min_fresh=m), events)
+    decayed = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, decay=rho, min_fresh=m),
+                     events)
+    assert [(d.step, [(u.worker, u.step) for u in d.uses]) for d in decayed] == \
+        [(d.step, [(u.worker, u.step) for u in d.uses]) for d in plain]
+    for d in decayed:
+        for u in d.uses:
+            assert u.weight == pytest.approx(rho ** (d.step - u.version) / n)
+    with pytest.raises(ValueError, match="decay"):
+        get_scheme("bounded-staleness", n, 1, decay=1.5)
 
 
 def test_bounded_staleness_once_equals_the_mean_without_staleness():
@@ -255,11 +275,16 @@ def test_bounded_staleness_once_equals_the_mean_without_staleness():
 
 
 def test_bounded_staleness_once_does_not_replay():
-    """The note's rule fires step 1 from step 0's table alone (a pure replay); the default
-    waits for a new gradient and uses only it, with its own weight."""
+    """The note's rule fires step 1 from step 0's table alone (a pure replay); "once" waits for
+    m new gradients (here m = 1) and uses only those, each with its own weight; the default m
+    is n - s."""
     n = 4
     g = np.eye(n)
-    scheme = get_scheme("bounded-staleness", n, 1, r=2, c=2)
+    assert get_scheme("bounded-staleness", n, 1).min_fresh == n - 1
+    assert get_scheme("bounded-staleness", n, 2).min_fresh == n - 2
+    with pytest.raises(ValueError, match="min_fresh"):
+        get_scheme("bounded-staleness", n, 1, min_fresh=n + 1)
+    scheme = get_scheme("bounded-staleness", n, 1, r=2, c=2, min_fresh=1)
     rnd = scheme.open_round(0)
     for j in range(n):
         d0 = rnd.offer(Arrival(j, 0, 0, g[scheme.shard_of(j, 0)]))
@@ -272,6 +297,30 @@ def test_bounded_staleness_once_does_not_replay():
     assert np.allclose(rnd1.combine(), g[scheme.shard_of(0, 1)] / n)
     with pytest.raises(ValueError, match="replay"):
         get_scheme("bounded-staleness", n, 1, replay="twice")
+
+
+def test_bounded_staleness_waits_for_n_minus_s_new_gradients_not_for_the_straggler():
+    """Default m = n - s: step 1 fires at the (n - s)-th new gradient while worker n - 1 is
+    still out; its late gradient (age 1 < c) is counted at step 2, once."""
+    n, s = 5, 1
+    scheme = get_scheme("bounded-staleness", n, s, r=2, c=3)
+    rnd = scheme.open_round(0)
+    for j in range(n):
+        d = rnd.offer(Arrival(j, 0, 0, None))
+    assert d is not None
+    rnd = scheme.open_round(1)
+    ds = [rnd.offer(Arrival(j, 1, 1, None)) for j in range(n - 1)]
+    assert ds[-1] is not None and all(x is None for x in ds[:-1])
+    assert sorted(u.worker for u in ds[-1].uses) == list(range(n - 1))
+    rnd = scheme.open_round(2)
+    assert rnd.offer(Arrival(n - 1, 1, 1, None)) is None       # 1 new < m
+    # step 2: worker j evaluates shard j; the late gradient is shard 0's (worker 4 at step 1),
+    # so workers 1, 2, 3 bring the other m - 1 new ones
+    assert scheme.shard_of(n - 1, 1) == 0
+    ds = [rnd.offer(Arrival(j, 2, 2, None)) for j in range(1, n - 1)]
+    d2 = ds[-1]
+    assert d2 is not None and (n - 1, 1) in {(u.worker, u.step) for u in d2.uses}
+    assert d2.info["max_age"] == 1 and d2.info["n_fresh"] == n - 1
 
 
 def test_bounded_staleness_keeps_the_newest_version():
