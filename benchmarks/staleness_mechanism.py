@@ -16,8 +16,12 @@ c in ``--cs``, a virtual budget of ``--budget`` s. Variants, each separating one
 * ``split``: every entry at every step with weight w_i / c, so an entry's total weight over
   its (at most c) uses is at most w_i: the replay kept, its amplification removed;
 * ``age``: w_i / (1 + a_i) at every step (staleness-aware lr, eta / tau);
-* ``once``: each gradient counted once, at its first use (no replay, the delay kept);
-* ``once, plain SGD lr 1.0``;
+* ``once``: each gradient counted once, at its first use, a step per new gradient (m =
+  ``min_fresh`` = 1: no replay, the delay kept), with plain SGD lr 0.1 and 1.0, weighted
+  1 / (1 + a) (``once-age``) or rho^a (``once decay RHO``), with the momentum correction, with
+  DC-ASGD, DC-ASGD-a or Gap-Aware on top;
+* ``once m=M``: a step waits for M new gradients (m = 7 = n - s: the default remedy);
+* ``mean`` with the momentum correction and with DC-ASGD-a;
 * DGD with momentum 0.9 and with plain SGD lr 1.0, for reference.
 
 Per run: final and best validation accuracy, the validation loss at the end, whether it
@@ -151,6 +155,8 @@ def _simulate(label, scheme, opt, replay, c, seed, budget, hook):
     from pgc_hvd.sim.run import prepare_data, simulate
     data = prepare_data("mnist1d")
     opts = {} if scheme == "dgd" else {"r": 2, "c": c, "replay": replay.split(":")[0]}
+    if replay and replay.startswith("once"):
+        opts["min_fresh"] = 1       # "once" here: a step per new gradient unless m is given
     if ":" in (replay or ""):       # "once:RHO[:M]": counted once with weight rho^age, at
         parts = replay.split(":")   # least M new gradients per step
         opts["decay"] = float(parts[1])
