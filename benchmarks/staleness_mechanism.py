@@ -22,6 +22,7 @@ c in ``--cs``, a virtual budget of ``--budget`` s. Variants, each separating one
   DC-ASGD, DC-ASGD-a or Gap-Aware on top;
 * ``once m=M``: a step waits for M new gradients (m = 7 = n - s: the default remedy);
 * ``mean`` with the momentum correction and with DC-ASGD-a;
+* plain SGD lr 0.5 (the deep experiment's): DGD, the note's rule and once with m = 7;
 * DGD with momentum 0.9 and with plain SGD lr 1.0, for reference.
 
 Per run: final and best validation accuracy, the validation loss at the end, whether it
@@ -42,6 +43,7 @@ from concurrent.futures import ProcessPoolExecutor
 MOM = "sgd:lr=0.1,momentum=0.9"
 SGD01 = "sgd:lr=0.1"
 SGD1 = "sgd:lr=1.0"
+SGD05 = "sgd:lr=0.5"      # the deep experiment's plain SGD (the papers' setting)
 
 
 def variants(cs):
@@ -49,7 +51,8 @@ def variants(cs):
     correction of pgc_hvd.control.momentum on this scheme), "dc" (DC-ASGD, lambda 0.04),
     "dca" (DC-ASGD-a, adaptive lambda 2 / sqrt(mean square)), "gap" (Gap-Aware)."""
     B = "bounded-staleness"
-    out = [("dgd", "dgd", MOM, None, 0, None), ("dgd plain lr 0.1", "dgd", SGD01, None, 0, None)]
+    out = [("dgd", "dgd", MOM, None, 0, None), ("dgd plain lr 0.1", "dgd", SGD01, None, 0, None),
+           ("dgd plain lr 0.5", "dgd", SGD05, None, 0, None)]
     for c in cs:
         out += [(f"mean c={c}", B, MOM, "mean", c, None),
                 (f"mean plain lr 0.1 c={c}", B, SGD01, "mean", c, None),
@@ -68,6 +71,8 @@ def variants(cs):
                 (f"once m=4 c={c}", B, MOM, "once:1:4", c, None),
                 (f"once m=7 c={c}", B, MOM, "once:1:7", c, None),
                 (f"once m=7 decay 0.5 c={c}", B, MOM, "once:0.5:7", c, None),
+                (f"mean plain lr 0.5 c={c}", B, SGD05, "mean", c, None),
+                (f"once m=7 plain lr 0.5 c={c}", B, SGD05, "once:1:7", c, None),
                 (f"once momcorr c={c}", B, MOM, "once", c, "momcorr"),
                 (f"once dc-asgd c={c}", B, MOM, "once", c, "dc"),
                 (f"once dc-asgd-a c={c}", B, MOM, "once", c, "dca"),

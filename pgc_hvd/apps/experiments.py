@@ -303,12 +303,16 @@ def _plot_bcgc(path, rows):
 
 # ------------------------------------------------------------------------------- staleness
 STALENESS_FACTORS = [1.0, 1.0, 1.0, 1.0, 1.25, 1.5, 2.0, 3.0]  # heterogeneous workers
-# the design note's rule (``replay="mean"``: the whole table at every step), as section 3's
-# figures were measured; the default remedy and its comparison: ``pgc-hvd experiment deep --grid
-# staleness`` (docs/experiments.md section 5)
+# "bounded c=C": the design note's rule (``replay="mean"``: the whole table at every step), as
+# section 3's first figures were measured; "bounded c=C once": each gradient counted once, a
+# step on n - s new gradients (the remedy under momentum; docs/control.md), given explicitly so
+# that the rows compare the two rules whatever the optimizer
 STALENESS_VARIANTS = ([("sync-dp", "dgd", 0, {}), ("gc", "gc-cr", 1, {})]
                       + [(f"bounded c={c}", "bounded-staleness", 1, {"r": 2, "c": c,
                                                                      "replay": "mean"})
+                         for c in (2, 4, 8)]
+                      + [(f"bounded c={c} once", "bounded-staleness", 1, {"r": 2, "c": c,
+                                                                          "replay": "once"})
                          for c in (2, 4, 8)])
 STALENESS_COLS = [("variant", "variant"), ("time to target (s)", "time_to_target"),
                   ("acc. at equal time", "accuracy_at_equal_time"), ("final acc.", "test_accuracy"),

@@ -21,8 +21,8 @@ while every entry is younger than c). The gradient g_i^{(v)} then enters sum_t w
 in total, u_i <= c its number of uses -- an lr amplified by up to c on the slow workers'
 shards (measured: 1.45 / 2.42 / 4.73 uses per gradient at c = 2 / 4 / 8 under the note's
 delays, 5% / 44% / 73% of the steps pure replays), which with the user's momentum 0.9 does not
-learn (docs/experiments.md section 5). The default counts every gradient once, at its first
-use, and lets a step fire only on enough new gradients:
+learn (docs/experiments.md section 5). ``replay="once"`` counts every gradient once, at its
+first use, and lets a step fire only on enough new gradients:
 
     g^(t) = sum_{i in F_t} w_i rho^{a_i} g_i^{(v_i)},   F_t = the entries no earlier step used,
 
@@ -37,17 +37,22 @@ versions late at c = 4 / 8 and at the user's gain lr / (1 - beta) that delay alo
 (0.22 / 0.10 accuracy against DGD's 0.30); waiting for n - s new ones keeps the mean age at
 0.02 and reaches 0.39 at every c (``benchmarks/staleness_mechanism.py``).
 
-``replay="mean"`` is the note's rule (every entry, every step; the off switch: ``min_fresh``
-and ``decay`` then do nothing). Weightings kept for the comparison that chose the default:
+``replay="mean"`` (the constructor's default) is the note's rule (every entry, every step;
+``min_fresh`` and ``decay`` then do nothing). Both engines build the scheme through
+:func:`pgc_hvd.control.momentum.remedy_scheme_options`, which passes ``replay="once"`` (the
+remedy, on by default; ``momentum_correction=False`` or an explicit ``replay`` is the off
+switch). The note's replays win only on the convex softmax of docs/experiments.md section 3
+(plain SGD: the table mean is SAG-like there); on MNIST-1D they fail with momentum 0.9 and
+with plain SGD alike. Weightings kept for the comparison that chose the default:
 ``"age"`` (w_i / (1 + a_i) on every entry at every step: staleness-aware lr, eta / tau),
 ``"split"`` (w_i / c on every entry at every step: an entry's weight spread over the c uses it
 can have, so its total is at most w_i) and ``"once-age"`` (counted once, weight
 w_i / (1 + a_i)).
 
 Options: ``r`` (replicas, default s+1, 1 <= r <= n), ``c`` (staleness bound,
-default s+1, c >= 1), ``shard_sizes`` (n positive numbers), ``replay`` ("once" default,
-"mean" the note's, "age", "split", "once-age"), ``min_fresh`` (m, default n - s), ``decay``
-(rho in [0, 1], default 1).
+default s+1, c >= 1), ``shard_sizes`` (n positive numbers), ``replay`` ("mean" default: the
+note's; "once": the remedy, what both engines pass by default; "age", "split", "once-age"), ``min_fresh`` (m, default n - s),
+``decay`` (rho in [0, 1], default 1).
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ class BoundedStalenessScheme(Scheme):
     REPLAY_MODES = ("once", "mean", "age", "split", "once-age")
 
     def __init__(self, n: int, s: int, r: Optional[int] = None, c: Optional[int] = None,
-                 shard_sizes=None, replay: str = "once", decay: Optional[float] = None,
+                 shard_sizes=None, replay: str = "mean", decay: Optional[float] = None,
                  min_fresh: Optional[int] = None):
         n, s = check_scheme_n_s(self.name, n, s)
         super().__init__(n, s)
@@ -142,9 +147,9 @@ class BoundedStalenessScheme(Scheme):
         if mode in ("off", "table", "note"):
             mode = "mean"
         if mode not in self.REPLAY_MODES:
-            raise ValueError(f"{self.name}: replay={replay!r}; use 'once' (default: each "
-                             "gradient counted once, at its first use), 'mean' (the design "
-                             "note's table mean at every step, the remedy off), 'age' or 'split'")
+            raise ValueError(f"{self.name}: replay={replay!r}; use 'mean' (default: the design "
+                             "note's table mean at every step), 'once' (each gradient counted "
+                             "once, the engines' default), 'age', 'split' or 'once-age'")
         self.replay = mode
         rho = 1.0 if decay is None else float(decay)
         if not (math.isfinite(rho) and 0.0 <= rho <= 1.0):

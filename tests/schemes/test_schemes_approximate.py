@@ -197,13 +197,14 @@ _events = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 4)), min_size=1, 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(2, 8), st.integers(1, 5), st.data())
 def test_bounded_staleness_once_counts_every_gradient_once(n, c, data):
-    """replay="once" (the default): a gradient's total weight over its uses is its shard's
+    """replay="once" (the remedy under momentum): a gradient's total weight over its uses is its shard's
     weight w_i, every update has at least m = ``min_fresh`` new gradients (default n - s),
     every entry is younger than c."""
     r = data.draw(st.integers(1, n))
     sizes = data.draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
     m = data.draw(st.one_of(st.none(), st.integers(1, n)))
-    scheme = get_scheme("bounded-staleness", n, 1, r=r, c=c, shard_sizes=sizes, min_fresh=m)
+    scheme = get_scheme("bounded-staleness", n, 1, r=r, c=c, shard_sizes=sizes, min_fresh=m,
+                        replay="once")
     assert scheme.replay == "once" and scheme.min_fresh == (n - 1 if m is None else m)
     events = [(w % n, lag) for w, lag in data.draw(_events)]
     total: dict = {}
@@ -247,9 +248,10 @@ def test_bounded_staleness_once_with_decay_weights_by_age_at_the_one_use(n, c, r
     r = data.draw(st.integers(1, n))
     events = [(w % n, lag) for w, lag in data.draw(_events)]
     m = data.draw(st.integers(1, n))
-    plain = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, min_fresh=m), events)
-    decayed = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, decay=rho, min_fresh=m),
-                     events)
+    plain = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, min_fresh=m, replay="once"),
+                   events)
+    decayed = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, decay=rho, min_fresh=m,
+                                replay="once"), events)
     assert [(d.step, [(u.worker, u.step) for u in d.uses]) for d in decayed] == \
         [(d.step, [(u.worker, u.step) for u in d.uses]) for d in plain]
     for d in decayed:
@@ -280,11 +282,12 @@ def test_bounded_staleness_once_does_not_replay():
     is n - s."""
     n = 4
     g = np.eye(n)
+    assert get_scheme("bounded-staleness", n, 1).replay == "mean"     # the constructor: the note's
     assert get_scheme("bounded-staleness", n, 1).min_fresh == n - 1
     assert get_scheme("bounded-staleness", n, 2).min_fresh == n - 2
     with pytest.raises(ValueError, match="min_fresh"):
         get_scheme("bounded-staleness", n, 1, min_fresh=n + 1)
-    scheme = get_scheme("bounded-staleness", n, 1, r=2, c=2, min_fresh=1)
+    scheme = get_scheme("bounded-staleness", n, 1, r=2, c=2, min_fresh=1, replay="once")
     rnd = scheme.open_round(0)
     for j in range(n):
         d0 = rnd.offer(Arrival(j, 0, 0, g[scheme.shard_of(j, 0)]))
@@ -300,10 +303,10 @@ def test_bounded_staleness_once_does_not_replay():
 
 
 def test_bounded_staleness_waits_for_n_minus_s_new_gradients_not_for_the_straggler():
-    """Default m = n - s: step 1 fires at the (n - s)-th new gradient while worker n - 1 is
+    """replay="once", default m = n - s: step 1 fires at the (n - s)-th new gradient while worker n - 1 is
     still out; its late gradient (age 1 < c) is counted at step 2, once."""
     n, s = 5, 1
-    scheme = get_scheme("bounded-staleness", n, s, r=2, c=3)
+    scheme = get_scheme("bounded-staleness", n, s, r=2, c=3, replay="once")
     rnd = scheme.open_round(0)
     for j in range(n):
         d = rnd.offer(Arrival(j, 0, 0, None))
