@@ -436,25 +436,32 @@ STALE_WORKLOADS = {
 }
 
 
-def stale_variants(cs=STALE_CS) -> list:
-    """(label, scheme, s, options): sync DP, GC (GC-CR, s = 1), bounded staleness r = 2 with
-    the default remedy (``replay="once"``) and with it off (``replay="mean"``, the note's)."""
-    out = [("sync-dp", "dgd", 0, {}), ("gc", "gc-cr", 1, {})]
-    out += [(f"bounded c={c}", "bounded-staleness", 1, {"r": 2, "c": c}) for c in cs]
+def stale_variants(cs=STALE_CS, adaptive: bool = False) -> list:
+    """(label, scheme, s, options, adaptive): sync DP, GC (GC-CR, s = 1), bounded staleness
+    r = 2 with the default remedy (``replay="once"``, what ``simulate`` builds) and with it off
+    (``replay="mean"``, the note's); ``adaptive``: both again with the design note's L_hat
+    control rule (:mod:`pgc_hvd.control`, knob "auto": c, then lr)."""
+    out = [("sync-dp", "dgd", 0, {}, False), ("gc", "gc-cr", 1, {}, False)]
+    out += [(f"bounded c={c}", "bounded-staleness", 1, {"r": 2, "c": c}, False) for c in cs]
     out += [(f"bounded c={c} remedy off", "bounded-staleness", 1,
-             {"r": 2, "c": c, "replay": "mean"}) for c in cs]
+             {"r": 2, "c": c, "replay": "mean"}, False) for c in cs]
+    if adaptive:
+        out += [(f"bounded c={c} + rule", "bounded-staleness", 1, {"r": 2, "c": c}, True)
+                for c in cs]
+        out += [(f"bounded c={c} remedy off + rule", "bounded-staleness", 1,
+                 {"r": 2, "c": c, "replay": "mean"}, True) for c in cs]
     return out
 
 
 def stale_grid(seeds: int, workloads=("mnist1d",), cs=STALE_CS, budget=None,
-               quick: bool = False) -> list[dict]:
+               quick: bool = False, adaptive: bool = False) -> list[dict]:
     """The runs of ``--grid staleness``; ``budget`` None: each workload's own."""
     specs = []
     for wl in workloads:
-        for label, scheme, s, opts in stale_variants(cs):
+        for label, scheme, s, opts, rule in stale_variants(cs, adaptive):
             for seed in range(seeds):
                 specs.append({"workload": wl, "variant": label, "scheme": scheme, "s": s,
-                              "opts": opts, "seed": seed,
+                              "opts": opts, "seed": seed, "adaptive": rule,
                               "budget": float(budget or STALE_WORKLOADS[wl]["budget"]),
                               "quick": quick,
                               "label": f"stale_{wl}_{label.replace(' ', '_').replace('=', '')}"
@@ -503,7 +510,9 @@ def run_stale_one(spec: dict, out: str, data_dir=None) -> dict:
                           delay=staleness_delay(seed), steps=100000, max_time=spec["budget"],
                           scheme_options=spec["opts"], partition_time=1.0,
                           batch_size=wl["batch"], seed=seed, eval_every=2, eval_train=False,
-                          diagnostics=seed == 0, diag_every=4, overwrite=True,
+                          overwrite=True, adaptive=spec.get("adaptive", False),
+                          **({"control": {"knob": "auto"}} if spec.get("adaptive") else
+                             {"diagnostics": seed == 0, "diag_every": 4}),
                           records_path=Path(out) / "records" / f"{spec['label']}.jsonl",
                           label=spec["label"])
     target = wl["target_loss"]
@@ -522,6 +531,7 @@ def run_stale_one(spec: dict, out: str, data_dir=None) -> dict:
                 "steps_to_target": st, "time_to_target": tt,
                 "accuracy_at_equal_time": evals[-1].extra["test_accuracy"] if evals else None,
                 "loss_at_equal_time": evals[-1].extra.get("test_loss") if evals else None,
+                "control_actions": summ.get("control_actions"),
                 "best_accuracy": max((r.extra["test_accuracy"] for r in evals), default=None),
                 "grad_flops": flops,
                 "mean_age": float(np.mean([r.mean_age or 0.0 for r in recs])),
@@ -555,7 +565,7 @@ def stale_groups(rows: list[dict]) -> list[dict]:
              "accuracy_at_equal_time": _stats([r["accuracy_at_equal_time"] or 0.0 for r in runs]),
              "accuracy_per_seed": [r["accuracy_at_equal_time"] for r in runs]}
         for key in ("grad_evals", "grad_flops", "utilisation", "max_age", "steps", "mean_age",
-                    "weight_sum_mean"):
+                    "weight_sum_mean", "control_actions"):
             g[key] = _stats([r[key] for r in runs if r.get(key) is not None])
         for key in ("err_total_mean", "err_coding_mean", "err_stale_mean"):
             vals = [r[key] for r in runs if r.get(key) is not None]
@@ -592,7 +602,7 @@ def stale_claims(gs: list[dict]) -> list[dict]:
 def stale_tables(gs: list[dict], cl: list[dict]) -> str:
     head = ["workload", "variant", "reached", "time to target (s)", "acc. at equal time",
             "steps", "grad evals", "grad GFLOPs", "utilisation", "max age", "mean age",
-            "weight/step", "err_total", "err_stale", "err_coding", "diverged"]
+            "weight/step", "err_total", "err_stale", "err_coding", "rule actions", "diverged"]
     body = []
     for g in gs:
         fl = g["grad_flops"]
@@ -603,7 +613,8 @@ def stale_tables(gs: list[dict], cl: list[dict]) -> str:
                      _iv(g["utilisation"]), _iv(g["max_age"]), _iv(g["mean_age"]),
                      _iv(g["weight_sum_mean"]), fmt(g["err_total_mean"]),
                      fmt(g["err_stale_mean"]), fmt(g["err_coding_mean"]),
-                     f"{g['diverged']}/{g['seeds']}"])
+                     _iv(g["control_actions"]) if g["control_actions"]["median"] is not None
+                     else "-", f"{g['diverged']}/{g['seeds']}"])
     cl_body = [[c["workload"], c["variant"], c["reached"], _iv(c["time_to_target"]),
                 "yes" if c["faster_than_dgd"] else "no", "yes" if c["faster_than_gc"] else "no",
                 "yes" if c["utilisation_higher"] else "no",
@@ -644,12 +655,12 @@ def stale_plot(path, rows) -> None:
 
 
 def run_staleness(out: Path, seeds: int, jobs: int, data_dir=None, workloads=("mnist1d",),
-                  cs=STALE_CS, budget=None, quick: bool = False):
+                  cs=STALE_CS, budget=None, quick: bool = False, adaptive: bool = False):
     """``--grid staleness``: the design note's experiment at full size; (summary, tables)."""
     from pgc_hvd.sim.run import prepare_data
     for wl in workloads:                 # generate / cache once before the pool starts
         prepare_data(STALE_WORKLOADS[wl]["dataset"], root=data_dir)
-    specs = stale_grid(seeds, workloads, cs, budget, quick)
+    specs = stale_grid(seeds, workloads, cs, budget, quick, adaptive)
     rows = []
 
     def results():
@@ -707,6 +718,9 @@ def main(argv=None) -> int:
                    help=f"--grid staleness: comma-separated, of {sorted(STALE_WORKLOADS)}")
     p.add_argument("--cs", default=",".join(str(c) for c in STALE_CS),
                    help="--grid staleness: staleness bounds c, comma-separated")
+    p.add_argument("--adaptive", action="store_true",
+                   help="--grid staleness: bounded staleness (remedy on and off) also with the "
+                   "design note's L_hat control rule (knob auto)")
     p.add_argument("--budget", type=float, default=None,
                    help="--grid staleness: virtual seconds per run (default: the workload's, "
                    f"MNIST-1D {STALE_BUDGET:g}; --quick 30)")
@@ -755,7 +769,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if a.grid == "staleness":
         summary, md = run_staleness(out, 1 if a.quick else a.seeds, a.jobs, a.data_dir,
-                                    workloads, cs, budget, a.quick)
+                                    workloads, cs, budget, a.quick, a.adaptive)
     else:
         summary, md = run(out, a.quick, a.seeds, a.jobs, a.data_dir,
                           not a.no_staleness and a.grid == "full", a.grid, a.momentum_lr,
