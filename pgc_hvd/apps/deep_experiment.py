@@ -29,6 +29,15 @@ the user's), the latter with the staleness-aware momentum correction
    one virtual time budget: time to the validation loss DGD ends at, accuracy at equal time,
    gradient evaluations, utilisation, maximum gradient age.
 
+3. ``--grid staleness`` (issue 35; :func:`run_staleness`): part 2 at full size, ``--seeds``
+   seeds (seed = model init, partition, minibatches and the delay draws), on ``--workloads``
+   (:data:`STALE_WORKLOADS`: MNIST-1D ``cnn1d``, the digits ``cnn``), bounded staleness with
+   the default remedy (each gradient counted once, a step on n - s new gradients) and with it
+   off (``replay="mean"``), c in ``--cs``; per (workload, variant): seeds reaching the
+   workload's fixed validation-loss target, time to it, accuracy at the end of the budget,
+   gradient FLOPs, utilisation, gradient ages, the error decomposition (seed 0); with
+   ``--adaptive`` also under the design note's L_hat rule.
+
 ``--quick`` (the tests): s = 1, one seed, every scheme with momentum 0.9 (plus PGC-CR with plain
 SGD, with the remedy off and with ``cancel``), at most ``QUICK_STEPS`` steps, a 30 s staleness
 budget: it
