@@ -19,7 +19,9 @@ Variants (PGC-CR unless said), each removing one suspect:
 * ``pgc-cr swap-capped``: the momentum swap reads min(mean age, (c - 1) / 2), the mean age of
   a ring refreshed on time (a straggler's ancient slots cannot push mu_imp towards 1);
 * ``pgc-cr no-swap``: the ring decay kept (``decay`` = 0.1 given), the swap off;
-* ``pgc-cr off``: both parts off (``momentum_correction=False``).
+* ``pgc-cr off``: both parts off (``momentum_correction=False``);
+* ``bounded-staleness`` (r = c = s + 1 = 2, the runtime benchmark's): with its remedy (each
+  gradient counted once, a step on n - s new gradients) and without (``off``: the note's rule).
 
 Prints steps to the target per seed and the medians, and per run the largest mean age the
 swap saw and the smallest momentum it applied.
@@ -40,7 +42,9 @@ VARIANTS = [("dgd", "dgd", {}, "continue", True, None),
             ("pgc-cr cancel", "pgc-cr", {}, "cancel", True, None),
             ("pgc-cr swap-capped", "pgc-cr", {}, "continue", True, "cap"),
             ("pgc-cr no-swap", "pgc-cr", {"decay": 0.1}, "continue", False, None),
-            ("pgc-cr off", "pgc-cr", {}, "continue", False, None)]
+            ("pgc-cr off", "pgc-cr", {}, "continue", False, None),
+            ("bounded-staleness", "bounded-staleness", {}, "continue", True, None),
+            ("bounded-staleness off", "bounded-staleness", {}, "continue", False, None)]
 
 
 def delay(pattern: str, seed: int):
