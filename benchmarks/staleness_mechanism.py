@@ -100,7 +100,8 @@ class Compensation:
         x_t = sim.snapshots[step]
         if self.prev is not None:
             delta = (x_t - self.prev).abs()
-            self.step_size = delta if self.step_size is None else 0.95 * self.step_size + 0.05 * delta
+            self.step_size = (delta if self.step_size is None
+                              else 0.95 * self.step_size + 0.05 * delta)
         self.prev = x_t.clone()
         out = torch.zeros_like(g_hat)
         for u in decision.uses:
@@ -122,7 +123,6 @@ class Compensation:
 def replay_stats(recs, n: int) -> dict:
     """Replays read from the records: every use is (worker, version) of a table entry."""
     uses: dict = {}
-    weight: dict = {}
     replay_steps = 0
     for r in recs:
         fresh = 0
@@ -220,7 +220,9 @@ def main(argv=None) -> int:
           "weight/grad | replay steps | mean age")
     for v in vs:
         rs = [r for r in rows if r["variant"] == v[0]]
-        med = lambda k: statistics.median([r[k] for r in rs if r.get(k) is not None] or [float("nan")])
+        def med(k):
+            return statistics.median([r[k] for r in rs if r.get(k) is not None]
+                                     or [float("nan")])
         print(f"{v[0]} | {med('final_acc'):.3f} | {med('best_acc'):.3f} | "
               f"{sum(r['diverged'] is not None for r in rs)}/{len(rs)} | {med('steps'):.0f} | "
               f"{med('uses_per_grad'):.2f} | {med('weight_per_grad'):.2f} | "

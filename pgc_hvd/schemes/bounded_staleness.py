@@ -51,8 +51,8 @@ w_i / (1 + a_i)).
 
 Options: ``r`` (replicas, default s+1, 1 <= r <= n), ``c`` (staleness bound,
 default s+1, c >= 1), ``shard_sizes`` (n positive numbers), ``replay`` ("mean" default: the
-note's; "once": the remedy, what both engines pass by default; "age", "split", "once-age"), ``min_fresh`` (m, default n - s),
-``decay`` (rho in [0, 1], default 1).
+note's; "once": the remedy, what both engines pass by default; "age", "split", "once-age"),
+``min_fresh`` (m, default n - s), ``decay`` (rho in [0, 1], default 1).
 """
 
 from __future__ import annotations
