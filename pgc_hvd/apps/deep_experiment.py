@@ -29,6 +29,15 @@ the user's), the latter with the staleness-aware momentum correction
    one virtual time budget: time to the validation loss DGD ends at, accuracy at equal time,
    gradient evaluations, utilisation, maximum gradient age.
 
+3. ``--grid staleness`` (issue 35; :func:`run_staleness`): part 2 at full size, ``--seeds``
+   seeds (seed = model init, partition, minibatches and the delay draws), on ``--workloads``
+   (:data:`STALE_WORKLOADS`: MNIST-1D ``cnn1d``, the digits ``cnn``), bounded staleness with
+   the default remedy (each gradient counted once, a step on n - s new gradients) and with it
+   off (``replay="mean"``), c in ``--cs``; per (workload, variant): seeds reaching the
+   workload's fixed validation-loss target, time to it, accuracy at the end of the budget,
+   gradient FLOPs, utilisation, gradient ages, the error decomposition (seed 0); with
+   ``--adaptive`` also under the design note's L_hat rule.
+
 ``--quick`` (the tests): s = 1, one seed, every scheme with momentum 0.9 (plus PGC-CR with plain
 SGD, with the remedy off and with ``cancel``), at most ``QUICK_STEPS`` steps, a 30 s staleness
 budget: it
@@ -423,6 +432,279 @@ def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
     return summary, tables(gs, cl, stale_rows)
 
 
+# ---------------------------------------------------------------- the design note's experiment,
+# full size (issue 35): ``--grid staleness``
+STALE_CS = (2, 4, 8)
+STALE_BUDGET = 400.0    # virtual seconds (MNIST-1D), the same for every variant
+STALE_WORKLOADS = {
+    # target: a fixed validation loss every variant is timed to, picked from DGD's seed-0
+    # curve so that DGD reaches it about 2/3 into the budget (MNIST-1D: 1.6 at ~265 s of 400;
+    # the digits CNN: 0.4 at ~290 s of 500)
+    "mnist1d": {"dataset": "mnist1d", "model": "cnn1d", "optimizer": SGD_MOM, "batch": 32,
+                "target_loss": 1.6, "budget": STALE_BUDGET},
+    "digits": {"dataset": "digits", "model": "cnn", "optimizer": "sgd:lr=0.05,momentum=0.9",
+               "batch": 16, "target_loss": 0.4, "budget": 500.0},
+}
+
+
+def stale_variants(cs=STALE_CS, adaptive: bool = False) -> list:
+    """(label, scheme, s, options, adaptive): sync DP, GC (GC-CR, s = 1), bounded staleness
+    r = 2 with the default remedy (``replay="once"``, what ``simulate`` builds) and with it off
+    (``replay="mean"``, the note's); ``adaptive``: both again with the design note's L_hat
+    control rule (:mod:`pgc_hvd.control`, knob "auto": c, then lr)."""
+    out = [("sync-dp", "dgd", 0, {}, False), ("gc", "gc-cr", 1, {}, False)]
+    out += [(f"bounded c={c}", "bounded-staleness", 1, {"r": 2, "c": c}, False) for c in cs]
+    out += [(f"bounded c={c} remedy off", "bounded-staleness", 1,
+             {"r": 2, "c": c, "replay": "mean"}, False) for c in cs]
+    if adaptive:
+        out += [(f"bounded c={c} + rule", "bounded-staleness", 1, {"r": 2, "c": c}, True)
+                for c in cs]
+        out += [(f"bounded c={c} remedy off + rule", "bounded-staleness", 1,
+                 {"r": 2, "c": c, "replay": "mean"}, True) for c in cs]
+    return out
+
+
+def stale_grid(seeds: int, workloads=("mnist1d",), cs=STALE_CS, budget=None,
+               quick: bool = False, adaptive: bool = False) -> list[dict]:
+    """The runs of ``--grid staleness``; ``budget`` None: each workload's own."""
+    specs = []
+    for wl in workloads:
+        for label, scheme, s, opts, rule in stale_variants(cs, adaptive):
+            for seed in range(seeds):
+                specs.append({"workload": wl, "variant": label, "scheme": scheme, "s": s,
+                              "opts": opts, "seed": seed, "adaptive": rule,
+                              "budget": float(budget or STALE_WORKLOADS[wl]["budget"]),
+                              "quick": quick,
+                              "label": f"stale_{wl}_{label.replace(' ', '_').replace('=', '')}"
+                                       f"_seed{seed}"})
+    return specs
+
+
+def forward_flops(model, x) -> float:
+    """FLOPs of one forward pass of ``model`` on ``x`` (2 per multiply-add of the Conv / Linear
+    layers; activations and pooling left out)."""
+    import torch
+    total = [0.0]
+
+    def hook(mod, inp, out):
+        if isinstance(mod, (torch.nn.Conv1d, torch.nn.Conv2d)):
+            k = mod.weight[0].numel()           # in_channels / groups * kernel
+            total[0] += 2.0 * out.numel() * k
+        elif isinstance(mod, torch.nn.Linear):
+            total[0] += 2.0 * out.numel() * mod.in_features
+
+    hs = [m.register_forward_hook(hook) for m in model.modules()
+          if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Linear))]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hs:
+            h.remove()
+    return total[0]
+
+
+def run_stale_one(spec: dict, out: str, data_dir=None) -> dict:
+    """One run of the staleness grid (a process of the pool): its row (and seed 0's curve)."""
+    import torch
+    torch.set_num_threads(1)
+    from pgc_hvd.metrics.targets import first_reaching
+    from pgc_hvd.models import build_task
+    from pgc_hvd.sim.run import prepare_data, simulate
+    from .experiments import STALENESS_FACTORS, staleness_delay
+    wl = STALE_WORKLOADS[spec["workload"]]
+    data = prepare_data(wl["dataset"], root=data_dir)
+    seed = spec["seed"]
+    t0 = time.perf_counter()
+    recs, summ = simulate(spec["scheme"], len(STALENESS_FACTORS), spec["s"], data=data,
+                          model=wl["model"], optimizer=wl["optimizer"],
+                          delay=staleness_delay(seed), steps=100000, max_time=spec["budget"],
+                          scheme_options=spec["opts"], partition_time=1.0,
+                          batch_size=wl["batch"], seed=seed, eval_every=2, eval_train=False,
+                          overwrite=True, adaptive=spec.get("adaptive", False),
+                          **({"control": {"knob": "auto"}} if spec.get("adaptive") else
+                             {"diagnostics": seed == 0, "diag_every": 4}),
+                          records_path=Path(out) / "records" / f"{spec['label']}.jsonl",
+                          label=spec["label"])
+    target = wl["target_loss"]
+    st, tt = first_reaching(recs, target, key="test_loss")
+    evals = [r for r in recs if r.extra.get("test_accuracy") is not None]
+    task = build_task(wl["model"], data[0], seed=0)
+    x1 = torch.as_tensor(data[0].X[:1], dtype=torch.float32)
+    flops = 3.0 * forward_flops(task.model, x1) * wl["batch"] * summ["grad_evals"]
+    row = {k: spec[k] for k in ("workload", "variant", "scheme", "seed", "label", "budget")}
+    row.update({k: summ.get(k) for k in ("steps", "time", "grad_evals", "utilisation",
+                                         "max_age", "diverged", "err_total_mean",
+                                         "err_coding_mean", "err_stale_mean")})
+    row.update({"replay": spec["opts"].get("replay", "once" if spec["scheme"] ==
+                                           "bounded-staleness" else None),
+                "c": spec["opts"].get("c"), "target_loss": target,
+                "steps_to_target": st, "time_to_target": tt,
+                "accuracy_at_equal_time": evals[-1].extra["test_accuracy"] if evals else None,
+                "loss_at_equal_time": evals[-1].extra.get("test_loss") if evals else None,
+                "control_actions": summ.get("control_actions"),
+                "best_accuracy": max((r.extra["test_accuracy"] for r in evals), default=None),
+                "grad_flops": flops,
+                "mean_age": float(np.mean([r.mean_age or 0.0 for r in recs])),
+                "weight_sum_mean": float(np.mean([r.extra.get("weight_sum", 1.0) for r in recs])),
+                "wall_seconds": time.perf_counter() - t0})
+    if row["diverged"] is not None:   # ended early: at equal time its model is non-finite
+        row["accuracy_at_equal_time"] = None
+    if seed == 0:
+        row["curve"] = [(r.time, r.extra["test_loss"]) for r in evals]
+    return row
+
+
+def stale_groups(rows: list[dict]) -> list[dict]:
+    """Per (workload, variant) over seeds: reached k/seeds, time to the target (median [lo, hi];
+    unreached = inf), accuracy at equal time, grad evals and FLOPs, utilisation, max age, the
+    error decomposition (seed 0), diverged count."""
+    keys = []
+    for r in rows:
+        if (r["workload"], r["variant"]) not in keys:
+            keys.append((r["workload"], r["variant"]))
+    out = []
+    for wl, var in keys:
+        runs = sorted((r for r in rows if (r["workload"], r["variant"]) == (wl, var)),
+                      key=lambda r: r["seed"])
+        g = {"workload": wl, "variant": var, "seeds": len(runs), "c": runs[0]["c"],
+             "replay": runs[0]["replay"], "target_loss": runs[0]["target_loss"],
+             "reached": sum(r["time_to_target"] is not None for r in runs),
+             "diverged": sum(r["diverged"] is not None for r in runs),
+             "time_to_target": _stats([r["time_to_target"] for r in runs]),
+             "time_to_target_per_seed": [r["time_to_target"] for r in runs],
+             "accuracy_at_equal_time": _stats([r["accuracy_at_equal_time"] or 0.0 for r in runs]),
+             "accuracy_per_seed": [r["accuracy_at_equal_time"] for r in runs]}
+        for key in ("grad_evals", "grad_flops", "utilisation", "max_age", "steps", "mean_age",
+                    "weight_sum_mean", "control_actions"):
+            g[key] = _stats([r[key] for r in runs if r.get(key) is not None])
+        for key in ("err_total_mean", "err_coding_mean", "err_stale_mean"):
+            vals = [r[key] for r in runs if r.get(key) is not None]
+            g[key] = float(np.mean(vals)) if vals else None
+        out.append(g)
+    return out
+
+
+def stale_claims(gs: list[dict]) -> list[dict]:
+    """The design note's claim per workload and c, with the figures the verdict rests on."""
+    out = []
+    for wl in dict.fromkeys(g["workload"] for g in gs):
+        by = {g["variant"]: g for g in gs if g["workload"] == wl}
+        dgd, gc = by.get("sync-dp"), by.get("gc")
+        for var, g in by.items():
+            if not var.startswith("bounded"):
+                continue
+            med = g["time_to_target"]["median"]
+            out.append({
+                "workload": wl, "variant": var, "reached": f"{g['reached']}/{g['seeds']}",
+                "time_to_target": g["time_to_target"],
+                "faster_than_dgd": dgd is not None and med < dgd["time_to_target"]["median"],
+                "faster_than_gc": gc is not None and med < gc["time_to_target"]["median"],
+                "utilisation_higher": all(
+                    b is not None and g["utilisation"]["median"] > b["utilisation"]["median"]
+                    for b in (dgd, gc)),
+                "accuracy_at_equal_time": g["accuracy_at_equal_time"],
+                "accuracy_vs_best_baseline": g["accuracy_at_equal_time"]["median"] - max(
+                    b["accuracy_at_equal_time"]["median"] for b in (dgd, gc) if b is not None),
+                "diverged": g["diverged"]})
+    return out
+
+
+def stale_tables(gs: list[dict], cl: list[dict]) -> str:
+    head = ["workload", "variant", "reached", "time to target (s)", "acc. at equal time",
+            "steps", "grad evals", "grad GFLOPs", "utilisation", "max age", "mean age",
+            "weight/step", "err_total", "err_stale", "err_coding", "rule actions", "diverged"]
+    body = []
+    for g in gs:
+        fl = g["grad_flops"]
+        body.append([g["workload"], g["variant"], f"{g['reached']}/{g['seeds']}",
+                     _iv(g["time_to_target"]), _iv(g["accuracy_at_equal_time"]),
+                     _iv(g["steps"]), _iv(g["grad_evals"]),
+                     _iv({k: (None if v is None else v / 1e9) for k, v in fl.items()}),
+                     _iv(g["utilisation"]), _iv(g["max_age"]), _iv(g["mean_age"]),
+                     _iv(g["weight_sum_mean"]), fmt(g["err_total_mean"]),
+                     fmt(g["err_stale_mean"]), fmt(g["err_coding_mean"]),
+                     _iv(g["control_actions"]) if g["control_actions"]["median"] is not None
+                     else "-", f"{g['diverged']}/{g['seeds']}"])
+    cl_body = [[c["workload"], c["variant"], c["reached"], _iv(c["time_to_target"]),
+                "yes" if c["faster_than_dgd"] else "no", "yes" if c["faster_than_gc"] else "no",
+                "yes" if c["utilisation_higher"] else "no",
+                fmt(c["accuracy_vs_best_baseline"]), str(c["diverged"])] for c in cl]
+    target = ", ".join(f"{wl} {STALE_WORKLOADS[wl]['target_loss']}"
+                       for wl in dict.fromkeys(g["workload"] for g in gs))
+    return ("## The design note's experiment: 8 heterogeneous workers, log-normal delays + "
+            f"10-30 s stragglers, r = 2; validation-loss target {target} "
+            "(median [2.5%, 97.5%] over seeds; unreached = inf)\n\n" + markdown_table(head, body)
+            + "\n\n## The design note's claim per variant\n\n"
+            + markdown_table(["workload", "variant", "reached", "time to target",
+                              "faster than DGD", "faster than GC", "utilisation higher",
+                              "acc. vs best baseline", "diverged"], cl_body))
+
+
+def stale_plot(path, rows) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    wls = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(1, len(wls), figsize=(7 * len(wls), 4.8), squeeze=False)
+    for ax, wl in zip(axes[0], wls):
+        for r in rows:
+            if r["workload"] == wl and r.get("curve"):
+                pts = [(a, b) for a, b in r["curve"] if b is not None and math.isfinite(b)]
+                ls = ":" if "remedy off" in r["variant"] else "-"
+                ax.plot([a for a, _ in pts], [b for _, b in pts], ls, label=r["variant"])
+        ax.axhline(STALE_WORKLOADS[wl]["target_loss"], color="grey", lw=0.6)
+        ax.set_yscale("log")
+        ax.set_ylim(top=3.0)
+        ax.set_xlabel("virtual time (s)")
+        ax.set_ylabel("validation loss")
+        ax.set_title(f"{wl}, seed 0 (dotted: remedy off)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_staleness(out: Path, seeds: int, jobs: int, data_dir=None, workloads=("mnist1d",),
+                  cs=STALE_CS, budget=None, quick: bool = False, adaptive: bool = False):
+    """``--grid staleness``: the design note's experiment at full size; (summary, tables)."""
+    from pgc_hvd.sim.run import prepare_data
+    for wl in workloads:                 # generate / cache once before the pool starts
+        prepare_data(STALE_WORKLOADS[wl]["dataset"], root=data_dir)
+    specs = stale_grid(seeds, workloads, cs, budget, quick, adaptive)
+    rows = []
+
+    def results():
+        if jobs > 1:
+            import multiprocessing as mp
+            with mp.get_context("spawn").Pool(jobs) as pool:
+                pending = [pool.apply_async(run_stale_one, (sp, str(out), data_dir))
+                           for sp in specs]
+                for p in pending:
+                    yield p.get()
+        else:
+            for sp in specs:
+                yield run_stale_one(sp, str(out), data_dir)
+
+    with open(out / "runs.jsonl", "w") as done:
+        for sp, row in zip(specs, results()):
+            rows.append(row)
+            done.write(json.dumps(to_jsonable({k: v for k, v in row.items() if k != "curve"}))
+                       + "\n")
+            done.flush()
+            _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {row['wall_seconds']:.0f} s")
+    gs = stale_groups(rows)
+    cl = stale_claims(gs)
+    stale_plot(out / "plot.png", rows)
+    summary = {"experiment": "deep", "grid": "staleness", "quick": quick,
+               "workloads": {wl: STALE_WORKLOADS[wl] for wl in workloads}, "cs": list(cs),
+               "budget": budget or {wl: STALE_WORKLOADS[wl]["budget"] for wl in workloads},
+               "seeds": seeds, "n": 8,
+               "groups": gs, "claims": cl,
+               "runs": [{k: v for k, v in r.items() if k != "curve"} for r in rows]}
+    return summary, stale_tables(gs, cl)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="pgc-hvd experiment deep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -440,7 +722,19 @@ def main(argv=None) -> int:
                    help="momentum: DGD and PGC-CR at s = 3, momentum 0.9, remedy on and off only; "
                    f"decay: DGD, IS-SGD and PGC-CR with decay in {DECAYS} at s = 3, momentum 0.9; "
                    f"adam: DGD, IS-SGD, PGC-CR (the remedy) and PGC-CR decay=1 with {ADAM}; "
-                   "staleness: part 2 only (the design note's experiment)")
+                   "staleness: the design note's experiment at full size (issue 35): sync DP, "
+                   "GC and bounded staleness r = 2, c in --cs, with the default remedy and "
+                   "without, --seeds seeds, on --workloads")
+    p.add_argument("--workloads", default="mnist1d",
+                   help=f"--grid staleness: comma-separated, of {sorted(STALE_WORKLOADS)}")
+    p.add_argument("--cs", default=",".join(str(c) for c in STALE_CS),
+                   help="--grid staleness: staleness bounds c, comma-separated")
+    p.add_argument("--adaptive", action="store_true",
+                   help="--grid staleness: bounded staleness (remedy on and off) also with the "
+                   "design note's L_hat control rule (knob auto)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="--grid staleness: virtual seconds per run (default: the workload's, "
+                   f"MNIST-1D {STALE_BUDGET:g}; --quick 30)")
     p.add_argument("--decays", default=",".join(f"{d:g}" for d in DECAYS),
                    help="--grid decay: PGC-CR's decay values, comma-separated, each in [0, 1]")
     p.add_argument("--momentum-lr", type=float, default=None,
@@ -464,6 +758,18 @@ def main(argv=None) -> int:
         p.error(f"--decays {a.decays!r}: give numbers in [0, 1] separated by commas, e.g. 1,0.5,0")
     if not all(0.0 <= d <= 1.0 for d in decays):
         p.error(f"--decays {a.decays!r}: each decay must be in [0, 1]")
+    workloads = tuple(w.strip() for w in a.workloads.split(",") if w.strip())
+    if not workloads or any(w not in STALE_WORKLOADS for w in workloads):
+        p.error(f"--workloads {a.workloads!r}: choose from {sorted(STALE_WORKLOADS)}")
+    try:
+        cs = tuple(int(x) for x in a.cs.split(","))
+    except ValueError:
+        p.error(f"--cs {a.cs!r}: give integers >= 1 separated by commas, e.g. 2,4,8")
+    if not cs or min(cs) < 1:
+        p.error(f"--cs {a.cs!r}: each c must be >= 1")
+    budget = a.budget if a.budget is not None else (30.0 if a.quick else None)
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        p.error(f"--budget {a.budget}: give virtual seconds > 0")
     out = Path(a.out)
     if (out / "summary.json").exists() and not a.force:
         p.error(f"{out} already holds an experiment's results; choose another --out or pass "
@@ -472,9 +778,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     (out / "records").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    summary, md = run(out, a.quick, a.seeds, a.jobs, a.data_dir,
-                      not a.no_staleness and a.grid in ("full", "staleness"), a.grid, a.momentum_lr,
-                      a.max_steps, a.max_time, decays)
+    if a.grid == "staleness":
+        summary, md = run_staleness(out, 1 if a.quick else a.seeds, a.jobs, a.data_dir,
+                                    workloads, cs, budget, a.quick, a.adaptive)
+    else:
+        summary, md = run(out, a.quick, a.seeds, a.jobs, a.data_dir,
+                          not a.no_staleness and a.grid == "full", a.grid, a.momentum_lr,
+                          a.max_steps, a.max_time, decays)
     wall = time.perf_counter() - t0
     summary["wall_seconds"] = wall
     cmd = "pgc-hvd experiment deep " + " ".join(argv if argv is not None else sys.argv[1:])

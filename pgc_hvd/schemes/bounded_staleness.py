@@ -13,8 +13,46 @@ with age 0 <= t - v_i < c; the update is the mean of the table,
 Late arrivals (from earlier steps) still refresh the table. Without staleness
 (every shard fresh) the update is the exact average gradient.
 
+Replays and the remedy (``replay``, ``min_fresh``; docs/control.md "Bounded staleness: each
+gradient counted once"). The note's rule above applies the whole table at every step, so an
+entry that is not refreshed enters up to c consecutive updates: a *replay*, and nothing limits
+how many steps fire from one table (after a step the next round is polled and fires at once
+while every entry is younger than c). The gradient g_i^{(v)} then enters sum_t w_i = u_i w_i
+in total, u_i <= c its number of uses -- an lr amplified by up to c on the slow workers'
+shards (measured: 1.45 / 2.42 / 4.73 uses per gradient at c = 2 / 4 / 8 under the note's
+delays, 5% / 44% / 73% of the steps pure replays), which with the user's momentum 0.9 does not
+learn (docs/experiments.md section 5). ``replay="once"`` counts every gradient once, at its
+first use, and lets a step fire only on enough new gradients:
+
+    g^(t) = sum_{i in F_t} w_i rho^{a_i} g_i^{(v_i)},   F_t = the entries no earlier step used,
+
+and step t fires when every shard has an entry of age a_i = t - v_i < c (the note's coverage
+rule, unchanged) *and* |F_t| >= m (``min_fresh``, default n - s: the update never waits for
+the s slowest workers, and a late gradient of theirs still enters the next one). Each
+gradient's total weight over its uses is w_i rho^a <= w_i (rho = ``decay``, default 1: w_i
+exactly): the update is asynchronous SGD whose delays are bounded by c - 1, with every shard's
+newest gradient at most c - 1 versions old at every step. Why m = n - s: with m = 1 (a step per
+new gradient) the versions advance at every arrival, so a gradient is applied a_i ~ 1.2 / 2.6
+versions late at c = 4 / 8 and at the user's gain lr / (1 - beta) that delay alone still fails
+(0.22 / 0.10 accuracy against DGD's 0.30); waiting for n - s new ones keeps the mean age at
+0.02 and reaches 0.39 at every c (``benchmarks/staleness_mechanism.py``).
+
+``replay="mean"`` (the constructor's default) is the note's rule (every entry, every step;
+``min_fresh`` and ``decay`` then do nothing). Both engines build the scheme through
+:func:`pgc_hvd.control.momentum.remedy_scheme_options`, which passes ``replay="once"`` (the
+remedy, on by default; ``momentum_correction=False`` or an explicit ``replay`` is the off
+switch). The note's replays win only on the convex softmax of docs/experiments.md section 3
+(plain SGD: the table mean is SAG-like there); on MNIST-1D they fail with momentum 0.9 and
+with plain SGD alike. Weightings kept for the comparison that chose the default:
+``"age"`` (w_i / (1 + a_i) on every entry at every step: staleness-aware lr, eta / tau),
+``"split"`` (w_i / c on every entry at every step: an entry's weight spread over the c uses it
+can have, so its total is at most w_i) and ``"once-age"`` (counted once, weight
+w_i / (1 + a_i)).
+
 Options: ``r`` (replicas, default s+1, 1 <= r <= n), ``c`` (staleness bound,
-default s+1, c >= 1), ``shard_sizes`` (n positive numbers).
+default s+1, c >= 1), ``shard_sizes`` (n positive numbers), ``replay`` ("mean" default: the
+note's; "once": the remedy, what both engines pass by default; "age", "split", "once-age"),
+``min_fresh`` (m, default n - s), ``decay`` (rho in [0, 1], default 1).
 """
 
 from __future__ import annotations
@@ -39,11 +77,33 @@ class _TableRound(Round):
         sch = self.scheme
         t = self.step
         table = sch.table
-        if any(e is None or not 0 <= t - e[2] < sch.staleness_bound for e in table):
+        c = sch.staleness_bound
+        if any(e is None or not 0 <= t - e[2] < c for e in table):
             return None
-        uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i]) for i, e in enumerate(table))
         ages = [t - e[2] for e in table]
-        return self.decide({}, {"table_max_age": max(ages)}, uses=uses)
+        mode = sch.replay
+        if mode == "mean":      # the design note's rule: every entry, every step
+            uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i]) for i, e in enumerate(table))
+            return self.decide({}, {"table_max_age": max(ages)}, uses=uses)
+        fresh = [i for i, e in enumerate(table) if (e[0], e[1]) not in sch.used]
+        if mode in ("once", "once-age"):
+            if len(fresh) < sch.min_fresh:  # wait for new gradients (never a pure replay)
+                return None
+            rho = sch.decay
+            scale = (lambda a: rho ** a) if mode == "once" else (lambda a: 1.0 / (1.0 + a))
+            uses = tuple(Use(table[i][0], table[i][1], table[i][2],
+                             sch.shard_weights[i] * scale(ages[i])) for i in fresh)
+        elif mode == "age":
+            uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i] / (1.0 + ages[i]))
+                         for i, e in enumerate(table))
+        else:                   # "split"
+            uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i] / c)
+                         for i, e in enumerate(table))
+        sch.used.update((e[0], e[1]) for e in table)
+        return self.decide({}, {"table_max_age": max(ages), "n_fresh": len(fresh),
+                                "replayed": len(table) - len(fresh),
+                                "weight_sum": float(sum(u.weight for u in uses))},
+                           uses=uses)
 
     def _message_store(self):
         return self.scheme.table_messages
@@ -58,8 +118,11 @@ class BoundedStalenessScheme(Scheme):
     uses_stale_gradients = True         # table entries of age < c
     round_type = _TableRound
 
+    REPLAY_MODES = ("once", "mean", "age", "split", "once-age")
+
     def __init__(self, n: int, s: int, r: Optional[int] = None, c: Optional[int] = None,
-                 shard_sizes=None):
+                 shard_sizes=None, replay: str = "mean", decay: Optional[float] = None,
+                 min_fresh: Optional[int] = None):
         n, s = check_scheme_n_s(self.name, n, s)
         super().__init__(n, s)
         self.r = check_positive_int(self.name, "r", s + 1 if r is None else r, 1, n,
@@ -80,11 +143,30 @@ class BoundedStalenessScheme(Scheme):
                 )
             total = sum(sizes)
             self.shard_weights = [x / total for x in sizes]
+        mode = str(replay).strip().lower()
+        if mode in ("off", "table", "note"):
+            mode = "mean"
+        if mode not in self.REPLAY_MODES:
+            raise ValueError(f"{self.name}: replay={replay!r}; use 'mean' (default: the design "
+                             "note's table mean at every step), 'once' (each gradient counted "
+                             "once, the engines' default), 'age', 'split' or 'once-age'")
+        self.replay = mode
+        rho = 1.0 if decay is None else float(decay)
+        if not (math.isfinite(rho) and 0.0 <= rho <= 1.0):
+            raise ValueError(f"{self.name}: decay={decay!r}; use a number in [0, 1] (the weight "
+                             "rho^age of an entry at its one use; 1: none)")
+        self.decay = rho
+        self.min_fresh = check_positive_int(self.name, "min_fresh", max(1, n - s) if min_fresh
+                                            is None else min_fresh, 1, n,
+                                            hint=f"min_fresh in [1, {n}] new gradients per step")
         self._supports = [[(j + l) % n for l in range(self.r)] for j in range(n)]
         self.code = None
         # table[i] = (worker, step, version) of the newest gradient of shard i
         self.table: list = [None] * n
         self.table_messages: dict = {}
+        # (worker, step) of the table entries an update has used (replay != "mean"); an entry
+        # leaves this set when a newer gradient of its shard replaces it
+        self.used: set = set()
 
     def supports(self):
         return self._supports
@@ -119,6 +201,7 @@ class BoundedStalenessScheme(Scheme):
             return
         if old is not None:
             self.table_messages.pop((old[0], old[1]), None)
+            self.used.discard((old[0], old[1]))
         self.table[shard] = (arrival.worker, arrival.step, v)
         if arrival.message is not None:
             self.table_messages[(arrival.worker, arrival.step)] = arrival.message

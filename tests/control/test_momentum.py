@@ -188,7 +188,7 @@ def test_remedy_scheme_options_set_pgc_cr_decay_only_when_the_user_did_not():
     assert remedy_scheme_options("PGC_CR", {"decay": 0.5}, mom) == {"decay": 0.5}   # the user's
     assert remedy_scheme_options("pgc-cr", {}, mom, enabled=False) == {}      # the off switch
     assert remedy_scheme_options("pgc-cr", {}, plain) == {}                   # plain SGD: rho 1
-    for other in ("pgc-fr", "pgc-bcgc", "bounded-staleness", "dgd", "is-sgd"):
+    for other in ("pgc-fr", "pgc-bcgc", "dgd", "is-sgd"):
         assert remedy_scheme_options(other, {}, mom) == {}
     with pytest.raises(ValueError, match="unknown scheme"):
         remedy_scheme_options("pgc-xx", {}, mom)
@@ -205,3 +205,43 @@ def test_simulator_builds_pgc_cr_with_the_remedys_decay(optimizer, correction, r
                           steps=6, batch_size=8, momentum_correction=correction)
     assert summ["ring_decay"] == pytest.approx(rho)
     assert all(r.extra["ring_decay"] == pytest.approx(rho) for r in recs)
+
+
+# -- the remedy for bounded staleness: each gradient counted once (issue 35) --
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    lambda p: torch.optim.Adam(p, lr=1e-3),
+    lambda p: torch.optim.SGD(p, lr=0.5),
+])
+def test_remedy_scheme_options_count_bounded_staleness_gradients_once(make):
+    from pgc_hvd.control.momentum import remedy_scheme_options
+    g = _groups(make)
+    assert remedy_scheme_options("bounded-staleness", {"r": 2}, g) == {"r": 2, "replay": "once"}
+    assert remedy_scheme_options("bounded-staleness", {"replay": "mean"}, g) == {"replay": "mean"}
+    assert remedy_scheme_options("bounded_staleness", {}, g, enabled=False) == {}   # off switch
+
+
+@pytest.mark.parametrize("optimizer,correction,once", [
+    ("sgd:lr=0.05,momentum=0.9", True, True),
+    ("sgd:lr=0.05,momentum=0.9", False, False),
+    ("sgd:lr=0.5", True, True),
+    ("sgd:lr=0.5", False, False),
+])
+def test_simulator_counts_bounded_staleness_gradients_once_with_the_remedy(optimizer, correction,
+                                                                           once):
+    """The simulator builds bounded staleness through the remedy: each step's record carries
+    n_fresh >= n - s (the new gradients it used, each once) and a weight sum below 1 once a
+    straggler is left out; with the remedy off the note's records (every table entry, no
+    n_fresh)."""
+    from pgc_hvd.delays import Exponential
+    from pgc_hvd.sim.run import simulate
+    recs, _ = simulate("bounded-staleness", 4, 1, dataset="digits", model="softmax",
+                       optimizer=optimizer, delay=Exponential(1.0, seed=3), steps=12,
+                       batch_size=8, scheme_options={"r": 2, "c": 3}, partition_time=1.0,
+                       momentum_correction=correction)
+    if once:
+        assert all(r.extra["n_fresh"] == len(r.workers_used) >= 3 for r in recs)
+        assert any(r.extra["weight_sum"] < 1.0 for r in recs)
+    else:
+        assert all("n_fresh" not in r.extra and len(r.workers_used) == 4 for r in recs)

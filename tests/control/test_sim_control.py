@@ -20,7 +20,8 @@ def data():
 
 
 def run(data, lr, c, adaptive, control=None, scheme="bounded-staleness", **kw):
-    opts = {"r": 2, "c": c} if scheme == "bounded-staleness" else {}
+    # the design note's rule (replay="mean"): the synthetic divergence is that rule's
+    opts = {"r": 2, "c": c, "replay": "mean"} if scheme == "bounded-staleness" else {}
     recs, summ = simulate(scheme, 8, setting_stragglers(scheme, 1), data=data, model="softmax",
                           optimizer=f"sgd:lr={lr}",
                           delay=control_delay(), steps=100000, max_time=BUDGET,

@@ -144,7 +144,8 @@ def test_bounded_staleness_every_shard_evaluated_once_per_step():
 
 def test_bounded_staleness_fires_only_when_every_shard_is_younger_than_c():
     n, s, c = 4, 1, 2
-    scheme = get_scheme("bounded-staleness", n, s, r=2, c=c, shard_sizes=[1, 1, 1, 5])
+    scheme = get_scheme("bounded-staleness", n, s, r=2, c=c, shard_sizes=[1, 1, 1, 5],
+                        replay="mean")   # the design note's rule: the whole table every step
     g = np.arange(4 * 2, dtype=float).reshape(4, 2)
     # step 0: everyone delivers
     rnd = scheme.open_round(0)
@@ -169,6 +170,160 @@ def test_bounded_staleness_fires_only_when_every_shard_is_younger_than_c():
     assert {(u.worker, u.step, u.version) for u in d2.uses} == {(0, 2, 2), (1, 2, 2), (2, 2, 2), (2, 1, 1)}
     assert d2.info["table_max_age"] == 1 and d2.info["max_age"] == 1
     assert np.allclose(rnd2.combine(), (w[:, None] * g).sum(axis=0))
+
+
+def _drive(scheme, events):
+    """Feed ``events`` = [(worker, lag)] to ``scheme`` as an engine would: the arrival of worker
+    for step max(0, t - lag) (each (worker, step) once), then poll the next rounds; returns the
+    decisions in order."""
+    t, rnd, sent, out = 0, scheme.open_round(0), set(), []
+    for worker, lag in events:
+        step = max(0, t - lag)
+        if (worker, step) in sent:
+            continue
+        sent.add((worker, step))
+        d = rnd.offer(Arrival(worker, step, step, None))
+        while d is not None:
+            out.append(d)
+            t += 1
+            rnd = scheme.open_round(t)
+            d = rnd.poll()
+    return out
+
+
+_events = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 4)), min_size=1, max_size=120)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 8), st.integers(1, 5), st.data())
+def test_bounded_staleness_once_counts_every_gradient_once(n, c, data):
+    """replay="once" (the remedy under momentum): a gradient's total weight over its uses is its shard's
+    weight w_i, every update has at least m = ``min_fresh`` new gradients (default n - s),
+    every entry is younger than c."""
+    r = data.draw(st.integers(1, n))
+    sizes = data.draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
+    m = data.draw(st.one_of(st.none(), st.integers(1, n)))
+    scheme = get_scheme("bounded-staleness", n, 1, r=r, c=c, shard_sizes=sizes, min_fresh=m,
+                        replay="once")
+    assert scheme.replay == "once" and scheme.min_fresh == (n - 1 if m is None else m)
+    events = [(w % n, lag) for w, lag in data.draw(_events)]
+    total: dict = {}
+    for d in _drive(scheme, events):
+        assert d.info["n_fresh"] == len(d.uses) >= scheme.min_fresh
+        assert d.info["max_age"] < c and d.info["table_max_age"] < c
+        for u in d.uses:
+            total[(u.worker, u.step)] = total.get((u.worker, u.step), 0.0) + u.weight
+    for (w, step), tot in total.items():
+        assert tot == pytest.approx(scheme.shard_weights[scheme.shard_of(w, step)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 8), st.integers(1, 5), st.data())
+def test_bounded_staleness_weightings_fire_as_the_note_and_bound_the_weights(n, c, data):
+    """"mean" (the note's rule), "age" and "split" fire at the same steps (every entry younger
+    than c, from the table alone); "split" keeps a gradient's total at most w_i, "age" weights
+    w_i / (1 + age); "once" fires at a subset of those moments (never a pure replay)."""
+    r = data.draw(st.integers(1, n))
+    events = [(w % n, lag) for w, lag in data.draw(_events)]
+    runs = {m: _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, replay=m), events)
+            for m in ("mean", "age", "split")}
+    key = [(d.step, tuple((u.worker, u.step) for u in d.uses)) for d in runs["mean"]]
+    for m in ("age", "split"):
+        assert [(d.step, tuple((u.worker, u.step) for u in d.uses)) for d in runs[m]] == key
+    total: dict = {}
+    for d in runs["split"]:
+        for u in d.uses:
+            total[(u.worker, u.step)] = total.get((u.worker, u.step), 0.0) + u.weight
+    assert all(v <= 1.0 / n + 1e-12 for v in total.values())
+    for d in runs["age"]:
+        for u in d.uses:
+            assert u.weight == pytest.approx(1.0 / n / (1 + d.step - u.version))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 8), st.integers(1, 5), st.floats(0.0, 1.0), st.data())
+def test_bounded_staleness_once_with_decay_weights_by_age_at_the_one_use(n, c, rho, data):
+    """``decay`` = rho: a gradient enters one update, with weight w_i rho^a (a its age then),
+    so its total is at most w_i; the updates fire at the same moments as without decay."""
+    r = data.draw(st.integers(1, n))
+    events = [(w % n, lag) for w, lag in data.draw(_events)]
+    m = data.draw(st.integers(1, n))
+    plain = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, min_fresh=m, replay="once"),
+                   events)
+    decayed = _drive(get_scheme("bounded-staleness", n, 1, r=r, c=c, decay=rho, min_fresh=m,
+                                replay="once"), events)
+    assert [(d.step, [(u.worker, u.step) for u in d.uses]) for d in decayed] == \
+        [(d.step, [(u.worker, u.step) for u in d.uses]) for d in plain]
+    for d in decayed:
+        for u in d.uses:
+            assert u.weight == pytest.approx(rho ** (d.step - u.version) / n)
+    with pytest.raises(ValueError, match="decay"):
+        get_scheme("bounded-staleness", n, 1, decay=1.5)
+
+
+def test_bounded_staleness_once_equals_the_mean_without_staleness():
+    """c = 1 (every entry must be fresh: all n arrivals of step t): the default's update is
+    the note's, the exact average."""
+    n = 6
+    g = np.random.default_rng(1).standard_normal((n, 3))
+    for mode in ("once", "mean"):
+        scheme = get_scheme("bounded-staleness", n, 1, r=2, c=1, replay=mode)
+        for t in range(3):
+            arrivals = [Arrival(j, t, t, g[scheme.shard_of(j, t)]) for j in range(n)]
+            rnd = scheme.open_round(t)
+            ds = [rnd.offer(a) for a in arrivals]
+            assert ds[-1] is not None and all(d is None for d in ds[:-1])
+            assert np.allclose(rnd.combine(), g.mean(axis=0))
+
+
+def test_bounded_staleness_once_does_not_replay():
+    """The note's rule fires step 1 from step 0's table alone (a pure replay); "once" waits for
+    m new gradients (here m = 1) and uses only those, each with its own weight; the default m
+    is n - s."""
+    n = 4
+    g = np.eye(n)
+    assert get_scheme("bounded-staleness", n, 1).replay == "mean"     # the constructor: the note's
+    assert get_scheme("bounded-staleness", n, 1).min_fresh == n - 1
+    assert get_scheme("bounded-staleness", n, 2).min_fresh == n - 2
+    with pytest.raises(ValueError, match="min_fresh"):
+        get_scheme("bounded-staleness", n, 1, min_fresh=n + 1)
+    scheme = get_scheme("bounded-staleness", n, 1, r=2, c=2, min_fresh=1, replay="once")
+    rnd = scheme.open_round(0)
+    for j in range(n):
+        d0 = rnd.offer(Arrival(j, 0, 0, g[scheme.shard_of(j, 0)]))
+    assert d0 is not None and d0.info["n_fresh"] == n and d0.info["replayed"] == 0
+    rnd1 = scheme.open_round(1)
+    assert rnd1.poll() is None
+    d1 = rnd1.offer(Arrival(0, 1, 1, g[scheme.shard_of(0, 1)]))
+    assert d1 is not None and [(u.worker, u.step) for u in d1.uses] == [(0, 1)]
+    assert d1.info["replayed"] == n - 1 and d1.info["weight_sum"] == pytest.approx(1 / n)
+    assert np.allclose(rnd1.combine(), g[scheme.shard_of(0, 1)] / n)
+    with pytest.raises(ValueError, match="replay"):
+        get_scheme("bounded-staleness", n, 1, replay="twice")
+
+
+def test_bounded_staleness_waits_for_n_minus_s_new_gradients_not_for_the_straggler():
+    """replay="once", default m = n - s: step 1 fires at the (n - s)-th new gradient while worker n - 1 is
+    still out; its late gradient (age 1 < c) is counted at step 2, once."""
+    n, s = 5, 1
+    scheme = get_scheme("bounded-staleness", n, s, r=2, c=3, replay="once")
+    rnd = scheme.open_round(0)
+    for j in range(n):
+        d = rnd.offer(Arrival(j, 0, 0, None))
+    assert d is not None
+    rnd = scheme.open_round(1)
+    ds = [rnd.offer(Arrival(j, 1, 1, None)) for j in range(n - 1)]
+    assert ds[-1] is not None and all(x is None for x in ds[:-1])
+    assert sorted(u.worker for u in ds[-1].uses) == list(range(n - 1))
+    rnd = scheme.open_round(2)
+    assert rnd.offer(Arrival(n - 1, 1, 1, None)) is None       # 1 new < m
+    # step 2: worker j evaluates shard j; the late gradient is shard 0's (worker 4 at step 1),
+    # so workers 1, 2, 3 bring the other m - 1 new ones
+    assert scheme.shard_of(n - 1, 1) == 0
+    ds = [rnd.offer(Arrival(j, 2, 2, None)) for j in range(1, n - 1)]
+    d2 = ds[-1]
+    assert d2 is not None and (n - 1, 1) in {(u.worker, u.step) for u in d2.uses}
+    assert d2.info["max_age"] == 1 and d2.info["n_fresh"] == n - 1
 
 
 def test_bounded_staleness_keeps_the_newest_version():

@@ -29,7 +29,9 @@ def test_experiment_quick_outputs(tmp_path):
     for f in ("summary.json", "table.md", "plot.png"):
         assert (tmp_path / f).stat().st_size > 0
     runs = json.loads((tmp_path / "summary.json").read_text())["runs"]
-    assert {r["variant"] for r in runs} == {"sync-dp", "gc", "bounded c=2", "bounded c=4", "bounded c=8"}
+    assert {r["variant"] for r in runs} == {"sync-dp", "gc", "bounded c=2", "bounded c=4", "bounded c=8",
+                                          "bounded c=2 once", "bounded c=4 once",
+                                          "bounded c=8 once"}
     assert all(r["max_age"] < 8 for r in runs)
     # pgc-hvd report reads an experiment's records/<run>.jsonl: one row per run
     assert main(["report", str(tmp_path), "--no-plot"]) == 0

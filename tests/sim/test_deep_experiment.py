@@ -51,8 +51,10 @@ def test_experiment_deep_quick(tmp_path):
     assert by[("dgd", "mom", "continue")]["implicit_momentum_mean"] == 0
     # the design note's experiment on the same workload
     st = summary["staleness"]
-    assert [r["variant"] for r in st] == ["sync-dp", "gc", "bounded c=2", "bounded c=4", "bounded c=8"]
-    assert all(r["max_age"] < 8 for r in st) and st[-1]["max_age"] > 0
+    assert [r["variant"] for r in st] == ["sync-dp", "gc", "bounded c=2", "bounded c=4", "bounded c=8",
+                                            "bounded c=2 once", "bounded c=4 once",
+                                            "bounded c=8 once"]
+    assert all(r["max_age"] < 8 for r in st) and st[4]["max_age"] > 0   # the note's c = 8
     assert {c["claim"] for c in summary["claims"]} >= {"PGC-CR needs fewer steps than DGD",
                                                        "GC is slower per step than DGD"}
 
@@ -72,3 +74,27 @@ def test_deep_grids_for_decays_and_adam():
     for bad in ("1,2", "a,b"):
         with pytest.raises(SystemExit):
             deep_main(["--out", "unused", "--grid", "decay", "--decays", bad])
+
+
+def test_deep_staleness_grid_quick(tmp_path):
+    """``--grid staleness --quick``: sync DP, GC, bounded staleness with the default remedy and
+    with it off (the note's rule), one seed, 30 s; the remedy shows in the records (each
+    gradient counted once: weight per step below 1, no replayed-only step)."""
+    from pgc_hvd.metrics.records import read_records
+    assert main(["experiment", "deep", "--grid", "staleness", "--quick", "--cs", "4",
+                 "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [g["variant"] for g in summary["groups"]] == ["sync-dp", "gc", "bounded c=4",
+                                                         "bounded c=4 remedy off"]
+    for g in summary["groups"]:
+        assert {"time_to_target", "accuracy_at_equal_time", "grad_flops", "utilisation",
+                "max_age", "err_total_mean"} <= set(g)
+        assert g["grad_flops"]["median"] > 0
+    assert {c["variant"] for c in summary["claims"]} == {"bounded c=4", "bounded c=4 remedy off"}
+    on = list(read_records(tmp_path / "records" / "stale_mnist1d_bounded_c4_seed0.jsonl"))
+    off = list(read_records(tmp_path / "records" / "stale_mnist1d_bounded_c4_remedy_off_seed0.jsonl"))
+    assert all(r["extra"]["n_fresh"] >= 7 for r in on[1:])       # min_fresh = n - s
+    assert all(r["extra"]["n_fresh"] == len(r["workers_used"]) for r in on)
+    assert all("n_fresh" not in r["extra"] for r in off)          # the note's records, as before
+    assert all(len(r["workers_used"]) == 8 for r in off)
+    assert (tmp_path / "plot.png").stat().st_size > 0

@@ -72,7 +72,13 @@ def test_every_scheme_fires_only_when_its_rule_holds(digits, name):
         elif name == "bounded-staleness":
             assert r.max_age < 2
             assert sorted(w % N for w in r.workers_used) is not None
-            assert len(r.workers_used) == N  # one table entry per shard
+            if "n_fresh" in r.extra:    # replay="once" (the remedy under momentum): the new
+                # entries, at least n - s, each counted once; every shard's entry younger than c
+                assert N - S <= len(r.workers_used) == r.extra["n_fresh"] <= N
+                assert r.extra["n_fresh"] + r.extra["replayed"] == N
+                assert r.extra["table_max_age"] < 2
+            else:                       # the note's rule (plain SGD): the whole table
+                assert len(r.workers_used) == N  # one table entry per shard
         if sim.scheme.exact and not sim.scheme.pipelined and name != "bounded-staleness":
             assert r.max_age == 0 and r.extra["err_total"] < 1e-8
         assert r.loss is not None and np.isfinite(r.loss)
