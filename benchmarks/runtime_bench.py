@@ -3,7 +3,7 @@
     python benchmarks/runtime_bench.py [--models resnet18,resnet50] [--np 2,3,4] [--compute 0.3]
                                       [--steps 12] [--json runs/runtime_bench.json]
     python benchmarks/runtime_bench.py --crossover      # the optimistic-threshold crossover
-    python benchmarks/runtime_bench.py --models resnet18 --np 4 --controls allgather,log
+    python benchmarks/runtime_bench.py --models resnet18 --np 4 --controls log,allgather
 
 Launches ``horovodrun --gloo`` once per (np, part) on this machine and prints ratios, all
 measured in this one invocation:
@@ -29,7 +29,7 @@ b) exponential delays with mean = compute time (seeded; the same schedule for ev
 ``--repeat K`` runs the whole list K times in turn within each launch (hvd, dgd, ..., hvd, dgd,
 ...) and reports each run's median time per step (``<run>.each`` in the JSON holds all K).
 
-``--controls allgather,log``: every pgc_hvd scheme of parts a and b runs once per control plane
+``--controls log,allgather``: every pgc_hvd scheme of parts a and b runs once per control plane
 (``control=`` of the optimizer; a label ``pgc-cr/log`` in the output), in the same launch as
 Horovod's step they are compared with; parts a and b also print the control exchanges a rank
 made per step (``control_ops`` of the records, rank 0; issue 25 allows at most 5 at np = 4).
@@ -169,10 +169,12 @@ def worker(args) -> None:
 
 def with_controls(labels, controls: str) -> tuple:
     """``labels`` with each pgc_hvd run repeated per control plane of ``controls`` (comma
-    separated; ``allgather`` keeps the plain label, another gets ``/<control>``)."""
+    separated; the runtime's default plane, ``control="log"`` since issue 38, keeps the plain
+    label and passes no ``control=``, another gets ``/<control>``)."""
+    from pgc_hvd.runtime.config import DEFAULT_CONTROL
     planes = [c.strip() for c in controls.split(",") if c.strip()]
     return tuple(lab for lab in labels if lab == "hvd") + tuple(
-        lab if plane == "allgather" else f"{lab}/{plane}"
+        lab if plane == DEFAULT_CONTROL else f"{lab}/{plane}"
         for lab in labels if lab != "hvd" for plane in planes)
 
 
@@ -293,8 +295,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="run the list this many times in turn (A B A B ...) in each launch and "
                         "report each run's median: steadier on a shared machine")
-    p.add_argument("--controls", default="allgather",
-                   help="control planes each pgc_hvd run uses, e.g. allgather,log")
+    p.add_argument("--controls", default="log",
+                   help="control planes each pgc_hvd run uses, e.g. log,allgather (the plain "
+                        "label is the default plane, log)")
     p.add_argument("--crossover", action="store_true", help="measure the optimistic threshold")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--report", default=None, metavar="JSON",
