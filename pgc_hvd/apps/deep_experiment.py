@@ -384,6 +384,32 @@ class _NullAxis:
         return lambda *a, **k: None
 
 
+def run_specs(specs: list, run, args: tuple, jobs: int, out: Path) -> list:
+    """``run(spec, *args)`` for every spec, in the grid's order, from ``jobs`` processes (spawned)
+    or this one; each row is appended to ``out/runs.jsonl`` as it comes (kept if tabulating
+    fails) and logged. Returns the rows."""
+    def results():
+        if jobs > 1:
+            import multiprocessing as mp
+            with mp.get_context("spawn").Pool(jobs) as pool:
+                pending = [pool.apply_async(run, (sp, *args)) for sp in specs]
+                for p in pending:
+                    yield p.get()
+        else:
+            for sp in specs:
+                yield run(sp, *args)
+
+    rows = []
+    with open(out / "runs.jsonl", "w") as done:
+        for sp, row in zip(specs, results()):
+            rows.append(row)
+            done.write(json.dumps(to_jsonable({k: v for k, v in row.items() if k != "curve"}))
+                       + "\n")
+            done.flush()
+            _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {row['wall_seconds']:.0f} s")
+    return rows
+
+
 def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
         staleness: bool = True, which: str = "full", momentum_lr=None, max_steps=MAX_STEPS,
         max_time=MAX_TIME, decays=DECAYS):
@@ -391,28 +417,7 @@ def run(out: Path, quick: bool, seeds: int = 5, jobs: int = 1, data_dir=None,
     from .experiments import staleness_runs
     data = _data(data_dir)          # generate / cache once before the pool starts
     specs = grid(quick, seeds, which, momentum_lr, max_steps, max_time, decays)
-    rows = []
-
-    def results():
-        """The rows in the grid's order, from ``jobs`` processes or this one."""
-        if jobs > 1:
-            import multiprocessing as mp
-            with mp.get_context("spawn").Pool(jobs) as pool:
-                pending = [pool.apply_async(run_one, (sp, str(out), quick, data_dir))
-                           for sp in specs]
-                for p in pending:
-                    yield p.get()
-        else:
-            for sp in specs:
-                yield run_one(sp, str(out), quick, data_dir)
-
-    with open(out / "runs.jsonl", "w") as done:   # each row as it comes (kept if tabulating fails)
-        for sp, row in zip(specs, results()):
-            rows.append(row)
-            done.write(json.dumps(to_jsonable({k: v for k, v in row.items() if k != "curve"}))
-                       + "\n")
-            done.flush()
-            _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {row['wall_seconds']:.0f} s")
+    rows = run_specs(specs, run_one, (str(out), quick, data_dir), jobs, out)
     gs = groups(rows)
     cl = claims(gs, s=1 if quick else 3)
     stale_rows, curves = [], {}
@@ -672,27 +677,7 @@ def run_staleness(out: Path, seeds: int, jobs: int, data_dir=None, workloads=("m
     for wl in workloads:                 # generate / cache once before the pool starts
         prepare_data(STALE_WORKLOADS[wl]["dataset"], root=data_dir)
     specs = stale_grid(seeds, workloads, cs, budget, quick, adaptive)
-    rows = []
-
-    def results():
-        if jobs > 1:
-            import multiprocessing as mp
-            with mp.get_context("spawn").Pool(jobs) as pool:
-                pending = [pool.apply_async(run_stale_one, (sp, str(out), data_dir))
-                           for sp in specs]
-                for p in pending:
-                    yield p.get()
-        else:
-            for sp in specs:
-                yield run_stale_one(sp, str(out), data_dir)
-
-    with open(out / "runs.jsonl", "w") as done:
-        for sp, row in zip(specs, results()):
-            rows.append(row)
-            done.write(json.dumps(to_jsonable({k: v for k, v in row.items() if k != "curve"}))
-                       + "\n")
-            done.flush()
-            _log(f"[deep] {sp['label']} ({len(rows)}/{len(specs)}) {row['wall_seconds']:.0f} s")
+    rows = run_specs(specs, run_stale_one, (str(out), data_dir), jobs, out)
     gs = stale_groups(rows)
     cl = stale_claims(gs)
     stale_plot(out / "plot.png", rows)
