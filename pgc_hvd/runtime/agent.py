@@ -112,7 +112,7 @@ from typing import Callable, Optional
 import torch
 
 from pgc_hvd.compress.codecs import Codec
-from pgc_hvd.runtime.arrivals import ArrivalBook
+from pgc_hvd.runtime.arrivals import END, IDLE, WAIT, ArrivalBook   # END..: decide's outcomes
 from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
@@ -125,7 +125,6 @@ __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_
 
 log = logging.getLogger("pgc_hvd.runtime")
 
-from pgc_hvd.runtime.arrivals import END, IDLE, WAIT   # outcomes of CommAgent.decide
 
 @dataclass
 class Outgoing:
@@ -630,7 +629,6 @@ class CommAgent(DecisionBody):
                      done=1.0 + self._applied if self._done else 0.0, failed=self._failed,
                      c_request=self._c_request if self.rank == 0 else None)
         return row
-
 
     def _loop(self) -> None:
         if self._log:   # one decider, every other rank follows its published rows

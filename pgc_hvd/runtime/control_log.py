@@ -70,9 +70,9 @@ import torch
 
 from pgc_hvd.runtime.arrivals import END
 from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.schemes import Decision
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_STALENESS_BOUND, CTRL_DONE,
                                   CTRL_FAILED, CTRL_READY_STEP, CTRL_VERSION, pack_row)
+from pgc_hvd.schemes import Decision
 
 log = logging.getLogger("pgc_hvd.runtime")
 
@@ -452,32 +452,30 @@ class LogChannel:
 
     def stop(self) -> None:
         """Leave without the bye protocol (an abandoned world, elastic mode): rank 0's reader
-        thread ends at once (its stop entry, written through its own server); nothing waits
-        for the other ranks."""
+        thread ends at once; nothing waits for the other ranks."""
+        self._stop_reader()
+
+    def _stop_reader(self) -> None:
+        """Rank 0: the reader waits on the next log index: give it the stop entry (through
+        its own server)."""
         self._closing = True
-        if self.rank == 0 and self._reader is not None and self._reader.is_alive():
-            try:
-                idx = int(self.store.add(f"{self.prefix}/log/count", 1)) - 1
-                self.store.set(f"{self.prefix}/log/{idx}",
-                               np.full(self.length + 1, _STOP, dtype=np.float64).tobytes())
-            except Exception as err:
-                log.debug("rank 0: could not stop the log reader: %s", err)
+        if self.rank != 0:
+            return
+        try:
+            idx = int(self.store.add(f"{self.prefix}/log/count", 1)) - 1
+            self.store.set(f"{self.prefix}/log/{idx}",
+                           np.full(self.length + 1, _STOP, dtype=np.float64).tobytes())
+        except Exception as err:
+            log.debug("rank 0: could not stop the log reader: %s", err)
 
     def close(self) -> None:
         """After the last outcome: stop rank 0's reader, then the bye protocol of
         ``control="store"``."""
         from pgc_hvd.runtime.control_store import say_bye
         say_bye(self.store, self.prefix, self.rank, self.n, self.timeout)
-        if self.rank == 0:
-            self._closing = True
-            try:   # the reader waits on the next index: give it the stop entry
-                idx = int(self.store.add(f"{self.prefix}/log/count", 1)) - 1
-                self.store.set(f"{self.prefix}/log/{idx}",
-                               np.full(self.length + 1, _STOP, dtype=np.float64).tobytes())
-            except Exception:
-                pass
-            if self._reader is not None:
-                self._reader.join(1.0)
+        self._stop_reader()
+        if self._reader is not None:
+            self._reader.join(1.0)
 
 
 # -- the agent's side (CommAgent under control="log"; the agent is passed in) -----------
@@ -524,9 +522,7 @@ def log_loop(agent) -> None:
                 agent.fire(got, ctl)
                 deadline = time.monotonic() + agent.timeout
                 continue
-            if not queued:
-                continue   # an offer uncovered a rank's next message: see it first
-            batch = queued.pop(0)
+            batch = queued.pop(0)   # not empty: refilled above when it was
             now = time.monotonic()
             for w, r in batch:
                 view.add(w, r)

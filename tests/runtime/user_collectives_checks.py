@@ -47,6 +47,13 @@ def check_equal(got, want, what):
     assert got.shape == want.shape and torch.allclose(got, want), f"{what}: {got} != {want}"
 
 
+def check_alltoall(n: int, r: int, what: str) -> None:
+    """An unnamed alltoall of equal splits: rank r receives w * n + r from every rank w."""
+    back = hvd.alltoall(torch.tensor([float(r * n + j) for j in range(n)]))
+    back = back[0] if isinstance(back, (tuple, list)) else back   # (tensor, splits) or tensor
+    check_equal(back, [float(w * n + r) for w in range(n)], what)
+
+
 def user_habits_in_loop(step: int, n: int, r: int) -> None:
     """The logging habits of a Horovod loop, all unnamed."""
     avg = hvd.allreduce(torch.tensor([float(step + r)]))       # default op: Average
@@ -55,10 +62,7 @@ def user_habits_in_loop(step: int, n: int, r: int) -> None:
     check_equal(got, [[float(w), float(step)] for w in range(n)], "in-loop allgather")
     flag = hvd.broadcast(torch.tensor([float(r * 100 + step)]), root_rank=0)
     check_equal(flag, [float(step)], "in-loop broadcast")
-    sent = torch.tensor([float(r * n + j) for j in range(n)])
-    back = hvd.alltoall(sent)
-    back = back[0] if isinstance(back, (tuple, list)) else back
-    check_equal(back, [float(w * n + r) for w in range(n)], "in-loop alltoall")
+    check_alltoall(n, r, "in-loop alltoall")
 
 
 def user_habits_after(n: int, r: int, tag: float) -> None:
@@ -69,9 +73,7 @@ def user_habits_after(n: int, r: int, tag: float) -> None:
     check_equal(got, [w + tag for w in range(n)], "after-loop allgather")
     flag = hvd.broadcast(torch.tensor([float(r) + tag]), root_rank=0)
     check_equal(flag, [tag], "after-loop broadcast")
-    back = hvd.alltoall(torch.tensor([float(r * n + j) for j in range(n)]))
-    back = back[0] if isinstance(back, (tuple, list)) else back
-    check_equal(back, [float(w * n + r) for w in range(n)], "after-loop alltoall")
+    check_alltoall(n, r, "after-loop alltoall")
 
 
 def unnamed_hash(m) -> None:
