@@ -44,7 +44,11 @@ VARIANTS = [("dgd", "dgd", {}, "continue", True, None),
             ("pgc-cr no-swap", "pgc-cr", {"decay": 0.1}, "continue", False, None),
             ("pgc-cr off", "pgc-cr", {}, "continue", False, None),
             ("bounded-staleness", "bounded-staleness", {}, "continue", True, None),
-            ("bounded-staleness off", "bounded-staleness", {}, "continue", False, None)]
+            ("bounded-staleness off", "bounded-staleness", {}, "continue", False, None),
+            ("bounded-staleness normalize", "bounded-staleness", {"normalize": True}, "continue",
+             True, None),
+            ("bounded-staleness normalize cancel", "bounded-staleness", {"normalize": True},
+             "cancel", True, None)]
 
 
 def delay(pattern: str, seed: int):
@@ -70,7 +74,7 @@ def _run(job):
                             else min(mean_age, (c - 1) / 2.0))
         engine.Simulator._apply = capped
     try:
-        recs, _ = simulate(scheme, 4, 1, dataset="digits", model="cnn", optimizer=OPT,
+        recs, _ = simulate(scheme, 4, 0 if scheme == "dgd" else 1, dataset="digits", model="cnn", optimizer=OPT,
                            delay=delay(pattern, seed), steps=400, scheme_options=opts,
                            partition_time=1.0, batch_size=16, seed=seed, eval_every=5,
                            eval_train=False, target_accuracy=0.95, stop_at_target=True,
@@ -93,17 +97,23 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--patterns", default="exp,lognormal")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--only", default=None, help="comma-separated variant labels (default: all)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     seeds = [int(x) for x in a.seeds.split(",")]
-    jobs = [(pat, v, s) for pat in a.patterns.split(",") for v in VARIANTS for s in seeds]
+    variants = VARIANTS if a.only is None else [v for v in VARIANTS
+                                                 if v[0] in a.only.split(",")]
+    if not variants:
+        raise SystemExit(f"--only {a.only!r} names no variant; use labels of "
+                         + ", ".join(v[0] for v in VARIANTS))
+    jobs = [(pat, v, s) for pat in a.patterns.split(",") for v in variants for s in seeds]
     with ProcessPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(_run, jobs))
     for r in rows:
         print(json.dumps(r))
     print("\npattern | variant | steps to 95% (per seed) | median | max mean age | min beta'")
     for pat in a.patterns.split(","):
-        for v in VARIANTS:
+        for v in variants:
             rs = [r for r in rows if r["pattern"] == pat and r["variant"] == v[0]]
             st = [r["steps"] if r["steps"] is not None else math.inf for r in rs]
             mins = [r["min_momentum"] for r in rs if r["min_momentum"] is not None]

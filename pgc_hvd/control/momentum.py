@@ -157,7 +157,10 @@ def remedy_scheme_options(scheme: str, options: Optional[dict], param_groups,
     from pgc_hvd.schemes.registry import scheme_class
     name = scheme_class(scheme).name
     if name == "bounded-staleness":
-        opts.setdefault("replay", "once")
+        if "replay" not in opts:    # the remedy as a whole; a given replay keeps the user's rule
+            opts["replay"] = "once"
+            opts.setdefault("fire", "current")
+            opts.setdefault("normalize", True)
         return opts
     if name != "pgc-cr" or "decay" in opts:
         return opts

@@ -87,12 +87,18 @@ class _TableRound(Round):
             return self.decide({}, {"table_max_age": max(ages)}, uses=uses)
         fresh = [i for i, e in enumerate(table) if (e[0], e[1]) not in sch.used]
         if mode in ("once", "once-age"):
-            if len(fresh) < sch.min_fresh:  # wait for new gradients (never a pure replay)
-                return None
+            current = [i for i in fresh if ages[i] == 0]
+            if len((fresh, current)[sch.fire == "current"]) < sch.min_fresh:
+                return None         # wait for new gradients (never a pure replay)
             rho = sch.decay
             scale = (lambda a: rho ** a) if mode == "once" else (lambda a: 1.0 / (1.0 + a))
-            uses = tuple(Use(table[i][0], table[i][1], table[i][2],
-                             sch.shard_weights[i] * scale(ages[i])) for i in fresh)
+            weights = [sch.shard_weights[i] * scale(ages[i]) for i in fresh]
+            share = sum(sch.shard_weights[i] for i in fresh)
+            if sch.normalize:       # the mean of the new gradients: a step of full length
+                total = sum(weights)
+                weights = [w / total for w in weights] if total > 0 else weights
+            uses = tuple(Use(table[i][0], table[i][1], table[i][2], w)
+                         for i, w in zip(fresh, weights))
         elif mode == "age":
             uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i] / (1.0 + ages[i]))
                          for i, e in enumerate(table))
@@ -100,10 +106,13 @@ class _TableRound(Round):
             uses = tuple(Use(e[0], e[1], e[2], sch.shard_weights[i] / c)
                          for i, e in enumerate(table))
         sch.used.update((e[0], e[1]) for e in table)
-        return self.decide({}, {"table_max_age": max(ages), "n_fresh": len(fresh),
-                                "replayed": len(table) - len(fresh),
-                                "weight_sum": float(sum(u.weight for u in uses))},
-                           uses=uses)
+        info = {"table_max_age": max(ages), "n_fresh": len(fresh),
+                "replayed": len(table) - len(fresh),
+                "weight_sum": float(sum(u.weight for u in uses))}
+        if mode in ("once", "once-age") and (sch.normalize or sch.fire == "current"):
+            info["n_current"] = len(current)    # new gradients of the model being updated
+            info["fresh_share"] = float(share)  # sum of w_i over them (before normalizing)
+        return self.decide({}, info, uses=uses)
 
     def _message_store(self):
         return self.scheme.table_messages
@@ -122,7 +131,8 @@ class BoundedStalenessScheme(Scheme):
 
     def __init__(self, n: int, s: int, r: Optional[int] = None, c: Optional[int] = None,
                  shard_sizes=None, replay: str = "mean", decay: Optional[float] = None,
-                 min_fresh: Optional[int] = None):
+                 min_fresh: Optional[int] = None, normalize: bool = False,
+                 fire: str = "new"):
         n, s = check_scheme_n_s(self.name, n, s)
         super().__init__(n, s)
         self.r = check_positive_int(self.name, "r", s + 1 if r is None else r, 1, n,
@@ -156,6 +166,20 @@ class BoundedStalenessScheme(Scheme):
             raise ValueError(f"{self.name}: decay={decay!r}; use a number in [0, 1] (the weight "
                              "rho^age of an entry at its one use; 1: none)")
         self.decay = rho
+        if isinstance(normalize, str):
+            key = normalize.strip().lower()
+            if key not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError(f"{self.name}: normalize={normalize!r}; use true (a step is the "
+                                 "mean of its new gradients) or false (each weighs w_i)")
+            normalize = key in ("true", "1", "on")
+        if not isinstance(normalize, (bool, int)) or normalize not in (0, 1):
+            raise ValueError(f"{self.name}: normalize={normalize!r}; use True or False")
+        self.normalize = bool(normalize)
+        self.fire = str(fire).strip().lower()
+        if self.fire not in ("new", "current"):
+            raise ValueError(f"{self.name}: fire={fire!r}; use 'current' (a step waits for "
+                             "min_fresh gradients of the current model) or 'new' (for min_fresh "
+                             "unused entries of any age)")
         self.min_fresh = check_positive_int(self.name, "min_fresh", max(1, n - s) if min_fresh
                                             is None else min_fresh, 1, n,
                                             hint=f"min_fresh in [1, {n}] new gradients per step")

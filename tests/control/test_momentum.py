@@ -217,8 +217,12 @@ def test_simulator_builds_pgc_cr_with_the_remedys_decay(optimizer, correction, r
 def test_remedy_scheme_options_count_bounded_staleness_gradients_once(make):
     from pgc_hvd.control.momentum import remedy_scheme_options
     g = _groups(make)
-    assert remedy_scheme_options("bounded-staleness", {"r": 2}, g) == {"r": 2, "replay": "once"}
+    assert remedy_scheme_options("bounded-staleness", {"r": 2}, g) == {
+        "r": 2, "replay": "once", "fire": "current", "normalize": True}
+    assert remedy_scheme_options("bounded-staleness", {"normalize": False}, g) == {
+        "replay": "once", "fire": "current", "normalize": False}
     assert remedy_scheme_options("bounded-staleness", {"replay": "mean"}, g) == {"replay": "mean"}
+    assert remedy_scheme_options("bounded-staleness", {"replay": "once"}, g) == {"replay": "once"}
     assert remedy_scheme_options("bounded_staleness", {}, g, enabled=False) == {}   # off switch
 
 
@@ -231,8 +235,8 @@ def test_remedy_scheme_options_count_bounded_staleness_gradients_once(make):
 def test_simulator_counts_bounded_staleness_gradients_once_with_the_remedy(optimizer, correction,
                                                                            once):
     """The simulator builds bounded staleness through the remedy: each step's record carries
-    n_fresh >= n - s (the new gradients it used, each once) and a weight sum below 1 once a
-    straggler is left out; with the remedy off the note's records (every table entry, no
+    n_current >= n - s gradients of its model, n_fresh new ones (each used once), weights that
+    sum to 1 and a share of the data (fresh_share) below 1 once a straggler is left out; with the remedy off the note's records (every table entry, no
     n_fresh)."""
     from pgc_hvd.delays import Exponential
     from pgc_hvd.sim.run import simulate
@@ -240,8 +244,10 @@ def test_simulator_counts_bounded_staleness_gradients_once_with_the_remedy(optim
                        optimizer=optimizer, delay=Exponential(1.0, seed=3), steps=12,
                        batch_size=8, scheme_options={"r": 2, "c": 3}, partition_time=1.0,
                        momentum_correction=correction)
-    if once:
-        assert all(r.extra["n_fresh"] == len(r.workers_used) >= 3 for r in recs)
-        assert any(r.extra["weight_sum"] < 1.0 for r in recs)
+    if once:    # a step on 3 gradients of its model, their mean (weights sum to 1)
+        assert all(r.extra["n_fresh"] == len(r.workers_used) >= r.extra["n_current"] >= 3
+                   for r in recs)
+        assert all(r.extra["weight_sum"] == pytest.approx(1.0) for r in recs)
+        assert any(r.extra["fresh_share"] < 1.0 for r in recs)
     else:
         assert all("n_fresh" not in r.extra and len(r.workers_used) == 4 for r in recs)

@@ -326,6 +326,68 @@ def test_bounded_staleness_waits_for_n_minus_s_new_gradients_not_for_the_straggl
     assert d2.info["max_age"] == 1 and d2.info["n_fresh"] == n - 1
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 8), st.integers(1, 5), st.data())
+def test_bounded_staleness_engines_default_fires_on_the_current_model_and_takes_the_mean(n, c,
+                                                                                         data):
+    """The engines' default (replay="once", fire="current", normalize=True): every update has
+    at least m gradients of the model it updates (age 0), uses each gradient once, keeps every
+    age below c, and its weights are the shard weights of the new entries scaled to sum 1."""
+    r = data.draw(st.integers(1, n))
+    sizes = data.draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
+    m = data.draw(st.integers(1, n))
+    scheme = get_scheme("bounded-staleness", n, 1, r=r, c=c, shard_sizes=sizes, min_fresh=m,
+                        replay="once", fire="current", normalize=True)
+    events = [(w % n, lag) for w, lag in data.draw(_events)]
+    seen = set()
+    for d in _drive(scheme, events):
+        ages = [d.step - u.version for u in d.uses]
+        assert sum(a == 0 for a in ages) == d.info["n_current"] >= m
+        assert max(ages) < c and d.info["table_max_age"] < c
+        assert sum(u.weight for u in d.uses) == pytest.approx(1.0)
+        raw = [scheme.shard_weights[scheme.shard_of(u.worker, u.step)] for u in d.uses]
+        assert d.info["fresh_share"] == pytest.approx(sum(raw))
+        for u, w in zip(d.uses, raw):
+            assert u.weight == pytest.approx(w / sum(raw))
+            assert (u.worker, u.step) not in seen
+            seen.add((u.worker, u.step))
+
+
+def test_bounded_staleness_current_waits_for_the_models_gradients_and_folds_the_late_one_in():
+    """fire="current", normalize=True, n = 5, s = 1: step 1 fires at the 4th gradient of model
+    1; at step 2 worker 4's late gradient of model 1 (shard 0) and three of model 2 are 4 new
+    entries but only 3 of the current model, so the step waits for a 4th of model 2
+    (fire="new" fires there), then uses all 5, each with weight 1/5."""
+    n, s = 5, 1
+    scheme = get_scheme("bounded-staleness", n, s, r=2, c=3, replay="once", fire="current",
+                        normalize=True)
+    old = get_scheme("bounded-staleness", n, s, r=2, c=3, replay="once")
+    firsts = []
+    for sch in (scheme, old):
+        rnd = sch.open_round(0)
+        for j in range(n):
+            d = rnd.offer(Arrival(j, 0, 0, None))
+        rnd = sch.open_round(1)
+        ds = [rnd.offer(Arrival(j, 1, 1, None)) for j in range(n - 1)]
+        assert ds[-1] is not None and all(x is None for x in ds[:-1])
+        firsts.append(ds[-1].info["weight_sum"])
+    assert firsts == [pytest.approx(1.0), pytest.approx((n - 1) / n)]   # the mean; w_i each
+    rnd, rnd_old = scheme.open_round(2), old.open_round(2)
+    assert rnd.offer(Arrival(n - 1, 1, 1, None)) is None
+    assert rnd_old.offer(Arrival(n - 1, 1, 1, None)) is None
+    for j in range(1, n - 1):
+        d, d_old = rnd.offer(Arrival(j, 2, 2, None)), rnd_old.offer(Arrival(j, 2, 2, None))
+    assert d is None and d_old is not None            # 3 of model 2: "new" fires, not "current"
+    d = rnd.offer(Arrival(n - 1, 2, 2, None))         # shard 4 (worker 0's would replace shard 0)
+    assert d is not None and d.info["n_current"] == n - 1 and len(d.uses) == n
+    assert all(u.weight == pytest.approx(1 / n) for u in d.uses) and d.info["max_age"] == 1
+    for bad, match in (({"fire": "late"}, "fire"), ({"normalize": "maybe"}, "normalize")):
+        with pytest.raises(ValueError, match=match):
+            get_scheme("bounded-staleness", n, s, replay="once", **bad)
+    assert get_scheme("bounded-staleness", n, s, normalize="true").normalize is True
+    assert get_scheme("bounded-staleness", n, s).fire == "new"      # the constructor's default
+
+
 def test_bounded_staleness_keeps_the_newest_version():
     scheme = get_scheme("bounded-staleness", 3, 0, r=1, c=5)
     rnd = scheme.open_round(3)
