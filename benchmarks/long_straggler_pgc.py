@@ -9,7 +9,7 @@ gradient. Two straggler patterns, as ``benchmarks/time_to_accuracy.py``'s:
 
 * ``exp``: exponential delays of mean one compute;
 * ``lognormal``: log-normal delays (median 0.3 compute, sigma 0.5) plus, with probability
-  0.01 per worker-step, a 10-30 compute straggler.
+  0.01 per worker-step, a 10-30 compute straggler; ``lognormal:P`` with probability P.
 
 Variants (PGC-CR unless said), each removing one suspect:
 
@@ -55,8 +55,11 @@ def delay(pattern: str, seed: int):
     from pgc_hvd.delays import Exponential, LogNormal, LongStraggler
     if pattern == "exp":
         return Exponential(1.0, seed=1000 * seed + 12)
+    name, _, prob = pattern.partition(":")     # "lognormal:P": stragglers with probability P
+    if name != "lognormal":
+        raise SystemExit(f"unknown pattern {pattern!r}; use exp, lognormal or lognormal:P")
     return (LogNormal(math.log(0.3), 0.5, seed=1000 * seed + 13)
-            + LongStraggler(0.01, 10.0, 30.0, seed=1000 * seed + 14))
+            + LongStraggler(float(prob or 0.01), 10.0, 30.0, seed=1000 * seed + 14))
 
 
 def _run(job):
@@ -74,7 +77,8 @@ def _run(job):
                             else min(mean_age, (c - 1) / 2.0))
         engine.Simulator._apply = capped
     try:
-        recs, _ = simulate(scheme, 4, 0 if scheme == "dgd" else 1, dataset="digits", model="cnn", optimizer=OPT,
+        s = 0 if scheme == "dgd" else 1       # DGD tolerates no straggler
+        recs, _ = simulate(scheme, 4, s, dataset="digits", model="cnn", optimizer=OPT,
                            delay=delay(pattern, seed), steps=400, scheme_options=opts,
                            partition_time=1.0, batch_size=16, seed=seed, eval_every=5,
                            eval_train=False, target_accuracy=0.95, stop_at_target=True,

@@ -138,7 +138,8 @@ def remedy_scheme_options(scheme: str, options: Optional[dict], param_groups,
     """The scheme options a run uses: ``options`` plus, when the remedy is on (``enabled``,
     i.e. ``momentum_correction``): for PGC-CR without a given ``decay`` and an optimizer with
     momentum, ``decay`` = :func:`fresh_leaning_decay`; for bounded staleness without a given
-    ``replay``, ``replay="once"`` (each gradient counted once, a step on n - s new gradients).
+    ``replay``, ``replay="once"``, ``fire="current"`` and ``normalize=True`` (each gradient
+    counted once, a step on n - s gradients of the current model, the mean of its new ones).
     Both engines build their scheme with this (so the runtime and the simulator agree);
     ``momentum_correction=False`` or an explicit ``decay`` / ``replay`` keeps the user's choice.
 
