@@ -21,7 +21,12 @@ Variants (PGC-CR unless said), each removing one suspect:
 * ``pgc-cr no-swap``: the ring decay kept (``decay`` = 0.1 given), the swap off;
 * ``pgc-cr off``: both parts off (``momentum_correction=False``);
 * ``bounded-staleness`` (r = c = s + 1 = 2, the runtime benchmark's): with its remedy (each
-  gradient counted once, a step on n - s new gradients) and without (``off``: the note's rule).
+  gradient counted once, a step on n - s gradients of the current model, the mean of its new
+  ones) and without (``off``: the note's rule); the remedy's parts one at a time: ``fire=new``
+  (the first remedy: m new entries of any age, weights w_i), ``fire=new normalize``, ``no
+  normalize`` (fire on the current model, weights w_i), ``decay 0.1`` (late entries at
+  0.1^age), ``cancel`` (straggler policy cancel: no late gradient at all);
+* ``is-sgd``: the mean of the first n - s gradients of every step (the late ones dropped).
 
 Prints steps to the target per seed and the medians, and per run the largest mean age the
 swap saw and the smallest momentum it applied.
@@ -45,10 +50,16 @@ VARIANTS = [("dgd", "dgd", {}, "continue", True, None),
             ("pgc-cr off", "pgc-cr", {}, "continue", False, None),
             ("bounded-staleness", "bounded-staleness", {}, "continue", True, None),
             ("bounded-staleness off", "bounded-staleness", {}, "continue", False, None),
-            ("bounded-staleness normalize", "bounded-staleness", {"normalize": True}, "continue",
+            ("bounded-staleness fire=new", "bounded-staleness", {"replay": "once"}, "continue",
              True, None),
-            ("bounded-staleness normalize cancel", "bounded-staleness", {"normalize": True},
-             "cancel", True, None)]
+            ("bounded-staleness fire=new normalize", "bounded-staleness",
+             {"replay": "once", "normalize": True}, "continue", True, None),
+            ("bounded-staleness no normalize", "bounded-staleness", {"normalize": False},
+             "continue", True, None),
+            ("bounded-staleness decay 0.1", "bounded-staleness", {"decay": 0.1}, "continue",
+             True, None),
+            ("bounded-staleness cancel", "bounded-staleness", {}, "cancel", True, None),
+            ("is-sgd", "is-sgd", {}, "continue", True, None)]
 
 
 def delay(pattern: str, seed: int):
