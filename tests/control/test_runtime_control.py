@@ -22,6 +22,7 @@ RUNS = [(f"rule-{lr}", "test_runtime_rule", SCRIPT, [".", lr, 24]) for lr, _ in 
       "--timeout", "60", "--out", "run"]),
     ("cli-c", "test_train_cli_passes_scheme_options_and_lowers_c", TRAIN,
      ["--scheme", "bounded-staleness", "--stragglers", "1", "--option", "c=3", "--option", "r=2",
+      "--option", "replay=mean",
       "--model", "softmax", "--steps", "20", "--lr", "50", "--momentum", "0", "--adaptive",
       "--control", "knob=c,window=3", "--control", "patience=1000", "--timeout", "60",
       "--channel", "store", "--out", "run"])]
@@ -49,7 +50,9 @@ def test_runtime_rule(runs, lr, expect):
 
 @pytest.mark.multirank
 def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(runs):
-    """Bounded staleness, knob c (2 gloo ranks, too-large lr): the rule lowers c from 2 to 1;
+    """Bounded staleness with the note's rule (``replay="mean"``: stale table entries; the
+    engines' default steps on gradients of the current model and leaves the rule nothing to
+    act on), knob c (2 gloo ranks, too-large lr): the rule lowers c from 2 to 1;
     every rank applies it at the same step (rank 0's request rides in its control rows), the
     records carry the bound each decision used, and every decision after the change uses only
     fresh gradients (t - v < 1) while the lr is untouched."""
@@ -87,13 +90,14 @@ def test_train_cli_adaptive_uses_actual_ages(runs):
 
 @pytest.mark.multirank
 def test_train_cli_passes_scheme_options_and_lowers_c(runs):
-    """``pgc-hvd train --scheme bounded-staleness --option c=3 --adaptive --control knob=c
-    --channel store``: the scheme gets its options, the rule lowers c on every rank (the request
+    """``pgc-hvd train --scheme bounded-staleness --option c=3 --option replay=mean --adaptive
+    --control knob=c --channel store`` (the note's rule, as above): the scheme gets its options, the rule lowers c on every rank (the request
     travels in the TCPStore control rows), the summary says so."""
     out = runs.ran("cli-c").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
-    assert summ["scheme_options"] == {"c": 3, "r": 2} and summ["channel"] == "store"
+    assert summ["scheme_options"] == {"c": 3, "r": 2, "replay": "mean"}
+    assert summ["channel"] == "store"
     assert recs[0]["extra"]["c"] == 3 and summ["final_c"] == 1 == recs[-1]["extra"]["c"]
     acts = [a for r in recs for a in r["extra"].get("control", [])]
     assert acts[0]["knob"] == "c" and (acts[0]["old"], acts[0]["new"]) == (3, 1)

@@ -30,6 +30,11 @@ ctl = AdaptiveController(task.model, task.loss, val, ControlConfig(window=3, pat
                          writer=writer)
 opt = DistributedOptimizer(torch.optim.SGD(task.model.parameters(), lr=lr), task.model.named_parameters(),
                            scheme=scheme, stragglers=1, records=None, on_update=ctl.on_update,
+                           # bounded staleness: the note's rule, whose table entries are stale
+                           # (the engines' default steps on gradients of the current model, so
+                           # the rule has no staleness to lower c for)
+                           scheme_options={"replay": "mean"} if scheme == "bounded-staleness"
+                           else None,
                            on_record=ctl.on_record, timeout=60)
 ctl.attach(opt)
 while opt.version < steps:
