@@ -16,7 +16,8 @@ one seeded delay schedule per pattern for every variant: ``none``, ``slow`` (ran
 ``exp`` (Exp(mean = compute) per rank and step), ``lognormal`` (with rare 10-30 x stragglers).
 
 Variants: ``hvd`` (``hvd.DistributedOptimizer``), and any pgc_hvd scheme name (s = 0 for
-``dgd``, 1 otherwise), ``NAME:off`` with ``momentum_correction=False``, ``NAME:KEY=VALUE`` with a scheme option
+``dgd``, 1 otherwise), ``NAME:off`` with ``momentum_correction=False``, ``NAME:cancel`` with
+``straggler_policy="cancel"``, ``NAME:KEY=VALUE`` with a scheme option
 (e.g. ``pgc-cr:decay=0.5``; flags chain: ``pgc-cr:off:decay=0.5``). One horovodrun launch
 per (pattern, optimizer, seed) runs every variant in turn on fresh models with the same
 initialisation. Printed: per variant, median over seeds of steps and training seconds to the

@@ -18,8 +18,9 @@ stops at the same step); evaluation is not timed.
 
 A *variant* is ``hvd`` (``hvd.DistributedOptimizer`` with its usual DataLoader +
 ``DistributedSampler`` loop) or a pgc_hvd scheme name with its defaults (``pgc-cr``, ``bcgc``,
-``dgd``, ...), ``NAME:off`` with ``momentum_correction=False``, ``NAME:KEY=VALUE`` with a scheme
-option (``pgc-cr:decay=0.5``; flags chain: ``pgc-cr:off:decay=0.5``).
+``dgd``, ...), ``NAME:off`` with ``momentum_correction=False``, ``NAME:cancel`` with
+``straggler_policy="cancel"``, ``NAME:KEY=VALUE`` with a scheme option (``pgc-cr:decay=0.5``;
+flags chain: ``pgc-cr:off:decay=0.5``).
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ class _PgcLoop:
         self.opt = DistributedOptimizer(
             inner, named_parameters=model.named_parameters(), scheme=scheme, name=name,
             scheme_options=scheme_options or None, momentum_correction=("off" not in flags),
-            **options)
+            straggler_policy="cancel" if "cancel" in flags else "continue", **options)
         self.s = self.opt.config.stragglers
         self.loader = CodedLoader(train, n=n, batch_size=trial.batch_size, seed=trial.seed)
 
