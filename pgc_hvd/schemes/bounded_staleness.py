@@ -54,7 +54,8 @@ carry ``n_current`` (entries of age 0) and ``fresh_share`` (sum of w_i over F_t)
 ``min_fresh`` and ``decay`` then do nothing). Both engines build the scheme through
 :func:`pgc_hvd.control.momentum.remedy_scheme_options`, which passes ``replay="once"``,
 ``fire="current"`` and ``normalize=True`` (the remedy, on by default;
-``momentum_correction=False`` or an explicit ``replay`` is the off switch). The note's replays win only on the convex softmax of docs/experiments.md section 3
+``momentum_correction=False`` or an explicit ``replay`` is the off switch). The note's replays
+win only on the convex softmax of docs/experiments.md section 3
 (plain SGD: the table mean is SAG-like there); on MNIST-1D they fail with momentum 0.9 and
 with plain SGD alike. Weightings kept for the comparison that chose the default:
 ``"age"`` (w_i / (1 + a_i) on every entry at every step: staleness-aware lr, eta / tau),
@@ -126,7 +127,7 @@ class _TableRound(Round):
                 "weight_sum": float(sum(u.weight for u in uses))}
         if mode in ("once", "once-age") and (sch.normalize or sch.fire == "current"):
             info["n_current"] = len(current)    # new gradients of the model being updated
-            info["fresh_share"] = float(share)  # sum of w_i over them (before normalizing)
+            info["fresh_share"] = float(share)  # sum of w_i over F_t (before normalizing)
         return self.decide({}, info, uses=uses)
 
     def _message_store(self):

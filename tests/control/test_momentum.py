@@ -236,7 +236,8 @@ def test_simulator_counts_bounded_staleness_gradients_once_with_the_remedy(optim
                                                                            once):
     """The simulator builds bounded staleness through the remedy: each step's record carries
     n_current >= n - s gradients of its model, n_fresh new ones (each used once), weights that
-    sum to 1 and a share of the data (fresh_share) below 1 once a straggler is left out; with the remedy off the note's records (every table entry, no
+    sum to 1 and a share of the data (fresh_share) below 1 once a straggler is left out; with
+    the remedy off the note's records (every table entry, no
     n_fresh)."""
     from pgc_hvd.delays import Exponential
     from pgc_hvd.sim.run import simulate

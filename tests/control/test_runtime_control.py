@@ -91,7 +91,8 @@ def test_train_cli_adaptive_uses_actual_ages(runs):
 @pytest.mark.multirank
 def test_train_cli_passes_scheme_options_and_lowers_c(runs):
     """``pgc-hvd train --scheme bounded-staleness --option c=3 --option replay=mean --adaptive
-    --control knob=c --channel store`` (the note's rule, as above): the scheme gets its options, the rule lowers c on every rank (the request
+    --control knob=c --channel store`` (the note's rule, as above): the scheme gets its
+    options, the rule lowers c on every rank (the request
     travels in the TCPStore control rows), the summary says so."""
     out = runs.ran("cli-c").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
