@@ -32,7 +32,8 @@ the user's), the latter with the staleness-aware momentum correction
 3. ``--grid staleness`` (issue 35; :func:`run_staleness`): part 2 at full size, ``--seeds``
    seeds (seed = model init, partition, minibatches and the delay draws), on ``--workloads``
    (:data:`STALE_WORKLOADS`: MNIST-1D ``cnn1d``, the digits ``cnn``), bounded staleness with
-   the default remedy (each gradient counted once, a step on n - s new gradients) and with it
+   the default remedy (each gradient counted once, a step on n - s gradients of the current
+   model, the mean of its new ones) and with it
    off (``replay="mean"``), c in ``--cs``; per (workload, variant): seeds reaching the
    workload's fixed validation-loss target, time to it, accuracy at the end of the budget,
    gradient FLOPs, utilisation, gradient ages, the error decomposition (seed 0); with
