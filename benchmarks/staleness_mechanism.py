@@ -20,7 +20,9 @@ c in ``--cs``, a virtual budget of ``--budget`` s. Variants, each separating one
   ``min_fresh`` = 1: no replay, the delay kept), with plain SGD lr 0.1 and 1.0, weighted
   1 / (1 + a) (``once-age``) or rho^a (``once decay RHO``), with the momentum correction, with
   DC-ASGD, DC-ASGD-a or Gap-Aware on top;
-* ``once m=M``: a step waits for M new gradients (m = 7 = n - s: the default remedy);
+* ``once m=M``: a step waits for M new gradients (m = 7 = n - s: the remedy's first form);
+* ``default``: what the engines build (m = n - s gradients of the current model, the mean of
+  the step's new ones: ``fire="current"``, ``normalize=True``);
 * ``mean`` with the momentum correction and with DC-ASGD-a;
 * plain SGD lr 0.5 (the deep experiment's): DGD, the note's rule and once with m = 7;
 * DGD with momentum 0.9 and with plain SGD lr 1.0, for reference.
@@ -70,6 +72,7 @@ def variants(cs):
                 (f"once decay 0.1 c={c}", B, MOM, "once:0.1", c, None),
                 (f"once m=4 c={c}", B, MOM, "once:1:4", c, None),
                 (f"once m=7 c={c}", B, MOM, "once:1:7", c, None),
+                (f"default c={c}", B, MOM, "default", c, None),
                 (f"once m=7 decay 0.5 c={c}", B, MOM, "once:0.5:7", c, None),
                 (f"mean plain lr 0.5 c={c}", B, SGD05, "mean", c, None),
                 (f"once m=7 plain lr 0.5 c={c}", B, SGD05, "once:1:7", c, None),
@@ -160,6 +163,8 @@ def _simulate(label, scheme, opt, replay, c, seed, budget, hook):
     from pgc_hvd.sim.run import prepare_data, simulate
     data = prepare_data("mnist1d")
     opts = {} if scheme == "dgd" else {"r": 2, "c": c, "replay": replay.split(":")[0]}
+    if replay == "default":         # what the engines build: the remedy's every part
+        opts = {"r": 2, "c": c}
     if replay and replay.startswith("once"):
         opts["min_fresh"] = 1       # "once" here: a step per new gradient unless m is given
     if ":" in (replay or ""):       # "once:RHO[:M]": counted once with weight rho^age, at
