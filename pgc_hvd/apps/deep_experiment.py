@@ -455,7 +455,8 @@ STALE_WORKLOADS = {
 
 def stale_variants(cs=STALE_CS, adaptive: bool = False) -> list:
     """(label, scheme, s, options, adaptive): sync DP, GC (GC-CR, s = 1), bounded staleness
-    r = 2 with the default remedy (``replay="once"``, what ``simulate`` builds) and with it off
+    r = 2 with the default remedy (``replay="once"``, ``fire="current"``, ``normalize=True``:
+    what ``simulate`` builds) and with it off
     (``replay="mean"``, the note's); ``adaptive``: both again with the design note's L_hat
     control rule (:mod:`pgc_hvd.control`, knob "auto": c, then lr)."""
     out = [("sync-dp", "dgd", 0, {}, False), ("gc", "gc-cr", 1, {}, False)]
