@@ -10,7 +10,7 @@ evaluate it) and a partition whose replicas differ raises the same ValueError on
 naming the partition, the ranks and the fix. One pass over the first step's batches and one
 collective of 8 n bytes per rank, once; nothing after the first step.
 
-Runs on the training thread. May import ``runtime.consistency`` and torch.
+Runs on the training thread. May import ``runtime.agreement`` and torch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pgc_hvd.runtime.consistency import allgather_polled, tensors_digest
+from pgc_hvd.runtime.agreement import allgather_polled, tensors_digest
 
 NOT_EVALUATED = -1
 

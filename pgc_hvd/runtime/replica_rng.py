@@ -14,7 +14,7 @@ int64 allgather), so a script that calls ``torch.manual_seed(s)`` gets the same 
 run, and one that does not gets fresh ones, as in a plain torch script; the data loader's
 samples have their own seeds (:mod:`pgc_hvd.data.coded_sampler`).
 
-Runs on the training thread. May import ``runtime.consistency`` and torch.
+Runs on the training thread. May import ``runtime.agreement`` and torch.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import struct
 
 import torch
 
-from pgc_hvd.runtime.consistency import gather_versions
+from pgc_hvd.runtime.agreement import gather_versions
 
 
 def replica_seed(seed: int, partition: int, step: int) -> int:
