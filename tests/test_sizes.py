@@ -18,7 +18,7 @@ MAX_OPTIMIZER_LINES = 600
 #: what it owns and what it may import
 PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
     "agent", "arrivals", "capture", "communicator", "config", "distributed", "faults",
-    "closing", "elastic_checkpoint", "gloo_cascade", "interop", "lifecycle", "optim_state",
+    "closing", "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle", "optim_state",
     "planner", "replica_check", "replica_rng",
     "sender", "staleness", "step_records",
     "updates")] + [f"pgc_hvd/sim/{m}.py" for m in (
