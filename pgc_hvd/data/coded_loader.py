@@ -15,7 +15,8 @@ The dataset's N indices are split into partitions D_0..D_{n-1} by
 :func:`pgc_hvd.data.partition` (i.i.d., or sorted by label with the labels from
 ``dataset.targets`` or ``labels=``; or given as ``partitions=``). ``len(loader)`` = E =
 floor(min_k |D_k| / B) steps make one epoch; the batch of partition k at step t (epoch
-e = t // E, position j = t mod E) is
+e = t // E, position j = t mod E) is, by the loaders' one rule (:mod:`pgc_hvd.data.batches`,
+also :class:`~pgc_hvd.data.partition_loader.PartitionLoader`'s),
 
     batch(k, t) = D_k[pi_{k,e}[j B : (j + 1) B]],   pi_{k,e} = permutation of |D_k| seeded by (seed, k, e),
 
@@ -55,6 +56,9 @@ ranks' loaders with 2 workers each started in 12 s instead of 30 s on the 2-core
 
 Memory holds the partitions' indices (8 bytes a sample), at most 16 cached epoch permutations
 and the batches in flight: nothing grows with the number of steps, and no sample is kept.
+
+May import: torch, numpy, :mod:`pgc_hvd.options`, :mod:`pgc_hvd.data.partition`,
+:mod:`pgc_hvd.data.batches`, :mod:`pgc_hvd.data.coded_sampler`.
 """
 
 from __future__ import annotations
@@ -66,11 +70,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
+from pgc_hvd.data.batches import BatchRule
 from pgc_hvd.data.coded_sampler import KeyedCollate, KeyedDataset, KeySampler
 from pgc_hvd.data.partition import partition as split
 from pgc_hvd.options import is_count
 
-_PERM_CACHE = 16     # epoch permutations kept (a rank touches its c partitions at a time)
 _PLAN_CACHE = 64     # work plans kept
 
 
@@ -120,7 +124,8 @@ class CodedLoader:
                 f"partition {smallest} holds {len(self.partitions[smallest])} samples, fewer "
                 f"than batch_size={self.batch_size}: use batch_size <= "
                 f"{len(self.partitions[smallest])}, fewer ranks, or more data")
-        self.steps_per_epoch = len(self.partitions[smallest]) // self.batch_size
+        self.rule = BatchRule(self.partitions, self.batch_size, self.seed)
+        self.steps_per_epoch = self.rule.steps_per_epoch
         self.epoch = 0
         self.stats = {"prefetched": 0, "discarded": 0, "here": 0}
         self._keyed = KeyedDataset(dataset, self.seed)
@@ -135,7 +140,6 @@ class CodedLoader:
             worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
             persistent_workers=persistent_workers, **kwargs)
         self.dataloader = self._make_dataloader()   # torch checks its own arguments here
-        self._perms: collections.OrderedDict = collections.OrderedDict()
         self._plans: collections.OrderedDict = collections.OrderedDict()
         self._scheme = self._rank = None
         self._iter = None
@@ -215,17 +219,7 @@ class CodedLoader:
 
     def indices(self, partition: int, step: int) -> np.ndarray:
         """The dataset indices of the batch of ``(partition, step)`` (see the module doc)."""
-        partition, step = self._check_key(partition, step)
-        epoch, j = divmod(step, self.steps_per_epoch)
-        perm = self._perms.get((partition, epoch))
-        if perm is None:
-            perm = np.random.default_rng((self.seed, partition, epoch)).permutation(
-                len(self.partitions[partition]))
-            self._perms[(partition, epoch)] = perm
-            if len(self._perms) > _PERM_CACHE:
-                self._perms.popitem(last=False)
-        b = self.batch_size
-        return self.partitions[partition][perm[j * b:(j + 1) * b]]
+        return self.rule.indices(*self._check_key(partition, step))
 
     def _check_key(self, partition, step) -> tuple[int, int]:
         for name, v in (("partition", partition), ("step", step)):

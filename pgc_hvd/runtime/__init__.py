@@ -13,7 +13,7 @@
 
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from pgc_hvd.runtime.loader import PartitionLoader
+from pgc_hvd.data.partition_loader import PartitionLoader
 from pgc_hvd.compress import TopK
 from pgc_hvd.runtime.distributed import DistributedOptimizer
 
