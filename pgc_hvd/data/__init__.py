@@ -15,8 +15,9 @@ Tensors already in memory: ``PartitionLoader(X, y, n=hvd.size(), batch_size=32)`
 serve the batch of a (partition, step) by one rule (:mod:`pgc_hvd.data.batches`).
 
 See :mod:`pgc_hvd.data.datasets`, :mod:`pgc_hvd.data.partition`,
-:mod:`pgc_hvd.data.coded_loader`, :mod:`pgc_hvd.data.partition_loader` and :mod:`pgc_hvd.data.vision` (torchvision's CIFAR10 and
-ImageFolder from a local folder) for the details. Importing this package does not load torch
+:mod:`pgc_hvd.data.coded_loader`, :mod:`pgc_hvd.data.partition_loader` and
+:mod:`pgc_hvd.data.vision` (torchvision's CIFAR10 and ImageFolder from a local folder) for the
+details. Importing this package does not load torch
 (``CodedLoader`` and ``PartitionLoader`` load it on first use).
 """
 

@@ -1,18 +1,20 @@
 """Runs on every rank under horovodrun: the consistency faults of issue 15 (items 1, 2, 3, 5, 7).
 
-    python consistency_fault_checks.py nonfinite BAD   # -np 3: rank BAD multiplies a parameter by inf at step
-                                           #   10: every rank stops, naming rank BAD and step 10
-    python consistency_fault_checks.py diverged        # -np 3: rank 2 nudges a parameter (finite) at step 5:
-                                           #   close() raises on every rank, naming rank 2
-    python consistency_fault_checks.py clean           # -np 3: a rank that stops early ends at the others'
-                                           #   version and parameters after close(); fp16, bf16
-                                           #   and fp64 models train (and match fp32)
-    python consistency_fault_checks.py config          # -np 3: every setting that must agree is compared at
-                                           #   construction (or at the first batches() for the
-                                           #   loader), the error names the field and ranks [1]
-    python consistency_fault_checks.py skipped         # -np 3: a batches() body that skips backward stops
-                                           #   the run ("got no gradient") instead of a zero
-                                           #   gradient
+    python consistency_fault_checks.py MODE [ARGS], one of:
+
+    nonfinite BAD   # -np 3: rank BAD multiplies a parameter by inf at step
+                    #   10: every rank stops, naming rank BAD and step 10
+    diverged        # -np 3: rank 2 nudges a parameter (finite) at step 5:
+                    #   close() raises on every rank, naming rank 2
+    clean           # -np 3: a rank that stops early ends at the others'
+                    #   version and parameters after close(); fp16, bf16
+                    #   and fp64 models train (and match fp32)
+    config          # -np 3: every setting that must agree is compared at
+                    #   construction (or at the first batches() for the
+                    #   loader), the error names the field and ranks [1]
+    skipped         # -np 3: a batches() body that skips backward stops
+                    #   the run ("got no gradient") instead of a zero
+                    #   gradient
 
 Checks print "CHECK <name> ok rank=<r>"; expected errors print "CLEAR-ERROR rank=<r>: <error>";
 a run that should have failed prints "NO-ERROR rank=<r>". Every check that trains ends with a
