@@ -72,8 +72,11 @@ def finish(hvd, handle, timeout: Optional[float], error: str) -> torch.Tensor:
 def gather_rows(hvd, row: Sequence, *, name: str, timeout: Optional[float], error: str = "",
                 dtype: torch.dtype = torch.int64) -> list[list]:
     """Every rank's ``row`` (a few numbers, the same count on every rank) in rank order: one
-    allgather named ``name``, finished as :func:`finish` does."""
+    allgather named ``name``, polled as :func:`finish` does; ``timeout=None``: Horovod's blocking
+    ``hvd.allgather``."""
     mine = torch.tensor([list(row)], dtype=dtype)
+    if timeout is None:
+        return hvd.allgather(mine, name=name).tolist()
     return finish(hvd, hvd.allgather_async(mine, name=name), timeout, error).tolist()
 
 
