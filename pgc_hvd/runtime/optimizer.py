@@ -218,7 +218,8 @@ class PGCOptimizer(_StateDicts):
     def version(self) -> int:
         """The number of decided updates this rank has applied (= the step it computes next);
         before the first step, a version ``hvd.broadcast_optimizer_state`` brought (reading it
-        changes nothing: the optimizer adopts it at its first use, :meth:`_pgc_adopt`)."""
+        changes nothing: the step adopts it at its first use,
+        :meth:`~pgc_hvd.runtime.step.Step.adopt`)."""
         step = self._pgc_step
         if not step.started:
             v = interop.broadcast_version(self.param_groups)
