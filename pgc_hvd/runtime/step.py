@@ -1,6 +1,7 @@
 """One step of this rank, on the training thread: capture, plan, message, update.
 
-Two objects, the one a step crosses:
+Three objects, the ones a step crosses (the facade, :mod:`pgc_hvd.runtime.optimizer`, drives
+them; docs/architecture.md, "The runtime's parts"):
 
 * :class:`GradientCapture` (the part the gradient hooks hold): where each backward pass's
   gradient goes, up to the ring slots. It owns the ring buffers (one flat fp32 d-vector per
@@ -21,7 +22,6 @@ Two objects, the one a step crosses:
   is finite, encode it, hand it to the agent) and the update (the decided update into
   ``p.grad`` in each parameter's dtype: ``on_update``, Horovod's ``op`` factor, the user's rule
   with the momentum correction around it, the hyper-parameter digest compared at ``close()``).
-
 * :class:`FaultMonitor`: the step's faults. How far the agent's log of non-finite messages
   has been looked at, the check of this rank's parameters that it triggers after an update
   (:meth:`FaultMonitor.check_params`), the report of a failure to the other ranks
@@ -36,7 +36,8 @@ outside ``batches()``), never by a getter; reading it (:meth:`Step.peek_plan`,
 
 Runs on the training thread only (hooks fire there). May import: ``ops``, ``flat_layout``,
 ``control.momentum``, ``runtime.agent`` (``Outgoing``), ``runtime.config`` (``takes_three``),
-``runtime.consistency`` (``NonFiniteParameters``), ``runtime.errors``, ``runtime.interop`` and torch.
+``runtime.consistency`` (``NonFiniteParameters``), ``runtime.errors``, ``runtime.interop``
+and torch.
 """
 
 from __future__ import annotations
