@@ -12,7 +12,7 @@ partitions of a run, through a torch DataLoader with workers and prefetching::
     for xb, yb in optimizer.batches(loader): ...
 
 Tensors already in memory: ``PartitionLoader(X, y, n=hvd.size(), batch_size=32)``. Both loaders
-serve the batch of a (partition, step) by one rule (:mod:`pgc_hvd.data.batches`).
+serve the batch of a (partition, step) by one rule (:class:`~pgc_hvd.data.coded_loader.BatchRule`).
 
 See :mod:`pgc_hvd.data.datasets`, :mod:`pgc_hvd.data.partition`,
 :mod:`pgc_hvd.data.coded_loader`, :mod:`pgc_hvd.data.partition_loader` and

@@ -3,7 +3,7 @@ each per step.
 
 ``PartitionLoader(X, y, n, batch_size)`` splits a dataset with :func:`pgc_hvd.data.partition`
 (i.i.d. or sorted by label) and serves ``batch(partition, step)`` by the loaders' one batch rule
-(:class:`~pgc_hvd.data.batches.BatchRule`, the same as :class:`~pgc_hvd.data.CodedLoader`'s): a
+(:class:`~pgc_hvd.data.coded_loader.BatchRule`, the same as :class:`~pgc_hvd.data.CodedLoader`'s): a
 deterministic function of ``(seed, partition, step)`` only, so two workers that hold the same
 partition evaluate the same batch at the same step (what gradient coding's exact recovery
 assumes), and a restored run sees the same batches. ``batch_size=None`` (or one larger than the
@@ -19,7 +19,7 @@ rotating partition for PGC, one shard for bounded staleness)::
 Also importable as ``pgc_hvd.runtime.PartitionLoader``.
 
 May import: torch, numpy, :mod:`pgc_hvd.options`, :mod:`pgc_hvd.data.partition`,
-:mod:`pgc_hvd.data.batches`.
+:mod:`pgc_hvd.data.coded_loader`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from pgc_hvd.data.batches import BatchRule
+from pgc_hvd.data.coded_loader import BatchRule
 from pgc_hvd.data.partition import partition as split
 from pgc_hvd.options import is_count
 

@@ -264,7 +264,7 @@ def cross_rank_fields(config: RuntimeConfig) -> dict:
     optimizer class, its hyper-parameters and the parameters). The effective optimistic
     setting follows from the payload size (the same on every rank once the rest agrees) and
     PGC_HVD_OPTIMISTIC_BYTES (per rank), so an unset one is compared as that rule."""
-    from pgc_hvd.compress.transport import optimistic_threshold
+    from pgc_hvd.compress.codecs import optimistic_threshold
     optimistic_field = (bool(config.optimistic) if config.optimistic is not None else
                         f"by payload size (n payloads at most {optimistic_threshold()} bytes, "
                         f"PGC_HVD_OPTIMISTIC_BYTES)")

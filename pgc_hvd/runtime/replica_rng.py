@@ -13,7 +13,7 @@ previous state is restored when the body ends, so the user's generators outside
 The seed is agreed at construction (:func:`agree_seed`: rank 0's ``torch.initial_seed()``, one
 int64 allgather), so a script that calls ``torch.manual_seed(s)`` gets the same masks run after
 run, and one that does not gets fresh ones, as in a plain torch script; the data loader's
-samples have their own seeds (:mod:`pgc_hvd.data.coded_sampler`).
+samples have their own seeds (:mod:`pgc_hvd.data.coded_loader`).
 
 The first step's data (:class:`ReplicaDataCheck`): gradient coding decodes the full gradient
 only when every rank that evaluates partition k at

@@ -1,4 +1,4 @@
-"""The loaders' one batch rule (pgc_hvd/data/batches.py): PartitionLoader and CodedLoader serve
+"""The loaders' one batch rule (`BatchRule`, pgc_hvd/data/coded_loader.py): PartitionLoader and CodedLoader serve
 the same samples for a (partition, step), a function of (seed, partition, step) only; full batch
 when B is None or larger than the smallest partition."""
 
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pgc_hvd.data import CodedLoader, PartitionLoader  # noqa: E402
-from pgc_hvd.data.batches import BatchRule  # noqa: E402
+from pgc_hvd.data.coded_loader import BatchRule  # noqa: E402
 from pgc_hvd.runtime import PartitionLoader as RuntimePartitionLoader  # noqa: E402
 
 
