@@ -1,4 +1,5 @@
-"""How many of Horovod's gloo sockets ``hvd.shutdown()`` closes (issue 26; runtime/gloo_cascade.py).
+"""How many of Horovod's gloo sockets ``hvd.shutdown()`` closes (issue 26;
+runtime/elastic/cascade.py).
 
     horovodrun --gloo -np 3 -H localhost:3 --network-interface lo \\
         python benchmarks/hvd_shutdown_sockets.py

@@ -37,7 +37,7 @@ made per step (``control_ops`` of the records, rank 0; issue 25 allows at most 5
 ``--crossover``: time per step of PGC-CR with ``optimistic=True`` (payloads ride with control
 rows: one collective, n payloads) and ``optimistic=False`` (control rows, then one allreduce) at
 np = 2 and 4 over message sizes 1 KB .. 4 MB, emulated compute 20 ms: where the second becomes
-faster is the default of ``pgc_hvd.compress.transport.OPTIMISTIC_BYTES``.
+faster is the default of ``pgc_hvd.compress.codecs.OPTIMISTIC_BYTES``.
 
 Time per step = (time of the last decision - time of the first measured one) / steps, on rank 0,
 after ``--warmup`` steps (PGC's step 0 evaluates every ring slot).

@@ -11,7 +11,7 @@ often makes the survivors abort in C++ instead (``terminate called after throwin
 of 'gloo::IoException'``, rendezvous ``Wait timeout``, ``Connect timeout``), and horovodrun
 exits (e.g. "failure count == 4"). That cannot be caught in Python, so it is repaired from
 outside: the recipe saves every version it reaches (``OUT/checkpoints/``,
-:mod:`pgc_hvd.runtime.elastic_checkpoint`) and resumes from the newest, and this script starts
+:mod:`pgc_hvd.runtime.elastic.checkpoints`) and resumes from the newest, and this script starts
 the same command again until the recipe has written its done marker (``OUT/done.json``).
 
 What it does:
@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from pgc_hvd.runtime.elastic_checkpoint import latest_version  # noqa: E402
+from pgc_hvd.runtime.elastic.checkpoints import latest_version  # noqa: E402
 
 
 def log(msg: str) -> None:

@@ -8,7 +8,7 @@
 
 Kills at any moment (docs/elastic.md): every rank saves the model and the optimizer state at
 every version it reaches to ``OUT/checkpoints/`` (``--checkpoint-every``; atomic files,
-:mod:`pgc_hvd.runtime.elastic_checkpoint`), and a run whose ``OUT`` holds checkpoints starts
+:mod:`pgc_hvd.runtime.elastic.checkpoints`), and a run whose ``OUT`` holds checkpoints starts
 from the newest (``--no-resume``: from scratch), so a job Horovod could not keep alive (its ranks
 aborted in C++) loses nothing decided when it is started again: ``launch/elastic_run.py`` does
 that without user action. Rank 0 writes ``OUT/done.json`` when training is complete (the
@@ -57,8 +57,7 @@ import torch.nn.functional as F
 import pgc_hvd
 from pgc_hvd.runtime import PartitionLoader
 from pgc_hvd.runtime.consistency import tensors_digest
-from pgc_hvd.runtime.elastic import ElasticState
-from pgc_hvd.runtime.elastic_checkpoint import ElasticCheckpoints
+from pgc_hvd.runtime.elastic import ElasticCheckpoints, ElasticState
 
 T_IMPORTED = time.time()
 

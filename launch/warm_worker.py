@@ -67,7 +67,7 @@ import time
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
 DEFAULT_PRELOAD = ("torch,torch._dynamo,torch.optim,horovod.torch,pgc_hvd,"
-                   "pgc_hvd.runtime.elastic,pgc_hvd.runtime.elastic_checkpoint")
+                   "pgc_hvd.runtime.elastic.state,pgc_hvd.runtime.elastic.checkpoints")
 
 
 def socket_path(folder: str, host: str | None) -> str:
@@ -194,7 +194,7 @@ def run_child(msg: dict, fds: list[int], folder: str, close: list) -> None:
         sys.argv = [script, *argv[1:]]
         with open(os.path.join(folder, "children", str(os.getpid())), "w") as f:
             f.write("\0".join([script, *argv[1:]]))
-        cascade = sys.modules.get("pgc_hvd.runtime.gloo_cascade")
+        cascade = sys.modules.get("pgc_hvd.runtime.elastic.cascade")
         if cascade is not None:   # its import-time mark holds the server's sockets
             cascade.SOCKETS.mark()
         import runpy

@@ -26,6 +26,7 @@ import pytest
 from launch_watch import run_watched
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent     # on the ranks' path too: checks.py (``ok``)
 
 
 def _cuda_available() -> bool:
@@ -102,7 +103,7 @@ def _horovodrun_launcher(tmp_path):
         # horovodrun's own code (tests/hvdrun.py), its Gloo check made once above
         cmd = [sys.executable, str(HVDRUN), "--gloo", "-np", str(np), "-H", f"localhost:{np}",
                "--network-interface", "lo", sys.executable, str(script), *map(str, args)]
-        return _launch(cmd, tmp_path, [str(REPO_ROOT)], timeout, env, check, **watch)
+        return _launch(cmd, tmp_path, [str(REPO_ROOT), str(TESTS)], timeout, env, check, **watch)
 
     return run
 
@@ -147,7 +148,7 @@ def _torchrun_launcher(tmp_path):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(np), "--monitor-interval", "0.5", "--tee", "3", str(script),
                *map(str, args)]
-        paths = [str(REPO_ROOT)]
+        paths = [str(REPO_ROOT), str(TESTS)]
         if hide_horovod:
             hide = tmp_path / "hidden-horovod"
             (hide / "horovod").mkdir(parents=True, exist_ok=True)

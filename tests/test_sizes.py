@@ -1,7 +1,9 @@
-"""Sizes a newcomer can read: no class in ``pgc_hvd/`` over about 450 lines, the runtime's
-facade (``runtime/optimizer.py``) at most about 600, and every part split out of the engines
-opening with what it owns and what it may import (issue 23; docs/architecture.md, "The
-runtime's parts"). Pure Python: reads the sources with ast, as ``test_private_state.py``."""
+"""Parts a newcomer can find and trust (issue 34; docs/architecture.md, "The runtime's parts"):
+every part opens with what it owns and what it may import, and every runtime part
+(``pgc_hvd/runtime/*.py``) is imported by a unit test of its own -- a ``tests/**/test_*.py``
+that runs in the pytest process, not only through a horovodrun script -- so a part is never
+covered only indirectly. (No import circle: tests/test_layers.py; no cross-module private read:
+tests/test_private_state.py.) Pure Python: reads the sources with ast."""
 
 from __future__ import annotations
 
@@ -11,43 +13,52 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_CLASS_LINES = 450
-MAX_OPTIMIZER_LINES = 600
 
-#: the parts of the two engines (and the shared message encoder): each module's docstring says
-#: what it owns and what it may import
+#: the parts of the runtime's two threads (and the simulator's, and the shared message
+#: encoder): each module's docstring says what it owns and what it may import
 PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
-    "agent", "arrivals", "capture", "communicator", "config", "distributed", "faults",
-    "closing", "elastic_checkpoint", "gloo_cascade", "interop", "lifecycle", "optim_state",
-    "planner", "replica_check", "replica_rng",
-    "sender", "staleness", "step_records",
-    "updates")] + [f"pgc_hvd/sim/{m}.py" for m in (
-        "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + ["pgc_hvd/compress/message.py"]
+    "agent", "arrivals", "communicator", "config", "distributed",
+    "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle", "optim_state",
+    "replica_rng", "staleness", "step", "step_records")] + [f"pgc_hvd/sim/{m}.py" for m in (
+        "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
+    "pgc_hvd/compress/message.py"]
+
+#: runtime modules still without a unit test of their own, each with who adds it (issue 34:
+#: the agent thread's parts and the modules being moved out of runtime/); empty this list,
+#: never extend it
+NOT_YET_UNIT_TESTED = {
+    "arrivals": "agent thread (helper B)",
+    "communicator": "agent thread (helper B)",
+    "control_store": "agent thread (helper B)",
+    "staleness": "agent thread (helper B: merged into the agent's request)",
+}
 
 
-def class_lengths(root: Path = ROOT) -> list[tuple[int, str]]:
-    """(lines, "path:Class") of every class in ``root/pgc_hvd``, longest first."""
-    out = []
-    for path in sorted((root / "pgc_hvd").rglob("*.py")):
+def runtime_parts(root: Path = ROOT) -> list[str]:
+    return sorted(p.stem for p in (root / "pgc_hvd" / "runtime").glob("*.py")
+                  if p.stem != "__init__")
+
+
+def unit_tested(root: Path = ROOT) -> dict[str, list[str]]:
+    """``{runtime module: [test files that import it]}`` over ``tests/**/test_*.py``: ``import
+    pgc_hvd.runtime.M``, ``from pgc_hvd.runtime.M import ...`` or ``from pgc_hvd.runtime import
+    M``."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((root / "tests").rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        names = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                out.append((node.end_lineno - node.lineno + 1,
-                            f"{path.relative_to(root)}:{node.name}"))
-    return sorted(out, reverse=True)
-
-
-def test_no_class_is_over_450_lines():
-    big = [f"{name}: {lines} lines" for lines, name in class_lengths() if lines > MAX_CLASS_LINES]
-    assert not big, (f"classes over {MAX_CLASS_LINES} lines (split them by job, "
-                     f"docs/architecture.md):\n" + "\n".join(big))
-
-
-def test_the_optimizer_facade_is_at_most_600_lines():
-    lines = len((ROOT / "pgc_hvd/runtime/optimizer.py").read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_OPTIMIZER_LINES, (
-        f"pgc_hvd/runtime/optimizer.py has {lines} lines: the facade delegates to its parts; "
-        f"move a job into a part of its own")
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[2] for a in node.names
+                          if a.name.startswith("pgc_hvd.runtime.")}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.startswith("pgc_hvd.runtime."):
+                    names.add(node.module.split(".")[2])
+                elif node.module == "pgc_hvd.runtime":
+                    names |= {a.name for a in node.names}
+        for name in names:
+            found.setdefault(name, []).append(str(path.relative_to(root)))
+    return found
 
 
 @pytest.mark.parametrize("path", PARTS)
@@ -56,9 +67,27 @@ def test_each_part_says_what_it_owns_and_may_import(path):
     assert "May import" in doc, f"{path}: its docstring must say what it may import"
 
 
-def test_the_checker_sees_a_long_class(tmp_path):
-    (tmp_path / "pgc_hvd").mkdir()
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_CLASS_LINES + 1))
-    (tmp_path / "pgc_hvd" / "m.py").write_text(f"class Big:\n{body}\n")
-    (lines, name), = class_lengths(tmp_path)
-    assert lines == MAX_CLASS_LINES + 2 and name.endswith("m.py:Big")
+def test_every_runtime_part_has_a_unit_test_of_its_own():
+    tested = unit_tested()
+    missing = [m for m in runtime_parts() if m not in tested and m not in NOT_YET_UNIT_TESTED]
+    assert not missing, (
+        f"runtime parts no unit test imports: {missing}. Add tests/runtime/test_<part>.py that "
+        f"runs the part in the pytest process (a world of one rank, LoopbackChannel: "
+        f"tests/runtime/test_step.py), with the edge cases its horovodrun tests cover")
+    done = sorted(m for m in NOT_YET_UNIT_TESTED if m in tested)
+    assert not done, f"{done} now have unit tests: remove them from NOT_YET_UNIT_TESTED"
+    gone = sorted(set(NOT_YET_UNIT_TESTED) - set(runtime_parts()))
+    assert not gone, f"{gone} are no runtime modules any more: remove them from the list"
+
+
+def test_the_checker_sees_a_part_without_a_unit_test(tmp_path):
+    (tmp_path / "pgc_hvd" / "runtime").mkdir(parents=True)
+    (tmp_path / "tests" / "runtime").mkdir(parents=True)
+    for m in ("a", "b", "c", "__init__"):
+        (tmp_path / "pgc_hvd" / "runtime" / f"{m}.py").write_text('"""x"""\n')
+    (tmp_path / "tests" / "runtime" / "test_a.py").write_text(
+        "from pgc_hvd.runtime.a import X\nfrom pgc_hvd.runtime import b\n")
+    (tmp_path / "tests" / "runtime" / "c_checks.py").write_text(
+        "import pgc_hvd.runtime.c\n")   # a horovodrun script is no unit test
+    assert runtime_parts(tmp_path) == ["a", "b", "c"]
+    assert sorted(unit_tested(tmp_path)) == ["a", "b"]

@@ -16,7 +16,7 @@ slept on the compute side of each rank, so a simulated run can face the same sch
 ``--dataset cifar10|imagefolder --data-dir DIR`` trains on torchvision's ``CIFAR10`` /
 ``ImageFolder`` through :class:`pgc_hvd.data.CodedLoader` (``--workers`` DataLoader processes
 per rank, ``--augment``); the small bundled sets stay in memory
-(:mod:`pgc_hvd.runtime.train_data`).
+(:mod:`pgc_hvd.apps.train_data`).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
                      f"{args.workers}")
     if args.image_size < 1:
         parser.error(f"--image-size must be >= 1 pixels, got {args.image_size}")
-    from pgc_hvd.runtime.train_data import VISION
+    from pgc_hvd.apps.train_data import VISION
     if args.dataset.lower() in VISION and args.data_dir is None:
         parser.error(f"--dataset {args.dataset} reads a local folder: pass --data-dir DIR "
                      f"(nothing is downloaded)")
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     from pgc_hvd.metrics.records import RecordWriter
     from pgc_hvd.models import build_task
     from pgc_hvd.runtime import DistributedOptimizer
-    from pgc_hvd.runtime.train_data import build_data
+    from pgc_hvd.apps.train_data import build_data
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     hvd.init()

@@ -5,15 +5,14 @@
 * :mod:`~pgc_hvd.compress.codecs`: dense, complex and sparse payload rows, error-feedback memory,
   fp16 messages (:class:`Fp16Codec`; ``hvd.Compression.none/fp16`` are mapped to a wire dtype
   by the optimizer's configuration, :func:`pgc_hvd.runtime.config.wire_format`);
-* :mod:`~pgc_hvd.compress.transport`: which collective carries a step's messages, from the bytes.
+  and which collective carries a step's messages, from the bytes (the communicator's choice).
 """
 
 from pgc_hvd.compress.codecs import (Codec, ComplexCodec, DenseCodec, Fp16Codec, Fp16SparseCodec,
                                      ResidualMemory, SparseCodec, SparseComplexCodec, WIRE_DTYPES,
-                                     make_codec)
+                                     allreduce_bytes, alltoall_reduce_bytes, choose_collective,
+                                     make_codec, optimistic_default)
 from pgc_hvd.compress.topk import TopK, parse_compression
-from pgc_hvd.compress.transport import (allreduce_bytes, alltoall_reduce_bytes, choose_collective,
-                                       optimistic_default)
 
 __all__ = ["TopK", "parse_compression", "Codec", "DenseCodec", "ComplexCodec", "SparseCodec",
            "SparseComplexCodec", "Fp16Codec", "Fp16SparseCodec", "ResidualMemory", "make_codec",

@@ -11,10 +11,14 @@ partitions of a run, through a torch DataLoader with workers and prefetching::
     loader = CodedLoader(dataset, n=hvd.size(), batch_size=32, num_workers=2)
     for xb, yb in optimizer.batches(loader): ...
 
+Tensors already in memory: ``PartitionLoader(X, y, n=hvd.size(), batch_size=32)``. Both loaders
+serve the batch of a (partition, step) by one rule (:class:`~pgc_hvd.data.coded_loader.BatchRule`).
+
 See :mod:`pgc_hvd.data.datasets`, :mod:`pgc_hvd.data.partition`,
-:mod:`pgc_hvd.data.coded_loader` and :mod:`pgc_hvd.data.vision` (torchvision's CIFAR10 and
-ImageFolder from a local folder) for the details. Importing this package does not load torch
-(``CodedLoader`` loads it on first use).
+:mod:`pgc_hvd.data.coded_loader`, :mod:`pgc_hvd.data.partition_loader` and
+:mod:`pgc_hvd.data.vision` (torchvision's CIFAR10 and ImageFolder from a local folder) for the
+details. Importing this package does not load torch
+(``CodedLoader`` and ``PartitionLoader`` load it on first use).
 """
 
 from .datasets import (Dataset, LOADERS, load_breast_cancer, load_cifar10,
@@ -26,7 +30,7 @@ from .partition import label_histogram, partition, partition_sizes
 __all__ = ["Dataset", "LOADERS", "load_dataset", "load_digits",
            "load_breast_cancer", "load_wine", "load_iris", "make_generated", "load_cifar10",
            "load_image_folder", "load_mnist1d", "standardize", "train_test_split", "partition",
-           "partition_sizes", "label_histogram", "CodedLoader"]
+           "partition_sizes", "label_histogram", "CodedLoader", "PartitionLoader"]
 
 
 def __getattr__(name):
@@ -34,4 +38,8 @@ def __getattr__(name):
         from .coded_loader import CodedLoader
 
         return CodedLoader
+    if name == "PartitionLoader":
+        from .partition_loader import PartitionLoader
+
+        return PartitionLoader
     raise AttributeError(f"module 'pgc_hvd.data' has no attribute {name!r}")

@@ -15,12 +15,13 @@ The dataset's N indices are split into partitions D_0..D_{n-1} by
 :func:`pgc_hvd.data.partition` (i.i.d., or sorted by label with the labels from
 ``dataset.targets`` or ``labels=``; or given as ``partitions=``). ``len(loader)`` = E =
 floor(min_k |D_k| / B) steps make one epoch; the batch of partition k at step t (epoch
-e = t // E, position j = t mod E) is
+e = t // E, position j = t mod E) is, by the loaders' one rule (:class:`BatchRule`, at the end of this module,
+also :class:`~pgc_hvd.data.partition_loader.PartitionLoader`'s),
 
     batch(k, t) = D_k[pi_{k,e}[j B : (j + 1) B]],   pi_{k,e} = permutation of |D_k| seeded by (seed, k, e),
 
 and the sample at index i of it goes through ``dataset[i]`` with the random generators seeded
-by (seed, k, t, i) (:class:`~pgc_hvd.data.coded_sampler.KeyedDataset`), so random
+by (seed, k, t, i) (:class:`~pgc_hvd.data.coded_loader.KeyedDataset`), so random
 augmentations too are a function of (seed, k, t): the replicas of a partition compute the
 same gradient, as exact recovery assumes, whichever rank, process or worker computes it. (A
 partition larger than E B sees E B of its samples per epoch, a fresh random subset each epoch.)
@@ -30,7 +31,7 @@ straggler that jumps from epoch e into e + 1 still gets the batches of its steps
 Prefetching
 -----------
 At its first ``batches(loader)`` the optimizer calls :meth:`bind` with its scheme and rank;
-from then on a :class:`~pgc_hvd.data.coded_sampler.KeySampler` predicts the keys this rank
+from then on a :class:`~pgc_hvd.data.coded_loader.KeySampler` predicts the keys this rank
 will ask for -- the entries of ``scheme.work_plan(rank, t).evaluate`` for t, t + 1, ... after
 the last key served -- and the DataLoader's workers compute them ahead (``num_workers`` times
 ``prefetch_factor`` batches in flight; the main process keeps only their keys). Every batch
@@ -55,22 +56,64 @@ ranks' loaders with 2 workers each started in 12 s instead of 30 s on the 2-core
 
 Memory holds the partitions' indices (8 bytes a sample), at most 16 cached epoch permutations
 and the batches in flight: nothing grows with the number of steps, and no sample is kept.
+
+The pieces a :class:`~pgc_hvd.data.coded_loader.CodedLoader` hands to a torch ``DataLoader``.
+
+A batch of gradient coding is named by its key ``(partition, step)``. Three small objects carry
+keys through a standard ``torch.utils.data.DataLoader`` (worker processes, pinning, prefetching)
+without changing what the user's dataset sees:
+
+* :class:`KeySampler`, the DataLoader's ``batch_sampler``: an endless iterator, living in the
+  main process, that asks its owner for the next predicted key each time the DataLoader
+  dispatches a batch and yields the items ``[(partition, step, index), ...]`` of that batch;
+* :class:`KeyedDataset`: ``ds[(partition, step, index)] -> ((partition, step), user_ds[index])``
+  with every random number generator a transform may use (torch's default CPU generator,
+  ``random``, numpy's legacy global one) seeded from ``(seed, partition, step, index)`` just
+  before ``user_ds[index]`` runs, so random augmentations are a function of the key: two ranks
+  (or a worker process and the main process) that compute the same key get bit-identical
+  tensors. In the main process the generators' previous states are restored afterwards;
+* :class:`KeyedCollate`: the user's ``collate_fn`` over the samples, returned with the batch's
+  key, which must be the same for every item (the owner checks it against the key it expects).
+
+:func:`sample_seed` is the seed map: the first 8 bytes of BLAKE2b over the four integers,
+as a 63-bit integer (numpy's legacy generator takes it modulo 2**32).
+
+The one batch rule of the loaders: which samples of partition D_k the batch of step t holds,
+a function of (seed, k, t) only, so that every replica of a partition evaluates the same batch
+at the same step (what exact recovery assumes) and a restored run sees the same batches.
+
+With B samples a batch, E = floor(min_k |D_k| / B) steps make one epoch (the same E for every
+partition); the batch of partition k at step t (epoch e = t // E, position j = t mod E) is
+
+    batch(k, t) = D_k[pi_{k,e}[j B : (j + 1) B]],   pi_{k,e} = permutation of |D_k| seeded by (seed, k, e)
+
+(``np.random.default_rng((seed, k, e))``). A partition larger than E B sees E B of its samples
+per epoch, a fresh random subset each epoch. B = None, or B larger than the smallest partition,
+is full-batch gradient descent: every batch of partition k is all of D_k, in its order (E = 1).
+
+Used by :class:`~pgc_hvd.data.coded_loader.CodedLoader` (a torch Dataset; it asks B <= the
+smallest partition) and :class:`~pgc_hvd.data.partition_loader.PartitionLoader` (tensors in
+memory).
+
+May import: torch, numpy, :mod:`pgc_hvd.options`, :mod:`pgc_hvd.data.partition`.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
+import random
+import struct
+import weakref
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, default_collate
+from torch.utils.data import DataLoader, IterableDataset, Sampler, default_collate, get_worker_info
 
-from pgc_hvd.data.coded_sampler import KeyedCollate, KeyedDataset, KeySampler
 from pgc_hvd.data.partition import partition as split
 from pgc_hvd.options import is_count
 
-_PERM_CACHE = 16     # epoch permutations kept (a rank touches its c partitions at a time)
 _PLAN_CACHE = 64     # work plans kept
 
 
@@ -120,7 +163,8 @@ class CodedLoader:
                 f"partition {smallest} holds {len(self.partitions[smallest])} samples, fewer "
                 f"than batch_size={self.batch_size}: use batch_size <= "
                 f"{len(self.partitions[smallest])}, fewer ranks, or more data")
-        self.steps_per_epoch = len(self.partitions[smallest]) // self.batch_size
+        self.rule = BatchRule(self.partitions, self.batch_size, self.seed)
+        self.steps_per_epoch = self.rule.steps_per_epoch
         self.epoch = 0
         self.stats = {"prefetched": 0, "discarded": 0, "here": 0}
         self._keyed = KeyedDataset(dataset, self.seed)
@@ -135,7 +179,6 @@ class CodedLoader:
             worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
             persistent_workers=persistent_workers, **kwargs)
         self.dataloader = self._make_dataloader()   # torch checks its own arguments here
-        self._perms: collections.OrderedDict = collections.OrderedDict()
         self._plans: collections.OrderedDict = collections.OrderedDict()
         self._scheme = self._rank = None
         self._iter = None
@@ -215,17 +258,7 @@ class CodedLoader:
 
     def indices(self, partition: int, step: int) -> np.ndarray:
         """The dataset indices of the batch of ``(partition, step)`` (see the module doc)."""
-        partition, step = self._check_key(partition, step)
-        epoch, j = divmod(step, self.steps_per_epoch)
-        perm = self._perms.get((partition, epoch))
-        if perm is None:
-            perm = np.random.default_rng((self.seed, partition, epoch)).permutation(
-                len(self.partitions[partition]))
-            self._perms[(partition, epoch)] = perm
-            if len(self._perms) > _PERM_CACHE:
-                self._perms.popitem(last=False)
-        b = self.batch_size
-        return self.partitions[partition][perm[j * b:(j + 1) * b]]
+        return self.rule.indices(*self._check_key(partition, step))
 
     def _check_key(self, partition, step) -> tuple[int, int]:
         for name, v in (("partition", partition), ("step", step)):
@@ -367,3 +400,119 @@ class CodedLoader:
         return (f"CodedLoader({type(self.dataset).__name__} of {len(self.dataset)}, n={self.n}, "
                 f"batch_size={self.batch_size}, seed={self.seed}, steps/epoch={len(self)}, "
                 f"num_workers={self.num_workers})")
+
+
+# --- the keys' carriers through a torch DataLoader: KeySampler, KeyedDataset, KeyedCollate
+
+def sample_seed(seed: int, partition: int, step: int, index: int) -> int:
+    """The 63-bit seed of the sample ``index`` in the batch of ``(partition, step)``."""
+    raw = hashlib.blake2b(struct.pack("<4q", seed, partition, step, index), digest_size=8).digest()
+    return int.from_bytes(raw, "little") & (2 ** 63 - 1)
+
+
+class KeyedDataset(torch.utils.data.Dataset):
+    """``dataset[index]`` under generators seeded by the key (see the module docstring)."""
+
+    def __init__(self, dataset, seed: int):
+        self.dataset = dataset
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item):
+        partition, step, index = item
+        s = sample_seed(self.seed, partition, step, index)
+        if get_worker_info() is not None:   # a worker process: its generators are its own
+            _seed_all(s)
+            return (partition, step), self.dataset[index]
+        saved = (torch.random.default_generator.get_state(), random.getstate(),
+                 np.random.get_state())
+        try:
+            _seed_all(s)
+            return (partition, step), self.dataset[index]
+        finally:
+            torch.random.default_generator.set_state(saved[0])
+            random.setstate(saved[1])
+            np.random.set_state(saved[2])
+
+
+def _seed_all(s: int) -> None:
+    # the default CPU generator only: torch.manual_seed would also re-seed every CUDA device
+    torch.random.default_generator.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s % 2 ** 32)
+
+
+class KeyedCollate:
+    """``[(key, sample), ...] -> (key, collate_fn([sample, ...]))``; one key per batch."""
+
+    def __init__(self, collate_fn: Callable):
+        self.collate_fn = collate_fn
+
+    def __call__(self, items):
+        keys = {key for key, _ in items}
+        if len(keys) != 1:
+            raise RuntimeError(f"pgc_hvd: a batch mixes the samples of keys {sorted(keys)} "
+                               f"(partition, step); one batch holds one key")
+        return keys.pop(), self.collate_fn([sample for _, sample in items])
+
+
+class KeySampler(Sampler):
+    """The DataLoader's ``batch_sampler``: endless; each batch is the items of the key that
+    ``owner.draw_key()`` predicts next (the owner records the key in its queue of dispatched
+    keys, in the order the DataLoader will return them)."""
+
+    def __init__(self, owner):
+        # weakly: the owner holds the DataLoader, which holds this; a dropped owner then frees
+        # its DataLoader at once, and the worker processes stop with it
+        self._owner = weakref.ref(owner)
+
+    def __iter__(self):
+        while True:
+            owner = self._owner()
+            if owner is None:
+                return
+            partition, step = owner.draw_key()
+            items = [(partition, step, int(i)) for i in owner.indices(partition, step)]
+            del owner
+            yield items
+
+
+# --- the loaders' one batch rule (PartitionLoader uses it too)
+
+PERM_CACHE = 16     # epoch permutations kept (a rank touches its c partitions at a time)
+
+
+class BatchRule:
+    """``indices(k, t)``: the dataset indices of the batch of ``(partition k, step t)`` (module
+    doc). ``partitions`` are the n index arrays D_0..D_{n-1}; ``batch_size`` is B or None."""
+
+    def __init__(self, partitions: Sequence[np.ndarray], batch_size: Optional[int], seed: int):
+        self.partitions = partitions
+        self.seed = int(seed)
+        smallest = min(len(p) for p in partitions)
+        self.full = batch_size is None or int(batch_size) > smallest
+        self.batch_size = None if self.full else int(batch_size)
+        self.steps_per_epoch = 1 if self.full else smallest // self.batch_size
+        self._perms: collections.OrderedDict = collections.OrderedDict()
+
+    @property
+    def cached_permutations(self) -> int:
+        """Epoch permutations held now (at most ``PERM_CACHE``)."""
+        return len(self._perms)
+
+    def indices(self, partition: int, step: int) -> np.ndarray:
+        part = self.partitions[partition]
+        if self.full:
+            return part
+        epoch, j = divmod(int(step), self.steps_per_epoch)
+        key = (int(partition), epoch)
+        perm = self._perms.get(key)
+        if perm is None:
+            perm = np.random.default_rng((self.seed, key[0], epoch)).permutation(len(part))
+            self._perms[key] = perm
+            if len(self._perms) > PERM_CACHE:
+                self._perms.popitem(last=False)
+        b = self.batch_size
+        return part[perm[j * b:(j + 1) * b]]

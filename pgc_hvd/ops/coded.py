@@ -19,6 +19,17 @@ import torch
 from pgc_hvd.ops._ext import library
 
 
+_LIB = None   # torch.ops.pgc_hvd once bound here: the per-call path stays in this module
+
+
+def _lib():
+    """``torch.ops.pgc_hvd`` (:func:`pgc_hvd.ops._ext.library` loads it at the first call)."""
+    global _LIB
+    if _LIB is None:
+        _LIB = library()
+    return _LIB
+
+
 def coded_accumulate(
     out: torch.Tensor,
     slots: Sequence[torch.Tensor],
@@ -39,7 +50,7 @@ def coded_accumulate(
     Raises ValueError/TypeError on shapes, dtypes, devices or non-finite coefficients.
     """
     coeffs = [float(a) for a in coeffs]
-    library().coded_accumulate(out, list(slots), coeffs, bool(accumulate))
+    _lib().coded_accumulate(out, list(slots), coeffs, bool(accumulate))
     return out
 
 

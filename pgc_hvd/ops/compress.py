@@ -57,6 +57,18 @@ import torch
 
 from pgc_hvd.ops._ext import library
 
+
+_LIB = None   # torch.ops.pgc_hvd once bound here: the per-call path stays in this module
+
+
+def _lib():
+    """``torch.ops.pgc_hvd`` (:func:`pgc_hvd.ops._ext.library` loads it at the first call)."""
+    global _LIB
+    if _LIB is None:
+        _LIB = library()
+    return _LIB
+
+
 METHODS = ("exact", "threshold")
 WALKS = ("device", "host")
 WALK_ENV = "PGC_HVD_CUDA_TOPK_WALK"
@@ -155,7 +167,7 @@ def topk_compress(
     k outside [0, d], Inf/NaN in x: nothing is returned then).
     """
     k, method, index64 = _check_k(k), _check_method(method), _index64(index_dtype)
-    return tuple(library().topk_compress(x, k, method, index64, *_walk_compact(walk, compact)))
+    return tuple(_lib().topk_compress(x, k, method, index64, *_walk_compact(walk, compact)))
 
 
 def error_feedback_compress(
@@ -183,7 +195,7 @@ def error_feedback_compress(
     after ``residual`` already holds x + residual (see the module docstring).
     """
     k, method, index64 = _check_k(k), _check_method(method), _index64(index_dtype)
-    return tuple(library().error_feedback_compress(x, residual, k, method, index64,
+    return tuple(_lib().error_feedback_compress(x, residual, k, method, index64,
                                                    *_walk_compact(walk, compact)))
 
 

@@ -19,6 +19,17 @@ import torch
 
 from pgc_hvd.ops._ext import library
 
+
+_LIB = None   # torch.ops.pgc_hvd once bound here: the per-call path stays in this module
+
+
+def _lib():
+    """``torch.ops.pgc_hvd`` (:func:`pgc_hvd.ops._ext.library` loads it at the first call)."""
+    global _LIB
+    if _LIB is None:
+        _LIB = library()
+    return _LIB
+
 Message = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -65,6 +76,6 @@ def decode_accumulate(
                 f"message {i} must be a tensor (dense) or a (values, indices) pair, got "
                 f"{type(m).__name__}"
             )
-    library().decode_accumulate(out, dense, dense_w, sv, si, sw, bool(accumulate),
+    _lib().decode_accumulate(out, dense, dense_w, sv, si, sw, bool(accumulate),
                                 bool(check_finite))
     return out

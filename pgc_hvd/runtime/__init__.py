@@ -3,7 +3,7 @@
 * :func:`DistributedOptimizer` -- wraps a torch optimizer like ``hvd.DistributedOptimizer``; a
   communication agent thread per rank decides every step in a control phase (which ranks are
   ready; the scheme's rule) and a data phase (one allreduce of the ranks' weighted contributions
-  for dense messages, an allgather of sparse top-kappa ones; :mod:`pgc_hvd.compress.transport`).
+  for dense messages, an allgather of sparse top-kappa ones; :mod:`pgc_hvd.compress.codecs`).
 * :class:`PartitionLoader` -- the n data partitions and, per step, the batches the scheme asks
   a rank to evaluate.
 * :class:`TopK` -- top-kappa compression of the coded messages (:mod:`pgc_hvd.compress`).
@@ -13,7 +13,7 @@
 
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from pgc_hvd.runtime.loader import PartitionLoader
+from pgc_hvd.data.partition_loader import PartitionLoader
 from pgc_hvd.compress import TopK
 from pgc_hvd.runtime.distributed import DistributedOptimizer
 

@@ -29,7 +29,7 @@ which is never blocked by its rank's compute. A step is decided in two phases:
    (message submitted, rank finished or failed: condition-variable handoff).
 2. **data**: the decided update g_hat = Re sum_{u in uses} a_u D(p_u) is linear in the messages
    and each use is owned by its sender, so the collective is chosen from the bytes
-   (:func:`pgc_hvd.compress.transport.choose_collective`, the same choice on every rank):
+   (:func:`pgc_hvd.compress.codecs.choose_collective`, the same choice on every rank):
 
    * dense rows: each rank adds its own uses, sum_{u owned} a_u m_u (zeros when it owns none),
      into a d-vector, and ONE in-place ``hvd.allreduce`` (sum) hands every rank the same update

@@ -22,7 +22,8 @@ Restoring is all or nothing, on every rank: :func:`load_checkpoint` reads and ch
 file first (a torch checkpoint with the keys :func:`save_checkpoint` writes; scheme, n, s and
 rank of this run; the shapes of the model's tensors, the ring buffers and the error-feedback
 residual; the optimizer's parameter groups), then the ranks compare, in one small polled
-allgather, the step each read (a second carries the problems' texts when a rank refuses). Only when every rank's file passed and all hold the same step does any rank
+allgather, the step each read (:mod:`pgc_hvd.runtime.agreement`; the problems' texts follow
+when a rank refuses). Only when every rank's file passed and all hold the same step does any rank
 change its model and optimizer; otherwise every rank raises the same :class:`CheckpointError`
 naming each rank's file and problem, and nothing was changed.
 """
@@ -32,11 +33,11 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import time
 
 import numpy as np
 import torch
 
+from pgc_hvd.runtime.agreement import gather_bytes, gather_rows
 from pgc_hvd.runtime.plain import NotPlain, check_plain, unsafe_globals
 
 # what save_checkpoint writes; load_checkpoint needs the first two
@@ -89,7 +90,7 @@ def write_atomic(out: str, state: dict, *, fsync: bool = True, verify: bool = Tr
     folder are fsync'ed too (durable against the machine's crash, not only the process's death).
     ``verify``: the written file is checked to hold no global that ``weights_only=True``
     refuses (it is read once more). Also the writer of the elastic checkpoints
-    (:mod:`pgc_hvd.runtime.elastic_checkpoint`, which skips both by default)."""
+    (:mod:`pgc_hvd.runtime.elastic.checkpoints`, which skips both by default)."""
     folder = os.path.dirname(os.path.abspath(out))
     os.makedirs(folder, exist_ok=True)
     tmp = out + ".tmp"
@@ -359,41 +360,22 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer) -> dict:
     return state.get("extra", {})
 
 
-def _gather(hvd, tensor: torch.Tensor, name: str, timeout: float, rank: int) -> torch.Tensor:
-    """``hvd.allgather`` polled with a deadline (a rank that never calls load_checkpoint must
-    not hang the others)."""
-    from pgc_hvd.runtime.errors import AgentError
-
-    handle = hvd.allgather_async(tensor, name=name)
-    deadline = time.monotonic() + timeout
-    while not hvd.poll(handle):
-        if time.monotonic() > deadline:
-            raise AgentError(f"rank {rank}: not every rank called load_checkpoint within "
-                             f"{timeout:.0f}s (the optimizer's timeout); every rank must restore "
-                             f"its own file before the first step")
-        time.sleep(0.001)
-    return hvd.synchronize(handle)
-
-
 def _agree(optimizer, path, step, error) -> None:
     """Return when every rank's file passed its checks and all hold ``step``; else raise the
     same CheckpointError on every rank, naming each rank's problem."""
     hvd, timeout, rank = optimizer.hvd, optimizer.config.timeout, optimizer.rank
-    text = (error or "").encode("utf-8")
-    row = torch.tensor([[0 if error else 1, -1 if step is None else step, len(text)]],
-                       dtype=torch.int64)
-    rows = _gather(hvd, row, "pgc.checkpoint.step", timeout, rank).tolist()
-    steps = {s for ok, s, _ in rows if ok}
-    if all(ok for ok, _, _ in rows) and len(steps) == 1:
+    late = (f"rank {rank}: not every rank called load_checkpoint within {timeout:.0f}s (the "
+            f"optimizer's timeout); every rank must restore its own file before the first step")
+    rows = gather_rows(hvd, [0 if error else 1, -1 if step is None else step],
+                       name="pgc.checkpoint.step", timeout=timeout, error=late)
+    steps = {s for ok, s in rows if ok}
+    if all(ok for ok, _ in rows) and len(steps) == 1:
         return
-    texts = _gather(hvd, torch.tensor(list(text), dtype=torch.uint8), "pgc.checkpoint.errors",
-                    timeout, rank).tolist()
-    parts, at = [], 0
-    for r, (ok, s, size) in enumerate(rows):
-        parts.append(f"rank {r}: step {s}" if ok else
-                     f"rank {r}: {bytes(texts[at:at + size]).decode('utf-8', 'replace')}")
-        at += size
-    why = ("some ranks' files cannot be restored" if not all(ok for ok, _, _ in rows) else
+    texts = gather_bytes(hvd, (error or "").encode("utf-8"), name="pgc.checkpoint.errors",
+                         timeout=timeout, error=late)
+    parts = [f"rank {r}: step {s}" if ok else f"rank {r}: {texts[r].decode('utf-8', 'replace')}"
+             for r, (ok, s) in enumerate(rows)]
+    why = ("some ranks' files cannot be restored" if not all(ok for ok, _ in rows) else
            "the ranks' files hold different steps; save every rank at the same step (e.g. after "
            "optimizer.close())")
     raise CheckpointError(f"load_checkpoint({os.fspath(path)!r}) restored nothing on any rank: "

@@ -3,7 +3,7 @@
 Owns how the decided update g_hat = Re sum_{u in uses} a_u D(p_u) reaches every rank once the
 control rows have decided a step (:mod:`pgc_hvd.runtime.agent`'s module doc has the protocol):
 the payloads cached from control rounds (optimistic rounds), the choice of collective
-(:func:`pgc_hvd.compress.transport.choose_collective`, the same on every rank), this rank's
+(:func:`pgc_hvd.compress.codecs.choose_collective`, the same on every rank), this rank's
 weighted contribution sum_{u owned} a_u D(p_u), the allreduce (fp32, or fp16 with its
 ``narrow_reduce`` and the fp32 repeat on overflow) or the allgather of the chosen rows, the
 decode in (worker, step) order, the bytes received, and the recycled buffers
@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from pgc_hvd.compress.codecs import Codec, DenseCodec, fp16_finite
-from pgc_hvd.compress.transport import allreduce_bytes, alltoall_reduce_bytes, choose_collective
+from pgc_hvd.compress.codecs import allreduce_bytes, alltoall_reduce_bytes, choose_collective
 
 log = logging.getLogger("pgc_hvd.runtime")
 
@@ -101,7 +101,7 @@ class Communicator:
 
     def combine(self, decision, keep: set, offered: set) -> tuple:
         """The decision's update g_hat = Re sum_u a_u D(p_u), through the collective
-        :func:`~pgc_hvd.compress.transport.choose_collective` picks (module doc): payloads
+        :func:`~pgc_hvd.compress.codecs.choose_collective` picks (module doc): payloads
         cached with their control rows are decoded locally by every rank; the missing ones move
         in one allreduce of the owners' weighted contributions or one allgather of their rows.
         ``keep``: what the scheme may use again (kept in the cache); ``offered``: the messages

@@ -264,7 +264,7 @@ def cross_rank_fields(config: RuntimeConfig) -> dict:
     optimizer class, its hyper-parameters and the parameters). The effective optimistic
     setting follows from the payload size (the same on every rank once the rest agrees) and
     PGC_HVD_OPTIMISTIC_BYTES (per rank), so an unset one is compared as that rule."""
-    from pgc_hvd.compress.transport import optimistic_threshold
+    from pgc_hvd.compress.codecs import optimistic_threshold
     optimistic_field = (bool(config.optimistic) if config.optimistic is not None else
                         f"by payload size (n payloads at most {optimistic_threshold()} bytes, "
                         f"PGC_HVD_OPTIMISTIC_BYTES)")
@@ -283,7 +283,7 @@ def check_parameters(params, names: dict) -> None:
     """Parameters must be real floating point. fp16, bf16 and fp64 parameters work: the ring,
     the coded messages and the decoded update are fp32 (the kernels' dtype; gradients are
     added into the fp32 ring slots as they arrive), and the update is cast to each
-    parameter's dtype when it is applied (:mod:`pgc_hvd.runtime.updates`), so an fp64 gradient
+    parameter's dtype when it is applied (:mod:`pgc_hvd.runtime.step`), so an fp64 gradient
     is rounded to fp32 on its way, an fp16/bf16 one is not rounded further. Complex parameters
     have no fp32 ring form: refused here, before any collective."""
     bad = [(i, p.dtype) for i, p in enumerate(params) if not p.dtype.is_floating_point]
@@ -308,24 +308,6 @@ def parameter_names(params, named_parameters) -> dict:
         raise ValueError(f"named_parameters does not name {len(missing)} of the "
                          f"optimizer's parameters (indices {missing[:5]})")
     return {id(p): nm for nm, p in named}
-
-
-def metric_values(names: tuple, metrics) -> tuple:
-    """``step(metrics={name: value})`` as the k floats of the control row (NaN for a name not
-    given); unknown names or non-numbers are refused."""
-    if metrics is None:
-        return (math.nan,) * len(names) if names else ()
-    if not isinstance(metrics, dict):
-        raise TypeError(f"metrics must be a dict {{name: float}}, got {metrics!r}")
-    unknown = sorted(set(metrics) - set(names))
-    if unknown:
-        raise ValueError(f"step(metrics=...) names {unknown}, not declared: pass "
-                         f"metrics={sorted(set(names) | set(unknown))} to "
-                         f"DistributedOptimizer (the control rows are sized for them)")
-    try:
-        return tuple(float(metrics.get(k, math.nan)) for k in names)
-    except (TypeError, ValueError):
-        raise TypeError(f"metrics values must be numbers, got {metrics!r}") from None
 
 
 # -- Horovod's keywords --------------------------------------------------------------------

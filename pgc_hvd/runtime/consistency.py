@@ -10,37 +10,42 @@ per step:
   ordered ``{field: JSON value}`` dict (the optimizer class and every hyper-parameter of every
   param group, scheme, s, options, compression, control, name, optimistic, the parameters'
   dtypes, device kind and shapes; the loader's n, seed, batch size and partitions);
-- :func:`gather_fingerprints`: every rank's dict on every rank (one allgather of the lengths,
-  one of the UTF-8 JSON bytes; a few hundred bytes, polled with the timeout);
+- :func:`gather_fingerprints`: every rank's dict on every rank (its JSON bytes; a few hundred
+  bytes, polled with the timeout);
 - :func:`fingerprint_differences` and :func:`mismatch_message`: the fields whose values differ
   from rank 0's and the ranks that hold them;
-- :func:`gather_versions`: every rank's model version (at the first step: they must agree; at
-  ``close()``: every rank goes on to the largest any rank reached in its loop);
-- :func:`tensors_digest` and :func:`compare_digests`: a 63-bit BLAKE2b digest of the
-  parameters' bits (one pass over d, at ``close()`` only), allgathered as one int64 per rank with
-  the model version, so that no run ends with ranks that disagree.
+- :func:`check_start`, :func:`final_versions`: every rank's model version (at the first step:
+  they must agree; at ``close()``: every rank goes on to the largest any rank reached in its
+  loop);
+- :func:`compare_digests`, :func:`check_close`: the parameters' digest (one pass over d, at
+  ``close()`` only), allgathered as one int64 per rank with the model version, so that no run
+  ends with ranks that disagree.
 
-Only tensor collectives are used (``hvd.broadcast_object`` hangs with this Horovod build).
+The collectives, the version agreement and the digest are :mod:`pgc_hvd.runtime.agreement`'s
+(``gather_versions`` and ``tensors_digest`` are used from here too).
+
+May import: torch, numpy, :mod:`pgc_hvd.runtime.agreement`, :mod:`pgc_hvd.runtime.errors`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import zlib
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
+from pgc_hvd.runtime.agreement import (gather_bytes, gather_rows, gather_versions, no_answer,
+                                       tensors_digest)
 from pgc_hvd.runtime.errors import AgentError
 
 
 class NonFiniteParameters(AgentError):
     """This rank's parameters hold NaN/Inf while the decoded updates are finite: they were
     changed outside the optimizer; every rank stops
-    (:meth:`pgc_hvd.runtime.faults.FaultMonitor.check_params`)."""
+    (:meth:`pgc_hvd.runtime.step.FaultMonitor.check_params`)."""
 
 #: why a field must agree, appended to the error when it differs
 HINTS = {
@@ -134,7 +139,7 @@ def optimizer_fingerprint(optimizer_class: type, param_groups: Sequence[dict],
 def loader_fingerprint(loader) -> dict:
     """The partitioning a loader serves, as far as it is known: every loader's class and its
     ``n``, ``seed`` and ``batch_size`` when it has them; for a
-    :class:`~pgc_hvd.runtime.loader.PartitionLoader` also the number, shape and dtype of the
+    :class:`~pgc_hvd.data.partition_loader.PartitionLoader` also the number, shape and dtype of the
     samples and CRC32s of the partitions' indices and of the labels (one pass over the indices
     and labels, not over the samples); for a loader over a torch dataset
     (:class:`~pgc_hvd.data.coded_loader.CodedLoader`) the dataset's class and length and the
@@ -174,37 +179,14 @@ def loader_fingerprint(loader) -> dict:
     return fp
 
 
-def _wait(hvd, handle, timeout: float, what: str, rank: int):
-    from pgc_hvd.runtime.agent import wait_for_handle
-
-    if not wait_for_handle(hvd, handle, timeout):
-        raise AgentError(f"rank {rank}: {what} got no answer within {timeout:.0f}s: the other "
-                         f"ranks did not reach it (a rank died, hung, or runs a different "
-                         f"training script)")
-    return hvd.synchronize(handle)
-
-
-def allgather_polled(hvd, tensor: torch.Tensor, *, name: str, timeout: float, rank: int,
-                     what: str) -> torch.Tensor:
-    """Every rank's ``tensor`` (rows concatenated in rank order), polled with ``timeout``."""
-    return _wait(hvd, hvd.allgather_async(tensor, name=name), timeout, what, rank)
-
-
 def gather_fingerprints(hvd, fingerprint: dict, *, name: str, timeout: float, rank: int,
                         what: str) -> list[dict]:
-    """Every rank's ``fingerprint`` on every rank, in rank order: two allgathers (the byte
-    lengths as int64, then the UTF-8 JSON bytes as uint8; Horovod concatenates rows of different
-    lengths), each polled with ``timeout``."""
+    """Every rank's ``fingerprint`` on every rank, in rank order: its UTF-8 JSON bytes through
+    :func:`~pgc_hvd.runtime.agreement.gather_bytes` (two allgathers), polled with ``timeout``."""
     raw = json.dumps(fingerprint).encode()
-    mine = torch.tensor([len(raw)], dtype=torch.int64)
-    lens = _wait(hvd, hvd.allgather_async(mine, name=f"{name}.len"), timeout, what, rank)
-    data = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
-    got = _wait(hvd, hvd.allgather_async(data, name=f"{name}.json"), timeout, what, rank)
-    out, off, buf = [], 0, got.numpy().tobytes()
-    for k in lens.tolist():
-        out.append(json.loads(buf[off:off + k].decode()))
-        off += k
-    return out
+    return [json.loads(b.decode()) for b in
+            gather_bytes(hvd, raw, name=name, timeout=timeout,
+                         error=no_answer(rank, what, timeout))]
 
 
 _ABSENT = "<absent>"
@@ -251,34 +233,14 @@ def mismatch_message(diffs, *, what: str, fix: str, hints: Optional[dict] = None
     return f"{what}: " + "; ".join(parts) + f". {fix}"
 
 
-def tensors_digest(tensors: Iterable[torch.Tensor]) -> int:
-    """A 63-bit BLAKE2b digest of the tensors' bits, in order (dtype-exact: a parameter that
-    differs in one bit, or -0.0 against 0.0, gives another digest). One pass over the data (a
-    device tensor is copied to the host once)."""
-    h = hashlib.blake2b(digest_size=8)
-    for t in tensors:
-        t = t.detach().reshape(-1).contiguous()
-        h.update(str(t.dtype).encode())
-        h.update(t.view(torch.uint8).cpu().numpy().tobytes())
-    return int.from_bytes(h.digest(), "little") >> 1
-
-
-def gather_versions(hvd, version: int, *, name: str, timeout: float, rank: int,
-                    what: str = "the agreement on the starting model version") -> list[int]:
-    """Every rank's ``version`` in rank order (one int64 allgather, polled with ``timeout``)."""
-    mine = torch.tensor([int(version)], dtype=torch.int64)
-    return [int(v) for v in _wait(hvd, hvd.allgather_async(mine, name=name), timeout, what,
-                                  rank).tolist()]
-
-
 def compare_digests(hvd, version: int, digest: int, *, name: str, timeout: float,
                     rank: int) -> Optional[str]:
     """Allgather ``[version, digest]`` (int64) from every rank; returns None when every rank
     holds the same, else an error message naming the ranks that differ from the majority (ties:
     from rank 0's group) and every rank's version."""
-    mine = torch.tensor([[int(version), int(digest)]], dtype=torch.int64)
-    rows = _wait(hvd, hvd.allgather_async(mine, name=name), timeout,
-                 "close()'s comparison of the parameters across ranks", rank).tolist()
+    rows = gather_rows(hvd, [int(version), int(digest)], name=name, timeout=timeout,
+                       error=no_answer(rank, "close()'s comparison of the parameters across "
+                                             "ranks", timeout))
     keys = [tuple(r) for r in rows]
     if len(set(keys)) == 1:
         return None

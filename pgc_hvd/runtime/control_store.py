@@ -24,37 +24,36 @@ Address of rank 0's server: one address, the one the ranks use (:mod:`pgc_hvd.ru
 store_address`: ``PGC_HVD_STORE_ADDR``, else the interface gloo is pinned to, else
 ``MASTER_ADDR``, else rank 0's host name); the server listens on that address only, not on
 every interface as a plain TCPStore does. The port is chosen by the OS; ``address:port`` and
-rank 0's host name are broadcast as a byte tensor (``hvd.broadcast_object`` hangs with horovod
-0.28.1 + torch 2.14); a failure to listen is broadcast instead, so every rank raises it.
+rank 0's host name are broadcast as bytes (:func:`pgc_hvd.runtime.agreement.broadcast_bytes`;
+``hvd.broadcast_object`` hangs with horovod 0.28.1 + torch 2.14); a failure to listen is
+broadcast instead, so every rank raises it.
 
 Trust: a TCPStore has no authentication. Whoever can reach that address and port can read and
 write rows (float64 bytes: no code runs from them, but a forged row changes decisions), as with
 torch.distributed's own store: run on a trusted network (docs/architecture.md, "Who may write
 what").
+
+May import: torch, numpy, :mod:`pgc_hvd.runtime.agreement` (the address broadcast, the wait for
+the last bye), :mod:`pgc_hvd.runtime.store_address`, :mod:`pgc_hvd.runtime.errors`.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import time
 from datetime import timedelta
 
 import numpy as np
 import torch
 
+from pgc_hvd.runtime.agreement import broadcast_bytes, poll_until
 from pgc_hvd.runtime.store_address import bind_address, check_reachable, listen
 
-_NAME_BYTES = 1024   # the address, or rank 0's error message
 
 
 def _broadcast_text(hvd, text: str, rank: int, name: str) -> str:
-    buf = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
-    if rank == 0:
-        raw = text.encode()[:_NAME_BYTES]
-        buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-    out = hvd.broadcast(buf, root_rank=0, name=name)
-    return bytes(out.tolist()).rstrip(b"\0").decode("utf-8", "replace")
+    raw, _ = broadcast_bytes(hvd, text.encode(), rank=rank, root_rank=0, name=name)
+    return raw.decode("utf-8", "replace")
 
 
 def open_store(hvd, rank: int, name: str, timeout: float):
@@ -158,8 +157,5 @@ def say_bye(store, prefix: str, rank: int, n: int, timeout: float) -> None:
     bye = f"{prefix}/bye"
     store.add(bye, 1)
     if rank == 0:
-        deadline = time.monotonic() + timeout
-        while int(store.add(bye, 0)) < n:
-            if time.monotonic() > deadline:
-                break  # a rank that never said bye has failed on its own; nothing to wait for
-            time.sleep(0.001)
+        # a rank that never said bye within timeout has failed on its own: nothing to wait for
+        poll_until(lambda: int(store.add(bye, 0)) >= n, timeout)

@@ -101,11 +101,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             round needs no second collective (every rank then receives every current-step
             payload, also the ones the decision leaves out: n payloads). Default (None): on for
             CPU payload rows while n of them are at most
-            ``pgc_hvd.compress.transport.OPTIMISTIC_BYTES`` (4 MiB, measured;
+            ``pgc_hvd.compress.codecs.OPTIMISTIC_BYTES`` (4 MiB, measured;
             ``PGC_HVD_OPTIMISTIC_BYTES``), where latency dominates; off above it, where the
             step is decided on control rows alone and dense messages move in ONE allreduce of
             the ranks' weighted contributions (2 (n-1)/n * 4d bytes per rank, as Horovod's),
-            sparse ones in an allgather of the chosen rows (:mod:`pgc_hvd.compress.transport`).
+            sparse ones in an allgather of the chosen rows (:mod:`pgc_hvd.compress.codecs`).
         metrics: names of small user metrics (e.g. ``["accuracy"]``) that ``step(metrics=
             {"accuracy": a})`` sends in the control row; :attr:`metrics` gives every rank the
             decided step's means (and the loss's) with no extra collective.

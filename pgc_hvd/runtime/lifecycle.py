@@ -30,9 +30,19 @@ step on every rank, the agent stopped on an error): the optimizers are not close
 error that names it, not one about a rank that died). An explicit ``close()`` (or ``abandon()``) makes all this a no-op: the
 registry only holds optimizers whose ``closed`` is False.
 
-Runs on the training thread (``__del__``: any thread, no collective). May import nothing of
-``runtime``; the optimizers are used through their public members (``closed``, ``failed``,
-``close``, ``abort``, ``abandon``, ``agent``, ``hvd``).
+It also owns the order of the closing steps themselves (:func:`close_in_order`, what
+``close()`` runs; :func:`abandon_in_order`, what ``abandon()`` runs), each of which belongs to a
+part: serve collectives until every rank is done (the agent), agree on the final version
+V = max_r version_r and apply the decided updates up to it
+(:func:`~pgc_hvd.runtime.consistency.final_versions`, the facade's ``apply_decided``), write the
+last records (the recorder), compare the parameters' and the applied hyper-parameters' digests
+(:func:`~pgc_hvd.runtime.consistency.check_close`, the digest kept by the
+:class:`~pgc_hvd.runtime.step.Step`), remove the gradient hooks (the capture).
+
+Runs on the training thread (``__del__``: any thread, no collective). May import:
+``runtime.consistency`` and ``runtime.errors`` (``AgentError``); the optimizers and the parts
+are used through their public members (``closed``, ``failed``, ``close``, ``abort``,
+``abandon``, ``agent``, ``hvd``; the step's ``version`` and ``hyper_digest``).
 """
 
 from __future__ import annotations
@@ -40,11 +50,16 @@ from __future__ import annotations
 import atexit
 import functools
 import itertools
+import logging
 import os
 import sys
 import threading
 import traceback
 import weakref
+from typing import Callable, Optional
+
+from pgc_hvd.runtime import consistency
+from pgc_hvd.runtime.errors import AgentError
 
 _lock = threading.RLock()
 _serials = itertools.count()
@@ -177,3 +192,51 @@ def _at_exit() -> None:
         except Exception:   # noqa: BLE001
             pass
     os._exit(1)
+
+
+# -- the closing steps (close(), abandon()) ------------------------------------------------------
+def close_in_order(hvd, config, rank: int, *, step, agent, faults, recorder, capture, params,
+                   apply_decided: Callable[[Optional[int]], None], ends: list) -> None:
+    """The closing steps (module doc; ``DistributedOptimizer.close``): the agent is started
+    first when the first step never came (``step.started`` False); ``ends`` gets every rank's
+    version at the end of its loop once the ranks have agreed on them (kept when a later
+    check raises). A disagreement raises :class:`AgentError` on every rank naming the
+    ranks."""
+    try:
+        if not step.started:
+            agent.start()
+            step.started = True
+        try:
+            agent.finish()
+        except AgentError as err:
+            faults.raise_explained(err)
+        ends.extend(consistency.final_versions(hvd, step.version, timeout=config.timeout,
+                                               name=f"{config.name}.close.version", rank=rank))
+        fault = None
+        try:
+            apply_decided(max(ends))
+        except consistency.NonFiniteParameters as err:
+            fault = err   # raised after the comparison, which the other ranks wait for
+        recorder.drain(agent)
+        consistency.check_close(hvd, step.version, params, step.hyper_digest,
+                                name=f"{config.name}.close", timeout=config.timeout, rank=rank,
+                                fault=fault)
+    finally:
+        capture.remove_hooks()
+        recorder.close()
+
+
+def abandon_in_order(join_timeout: float, *, agent, recorder, capture,
+                     apply_decided: Callable[[Optional[int]], None]) -> None:
+    """Leave without any collective (``DistributedOptimizer.abandon``): wait up to
+    ``join_timeout`` seconds for the agent thread to stop, apply every update it decided (the
+    same on every survivor; a fault there is logged, the version reached kept), write the
+    records, remove the gradient hooks."""
+    agent.join(join_timeout)
+    try:
+        apply_decided(None)
+    except Exception as err:   # e.g. the non-finite check: keep the version reached
+        logging.getLogger("pgc_hvd.runtime").warning(
+            "pgc_hvd: applying the abandoned world's decided updates stopped: %s", err)
+    recorder.drain(agent)
+    capture.remove_hooks()

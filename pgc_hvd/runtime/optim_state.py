@@ -3,7 +3,7 @@
 Owns the layout of the ``"pgc"`` part of ``state_dict()`` / of ``pgc_state_dict()`` (version,
 scheme, n, s, rank, ring buffers, slot versions, error-feedback residual, busy seconds,
 staleness bound, RNG states, delay-trace position), its restore into the parts that hold it
-(:class:`~pgc_hvd.runtime.capture.GradientCapture`, the message encoder), and torch's
+(:class:`~pgc_hvd.runtime.step.GradientCapture`, the message encoder), and torch's
 ``load_state_dict`` done so that the param-group dicts a scheduler holds stay the optimizer's.
 The checks of a saved state are :mod:`pgc_hvd.runtime.checkpoint`'s.
 
@@ -76,7 +76,7 @@ def restore_pgc_part(state: dict, capture, encoder) -> None:
     set_rng_state(state["rng"])
 
 
-def load_pgc_state(opt, state: dict, source: str, *, capture, encoder, sender,
+def load_pgc_state(opt, state: dict, source: str, *, capture, encoder, step,
                    staleness) -> None:
     """``opt.load_pgc_state_dict(state, source)`` before the first step, all or nothing: the
     state is checked first against ``opt.pgc_state_dict()`` (:func:`~pgc_hvd.runtime.checkpoint.
@@ -88,7 +88,7 @@ def load_pgc_state(opt, state: dict, source: str, *, capture, encoder, sender,
     opt.load_torch_state_dict(state["optimizer"])
     opt.version = int(state["version"])
     restore_pgc_part(state, capture, encoder)
-    sender.busy = float(state.get("busy", 0.0))
+    step.busy = float(state.get("busy", 0.0))
     # "c_bound": the key's name in states saved before it was "staleness_bound"
     staleness.restore(state.get("staleness_bound", state.get("c_bound")))
 

@@ -20,17 +20,18 @@ update. Each rank is one worker of the scheme (n = ``hvd.size()``). Per step t (
    every rank (docs/from_horovod.md).
 
 This module is the facade (:class:`PGCOptimizer`): Horovod's step API (``step``, ``synchronize``,
-``skip_synchronize``, ``zero_grad``), ``batches``, the wiring and the lifecycle. The parts own
-their state and take the plan and the version as arguments (docs/architecture.md, "The
-runtime's parts"): :mod:`~pgc_hvd.runtime.config` (Horovod's keywords, defaults, local checks),
-:mod:`~pgc_hvd.runtime.consistency` (the cross-rank checks), :mod:`~pgc_hvd.runtime.capture`
-(gradients into ring slots), :mod:`pgc_hvd.compress.message` (message formation and encoding),
-:mod:`~pgc_hvd.runtime.closing` (the order of ``close()`` / ``abandon()``),
-:mod:`~pgc_hvd.runtime.lifecycle` (closed at exit when ``close()`` is not called),
-:mod:`~pgc_hvd.runtime.replica_rng` / :mod:`~pgc_hvd.runtime.replica_check` (the replicas'
-forward-pass randomness and first-step data),
-:mod:`~pgc_hvd.runtime.agent` (the decision), :mod:`~pgc_hvd.runtime.updates` (decided update
-into ``p.grad``), :mod:`~pgc_hvd.runtime.faults`, :mod:`~pgc_hvd.runtime.step_records`,
+``skip_synchronize``, ``zero_grad``), ``batches``, the wiring and the lifecycle, over one
+:class:`~pgc_hvd.runtime.step.Step` (the version, the plan, the clock, the message, the update;
+docs/architecture.md, "The runtime's parts"). The other parts: :mod:`~pgc_hvd.runtime.config`
+(Horovod's keywords, defaults, local checks), :mod:`~pgc_hvd.runtime.consistency` (the
+cross-rank checks), :mod:`~pgc_hvd.runtime.step` (also the gradient capture into ring slots and
+the fault monitor),
+:mod:`pgc_hvd.compress.message` (message formation and encoding),
+:mod:`~pgc_hvd.runtime.lifecycle` (the order of ``close()`` / ``abandon()``; closed at exit
+when ``close()`` is not called),
+:mod:`~pgc_hvd.runtime.replica_rng` (the replicas' forward-pass randomness and first-step
+data),
+:mod:`~pgc_hvd.runtime.agent` (the decision), :mod:`~pgc_hvd.runtime.step_records`,
 :mod:`~pgc_hvd.runtime.interop` (Horovod's broadcast of the optimizer state) and
 :mod:`~pgc_hvd.runtime.optim_state` (state-dict parts). fp16, bf16 and fp64 parameters train
 with fp32 ring, messages and updates, the update cast to each parameter's dtype.
@@ -55,7 +56,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Optional
 
 import numpy as np
@@ -64,35 +64,15 @@ import torch
 from pgc_hvd.compress.message import MessageEncoder
 from pgc_hvd.control.momentum import applies_to, remedy_scheme_options
 from pgc_hvd.flat_layout import FlatLayout
-from pgc_hvd.runtime import closing, consistency, interop, lifecycle, optim_state
+from pgc_hvd.runtime import consistency, interop, lifecycle, optim_state
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.agent import CommAgent
-from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
-                                    metric_values, parameter_names)
-from pgc_hvd.runtime.faults import FaultMonitor
-from pgc_hvd.runtime.planner import StepPlanner
-from pgc_hvd.runtime.replica_check import ReplicaDataCheck
-from pgc_hvd.runtime.replica_rng import ReplicaRNG, agree_seed
-from pgc_hvd.runtime.sender import MessageSender
+                                    parameter_names)
+from pgc_hvd.runtime.replica_rng import ReplicaDataCheck, ReplicaRNG, agree_seed
 from pgc_hvd.runtime.staleness import StalenessKnob
+from pgc_hvd.runtime.step import FaultMonitor, GradientCapture, Step, declared_metrics
 from pgc_hvd.runtime.step_records import StepRecorder
-from pgc_hvd.runtime.updates import UpdateApplier
-
-
-def _current_of(opt):
-    """``() -> (plan, version)`` of ``opt`` for the gradient hooks, holding it weakly: the hooks
-    live on the model's parameters, which must not keep the optimizer from being collected
-    (and closed, :mod:`~pgc_hvd.runtime.lifecycle`)."""
-    ref = weakref.ref(opt)
-
-    def current():
-        o = ref()
-        if o is None:
-            raise RuntimeError("pgc_hvd: a backward pass ran on a model whose optimizer was "
-                               "collected: keep the optimizer while the model trains")
-        return o.work_plan, o.version
-    return current
 
 
 class _StateDicts(torch.optim.Optimizer):
@@ -101,9 +81,9 @@ class _StateDicts(torch.optim.Optimizer):
     (:func:`facade_methods`)."""
 
     def _pgc_part(self, copy: bool = True) -> dict:
-        self._pgc_adopt()
+        self._pgc_step.adopt()
         return optim_state.pgc_part(self.version, self.scheme, self.rank, self._pgc_capture,
-                                    self._pgc_encoder, self._pgc_sender.busy,
+                                    self._pgc_encoder, self._pgc_step.busy,
                                     self.staleness_bound, copy=copy)
 
     def state_dict(self) -> dict:
@@ -141,13 +121,13 @@ class _StateDicts(torch.optim.Optimizer):
         (checked first: :func:`~pgc_hvd.runtime.checkpoint.check_pgc_state`, CheckpointError
         naming ``source``). This rank only: :func:`~pgc_hvd.runtime.load_checkpoint` also makes
         the ranks agree on the step."""
-        if self._pgc_started:
+        if self._pgc_step.started:
             raise RuntimeError("load_pgc_state_dict must be called before the first step()")
         optim_state.load_pgc_state(self, state, source, capture=self._pgc_capture,
-                                   encoder=self._pgc_encoder, sender=self._pgc_sender,
+                                   encoder=self._pgc_encoder, step=self._pgc_step,
                                    staleness=self._pgc_staleness)
         self._pgc_agent.restart_at(self.version)
-        self._pgc_planner.next()
+        self._pgc_step.next()
 
 
 def facade_methods() -> dict:
@@ -185,7 +165,7 @@ class PGCOptimizer(_StateDicts):
                                                          self.param_groups,
                                                          config.momentum_correction))
         config.check_scheme(self.scheme)
-        self._pgc_version, self._pgc_started, self._pgc_closed = 0, False, False
+        self._pgc_closed = False
         self._pgc_failed = False   # a step raised (the end of training aborts, not closes)
         worker_ring = Ring(self.scheme, self.rank)   # slot versions, plans, the unfilled-slot rule
         self._pgc_encoder = MessageEncoder(lay.numel, config.compression,
@@ -194,7 +174,6 @@ class PGCOptimizer(_StateDicts):
         self._pgc_capture = GradientCapture(
             lay, worker_ring, ring_mode=bool(self.scheme.pipelined or worker_ring.complex),
             passes_per_step=config.backward_passes_per_step,
-            current=_current_of(self),
             scheme=self.scheme, rank=self.rank, names=self._pgc_names)
         self._pgc_skip_sync = False        # inside skip_synchronize()
         self.catch_up_steps = 0            # step() calls that computed nothing (catching up)
@@ -204,6 +183,7 @@ class PGCOptimizer(_StateDicts):
             config.records, config.on_record, scheme_name=self.scheme.name, n=self.n,
             s=self.scheme.s, param_groups=self.param_groups,
             momentum_correction=self._pgc_corrects_momentum)
+        self._pgc_records = self._pgc_recorder.active   # rank 0's records drained per update
         self._pgc_agent = CommAgent(
             hvd, self.scheme, self.rank, lay.numel, self.scheme.lookback,
             codec=self._pgc_encoder.codec, device=lay.device, timeout=config.timeout,
@@ -213,14 +193,13 @@ class PGCOptimizer(_StateDicts):
             optimistic=config.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n),
             control=config.control,
             metrics=len(config.metrics))
-        self._pgc_applier = UpdateApplier(lay, op_scale=config.op_scale,
-                                          on_update=config.on_update)
-        self._pgc_sender = MessageSender(self._pgc_capture, self._pgc_encoder, self._pgc_agent,
-                                         self.scheme, self.rank, delays=config.delays,
-                                         cancel=config.cancel)
-        self._pgc_planner = StepPlanner(worker_ring, self._pgc_capture, self._pgc_sender,
-                                        self._pgc_agent, cancel=config.cancel,
-                                        replay_steps=config.replay_steps(self.rank))
+        # the step: version, plan, clock, message, update (the capture asks it for the plan)
+        self._pgc_step = Step(self._pgc_capture, self._pgc_encoder, self._pgc_agent,
+                              self.scheme, self.rank, param_groups=self.param_groups,
+                              delays=config.delays, cancel=config.cancel,
+                              replay_steps=config.replay_steps(self.rank),
+                              op_scale=config.op_scale, on_update=config.on_update)
+        self._pgc_loader_seen = None   # the loader LoaderCheck saw last (checked at first sight)
         self._pgc_faults = FaultMonitor(self._pgc_agent, self.rank, lay.params,
                                         names=self._pgc_names, timeout=config.timeout)
         self._pgc_check_loader = consistency.LoaderCheck(
@@ -239,24 +218,18 @@ class PGCOptimizer(_StateDicts):
     def version(self) -> int:
         """The number of decided updates this rank has applied (= the step it computes next);
         before the first step, a version ``hvd.broadcast_optimizer_state`` brought (reading it
-        changes nothing: the optimizer adopts it at its first use, :meth:`_pgc_adopt`)."""
-        if not self._pgc_started:
+        changes nothing: the step adopts it at its first use,
+        :meth:`~pgc_hvd.runtime.step.Step.adopt`)."""
+        step = self._pgc_step
+        if not step.started:
             v = interop.broadcast_version(self.param_groups)
             if v is not None:
                 return v
-        return self._pgc_version
+        return step.version
 
     @version.setter
     def version(self, value: int) -> None:
-        self._pgc_version = int(value)
-
-    def _pgc_adopt(self) -> None:
-        """Before the first step: continue from a version ``hvd.broadcast_optimizer_state``
-        wrote into ``param_groups[0]["pgc_version"]`` (see :meth:`state_dict`)."""
-        if not self._pgc_started:
-            v = interop.take_broadcast_version(self.param_groups)
-            if v is not None and v != self._pgc_version:
-                self.start_at(v)
+        self._pgc_step.version = int(value)
 
     @property
     def config(self) -> RuntimeConfig:
@@ -282,12 +255,18 @@ class PGCOptimizer(_StateDicts):
     @property
     def started(self) -> bool:
         """Whether the first step has begun (checkpoints load only before it)."""
-        return self._pgc_started
+        return self._pgc_step.started
 
     @property
     def encoder(self):
         """The :class:`~pgc_hvd.compress.message.MessageEncoder` of this rank's messages."""
         return self._pgc_encoder
+
+    @property
+    def current_step(self) -> Step:
+        """This rank's :class:`~pgc_hvd.runtime.step.Step` (its version, plan, clock, last
+        update); reading it, or any of its attributes, changes nothing."""
+        return self._pgc_step
 
     @property
     def agent(self) -> CommAgent:
@@ -301,51 +280,49 @@ class PGCOptimizer(_StateDicts):
 
     @property
     def busy_seconds(self) -> float:
-        return self._pgc_sender.busy
+        return self._pgc_step.busy
 
     @property
     def current_partition(self) -> Optional[int]:
         """The partition whose gradient the backward passes now accumulate (inside
         :meth:`batches`' loop body; None outside), e.g. to seed dropout by (partition, step)."""
         slot = self._pgc_capture.target_slot
-        plan = self._pgc_planner.plan
+        plan = self._pgc_step.plan
         return None if slot is None or plan is None else dict(
             (sl, q) for q, sl in plan.evaluate).get(slot)
 
     @property
     def metrics(self) -> dict:
         """What the control rows said about the last update this rank applied, the same on
-        every rank without a collective (:meth:`~pgc_hvd.runtime.updates.UpdateApplier.
+        every rank without a collective (:meth:`~pgc_hvd.runtime.step.Step.
         metrics`: ``step``, ``loss``, each declared user metric's mean, ``ranks``); read this
         instead of a per-batch ``hvd.allreduce`` of the loss, which would put the ranks back
         in lockstep. Empty before the first update."""
-        return self._pgc_applier.metrics(self._pgc_config.metrics)
+        return self._pgc_step.metrics(self._pgc_config.metrics)
 
     # -- data side ---------------------------------------------------------------------------
     @property
     def work_plan(self):
-        """The scheme's WorkPlan for this rank at its current step (= ``version``)."""
-        self._pgc_adopt()
-        return self._pgc_planner.current(self.version, self._pgc_started)
-
-    def _pgc_overtaken(self) -> bool:
-        return self._pgc_planner.overtaken(self.version, self._pgc_started)
+        """The scheme's WorkPlan for this rank at its current step (= ``version``); reading it
+        changes nothing (the step begins in :meth:`batches`, :meth:`synchronize` or a backward
+        pass: :meth:`~pgc_hvd.runtime.step.Step.begin`)."""
+        return self._pgc_step.peek_plan()
 
     @property
     def computes(self) -> bool:
         """Whether this rank computes a message at its current step (False while it catches up
-        on steps decided without it: :meth:`batches` then yields nothing)."""
-        self.work_plan
-        return self._pgc_planner.computes
+        on steps decided without it: :meth:`batches` then yields nothing): as decided when the
+        step began, else as it would be now."""
+        return self._pgc_step.would_compute()
 
     def begin_partition(self, slot: int) -> None:
         """Backward passes until :meth:`end_partition` are the gradient of ring slot ``slot``:
         they accumulate in ``p.grad`` as usual, and :meth:`end_partition` moves them into it."""
-        self._pgc_capture.begin(slot, self.work_plan, self.version)
+        self._pgc_capture.begin(slot, *self._pgc_step.current())
 
     def end_partition(self) -> None:
         """Move the gradients in ``p.grad`` into the current ring slot and clear ``p.grad``."""
-        self._pgc_capture.end(self.work_plan, self.version)
+        self._pgc_capture.end(*self._pgc_step.current())
 
     @contextlib.contextmanager
     def partition(self, slot: int):
@@ -363,23 +340,27 @@ class PGCOptimizer(_StateDicts):
         stays in ``p.grad`` until ``step()``; a batch without backward leaves its slot empty
         (``step()`` names it). A loader's partitioning is compared across ranks at first sight
         (:class:`~pgc_hvd.runtime.consistency.LoaderCheck`)."""
-        self._pgc_check_loader(loader, bind=(self.scheme, self.rank))
-        plan, cap = self.work_plan, self._pgc_capture
-        if not self._pgc_planner.computes:
+        if loader is not self._pgc_loader_seen:
+            self._pgc_check_loader(loader, bind=(self.scheme, self.rank))
+            self._pgc_loader_seen = loader
+        step, cap = self._pgc_step, self._pgc_capture
+        plan = step.begin()
+        if not step.computes:
             if cap.amp:
                 cap.zero_grads()
             return
         for i, (partition, slot) in enumerate(plan.evaluate):
-            if self._pgc_overtaken():
+            if step.overtaken():
                 return  # straggler_policy="cancel": this step fired without us
-            cap.begin(slot, plan, self.version)
-            batch = loader.batch(partition, self.version)
-            if not self._pgc_started:
+            version = step.version
+            cap.begin(slot, plan, version)
+            batch = loader.batch(partition, version)
+            if not step.started:
                 self._pgc_replicas.note(partition, batch)
-            with self._pgc_rng.scope(partition, self.version):
+            with self._pgc_rng.scope(partition, version):
                 yield batch
             if i + 1 < len(plan.evaluate) or not cap.got_grad:
-                cap.end_pending(plan, self.version)  # no backward: step() names the slot
+                cap.end_pending(plan, version)  # no backward: step() names the slot
             else:
                 cap.last_batch_done()
 
@@ -427,26 +408,24 @@ class PGCOptimizer(_StateDicts):
             raise RuntimeError("pgc_hvd optimizer is closed")
         if self._pgc_capture.update_in_grad:
             return
+        step = self._pgc_step
         try:
-            if not self._pgc_started:
+            if not step.started:
                 self._pgc_start()
-            self.work_plan
-            values = metric_values(self._pgc_config.metrics, metrics)
-            if self._pgc_planner.computes:
-                self._pgc_sender.send(self.work_plan, self.version, loss=loss, metrics=values,
-                                      grad_scale=getattr(self, "grad_scale", None),
-                                      overtaken=self._pgc_overtaken)
+            step.begin()
+            values = declared_metrics(self._pgc_config.metrics, metrics)
+            if step.computes:
+                step.send(loss=loss, metrics=values, grad_scale=getattr(self, "grad_scale", None))
             else:
                 self.catch_up_steps += 1
-                self._pgc_capture.discard()
-                self._pgc_sender.stop_clock()
-            self._pgc_agent.wait_for(self.version)
+                step.skip()
+            self._pgc_agent.wait_for(step.version)
         except AgentError as err:
             self._pgc_failed = True
             self._pgc_faults.raise_explained(err)
         except BaseException:
             self._pgc_failed = True
-            self._pgc_faults.fail(self._pgc_started)
+            self._pgc_faults.fail(step.started)
             raise
         self._pgc_load_update()
         self._pgc_capture.update_in_grad = True
@@ -464,7 +443,7 @@ class PGCOptimizer(_StateDicts):
     def _pgc_start(self) -> None:
         """First step: take a version broadcast by ``hvd.broadcast_optimizer_state``, check that
         every rank starts at the same version (one int64 allgather), start the agent."""
-        self._pgc_adopt()
+        self._pgc_step.adopt()
         cfg = self._pgc_config
         consistency.check_start(self._pgc_hvd, self.version, timeout=cfg.timeout,
                                 name=f"{cfg.name}.start.version", rank=self.rank)
@@ -474,7 +453,7 @@ class PGCOptimizer(_StateDicts):
 
     def _pgc_start_agent(self) -> None:
         self._pgc_agent.start()
-        self._pgc_started = True
+        self._pgc_step.started = True
 
     def _pgc_init_from_horovod(self) -> bool:
         """``hvd.broadcast_optimizer_state``'s state-creating ``step()``: the user's rule on zero
@@ -487,30 +466,37 @@ class PGCOptimizer(_StateDicts):
     def _pgc_load_update(self) -> None:
         """Put the decided update of step ``version`` into ``p.grad``; the records of the steps
         decided so far are written first (rank 0, on this thread)."""
-        self._pgc_recorder.drain(self._pgc_agent)
-        self._pgc_applier.load(self.version, self._pgc_agent.take(self.version))
+        if self._pgc_records:
+            self._pgc_recorder.drain(self._pgc_agent)
+        step = self._pgc_step
+        step.load(self._pgc_agent.take(step.version))
 
     def _pgc_apply_grads(self) -> None:
-        """The user's optimizer rule on ``p.grad`` (the decoded update), then ``version += 1``."""
-        self._pgc_applier.apply(super(self.__class__, self).step, self.param_groups,
-                                self.__dict__, correct_momentum=self._pgc_corrects_momentum)
-        self._pgc_capture.update_in_grad = False
-        self.version += 1
-        self._pgc_after_update()
+        """The user's optimizer rule on ``p.grad`` (the decoded update), then ``version += 1``.
+        A GradScaler's ``grad_scale`` / ``found_inf`` on this optimizer are its own (the ring
+        was unscaled), not the rule's: torch's SGD/Adam would apply them to the decoded update,
+        so they are set aside while it runs."""
+        mine = vars(self)
+        amp = {k: mine.pop(k) for k in ("grad_scale", "found_inf") if k in mine}
+        try:
+            self._pgc_step.apply(super(self.__class__, self).step,
+                                 correct_momentum=self._pgc_corrects_momentum)
+        finally:
+            mine.update(amp)
+        self._pgc_check_params()
 
-    def _pgc_after_update(self) -> None:
-        self._pgc_agent.release_before(self.version)
-        self._pgc_planner.next()
-        self._pgc_sender.clock(restart=True)
-        self._pgc_faults.check_params(report=not self._pgc_closed, started=self._pgc_started)
+    def _pgc_check_params(self) -> None:
+        self._pgc_faults.check_params(report=not self._pgc_closed,
+                                      started=self._pgc_step.started)
 
     def _pgc_apply_decided(self, upto: Optional[int] = None) -> None:
         """Apply every decided update not applied yet (up to ``upto``), without new messages."""
-        agent = self._pgc_agent
-        while self.version < agent.decided() and (upto is None or self.version < upto):
+        agent, step = self._pgc_agent, self._pgc_step
+        while step.version < agent.decided() and (upto is None or step.version < upto):
             self._pgc_load_update()
             self._pgc_apply_grads()
-        self._pgc_after_update()
+        step.after_update()
+        self._pgc_check_params()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start_at(self, version: int) -> None:
@@ -518,15 +504,11 @@ class PGCOptimizer(_StateDicts):
         (every slot is evaluated afresh at its first use, the warm-up rule of
         :attr:`work_plan`), e.g. a world re-formed with another n whose ranks all hold the same
         parameters at that version. Every rank must pass the same version."""
-        if self._pgc_started:
+        if self._pgc_step.started:
             raise RuntimeError("start_at must be called before the first step()")
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
             raise ValueError(f"version must be an int >= 0, got {version!r}")
-        self.version = int(version)
-        self._pgc_capture.reset()
-        self._pgc_encoder.reset()
-        self._pgc_agent.restart_at(self._pgc_version)
-        self._pgc_planner.next()
+        self._pgc_step.restart_at(int(version))
 
     def apply_decided(self) -> None:
         """Apply every update decided so far (no new message), e.g. before saving a checkpoint
@@ -539,7 +521,7 @@ class PGCOptimizer(_StateDicts):
         ``join_timeout`` seconds for the agent thread to stop (its next collective fails),
         apply every update it decided (the same on every survivor), remove the gradient hooks
         and mark the optimizer closed. Returns the version reached."""
-        closing.abandon(join_timeout, agent=self._pgc_agent, recorder=self._pgc_recorder,
+        lifecycle.abandon_in_order(join_timeout, agent=self._pgc_agent, recorder=self._pgc_recorder,
                         capture=self._pgc_capture, apply_decided=self._pgc_apply_decided)
         self._pgc_closed = True
         return int(self.version)
@@ -553,7 +535,7 @@ class PGCOptimizer(_StateDicts):
             return
         self._pgc_closed = True
         try:
-            self._pgc_faults.fail(self._pgc_started)
+            self._pgc_faults.fail(self._pgc_step.started)
         finally:
             self._pgc_capture.remove_hooks()
             self._pgc_recorder.close()
@@ -566,7 +548,7 @@ class PGCOptimizer(_StateDicts):
     def close(self) -> None:
         """End of training (not needed: an optimizer not closed is closed at exit, at
         ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`); the
-        steps are :func:`~pgc_hvd.runtime.closing.close`'s: serve collectives until every rank
+        steps are :func:`~pgc_hvd.runtime.lifecycle.close_in_order`'s: serve collectives until every rank
         is done, agree on the final version V = max_r version_r, apply the decided updates up
         to V (a rank that left its loop early catches up), then compare the parameters' and the
         applied hyper-parameters' digests: a disagreement raises :class:`AgentError` on every
@@ -574,13 +556,16 @@ class PGCOptimizer(_StateDicts):
         if self._pgc_closed:
             return
         self._pgc_closed = True
-        closing.close(self._pgc_hvd, self._pgc_config, self.rank, version=lambda: self.version,
-                      start=None if self._pgc_started else self._pgc_start_agent,
-                      agent=self._pgc_agent, faults=self._pgc_faults,
-                      recorder=self._pgc_recorder, capture=self._pgc_capture,
-                      applier=self._pgc_applier, params=self._pgc_layout.params,
-                      apply_decided=self._pgc_apply_decided,
-                      on_versions=lambda ends: setattr(self, "loop_end_versions", ends))
+        ends: list = []   # every rank's version at the end of its loop, once agreed
+        try:
+            lifecycle.close_in_order(
+                self._pgc_hvd, self._pgc_config, self.rank, step=self._pgc_step,
+                agent=self._pgc_agent, faults=self._pgc_faults, recorder=self._pgc_recorder,
+                capture=self._pgc_capture, params=self._pgc_layout.params,
+                apply_decided=self._pgc_apply_decided, ends=ends)
+        finally:
+            if ends:
+                self.loop_end_versions = ends
 
     # -- the staleness knob ----------------------------------------------------------------------
     @property

@@ -6,7 +6,7 @@ training thread drains the queue (:meth:`StepRecorder.drain`, at every applied u
 ``close()``/``abandon()``) and writes the records, so ``on_record`` and the writer run on the
 training thread, like every other user callback, and never race the optimizer's state.
 
-May import: ``metrics``, ``control.momentum``, ``runtime.telemetry``.
+May import: ``metrics``, ``control.momentum``, ``metrics.telemetry``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class StepRecorder:
 
     def write(self, rep) -> None:
         from pgc_hvd.metrics.records import StepRecord
-        from pgc_hvd.runtime.telemetry import gpu_stats
+        from pgc_hvd.metrics.telemetry import gpu_stats
 
         dec = rep.decision
         extra = {"control_rounds": rep.info.get("control_rounds"),

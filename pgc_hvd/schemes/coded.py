@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from pgc_hvd.codes import get_code
 
-from .protocol import Scheme
-from .rounds import FirstCompleteRound, FirstKRound
+from .protocol import FirstCompleteRound, FirstKRound, Scheme
 from .validation import check_choice, check_scheme_n_s
 
 BINARY_DECODERS = ("first-complete", "n-s", "min-error")

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pgc_hvd.codes.linear import cyclic_supports
 
-from .protocol import Scheme
-from .rounds import FirstKRound
+from .protocol import FirstKRound, Scheme
 from .validation import check_positive_int, check_scheme_n_s
 
 

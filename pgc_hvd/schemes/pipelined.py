@@ -42,8 +42,7 @@ from __future__ import annotations
 from pgc_hvd.codes.linear import cyclic_supports
 
 from .coded import BinaryGCScheme, LinearGCScheme
-from .protocol import Scheme
-from .rounds import FirstKRound
+from .protocol import FirstKRound, Scheme
 from .validation import check_scheme_n_s
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from pgc_hvd.codes import get_code
 
-from .protocol import Scheme
-from .rounds import FirstKRound
+from .protocol import FirstKRound, Scheme
 
 
 class DGDScheme(Scheme):

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from pgc_hvd.compress.transport import allreduce_bytes, choose_collective
+from pgc_hvd.compress.codecs import allreduce_bytes, choose_collective
 
 from .comm import CollectiveModel
 
@@ -140,7 +140,7 @@ class AgentModel:
     def _rides(self, entry) -> bool:
         """Does this message's payload ride with its control row (one-collective steps)? Old
         plane: always. New plane: while the n copies a rank receives, n * bytes, are at most
-        ``optimistic_below`` (the runtime's rule, ``compress.transport.optimistic_default``)."""
+        ``optimistic_below`` (the runtime's rule, ``compress.codecs.optimistic_default``)."""
         cm = self.comm
         return cm.plane == "allgather" or (cm.plane == "allreduce"
                                            and self.n * entry["bytes"] <= cm.optimistic_below)
@@ -288,7 +288,7 @@ class AgentModel:
                 seconds += cm.allgather(n, missing)
                 self._received(allgather=missing)
         else:
-            # issue 13's plane, with the runtime's own rule (pgc_hvd.compress.transport)
+            # issue 13's plane, with the runtime's own rule (pgc_hvd.compress.codecs)
             needed = sum(1 for key in uses if key not in self._cached)
             width = max(1, self.store[uses[0]]["bytes"] // 4) if uses else 1
             kind = choose_collective(sparse=sparse, n=n, d=self.d, width=width, needed=needed)

@@ -42,10 +42,10 @@ Data planes (``plane``):
     rank contributes sum_{u owned by it} a_u m_u (zeros when it owns none) to ONE ring allreduce
     of d float32. Sparse top-kappa messages are allgathered as (values, int32 indices) by the
     chosen ranks, or densified and allreduced when that moves fewer bytes (the runtime's rule,
-    :func:`pgc_hvd.compress.transport.choose_collective`). While the n copies of a message a
+    :func:`pgc_hvd.compress.codecs.choose_collective`). While the n copies of a message a
     rank would receive are at most ``optimistic_below`` bytes (default: the runtime's
-    :data:`~pgc_hvd.compress.transport.OPTIMISTIC_BYTES`), messages ride with the control rows
-    as in ``"allgather"`` (:func:`~pgc_hvd.compress.transport.optimistic_default`).
+    :data:`~pgc_hvd.compress.codecs.OPTIMISTIC_BYTES`), messages ride with the control rows
+    as in ``"allgather"`` (:func:`~pgc_hvd.compress.codecs.optimistic_default`).
 
 ``message_bytes(payload)`` counts the bytes of a real message: a dense tensor's storage, or a
 sparse top-kappa pair (values, indices) as values + indices storage (int32 indices in the
@@ -79,7 +79,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from pgc_hvd.compress.transport import OPTIMISTIC_BYTES
+from pgc_hvd.compress.codecs import OPTIMISTIC_BYTES
 from pgc_hvd.options import split_spec
 
 from .log_costs import LogCosts, line_bytes, read_fit_file, tree_depth

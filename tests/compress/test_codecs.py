@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pgc_hvd.compress import (ComplexCodec, DenseCodec, ResidualMemory, SparseCodec,
                               SparseComplexCodec, TopK, allreduce_bytes, choose_collective,
                               make_codec, optimistic_default, parse_compression)
-from pgc_hvd.compress.transport import optimistic_threshold
+from pgc_hvd.compress.codecs import optimistic_threshold
 
 
 def test_one_spelling_round_trips():

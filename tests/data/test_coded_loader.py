@@ -142,7 +142,7 @@ def test_a_straight_run_is_prefetched_and_memory_stays_bounded():
     for p, t in seq:
         ld.batch(p, t)
     assert ld.stats == {"prefetched": len(seq) - 1, "discarded": 0, "here": 1}
-    assert len(ld._perms) <= 16 and len(ld._plans) <= 64
+    assert ld.rule.cached_permutations <= 16 and len(ld._plans) <= 64
     assert len(ld._pending) <= 2 * 2    # num_workers x prefetch_factor in flight
     ld.close()
 

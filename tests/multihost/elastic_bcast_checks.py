@@ -26,6 +26,7 @@ import torch
 
 from pgc_hvd.runtime.elastic import ElasticState, bcast_object
 from pgc_hvd.runtime.plain import NotPlain
+from checks import ok   # tests/checks.py
 
 MARKER = os.path.abspath("code-ran")
 
@@ -33,10 +34,6 @@ MARKER = os.path.abspath("code-ran")
 class RunsCode:
     def __reduce__(self):
         return (os.system, (f"touch {MARKER}",))
-
-
-def ok(name):
-    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
 
 
 def main():

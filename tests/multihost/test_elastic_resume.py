@@ -1,7 +1,7 @@
 """Kills at any moment (issue 26, item 2): the elastic recipe's durable progress and the
 supervisor that restarts a failed job.
 
-* ``pgc_hvd.runtime.elastic_checkpoint``: atomic files named by version, the tag's older ones
+* ``pgc_hvd.runtime.elastic.checkpoints``: atomic files named by version, the tag's older ones
   removed, read with ``weights_only=True`` (a pickled callable is refused), and a resume that
   makes :class:`ElasticState`'s first ``sync()`` start at the saved version with the saved
   model and momentum (in-process, a one-rank stand-in for Horovod's collectives);
@@ -28,7 +28,7 @@ import torch.nn as nn
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
 
-from pgc_hvd.runtime import elastic_checkpoint as ec  # noqa: E402
+from pgc_hvd.runtime.elastic import checkpoints as ec  # noqa: E402
 
 
 def _model(seed=3):

@@ -45,7 +45,7 @@ def test_world_error_follows_the_cause_chain():
 
 
 def test_optimizer_timeout_must_exceed_gloo_timeout(monkeypatch):
-    from pgc_hvd.runtime.elastic import _check_timeouts
+    from pgc_hvd.runtime.elastic import check_timeouts
 
     class Opt:
         config = SimpleNamespace(timeout=20.0, control="allgather")
@@ -53,20 +53,20 @@ def test_optimizer_timeout_must_exceed_gloo_timeout(monkeypatch):
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "30")
     with pytest.raises(ValueError, match=r"timeout \(20 s\) must be longer than "
                                          r"HOROVOD_GLOO_TIMEOUT_SECONDS \(30 s\)"):
-        _check_timeouts(Opt())
+        check_timeouts(Opt())
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "8")
-    _check_timeouts(Opt())
+    check_timeouts(Opt())
 
     class StoreOpt(Opt):
         config = SimpleNamespace(timeout=60.0, control="store")
 
     with pytest.raises(ValueError, match="control='store' polls rows"):
-        _check_timeouts(StoreOpt())
+        check_timeouts(StoreOpt())
 
     class LogOpt(Opt):   # the default plane is elastic-ready
         config = SimpleNamespace(timeout=60.0, control="log")
 
-    _check_timeouts(LogOpt())
+    check_timeouts(LogOpt())
 
 
 def test_local_hosts_spec_and_hostfile(tmp_path):

@@ -1,4 +1,4 @@
-"""Single-process checks of pgc_hvd.runtime.gloo_cascade (the fast leaving of a broken elastic
+"""Single-process checks of pgc_hvd.runtime.elastic.cascade (the fast leaving of a broken elastic
 world, issue 26): the /proc parsing, the choice of the world's sockets, and the shutdown itself on
 real loopback sockets (Linux); the elastic state's use of it."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pgc_hvd.runtime import gloo_cascade as gc
+from pgc_hvd.runtime.elastic import cascade as gc
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -192,7 +192,7 @@ def test_a_world_whose_sockets_were_not_found_is_said_with_the_fix(caplog):
     adopt finds none, and the state says so (the cascade cannot work in that world)."""
     state = _state()
     state._sockets = tracker = _Tracker()
-    with caplog.at_level("WARNING", logger="pgc_hvd.runtime.elastic"):
+    with caplog.at_level("WARNING", logger="pgc_hvd.runtime.elastic.state"):
         state._adopt_world(n=1, rank=0)          # alone: no peer sockets expected
         assert not caplog.records
         state._adopt_world(n=4, rank=2)

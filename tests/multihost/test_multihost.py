@@ -9,7 +9,7 @@ root; it skips the tests with the reason when that cannot be had, and stops the 
   pgc-cr: 4 ranks on 2 hosts, local ranks 0-1 on each, identical parameters, logins seen by sshd.
 * elastic: ``horovodrun --gloo -np 4 --min-np 3 --host-discovery-script`` with each rank its own
   host; the rank on 127.0.0.4 SIGKILLs itself at version 20; the other three leave the broken
-  world at once (pgc_hvd.runtime.gloo_cascade: the gloo timeout is 30 s, every survivor must
+  world at once (pgc_hvd.runtime.elastic.cascade: the gloo timeout is 30 s, every survivor must
   have noticed within 10 s), re-form a world of 3, rebuild the scheme (pgc_hvd.runtime.elastic)
   and reach the last version with identical parameters; the world change is recorded. And a
   rank that joins (a host added to discovery).

@@ -32,6 +32,7 @@ import pgc_hvd
 from pgc_hvd.compress import TopK
 from pgc_hvd.runtime import PartitionLoader, load_checkpoint, save_checkpoint
 from pgc_hvd.runtime.checkpoint import CheckpointError
+from checks import ok   # tests/checks.py
 
 torch.set_num_threads(1)
 
@@ -73,10 +74,6 @@ def saved_run(path, steps, name):
 
 def params(m):
     return torch.cat([p.detach().reshape(-1) for p in m.parameters()]).clone()
-
-
-def ok(name):
-    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
 
 
 def refused(path, m, opt, *needles):

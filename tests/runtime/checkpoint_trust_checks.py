@@ -34,6 +34,7 @@ from pgc_hvd.runtime.checkpoint import convert_checkpoint
 
 import checkpoint_checks   # this folder: the refusal check and params() shared with it
 from checkpoint_checks import params
+from checks import ok   # tests/checks.py
 
 torch.set_num_threads(1)
 MARKER = os.path.abspath("code-ran")
@@ -70,10 +71,6 @@ def run(m, opt, steps):
 
 def rng_draws():
     return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
-
-
-def ok(name):
-    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
 
 
 def refused(path, m, opt, *needles):

@@ -24,8 +24,9 @@ import horovod.torch as hvd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from twin_checks import (STEPS, digits_subset, flat_params, ok, run_runtime,  # noqa: E402
+from twin_checks import (STEPS, digits_subset, flat_params, run_runtime,  # noqa: E402
                          same_on_all_ranks, synthetic_order)
+from checks import ok  # noqa: E402
 
 from pgc_hvd.compress import TopK  # noqa: E402
 from pgc_hvd.data import partition  # noqa: E402

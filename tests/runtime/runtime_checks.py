@@ -28,6 +28,7 @@ import pgc_hvd
 hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 from pgc_hvd.runtime import AgentError, PartitionLoader, load_checkpoint, save_checkpoint
 from pgc_hvd.schemes import default_stragglers
+from checks import ok   # tests/checks.py
 
 torch.set_num_threads(1)
 
@@ -88,10 +89,6 @@ def same_on_all_ranks(m, what):
     h = int(param_hash(m)[:12], 16)
     allh = hvd.allgather(torch.tensor([h], dtype=torch.int64), name=f"hash.{what}")
     assert len(set(allh.tolist())) == 1, f"{what}: parameter hashes differ across ranks {allh}"
-
-
-def ok(name):
-    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
 
 
 def train(scheme, steps, s=1, lr=0.1, momentum=0.0, delays=None, records=None, loss_hook=None,

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 import pgc_hvd.torch as pgc_torch
-from pgc_hvd.compress import Fp16Codec, Fp16SparseCodec, SparseCodec, TopK
+from pgc_hvd.compress import DenseCodec, Fp16Codec, Fp16SparseCodec, SparseCodec, TopK
 from pgc_hvd.compress.message import MessageEncoder
 from pgc_hvd.delays import Exponential
-from pgc_hvd.runtime.config import (CONTROLS, RuntimeConfig, cross_rank_fields,
-                                    horovod_wire_dtype, wire_format)
+from pgc_hvd.runtime.config import (CONTROLS, RuntimeConfig, check_parameters,
+                                    cross_rank_fields, from_horovod, horovod_op,
+                                    horovod_wire_dtype, metric_names, parameter_names,
+                                    takes_three, wire_format)
 from pgc_hvd.schemes import get_scheme
 
 LOGGER = "pgc_hvd.runtime"
@@ -229,3 +231,99 @@ def test_the_cross_rank_fields_are_the_checked_values():
     assert fields["scheme"] == "pgc-cr" and fields["options"] == {}
     assert fields["extra"]["wire dtype"] == "float32"
     assert fields["extra"]["metrics (names)"] == ["acc"]
+
+
+# -- Horovod's keywords, parameters, metrics (issue 34: every check on its own) --------------
+@pytest.fixture(scope="module")
+def hvd():
+    hvd = pytest.importorskip("horovod.torch")
+    hvd.init()   # a world of one rank: hvd.size() for op=hvd.Sum
+    return hvd
+
+
+def horovod_keywords(hvd, **kw):
+    args = dict(backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                num_groups=0, groups=None, sparse_as_dense=False, process_set=None, metrics=())
+    args.update(kw)
+    return from_horovod(hvd, **args)
+
+
+def test_horovods_keywords_map_to_typed_fields(hvd):
+    assert horovod_keywords(hvd) == {"op_scale": 1.0, "backward_passes_per_step": 1,
+                                     "metrics": ()}
+    got = horovod_keywords(hvd, op=hvd.Sum, backward_passes_per_step=2, metrics=["acc"],
+                           num_groups=3, groups=[[]], sparse_as_dense=True,
+                           process_set=hvd.global_process_set)
+    assert got == {"op_scale": float(hvd.size()), "backward_passes_per_step": 2,
+                   "metrics": ("acc",)}
+    assert horovod_op(hvd, hvd.Average, 2.0) == 1.0
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"op": "sum"}, "op must be hvd.Average or hvd.Sum"),
+    ({"op": "adasum"}, "op must be hvd.Average or hvd.Sum"),
+    ({"gradient_predivide_factor": 0}, "gradient_predivide_factor must be a finite number > 0"),
+    ({"gradient_predivide_factor": True}, "gradient_predivide_factor must be a finite number"),
+    ({"gradient_predivide_factor": float("nan")}, "gradient_predivide_factor must be a finite"),
+    ({"backward_passes_per_step": 0}, "backward_passes_per_step must be an int >= 1"),
+    ({"backward_passes_per_step": True}, "backward_passes_per_step must be an int >= 1"),
+    ({"num_groups": -1}, "num_groups must be an int >= 0"),
+    ({"groups": "all"}, "groups must be None, an int or a list"),
+    ({"sparse_as_dense": 1}, "sparse_as_dense must be a bool"),
+    ({"process_set": object()}, "a process set other than the global one is refused"),
+    ({"metrics": ["acc", "acc"]}, "names must be distinct"),
+    ({"metrics": ["loss"]}, "not 'step', 'loss' or 'ranks'"),
+])
+def test_horovods_bad_keywords_are_named(hvd, kw, message):
+    with pytest.raises(ValueError, match=message):
+        horovod_keywords(hvd, **kw)
+
+
+def test_adasum_and_a_predivide_factor_with_sum_are_refused_with_the_fix(hvd):
+    with pytest.raises(ValueError, match="Adasum is refused.*Use op=hvd.Average"):
+        horovod_op(hvd, hvd.Adasum, 1.0)
+    with pytest.raises(ValueError, match="needs op=hvd.Average"):
+        horovod_op(hvd, hvd.Sum, 2.0)
+
+
+@pytest.mark.parametrize("bad", ["acc", ["acc", 3], [""]])
+def test_metric_names_must_be_a_list_of_names(bad):
+    with pytest.raises(TypeError, match="metrics must be a list of metric names"):
+        metric_names(bad)
+
+
+def test_complex_or_integer_parameters_are_refused_naming_them():
+    ok = [torch.zeros(2, dtype=dt) for dt in (torch.float32, torch.float16, torch.bfloat16,
+                                              torch.float64)]
+    check_parameters(ok, {})
+    bad = torch.zeros(2, dtype=torch.complex64)
+    with pytest.raises(TypeError, match=r"parameters head.w \(complex64\) are not real"):
+        check_parameters(ok + [bad], {id(bad): "head.w"})
+    with pytest.raises(TypeError, match=r"#0 \(int64\)"):
+        check_parameters([torch.zeros(2, dtype=torch.int64)], {})
+
+
+def test_named_parameters_must_name_every_trainable_parameter():
+    a, b = torch.zeros(2, requires_grad=True), torch.zeros(3, requires_grad=True)
+    frozen = torch.zeros(1)
+    assert parameter_names([a, b], None) == {}
+    assert parameter_names([a, b, frozen], [("a", a), ("b", b)]) == {id(a): "a", id(b): "b"}
+    with pytest.raises(ValueError, match=r"does not name 1 of the optimizer's parameters "
+                                         r"\(indices \[1\]\)"):
+        parameter_names([a, b], iter([("a", a)]))
+
+
+def test_on_update_with_three_arguments_is_recognised_once():
+    assert takes_three(lambda t, flat, decision: None) and takes_three(lambda *a: None)
+    assert not takes_three(lambda t, flat: None) and not takes_three(lambda t, flat, *, d: None)
+
+
+def test_optimistic_follows_the_payload_size_on_the_allgather_only():
+    small = DenseCodec(8)
+    assert checked(4, control="allgather").effective_optimistic(small, "cpu", 4)
+    assert not checked(4, control="log").effective_optimistic(small, "cpu", 4)
+    assert not checked(4).effective_optimistic(small, "cpu", 4)      # the default plane: log
+    assert not checked(4, optimistic=False).effective_optimistic(small, "cpu", 4)
+    assert checked(4, optimistic=True, control="log").effective_optimistic(small, "cpu", 4)
+    assert not checked(4, control="allgather").effective_optimistic(DenseCodec(10 ** 8),
+                                                                    "cpu", 4)

@@ -1,6 +1,6 @@
 """The cross-rank consistency pieces as pure functions (no Horovod): fingerprints of what must
 agree, the differences between ranks' fingerprints and their message, parameter digests. The
-collectives around them are tested under horovodrun (test_audit.py)."""
+collectives around them are tested under horovodrun (test_consistency_faults.py)."""
 
 from __future__ import annotations
 

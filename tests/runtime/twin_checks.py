@@ -37,15 +37,12 @@ from pgc_hvd.delays import Exponential, LongStraggler
 from pgc_hvd.sim.engine import SimConfig, Simulator
 from pgc_hvd.sim.run import param_groups_of
 from pgc_hvd.control.momentum import remedy_scheme_options
+from checks import ok   # tests/checks.py
 
 torch.set_num_threads(1)
 
 STEPS = 10
 LR, MOMENTUM = 0.5, 0.5
-
-
-def ok(name):
-    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
 
 
 def digits_subset():

@@ -35,7 +35,8 @@ import pgc_hvd
 hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 
 sys.path.insert(0, os.path.dirname(__file__))
-from audit_checks import data, model, ok  # noqa: E402
+from consistency_fault_checks import data, model  # noqa: E402
+from checks import ok  # noqa: E402
 
 torch.set_num_threads(1)
 WATCHDOG = 90.0

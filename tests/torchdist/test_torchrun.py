@@ -21,7 +21,7 @@ def _load(name):
 
 
 runtime_tests = _load("test_runtime")
-habits_tests = _load("test_habits")
+habits_tests = _load("test_horovod_habits")
 SCRIPT = RUNTIME / "runtime_checks.py"
 
 NP4 = [("quickstart", "test_quickstart_under_torchrun_np4_without_horovod",
@@ -29,7 +29,7 @@ NP4 = [("quickstart", "test_quickstart_under_torchrun_np4_without_horovod",
        ("core", "test_core_np4", SCRIPT, ["core"]),
        ("twin", "test_runtime_replaying_simulated_arrivals_matches_simulator",
         RUNTIME / "twin_checks.py", ["twin"])]
-HABITS = RUNTIME / "habits_checks.py"
+HABITS = RUNTIME / "horovod_habits_checks.py"
 # "ops" ends with hvd.shutdown(): last
 NP3 = [("small", "test_small_np3_config_errors_exact_checkpoint", SCRIPT, ["small"]),
        ("metrics", "test_metrics_read_from_the_control_rows", HABITS, ["metrics"]),

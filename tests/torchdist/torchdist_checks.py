@@ -20,12 +20,9 @@ import torch
 
 import pgc_hvd.torch as hvd
 from pgc_hvd import torchdist
+from checks import ok   # tests/checks.py
 
 torch.set_num_threads(1)
-
-
-def ok(name):
-    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
 
 
 def check_allgather():

@@ -7,7 +7,7 @@
 
 * the small bundled sets (``digits``, ``breast_cancer``, ``wine``, ``iris``, ``generated``):
   arrays in memory (:func:`pgc_hvd.data.load_dataset`), a seeded stratified 80/20 split, a
-  :class:`~pgc_hvd.runtime.loader.PartitionLoader` -- as before;
+  :class:`~pgc_hvd.data.partition_loader.PartitionLoader` -- as before;
 * ``cifar10``: torchvision's ``CIFAR10`` from ``--data-dir`` (training and test sets;
   ``--no-verify-data`` skips the MD5 check), 32 x 32;
 * ``imagefolder``: torchvision's ``ImageFolder`` over ``--data-dir`` resized to
@@ -18,6 +18,10 @@ workers (pinned memory on a GPU), ``ToTensor`` images in [0, 1] and, with ``--au
 RandomCrop(padding) + RandomHorizontalFlip (seeded per sample, the same on every replica).
 Evaluation runs over a DataLoader of the unaugmented images, batch by batch (nothing is
 materialised); the adaptive controller's validation batch is the first 128 test images.
+
+Used by ``pgc-hvd train`` (:mod:`pgc_hvd.apps.train`).
+
+May import: torch, numpy, :mod:`pgc_hvd.data` (datasets, partitions, both loaders, vision).
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def build_data(args, n: int, device) -> TrainData:
 
 def _arrays(args, n, device) -> TrainData:
     from pgc_hvd.data import load_dataset, train_test_split
-    from pgc_hvd.runtime.loader import PartitionLoader
+    from pgc_hvd.data.partition_loader import PartitionLoader
 
     ds = load_dataset(args.dataset)
     train, test = train_test_split(ds, 0.2, seed=args.seed)

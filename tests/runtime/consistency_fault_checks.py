@@ -1,18 +1,20 @@
 """Runs on every rank under horovodrun: the consistency faults of issue 15 (items 1, 2, 3, 5, 7).
 
-    python audit_checks.py nonfinite BAD   # -np 3: rank BAD multiplies a parameter by inf at step
-                                           #   10: every rank stops, naming rank BAD and step 10
-    python audit_checks.py diverged        # -np 3: rank 2 nudges a parameter (finite) at step 5:
-                                           #   close() raises on every rank, naming rank 2
-    python audit_checks.py clean           # -np 3: a rank that stops early ends at the others'
-                                           #   version and parameters after close(); fp16, bf16
-                                           #   and fp64 models train (and match fp32)
-    python audit_checks.py config          # -np 3: every setting that must agree is compared at
-                                           #   construction (or at the first batches() for the
-                                           #   loader), the error names the field and ranks [1]
-    python audit_checks.py skipped         # -np 3: a batches() body that skips backward stops
-                                           #   the run ("got no gradient") instead of a zero
-                                           #   gradient
+    python consistency_fault_checks.py MODE [ARGS], one of:
+
+    nonfinite BAD   # -np 3: rank BAD multiplies a parameter by inf at step
+                    #   10: every rank stops, naming rank BAD and step 10
+    diverged        # -np 3: rank 2 nudges a parameter (finite) at step 5:
+                    #   close() raises on every rank, naming rank 2
+    clean           # -np 3: a rank that stops early ends at the others'
+                    #   version and parameters after close(); fp16, bf16
+                    #   and fp64 models train (and match fp32)
+    config          # -np 3: every setting that must agree is compared at
+                    #   construction (or at the first batches() for the
+                    #   loader), the error names the field and ranks [1]
+    skipped         # -np 3: a batches() body that skips backward stops
+                    #   the run ("got no gradient") instead of a zero
+                    #   gradient
 
 Checks print "CHECK <name> ok rank=<r>"; expected errors print "CLEAR-ERROR rank=<r>: <error>";
 a run that should have failed prints "NO-ERROR rank=<r>". Every check that trains ends with a
@@ -34,6 +36,7 @@ import pgc_hvd
 
 hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under torchrun
 from pgc_hvd.runtime import AgentError, PartitionLoader
+from checks import ok   # tests/checks.py
 
 torch.set_num_threads(1)
 
@@ -67,10 +70,6 @@ def same_version_on_all_ranks(opt, what):
     v = hvd.allgather(torch.tensor([opt.version], dtype=torch.int64), name=f"audit.ver.{what}")
     assert len(set(v.tolist())) == 1, f"{what}: versions differ across ranks {v.tolist()}"
     return int(v[0])
-
-
-def ok(name):
-    print(f"CHECK {name} ok rank={hvd.rank()}", flush=True)
 
 
 def clear(err):

@@ -29,7 +29,7 @@ Usage (``launch/elastic_train.py`` and docs/elastic.md are the full recipe)::
 What happens when a rank dies (SIGKILL, a lost host): the survivors with an operation pending
 on their connection to the dead rank fail at once (gloo sees the reset connection); the first
 rank whose collective fails shuts down its sockets of the world (:mod:`pgc_hvd.runtime.
-gloo_cascade`: Horovod's own shutdown leaves them open), so every rank blocked on a receive
+elastic.cascade`: Horovod's own shutdown leaves them open), so every rank blocked on a receive
 from it fails at once too and does the same: every survivor leaves within milliseconds, not
 after ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``cascade=False`` turns this off). The survivors'
 agents stop with an :class:`~pgc_hvd.runtime.agent.AgentError` whose cause is Horovod's
@@ -68,114 +68,32 @@ slow ranks each step (a scheme needs n > s; pass e.g. ``min(s, hvd.size() - 1)``
 world, a rank that dies is tolerated only until its peers notice (one collective): gradient
 coding cannot step past a dead rank inside a world, because every Horovod collective needs
 every rank of the world.
+
+May import: torch, Horovod (its ``State`` base class and exceptions),
+:mod:`pgc_hvd.runtime.agreement` (the world's agreement on version and digest, the joint host
+check), :mod:`pgc_hvd.runtime.elastic.cascade`, :mod:`pgc_hvd.runtime.elastic.world`,
+:mod:`pgc_hvd.runtime.errors`; the optimizer only through ``make_optimizer`` and its public
+members.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import os
-import pickle
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-import numpy as np
 import torch
 
-from pgc_hvd.runtime import gloo_cascade, plain
+from pgc_hvd.runtime.agreement import finish, gather_rows, tensors_digest
+from pgc_hvd.runtime.elastic import cascade as gloo_cascade
+from pgc_hvd.runtime.elastic.world import abandon, bcast_object, horovod_bcast, world_error
 from pgc_hvd.runtime.errors import AgentError
 
 log = logging.getLogger(__name__)
 
 _REASONS = {0: "start", 1: "rank lost", 2: "hosts updated"}
-
-
-def world_error(err: BaseException) -> bool:
-    """Whether ``err`` (or an error in its cause/context chain) says the world broke (a rank
-    died): Horovod's ``HorovodInternalError`` (a collective failed), or an
-    :class:`~pgc_hvd.runtime.errors.AgentError` with ``broken_world`` (the control log's store
-    is gone with rank 0, a census named dead ranks)."""
-    from horovod.common.exceptions import HorovodInternalError
-
-    seen = set()
-    e: Optional[BaseException] = err
-    while e is not None and id(e) not in seen:
-        if isinstance(e, HorovodInternalError):
-            return True
-        if isinstance(e, AgentError) and e.broken_world:
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def bcast_object(hvd, obj: Any, root_rank: int = 0, name: str = "pgc.elastic.obj") -> Any:
-    """``obj`` from ``root_rank`` on every rank, as tensors and plain types only.
-
-    Who can write what the receivers read: the root rank's bytes arrive on every other rank, so
-    they are never unpickled. ``obj`` travels in torch's serialization format holding only
-    tensors and plain types (:mod:`pgc_hvd.runtime.plain`: dicts, lists, numbers, strings,
-    tensors, ... -- an optimizer's ``state_dict()`` is one) and is read with
-    ``torch.load(weights_only=True)``, so bytes from a peer (or from anyone who could inject into
-    the job's collectives) cannot run code on the receiver: anything else raises ValueError
-    naming the refused global. An ``obj`` that is not tensors and plain types raises
-    :class:`~pgc_hvd.runtime.plain.NotPlain` on every rank, with the root's message naming the
-    entry; nothing is sent. Two ``hvd.broadcast`` of tensors (the length, negative for that
-    refusal, then the bytes); Horovod's ``broadcast_object`` pickles, and hangs in this build
-    (docs/elastic.md)."""
-    rank = hvd.rank()
-    raw, sign = b"", 1
-    if rank == root_rank:
-        try:
-            raw = plain.dumps(obj, "the object")
-        except plain.NotPlain as err:
-            raw, sign = str(err).encode(), -1
-    size = int(hvd.broadcast(torch.tensor([sign * len(raw)], dtype=torch.int64), root_rank,
-                             name=f"{name}.len").item())
-    buf = torch.zeros(abs(size), dtype=torch.uint8)
-    if rank == root_rank:
-        buf.copy_(torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy()))
-    data = hvd.broadcast(buf, root_rank, name=f"{name}.data").numpy().tobytes()
-    if size < 0:
-        why = data.decode("utf-8", "replace")
-        raise plain.NotPlain(f"bcast_object from rank {root_rank}: {why}")
-    try:
-        return plain.loads(data)
-    except pickle.UnpicklingError as err:
-        detail = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line),
-                      str(err).strip()[-300:])
-        raise ValueError(f"rank {rank}: bcast_object refused what rank {root_rank} sent: it is "
-                         f"not tensors and plain types, and building it could run code "
-                         f"({detail})") from None
-
-
-def _horovod_bcast(hvd) -> Callable:
-    """The ``bcast_object`` Horovod's ``State`` base class gets. Its ``check_host_updates``
-    (``state.commit()``) broadcasts ``(timestamp, timestamp, HostUpdateResult)``, the last an
-    ``enum.IntFlag``: enum members of a tuple travel as their int (Horovod compares with ``==``
-    and ``|``, which an int answers the same)."""
-    def bcast(obj):
-        if isinstance(obj, tuple):
-            obj = tuple(int(v) if isinstance(v, enum.Enum) and isinstance(v, int) else v
-                        for v in obj)
-        return bcast_object(hvd, obj, name="pgc.elastic.state")
-    return bcast
-
-
-def abandon(opt, join_timeout: float = 5.0) -> int:
-    """Leave a pgc_hvd optimizer of a world that is gone, with no collective: ``opt.abandon()``
-    (apply every update its agent decided, the same on every survivor; wait for the agent thread
-    to end; remove the gradient hooks; mark it closed). An agent thread still running after
-    that (it should not: its next collective fails once the world is gone) has its collectives
-    cut off, so that it can never take part in the next world's. Returns the version reached."""
-    version = opt.abandon(join_timeout)
-    agent = opt.agent
-    if agent.running:
-        log.warning("pgc_hvd elastic: the old world's agent thread is still running after "
-                    "%.0fs; its collectives are cut off", join_timeout)
-    agent.cut_off()   # also ends the old world's control-log reader (rank 0), if any
-    return version
 
 
 def _horovod_state_base():
@@ -199,7 +117,7 @@ class ElasticState(_horovod_state_base()):
         timeout: seconds a rank waits for the others' part of one such check.
         hvd: the Horovod module (default ``horovod.torch``).
         cascade: shut down this rank's gloo sockets when its world breaks, so that the others
-            leave at once (:mod:`pgc_hvd.runtime.gloo_cascade`; Linux, a no-op elsewhere).
+            leave at once (:mod:`pgc_hvd.runtime.elastic.cascade`; Linux, a no-op elsewhere).
             Import this module before ``hvd.init()`` so that the first world's sockets are
             found (its import marks the sockets that are not Horovod's).
     """
@@ -211,7 +129,7 @@ class ElasticState(_horovod_state_base()):
         if hvd is None:
             import horovod.torch as hvd
         self.hvd = hvd
-        super().__init__(bcast_object=_horovod_bcast(hvd), get_rank=hvd.rank)
+        super().__init__(bcast_object=horovod_bcast(hvd), get_rank=hvd.rank)
         if not isinstance(check_every, int) or check_every < 1:
             raise ValueError(f"check_every must be an int >= 1 (model versions), got "
                              f"{check_every!r}")
@@ -262,16 +180,14 @@ class ElasticState(_horovod_state_base()):
         t_ready0 = time.time()
         self._adopt_world(n, rank)
         params = [p for p in self.model.parameters()]
-        from pgc_hvd.runtime.consistency import tensors_digest
-
         old_n = self.opt.n if self.opt is not None else 0
         version = int(self.opt.version) if self.opt is not None else self._resume_version
         digest = tensors_digest(params) if self.opt is not None or version >= 0 else 0
-        ints = hvd.allgather(torch.tensor([[version, digest, old_n, self._reason]],
-                                          dtype=torch.int64), name="pgc.elastic.sync.i")
-        times = hvd.allgather(torch.tensor([[self._last_step_at, self._noticed, self._host_ts]],
-                                           dtype=torch.float64), name="pgc.elastic.sync.t")
-        ints, times = ints.tolist(), times.tolist()
+        # blocking (timeout=None): a rank lost now reaches the others as Horovod's error
+        ints = gather_rows(hvd, [version, digest, old_n, self._reason], name="pgc.elastic.sync.i",
+                           timeout=None)
+        times = gather_rows(hvd, [self._last_step_at, self._noticed, self._host_ts],
+                            name="pgc.elastic.sync.t", timeout=None, dtype=torch.float64)
         # the newest host update acted on, the same on every rank (a rank that joined was told
         # of none): the joint host checks compare against it
         self._host_ts = max(t[2] for t in times)
@@ -300,7 +216,7 @@ class ElasticState(_horovod_state_base()):
         if self._sockets is not None and agent is not None:   # leave at once, from the agent
             world = self._world_id
             agent.on_stop = lambda err: self._agent_stopped(err, world)
-        _check_timeouts(self.opt)
+        check_timeouts(self.opt)
         if getattr(self.opt, "n", n) != n:
             raise ValueError(f"make_optimizer built an optimizer for n={self.opt.n} in a world of "
                              f"{n} ranks")
@@ -328,7 +244,7 @@ class ElasticState(_horovod_state_base()):
 
     def resume_at(self, version: int) -> None:
         """Before the first world: this rank's model and ``optimizer`` hold a checkpoint of
-        ``version`` (:class:`~pgc_hvd.runtime.elastic_checkpoint.ElasticCheckpoints`), so the
+        ``version`` (:class:`~pgc_hvd.runtime.elastic.checkpoints.ElasticCheckpoints`), so the
         first ``sync()`` counts it as a rank that holds that version (the most advanced rank's
         model and optimizer state are broadcast to the others) and starts there."""
         if self.opt is not None:
@@ -438,16 +354,12 @@ class ElasticState(_horovod_state_base()):
         while self._boundary < b:
             self._boundary += 1
             if self._check is not None:
-                from pgc_hvd.runtime.channel import wait_for_handle
-                handle = self._check[1]
-                if not wait_for_handle(hvd, handle, self.timeout):
-                    raise AgentError(
-                        f"rank {hvd.rank()}: the joint check for added hosts at version "
-                        f"{self._check[0] * self.check_every} got no answer within "
-                        f"{self.timeout:.0f}s: a rank hung, or left its training loop on "
-                        f"another count of updates than the others (loop on `while "
-                        f"state.opt.version < steps` on every rank)")
-                got = hvd.synchronize(handle).tolist()
+                got = finish(hvd, self._check[1], self.timeout, (
+                    f"rank {hvd.rank()}: the joint check for added hosts at version "
+                    f"{self._check[0] * self.check_every} got no answer within "
+                    f"{self.timeout:.0f}s: a rank hung, or left its training loop on "
+                    f"another count of updates than the others (loop on `while "
+                    f"state.opt.version < steps` on every rank)")).tolist()
                 self._check = None
                 if got[0] > self._host_ts:
                     self._host_ts = got[0]
@@ -476,7 +388,7 @@ class ElasticState(_horovod_state_base()):
             f.write(json.dumps(rec) + "\n")
 
 
-def _check_timeouts(opt) -> None:
+def check_timeouts(opt) -> None:
     """The optimizer's ``timeout`` must exceed gloo's: a dead rank must reach the survivors as
     Horovod's error (the world re-forms), not as pgc_hvd's timeout first (which ends the
     survivor's process, and Horovod then drops its host too)."""

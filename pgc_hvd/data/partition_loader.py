@@ -1,11 +1,13 @@
-"""The data side of a rank: the n partitions D_0..D_{n-1} and the batch of each per step.
+"""``PartitionLoader``: tensors in memory as the n partitions D_0..D_{n-1}, and the batch of
+each per step.
 
 ``PartitionLoader(X, y, n, batch_size)`` splits a dataset with :func:`pgc_hvd.data.partition`
-(i.i.d. or sorted by label) and serves ``batch(partition, step)``: a deterministic function of
-``(seed, partition, step)`` only, so two workers that hold the same partition evaluate the same
-batch at the same step (what gradient coding's exact recovery assumes), and a restored run sees
-the same batches. Within a partition the batches walk through a seeded permutation, one epoch
-of the partition after another. ``batch_size=None`` gives the whole partition (full-batch GD).
+(i.i.d. or sorted by label) and serves ``batch(partition, step)`` by the loaders' one batch rule
+(:class:`~pgc_hvd.data.coded_loader.BatchRule`, the same as :class:`~pgc_hvd.data.CodedLoader`'s): a
+deterministic function of ``(seed, partition, step)`` only, so two workers that hold the same
+partition evaluate the same batch at the same step (what gradient coding's exact recovery
+assumes), and a restored run sees the same batches. ``batch_size=None`` (or one larger than the
+smallest partition) gives the whole partition (full-batch GD).
 
 Use with the optimizer, which knows which partitions the scheme wants (c per step for GC, one
 rotating partition for PGC, one shard for bounded staleness)::
@@ -13,6 +15,11 @@ rotating partition for PGC, one shard for bounded staleness)::
     for xb, yb in optimizer.batches(loader):
         loss_fn(model(xb), yb).backward()
     optimizer.step()
+
+Also importable as ``pgc_hvd.runtime.PartitionLoader``.
+
+May import: torch, numpy, :mod:`pgc_hvd.options`, :mod:`pgc_hvd.data.partition`,
+:mod:`pgc_hvd.data.coded_loader`.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from pgc_hvd.data.coded_loader import BatchRule
+from pgc_hvd.data.partition import partition as split
 from pgc_hvd.options import is_count
 
 
@@ -29,15 +38,13 @@ class PartitionLoader:
     def __init__(self, X, y, n: int, batch_size: Optional[int] = 32, iid: bool = True,
                  seed: int = 0, partitions: Optional[Sequence[np.ndarray]] = None,
                  device=None, transform=None):
-        from pgc_hvd.data import partition
-
         self.X = torch.as_tensor(np.asarray(X) if not torch.is_tensor(X) else X)
         self.y = torch.as_tensor(np.asarray(y) if not torch.is_tensor(y) else y)
         if len(self.X) != len(self.y):
             raise ValueError(f"X has {len(self.X)} rows but y has {len(self.y)} labels")
         self.n = int(n)
         if partitions is None:
-            partitions = partition(self.y.numpy(), self.n, iid=iid, seed=seed)
+            partitions = split(self.y.numpy(), self.n, iid=iid, seed=seed)
         if len(partitions) != self.n:
             raise ValueError(f"got {len(partitions)} partitions for n={self.n} workers")
         self.partitions = [np.asarray(p, dtype=np.int64) for p in partitions]
@@ -50,18 +57,12 @@ class PartitionLoader:
         self.seed = int(seed)
         self.device = device
         self.transform = transform
+        self.rule = BatchRule(self.partitions, batch_size, self.seed)
 
     def indices(self, partition: int, step: int) -> np.ndarray:
         if not 0 <= partition < self.n:
             raise IndexError(f"partition {partition} is not in [0, {self.n - 1}]")
-        part = self.partitions[partition]
-        if self.batch_size is None or self.batch_size >= len(part):
-            return part
-        b = int(self.batch_size)
-        per_epoch = len(part) // b
-        epoch, k = divmod(int(step), per_epoch)
-        perm = np.random.default_rng((self.seed, int(partition), epoch)).permutation(len(part))
-        return part[perm[k * b:(k + 1) * b]]
+        return self.rule.indices(partition, step)
 
     def batch(self, partition: int, step: int):
         idx = torch.from_numpy(self.indices(partition, step))

@@ -1,4 +1,4 @@
-"""Multi-rank tests of issue 15's consistency faults (each launches audit_checks.py under
+"""Multi-rank tests of issue 15's consistency faults (each launches consistency_fault_checks.py under
 horovodrun): non-finite parameters on one rank, ranks that differ at close(), a rank that stops
 early, settings that must agree across ranks, fp16/bf16/fp64 models, a skipped backward. The two
 runs that end cleanly share one launch (``launch_group``); the runs that stop every rank have
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "audit_checks.py"
+SCRIPT = HERE / "consistency_fault_checks.py"
 CLEAN = [("clean", "test_early_stop_catches_up_at_close_and_mixed_precision", SCRIPT, ["clean"]),
          ("config", "test_settings_that_must_agree_are_compared_and_named", SCRIPT, ["config"])]
 

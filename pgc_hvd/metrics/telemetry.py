@@ -1,7 +1,10 @@
-"""Telemetry: GPU utilisation and memory through nvidia-ml-py when a GPU is present.
+"""Telemetry: GPU utilisation and memory through nvidia-ml-py when a GPU is present, the
+``gpu`` field of the runtime's step records (:mod:`pgc_hvd.runtime.step_records` writes it).
 
 On a machine without nvidia-ml-py or without an NVIDIA GPU, :func:`gpu_stats` returns
 ``{"available": False, "reason": ...}``: the absence is reported, never raised.
+
+May import: the standard library and ``pynvml`` (nvidia-ml-py), lazily.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-rank tests of issue 14's Horovod habits (each launches habits_checks.py under horovodrun,
+"""Multi-rank tests of issue 14's Horovod habits (each launches horovod_habits_checks.py under horovodrun,
 one rank slowed): schedulers, clipping, AMP, Horovod's keywords and fp16 compression,
 broadcast_optimizer_state and the rank-0 resume, the user's own DataLoader, a rank-local lr.
 Every training check ends with a cross-rank parameter hash (in the script). The runs share one
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "habits_checks.py"
+SCRIPT = HERE / "horovod_habits_checks.py"
 
 # runs that end on a refused step (clipping, broadcast, diverge; own_loader at np 2) come after
 # the clean ones: the optimizers they leave are closed or aborted when the run ends

@@ -1,36 +1,38 @@
 """Runs on every rank under horovodrun: the Horovod habits of issue 14 (one rank slowed).
 
-    python habits_checks.py schedulers   # -np 3: StepLR stepped once per step() call, built
-                                         #   before and after the wrap, an lr set from the loop
-                                         #   counter; a loop of N step() calls ends at version N
-    python habits_checks.py clipping     # -np 3: synchronize(); clip_grad_norm_;
-                                         #   skip_synchronize(): step() clips the decoded update
-                                         #   identically; plain clipping after backward acts on
-                                         #   the partition's gradient; after a multi-partition
-                                         #   loop it is refused
-    python habits_checks.py amp          # -np 3: bf16 autocast + GradScaler (CPU); a rank whose
-                                         #   scale overflows is left out like a straggler
-    python habits_checks.py surface      # -np 2: hvd.Compression.none, op=hvd.Average / hvd.Sum,
-                                         #   gradient_predivide_factor, backward_passes_per_step;
-                                         #   Adasum and extra backward passes refused
-    python habits_checks.py broadcast    # -np 3: hvd.broadcast_optimizer_state before and after
-                                         #   the wrap (Adam), then the ImageNet example's resume:
-                                         #   rank 0 loads opt.state_dict(), broadcasts, training
-                                         #   goes on from the saved version
-    python habits_checks.py own_loader   # -np 2: a backward outside batches() (the user's own
-                                         #   DataLoader) trains under dgd, is refused under pgc-cr
-    python habits_checks.py metrics      # -np 3: opt.metrics: the decided step's mean loss and
-                                         #   a user metric, the same on every rank
-    python habits_checks.py zero_grad    # -np 2: zero_grad() between the last backward and
-                                         #   step() raises as Horovod's does (dgd with the
-                                         #   user's loader, gc-cr in batches()); the gradient is
-                                         #   kept and step() still applies it
-    python habits_checks.py cancel       # -np 3: straggler_policy="cancel": the slow rank
-                                         #   abandons steps that fire without it (its delay cut
-                                         #   short), every loop ends at the same version with
-                                         #   identical parameters
-    python habits_checks.py diverge      # -np 3: an lr set from a rank-local value: close()
-                                         #   names the parameters and the hyper-parameters
+    python horovod_habits_checks.py MODE [ARGS], one of:
+
+    schedulers   # -np 3: StepLR stepped once per step() call, built
+                 #   before and after the wrap, an lr set from the loop
+                 #   counter; a loop of N step() calls ends at version N
+    clipping     # -np 3: synchronize(); clip_grad_norm_;
+                 #   skip_synchronize(): step() clips the decoded update
+                 #   identically; plain clipping after backward acts on
+                 #   the partition's gradient; after a multi-partition
+                 #   loop it is refused
+    amp          # -np 3: bf16 autocast + GradScaler (CPU); a rank whose
+                 #   scale overflows is left out like a straggler
+    surface      # -np 2: hvd.Compression.none, op=hvd.Average / hvd.Sum,
+                 #   gradient_predivide_factor, backward_passes_per_step;
+                 #   Adasum and extra backward passes refused
+    broadcast    # -np 3: hvd.broadcast_optimizer_state before and after
+                 #   the wrap (Adam), then the ImageNet example's resume:
+                 #   rank 0 loads opt.state_dict(), broadcasts, training
+                 #   goes on from the saved version
+    own_loader   # -np 2: a backward outside batches() (the user's own
+                 #   DataLoader) trains under dgd, is refused under pgc-cr
+    metrics      # -np 3: opt.metrics: the decided step's mean loss and
+                 #   a user metric, the same on every rank
+    zero_grad    # -np 2: zero_grad() between the last backward and
+                 #   step() raises as Horovod's does (dgd with the
+                 #   user's loader, gc-cr in batches()); the gradient is
+                 #   kept and step() still applies it
+    cancel       # -np 3: straggler_policy="cancel": the slow rank
+                 #   abandons steps that fire without it (its delay cut
+                 #   short), every loop ends at the same version with
+                 #   identical parameters
+    diverge      # -np 3: an lr set from a rank-local value: close()
+                 #   names the parameters and the hyper-parameters
 
 Checks print "CHECK <name> ok rank=<r>"; expected errors print "CLEAR-ERROR rank=<r>: ...".
 Every check that trains ends with a cross-rank hash of the parameters (same_on_all_ranks).
@@ -53,7 +55,8 @@ hvd = pgc_hvd.engine()     # horovod.torch under horovodrun, pgc_hvd.torch under
 from pgc_hvd.runtime import AgentError
 
 sys.path.insert(0, os.path.dirname(__file__))
-from audit_checks import clear, data, model, ok, same_on_all_ranks, same_version_on_all_ranks  # noqa: E402
+from consistency_fault_checks import clear, data, model, same_on_all_ranks, same_version_on_all_ranks  # noqa: E402
+from checks import ok  # noqa: E402
 
 torch.set_num_threads(1)
 SLOW = 2
