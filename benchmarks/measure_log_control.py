@@ -195,14 +195,11 @@ class _Channel:
             self.pos += 1
         return out or None
 
-    def publish(self, step, batches, error=None):
+    def publish(self, step, batches, error=None, wait=None):
         from pgc_hvd.runtime.control_log import encode_batches
         if error is not None:
             raise error
         self.published[step] = encode_batches(batches)
-
-    def forget(self, below):
-        pass
 
     def decision(self, step):
         from pgc_hvd.runtime.control_log import LogRecord, decode_batches

@@ -79,6 +79,7 @@ log = logging.getLogger("pgc_hvd.runtime")
 #: the row fields that describe the rank, not its message (taken from its latest row)
 STATE_FIELDS = (CTRL_BUSY, CTRL_BAD_STEP, CTRL_DONE, CTRL_FAILED, CTRL_STALENESS_BOUND)
 _STOP = -1.0          # the rank word of the entry that stops rank 0's reader thread
+_FAULT = -3.0         # the rank word of a follower's notice: a collective failed, census
 _ERR = "pgc-log-error:"
 
 
@@ -199,56 +200,82 @@ def decode_error(raw: bytes) -> LogRecord:
                                         "broken_world": broken == "1"})
 
 
+#: bytes of an outcome's header in the broadcast: its length in bytes, its kind (int64 each)
+HEAD = 16
+_ROWS, _ERROR = 0, 1
+
+
+def outcome_capacity(n: int, length: int) -> int:
+    """Bytes the first broadcast of an outcome holds beside its header: 2n + 8 log lines
+    (a step's outcome takes about one row per rank); a longer one follows in a second
+    broadcast and every rank then grows the capacity to it (the same on every rank)."""
+    return (2 * int(n) + 8) * 8 * (int(length) + 1)
+
+
+class FaultNotice(AgentError):
+    """A follower's collective failed and it has gone to the census (its notice in the log):
+    the decider, which may be waiting for rows and in no collective, joins the census at
+    once."""
+
+
 class LogChannel:
-    """One run's ordered control log (module doc). ``rank == 0`` is the decider."""
+    """One run's ordered control log (module doc). ``rank == 0`` is the decider; outcomes go
+    out by one broadcast from it (``coll``: the agent's :class:`~pgc_hvd.runtime.channel.
+    Collectives`)."""
 
     carries_payloads = False
     kind = "log"
 
     def __init__(self, clients: dict, rank: int, n: int, name: str, timeout: float,
-                 length: int):
+                 length: int, coll=None):
         from pgc_hvd.runtime.control_store import StoreChannel  # noqa: F401 (the set-up)
         self.rank, self.n, self.length = int(rank), int(n), int(length)
         self.prefix = f"pgc/{name}"
         self.timeout = float(timeout)
-        #: the training threads and the followers' reads wait this much longer than the
-        #: decider and the data collective (``timeout``), so the decider's verdict, or the
-        #: census after a failed data collective (up to ``timeout`` + 1 s), reaches them first
-        self.grace = self.timeout + 3.0
-        self.store = clients["main"]      # rank 0: the server; publishes, closes
+        #: the outcome's broadcast of step t ends ``timeout`` after the decider's wait for its
+        #: rows does (2 ``timeout`` after step t - 1's data phase, on every rank alike), so a
+        #: rank that froze stops every rank's broadcast at about the same time, and the census
+        #: (up to ``timeout`` + 1 s) follows; the training threads wait ``grace`` longer than
+        #: ``timeout`` (3 ``timeout`` + 5 s in all), so the agent's verdict reaches them first
+        self.slack = self.timeout
+        self.grace = 2.0 * self.timeout + 5.0
+        self.coll = coll
+        self.capacity = outcome_capacity(self.n, self.length)
+        self.store = clients["main"]      # rank 0: the server; closes
         self.writer = clients.get("writer")   # rank > 0: appends (training thread)
         self.reader = clients.get("reader")   # rank 0: the log reader thread's client
-        self.ops = 0                      # store operations this rank issued for control
+        self.ops = 0                      # control operations this rank issued (store, bcast)
         self._ops_lock = threading.Lock()
         self._append_lock = threading.Lock()
         self.cond = threading.Condition()
         self._queue: list = []            # rank 0: (rank, row) in the decider's order
         self._reader_error: Optional[str] = None
+        self._fault: Optional[int] = None  # rank 0: a follower that went to the census
         self._closing = False
         self._reader = None
         self._mine: list = []             # rank > 0: log indices of its rows not yet seen taken
-        self._forgotten = 0               # rank 0: outcomes of steps below this are deleted
         if self.rank == 0:
             self._reader = threading.Thread(target=self._read_log, name=f"{name}-log-reader",
                                             daemon=True)
             self._reader.start()
 
     @classmethod
-    def create(cls, hvd, rank: int, n: int, name: str, timeout: float,
-               length: int) -> "LogChannel":
+    def create(cls, coll, n: int, length: int) -> "LogChannel":
         """Rank 0 serves, every rank connects (a collective: every rank must call it); each
         rank opens a second client (rank 0: its log reader; others: the appender), so a
-        blocking read never holds up an append."""
+        blocking read never holds up an append. ``coll``: the agent's collectives (the
+        outcome's broadcast)."""
         from pgc_hvd.runtime.control_store import open_store
 
-        follow = 2.0 * float(timeout) + 3.0   # timeout + LogChannel.grace
+        hvd, rank, name, timeout = coll.hvd, coll.rank, coll.name, coll.timeout
+        follow = 2.0 * float(timeout) + 3.0   # a frozen rank 0: the census gives up after it
         store, connect = open_store(hvd, rank, f"{name}.log", timeout if rank == 0 else follow)
         clients = {"main": store}
         if rank == 0:
             clients["reader"] = connect(timeout)
         else:
             clients["writer"] = connect(timeout)
-        return cls(clients, rank, n, name, timeout, length)
+        return cls(clients, rank, n, name, timeout, length, coll=coll)
 
     def _count(self, k: int = 1) -> None:
         with self._ops_lock:
@@ -294,9 +321,12 @@ class LogChannel:
             got = decode_rows(raw, self.length)
             with self.cond:
                 for w, r in got:
-                    if w < 0:
+                    if w == int(_FAULT):
+                        self._fault = int(r[0])
+                    elif w < 0:
                         return
-                    self._queue.append((w, r))
+                    else:
+                        self._queue.append((w, r))
                 self.cond.notify_all()
 
     def next_rows(self, deadline: float):
@@ -305,6 +335,9 @@ class LogChannel:
         when the store failed."""
         with self.cond:
             while not self._queue:
+                if self._fault is not None:
+                    raise FaultNotice(f"rank 0: rank {self._fault}'s collective failed (its "
+                                      f"notice in the control log)", broken_world=True)
                 if self._reader_error is not None:
                     raise AgentError(f"rank 0: the control log failed: {self._reader_error}")
                 left = deadline - time.monotonic()
@@ -314,72 +347,65 @@ class LogChannel:
             batch, self._queue = self._queue, []
             return batch
 
-    def publish(self, step: int, batches: list, error: Optional[BaseException] = None) -> None:
-        """The outcome of ``step``: the batches of rows taken since the last one (or an
-        error)."""
-        value = encode_batches(batches) if error is None else encode_error(error)
-        self._count(1)
-        try:
-            if error is not None and batches:   # the rows taken before it (failure path)
-                self.store.set(f"{self.prefix}/dec/{int(step)}/rows", encode_batches(batches))
-            self.store.set(f"{self.prefix}/dec/{int(step)}", value)
-        except Exception as err:
-            if error is None:
-                raise
-            log.debug("rank 0: could not publish the error of step %d: %s", step, err)
-            return
-        if error is not None:
-            self._await_error_readers(step)
+    # -- the outcome: one broadcast from rank 0 ----------------------------------------
+    def _noticed(self) -> bool:
+        """Rank 0: a follower's notice says its collective failed (it is in the census)."""
+        return self._fault is not None
 
-    def _await_error_readers(self, step: int) -> None:
-        """After publishing an error: keep the store (this process) up until every follower
-        has read it (each adds 1 to ``dec/<step>/read``), at most ``min(timeout, 5)`` s (a
-        live follower's agent is blocked on that very read; a dead one never answers), so that
-        they stop with the decider's words (a failed rank named, its step) and not with "the
-        store is unreachable" when this rank's process exits right after. Failure path only."""
-        key = f"{self.prefix}/dec/{int(step)}/read"
-        deadline = time.monotonic() + min(self.timeout, 5.0)
-        try:
-            while (int(self.store.add(key, 0)) < self.n - 1
-                   and time.monotonic() < deadline and not self._closing):
-                time.sleep(0.01)
-        except Exception as err:
-            log.debug("rank 0: waiting for the error's readers: %s", err)
+    def _broadcast(self, step: int, value: Optional[bytes], kind: int, wait: float) -> tuple:
+        """The outcome of ``step`` from rank 0 to every rank (``value``, ``kind`` on rank 0;
+        None elsewhere): one broadcast of ``HEAD + capacity`` bytes, a second one of the rest
+        when the outcome is longer (then every rank grows ``capacity`` to it). Returns
+        ``(kind, bytes)``. Raises the collective's AgentError."""
+        buf = torch.zeros(HEAD + self.capacity, dtype=torch.uint8)
+        if self.rank == 0:
+            head = np.array([len(value), kind], dtype=np.int64).tobytes()
+            first = value[: self.capacity]
+            buf[:HEAD] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+            if first:
+                buf[HEAD: HEAD + len(first)] = torch.frombuffer(bytearray(first),
+                                                                dtype=torch.uint8)
+        self.coll.step = step
+        self._count(1)
+        self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._noticed)
+        size, kind = (int(x) for x in np.frombuffer(buf[:HEAD].numpy().tobytes(),
+                                                     dtype=np.int64))
+        got = buf[HEAD: HEAD + min(size, self.capacity)].numpy().tobytes()
+        if size > self.capacity:
+            rest = torch.zeros(size - self.capacity, dtype=torch.uint8)
+            if self.rank == 0:
+                rest[:] = torch.frombuffer(bytearray(value[self.capacity:]), dtype=torch.uint8)
+            self._count(1)
+            self.coll.broadcast_(rest, 0, "dec.rest", timeout=wait, abort=self._noticed)
+            got += rest.numpy().tobytes()
+            self.capacity = size
+        return kind, got
+
+    def publish(self, step: int, batches: list, error: Optional[BaseException] = None,
+                wait: Optional[float] = None) -> None:
+        """The outcome of ``step``: the batches of rows taken since the last one, or an error
+        (then the rows taken before it follow its text), broadcast to every rank; waits up to
+        ``wait`` seconds (default ``timeout`` + ``slack``). A failed broadcast raises its
+        AgentError (every rank is in the same broadcast and stops on it)."""
+        wait = self.timeout + self.slack if wait is None else max(1.0, float(wait))
+        if error is None:
+            self._broadcast(step, encode_batches(batches), _ROWS, wait)
+            return
+        text = encode_error(error)
+        rows = encode_batches(batches)
+        value = np.array([len(text)], dtype=np.int64).tobytes() + text + rows
+        self._broadcast(step, value, _ERROR, wait)
 
     # -- ranks > 0: the decision of step t ---------------------------------------------
     def decision(self, step: int) -> LogRecord:
-        self._count(1)
-        try:
-            raw = self.store.get(f"{self.prefix}/dec/{int(step)}")
-        except Exception as err:
-            alive = True
-            try:
-                self.store.check([f"{self.prefix}/log/count"])
-            except Exception:
-                alive = False
-            if not alive:
-                why = "its control store is unreachable: rank 0 died or shut down"
-                who = {"dead_ranks": (0,)}
-            else:
-                why = (f"no decision within {self.timeout + self.grace:.0f}s: rank 0 (the "
-                       f"decider) has died or hung")
-                who = {"hung_ranks": (0,)}
-            raise AgentError(f"rank {self.rank}: control log, step {step}: {why}; stopping "
-                             f"({type(err).__name__}: {err})", **who) from err
-        if raw.startswith(_ERR.encode()):
-            self._count(1)
-            try:   # the decider keeps its store up until every follower has read this
-                self.store.add(f"{self.prefix}/dec/{int(step)}/read", 1)
-            except Exception as err:
-                log.debug("rank %d: could not acknowledge the error: %s", self.rank, err)
-            rec = decode_error(raw)
-            try:
-                if self.store.check([f"{self.prefix}/dec/{int(step)}/rows"]):
-                    rec.batches = decode_batches(
-                        self.store.get(f"{self.prefix}/dec/{int(step)}/rows"), self.length)
-            except Exception as err:
-                log.debug("rank %d: could not read the rows before the error: %s", self.rank,
-                          err)
+        """Step ``step``'s outcome, from rank 0's broadcast (waits up to ``timeout`` +
+        ``slack``: the decider's wait for rows, then its broadcast's). Raises the broadcast's
+        AgentError (a rank died or hung: :meth:`census` names it)."""
+        kind, raw = self._broadcast(step, None, _ROWS, self.timeout + self.slack)
+        if kind == _ERROR:
+            k = int(np.frombuffer(raw[:8], dtype=np.int64)[0])
+            rec = decode_error(raw[8: 8 + k])
+            rec.batches = decode_batches(raw[8 + k:], self.length)
             return rec
         batches = decode_batches(raw, self.length)
         self._forget_mine(sum(1 for b in batches for w, _ in b if w == self.rank))
@@ -399,19 +425,20 @@ class LogChannel:
                 log.debug("rank %d: could not delete log row %d: %s", self.rank, idx, err)
                 return
 
-    def forget(self, below: int) -> None:
-        """Rank 0: delete the published outcomes of steps < ``below``, which every follower has
-        read (a follower whose message was computed at model version v has applied, hence
-        read, the outcomes of steps < v). With the followers' own row deletions the store
-        holds a bounded number of keys, whatever the run's length."""
-        while self._forgotten < below:
-            self._count(1)
-            try:
-                self.store.delete_key(f"{self.prefix}/dec/{self._forgotten}")
-            except Exception as err:
-                log.debug("rank 0: could not delete outcome %d: %s", self._forgotten, err)
-                return
-            self._forgotten += 1
+    def notify_fault(self) -> None:
+        """A follower whose collective failed: a notice in the log, so the decider, which may
+        be waiting for rows and in no collective, or in a broadcast that hangs on, stops at
+        once (:class:`FaultNotice`; failure path only, 2 store operations)."""
+        if self.rank == 0 or self.writer is None:
+            return
+        notice = np.full(self.length + 1, 0.0, dtype=np.float64)
+        notice[0], notice[1] = _FAULT, float(self.rank)
+        try:
+            with self._append_lock:
+                idx = int(self.writer.add(f"{self.prefix}/log/count", 1)) - 1
+                self.writer.set(f"{self.prefix}/log/{idx}", notice.tobytes())
+        except Exception as err:
+            log.debug("rank %d: could not post the fault notice: %s", self.rank, err)
 
     def census(self, step: int, err: AgentError) -> AgentError:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
@@ -423,6 +450,7 @@ class LogChannel:
         read = f"{self.prefix}/fault/{int(step)}/read"
         # an alive rank's data collective fails at most `timeout` after the first one's
         wait = self.timeout + 1.0
+        self.notify_fault()
         try:
             self.store.set(key(self.rank), b"1")
             try:
@@ -437,7 +465,7 @@ class LogChannel:
                        and time.monotonic() < deadline):
                     time.sleep(0.01)
         except Exception:
-            return AgentError(f"rank {self.rank}: step {step}: the data collective failed and "
+            return AgentError(f"rank {self.rank}: step {step}: a collective failed and "
                               f"the control store on rank 0 is unreachable: rank 0 died or "
                               f"hung; stopping ({err})", dead_ranks=(0,))
         if not missing:
@@ -445,7 +473,7 @@ class LogChannel:
         # a collective that failed (a peer's connection reset) lost a process; one that timed
         # out waits for a rank that may only be frozen
         who = {"dead_ranks": missing} if err.broken_world else {"hung_ranks": missing}
-        return AgentError(f"rank {self.rank}: step {step}: the data collective failed and "
+        return AgentError(f"rank {self.rank}: step {step}: a collective failed and "
                           f"rank(s) {missing} did not answer a census over the control store "
                           f"within {wait:.0f}s: rank(s) {missing} died or hung (timeout "
                           f"{self.timeout:.0f}s); stopping ({err})", **who)
@@ -499,13 +527,8 @@ def log_loop(agent) -> None:
             ctl = view.rows(agent.book.offered)
             try:
                 got = agent.decide(ctl)
-                if got is END:
-                    chan.publish(agent.step, taken)
-                    return
-                if isinstance(got, Decision):
-                    chan.publish(agent.step, taken)
-                    taken = []
-                    chan.forget(min(view.version[1:], default=0))
+                if isinstance(got, Decision) or got is END:
+                    pass
                 elif view.moved(ctl, agent.book.offered):
                     continue   # an offer uncovered a rank's next message: see it first
                 elif not queued:
@@ -513,10 +536,25 @@ def log_loop(agent) -> None:
                     if got_rows is None:
                         raise AgentError(_timeout_message(agent, ctl, last_seen))
                     queued = one_row_per_rank(got_rows)
+            except FaultNotice as err:   # a follower's collective failed: to the census
+                raise _named(agent, err) from err
             except Exception as err:   # every rank stops with the decider's text
-                chan.publish(agent.step, taken, error=err)
+                try:
+                    chan.publish(agent.step, taken, error=err,
+                                 wait=deadline + chan.slack - time.monotonic())
+                except AgentError as lost:   # a rank is gone too: the census names it
+                    raise _named(agent, lost) from err
                 raise
-            if isinstance(got, Decision):
+            if got is END or isinstance(got, Decision):
+                # the followers wait in the broadcast from the end of the previous step on, up
+                # to timeout + slack: the decider's broadcast ends at the same time
+                try:
+                    chan.publish(agent.step, taken, wait=deadline + chan.slack - time.monotonic())
+                except AgentError as err:   # a rank died or hung: the census names it
+                    raise _named(agent, err) from err
+                if got is END:
+                    return
+                taken = []
                 # published: every follower runs the same data collective, so a failure there
                 # (a dead rank) stops each of them on its own; nothing more to publish
                 agent.fire(got, ctl)
@@ -529,7 +567,10 @@ def log_loop(agent) -> None:
                 last_seen[w] = now
             taken.append(batch)
     while True:
-        rec = chan.decision(agent.step)
+        try:
+            rec = chan.decision(agent.step)
+        except AgentError as err:   # a rank (rank 0 included) died or hung: the census
+            raise _named(agent, err) from err
         if rec.error is not None:
             # the rows the decider took before its error (a non-finite report, say) reach this
             # rank's book too, so its explanation of the error is the decider's
@@ -558,6 +599,16 @@ def log_loop(agent) -> None:
                                  f"decider's rows do not decide it here (a bug)")
             for w, r in batch:
                 view.add(w, r)
+
+
+def _named(agent, err: AgentError) -> AgentError:
+    """The outcome's broadcast failed or timed out (a rank died or froze, rank 0 included):
+    the census over the control store names who (unless the agent turned it off: elastic
+    mode re-forms the world without asking)."""
+    if getattr(agent, "census", True):
+        return agent.channel.census(agent.step, err)
+    agent.channel.notify_fault()
+    return err
 
 
 def one_row_per_rank(rows: list) -> list:
