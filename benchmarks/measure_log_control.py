@@ -185,6 +185,7 @@ class _Channel:
     def __init__(self, lines: list, batch: int, published: dict):
         self.lines, self.batch, self.published = lines, int(batch), published
         self.pos, self.length, self.agent = 0, 0, None
+        self.slack = self.grace = 0.0
 
     def next_rows(self, deadline):
         from pgc_hvd.runtime.control_log import decode_rows
@@ -231,6 +232,7 @@ def _agent_class():
             self.step += 1
             if self.step % 64 == 0:
                 self.book.forget_before(self.step - 32)
+                self._rows_state.full = True
             self._round = self.scheme.open_round(self.step)
 
     return Agent

@@ -117,9 +117,9 @@ from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_STALENESS_BOUND, CTRL_DONE,
-                                  CTRL_FAILED, ctrl_len, metrics_at, not_decided_message,
+                                  CTRL_FAILED, CTRL_READY_STEP, ctrl_len, metrics_at, not_decided_message,
                                   pack_row)
-from pgc_hvd.schemes import Decision
+from pgc_hvd.schemes import Decision, Scheme
 
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
 
@@ -173,6 +173,38 @@ class Report:
     c: Optional[int] = None
 
 
+class RowState:
+    """What the decision body keeps of the rows it has read, so that a run reads only the rows
+    that changed since the previous one (O(1) per row, not O(n) per run): the failed and
+    finished ranks, each rank's non-finite step and how many ranks show each, and the ranks
+    whose row shows a message not yet offered (``carried``: a decision fired before it was
+    offered)."""
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self.failed: set = set()
+        self.done: set = set()
+        self.bad = [-1] * self.n
+        self.bad_count: dict = {}
+        self.carried: set = set()
+        #: the next run reads every row (the first one; after the book forgot old steps, whose
+        #: messages a row may show again)
+        self.full = True
+
+    def see(self, ctl, ranks) -> None:
+        for w in ranks:
+            row = ctl[w]
+            (self.failed.add if row[CTRL_FAILED] > 0 else self.failed.discard)(w)
+            (self.done.add if row[CTRL_DONE] > 0 else self.done.discard)(w)
+            b = int(row[CTRL_BAD_STEP])
+            if b != self.bad[w]:
+                if self.bad[w] >= 0:
+                    self.bad_count[self.bad[w]] -= 1
+                if b >= 0:
+                    self.bad_count[b] = self.bad_count.get(b, 0) + 1
+                self.bad[w] = b
+
+
 class DecisionBody:
     """The decision body of :class:`CommAgent`, on one view of every rank's control row (the
     same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
@@ -182,53 +214,78 @@ class DecisionBody:
         """Open the round of the current step (at the start of the decision loop)."""
         self._round = self.scheme.open_round(self.step)
         self._step_start = time.time()
+        self._rows_state = RowState(self.n)
+        self._checked_round = None
 
     @property
     def current_round(self):
         """The scheme's open ``Round`` (read only; for error messages)."""
         return self._round
 
-    def decide(self, ctl) -> object:
+    def decide(self, ctl, changed=None) -> object:
         """The decision body on one view of every rank's control row (the same on every rank):
         raises on a failed rank or a round that cannot fire; returns ``END`` (every rank is
         done), ``IDLE`` (a rank's loop ended before the open step: nothing to decide),
         ``WAIT`` (the open round needs more arrivals) or the scheme's Decision. A pure function
         of the rows seen so far (the control plane calls it: the polled loop below, the
-        control log's decider and followers)."""
+        control log's decider and followers). ``changed``: the ranks whose row differs from
+        the previous call's (the control log's view knows them), so a run costs O(1) per
+        changed row; None: every row may have changed (a polled round)."""
         self.control_rounds += 1
         self._last_rows, self._last_round_at = ctl, time.monotonic()
-        n, book, rnd = self.n, self.book, self._round
-        failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
-        if failed:
+        n, book, rnd, st = self.n, self.book, self._round, self._rows_state
+        full = changed is None or st.full
+        ranks = range(n) if full else sorted(changed)
+        st.full = False
+        st.see(ctl, ranks)
+        if st.failed:
+            failed = sorted(st.failed)
             raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
                              f"stopping rank {self.rank}", failed_ranks=failed)
-        if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
+        if len(st.done) == n:
             return END
         self._apply_staleness_bound(int(ctl[0][CTRL_STALENESS_BOUND]))
-        book.see_ready(ctl)
-        ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
-        if ended and self.step >= min(ended) and not any(
-                ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
-            # a rank's loop ended at or before this step, and no rank still training has
-            # computed it: it is not needed (every rank loops on `optimizer.version <
-            # steps`), and deciding it (a bounded-staleness round can fire from its table,
-            # or on a late message) would move every rank past the version its loop
-            # stopped at. A rank still training that computes it makes it needed again
-            # (a rank that left its loop early catches up at close()).
-            self._ended_at = min(ended)
-            return IDLE
-        book.see_bad(ctl, warn=self.rank == 0)
+        book.see_ready(ctl, ranks)
+        if st.done:
+            ended = [int(ctl[w][CTRL_DONE]) - 1 for w in st.done]
+            if self.step >= min(ended) and not any(
+                    ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
+                # a rank's loop ended at or before this step, and no rank still training has
+                # computed it: it is not needed (every rank loops on `optimizer.version <
+                # steps`), and deciding it (a bounded-staleness round can fire from its
+                # table, or on a late message) would move every rank past the version its
+                # loop stopped at. A rank still training that computes it makes it needed
+                # again (a rank that left its loop early catches up at close()).
+                self._ended_at = min(ended)
+                return IDLE
+        book.see_bad(ctl, warn=self.rank == 0, ranks=ranks)
+        # the rows that may show a message not yet offered: the changed ones, and those
+        # whose message a decision fired before (or a replay held back)
+        candidates = ranks if full else sorted(set(ranks) | st.carried)
         decision = None
-        for arr in book.arrivals(ctl):
+        for arr in book.arrivals(ctl, candidates):
             decision = rnd.offer(arr)
             if decision is not None:
                 break  # later arrivals of this batch are offered to the next round
+        st.carried = {w for w in candidates if int(ctl[w][CTRL_READY_STEP]) >= 0
+                      and (w, int(ctl[w][CTRL_READY_STEP])) not in book.offered}
         if decision is None:
             decision = rnd.poll()
         if decision is None:
-            self._check_stuck(ctl, rnd)
+            if self._may_be_stuck(rnd):
+                self._check_stuck(ctl, rnd)
             return WAIT
         return decision
+
+    def _may_be_stuck(self, rnd) -> bool:
+        """Whether the open round might no longer be able to fire: with the schemes' rule
+        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`: while anyone is pending) only when the
+        ranks that arrived, sent a non-finite message for it or finished may be all n (a
+        count, O(1)); any other rule: always (the O(n) check)."""
+        if type(self.scheme).can_fire is not Scheme.can_fire:
+            return True
+        st = self._rows_state
+        return (len(rnd.arrived) + st.bad_count.get(self.step, 0) + len(st.done)) >= self.n
 
     def fire(self, decision: Decision, ctl) -> None:
         """A decided step: the data phase, its report and update handed over, the next round
@@ -256,6 +313,7 @@ class DecisionBody:
         self._step_start = update.time
         if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
             self.book.forget_before(self.step - 32)
+            self._rows_state.full = True   # a row may show a forgotten message again
         self._round = self.scheme.open_round(self.step)
 
     def _apply_staleness_bound(self, c: int) -> None:

@@ -85,9 +85,11 @@ _ERR = "pgc-log-error:"
 
 class LogView:
     """The decider's (and every follower's) view of the rows taken so far, as the n rows the
-    agent's decision body reads: rank w's latest row, with the message fields of the oldest
-    message w has shown that is not yet offered (as a polled rank's row shows its oldest
-    pending message); ranks with no row yet show nothing."""
+    agent's decision body reads (``ctl``): rank w's latest row, with the message fields of the
+    oldest message w has shown that is not yet offered (as a polled rank's row shows its
+    oldest pending message); ranks with no row yet show nothing. Kept up to date row by row
+    (:meth:`refresh` touches the ranks with a new row or a message waiting to be offered, not
+    all n), so the body can read only what changed."""
 
     def __init__(self, n: int, length: int, ring_size: int, metrics: int):
         blank = pack_row(torch.empty(length, dtype=torch.float64), None, ring_size=ring_size,
@@ -97,6 +99,10 @@ class LogView:
         self.top = [-1] * int(n)      # the newest step each rank's rows have shown
         self.version = [-1] * int(n)  # the newest model version each rank's messages were
                                       # computed at (it has read every outcome before it)
+        #: the rows the body reads, rank by rank (updated in place by :meth:`refresh`)
+        self.ctl = [list(blank) for _ in range(int(n))]
+        self._dirty: set = set()      # ranks with a new row since the last refresh
+        self._waiting: set = set()    # ranks with a shown message not yet offered
 
     def add(self, w: int, row: list) -> None:
         """Rank w's next row in log order (a rank shows its messages in step order; a state
@@ -107,27 +113,46 @@ class LogView:
         if k > self.top[w]:
             self.pending[w][k] = row
             self.top[w] = k
+            self._waiting.add(w)
+        self._dirty.add(w)
 
-    def moved(self, ctl: list, offered) -> bool:
-        """Whether the messages shown differ from ``ctl``'s now that more are offered (a
-        rank's next pending message came into view)."""
-        return [r[CTRL_READY_STEP] for r in self.rows(offered)] != \
-            [r[CTRL_READY_STEP] for r in ctl]
+    def _shown(self, w: int, offered) -> list:
+        """Rank w's row as the body should see it now that ``offered`` were offered."""
+        pend = self.pending[w]
+        for k in [k for k in pend if (w, k) in offered]:
+            del pend[k]
+        if not pend:
+            if w in self._waiting:   # its row shows the latest again (refresh replaces it)
+                self._waiting.discard(w)
+                self._dirty.add(w)
+            return self.latest[w]
+        row = list(pend[min(pend)])
+        base = self.latest[w]
+        for f in STATE_FIELDS:
+            row[f] = base[f]
+        return row
+
+    def refresh(self, offered) -> set:
+        """Bring :attr:`ctl` up to date; the ranks whose row in it changed."""
+        changed = set()
+        for w in self._dirty | self._waiting:
+            row = self._shown(w, offered)
+            if w in self._dirty or row[CTRL_READY_STEP] != self.ctl[w][CTRL_READY_STEP]:
+                self.ctl[w] = row
+                changed.add(w)
+        self._dirty = set()
+        return changed
+
+    def moved(self, offered) -> bool:
+        """Whether a rank's shown message differs from :attr:`ctl`'s now that more are
+        offered (its next pending message came into view)."""
+        return any(self._shown(w, offered)[CTRL_READY_STEP] != self.ctl[w][CTRL_READY_STEP]
+                   for w in sorted(self._waiting))
 
     def rows(self, offered) -> list:
-        out = []
-        for w, base in enumerate(self.latest):
-            pend = self.pending[w]
-            for k in [k for k in pend if (w, k) in offered]:
-                del pend[k]
-            if not pend:
-                out.append(base)
-                continue
-            row = list(pend[min(pend)])
-            for f in STATE_FIELDS:
-                row[f] = base[f]
-            out.append(row)
-        return out
+        """Every rank's row as the body sees it (refreshed; the list is :attr:`ctl`)."""
+        self.refresh(offered)
+        return self.ctl
 
 
 def encode_rows(rows: list) -> bytes:
@@ -524,12 +549,13 @@ def log_loop(agent) -> None:
         last_seen = [time.monotonic()] * agent.n
         deadline = time.monotonic() + agent.timeout
         while True:
-            ctl = view.rows(agent.book.offered)
+            changed = view.refresh(agent.book.offered)
+            ctl = view.ctl
             try:
-                got = agent.decide(ctl)
+                got = agent.decide(ctl, changed)
                 if isinstance(got, Decision) or got is END:
                     pass
-                elif view.moved(ctl, agent.book.offered):
+                elif view.moved(agent.book.offered):
                     continue   # an offer uncovered a rank's next message: see it first
                 elif not queued:
                     got_rows = chan.next_rows(deadline)
@@ -578,20 +604,21 @@ def log_loop(agent) -> None:
                 for w, r in batch:
                     view.add(w, r)
                 try:
-                    agent.decide(view.rows(agent.book.offered))
+                    agent.decide(view.ctl, view.refresh(agent.book.offered))
                 except AgentError:
                     break
             raise AgentError(f"rank {agent.rank}: stopping: {rec.error}", **rec.fields)
         batches = iter(rec.batches)
         while True:
-            ctl = view.rows(agent.book.offered)
-            got = agent.decide(ctl)
+            changed = view.refresh(agent.book.offered)
+            ctl = view.ctl
+            got = agent.decide(ctl, changed)
             if got is END:
                 return
             if isinstance(got, Decision):
                 agent.fire(got, ctl)
                 break
-            if view.moved(ctl, agent.book.offered):
+            if view.moved(agent.book.offered):
                 continue
             batch = next(batches, None)
             if batch is None:
