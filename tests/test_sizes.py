@@ -20,7 +20,7 @@ PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
     "agent", "arrivals", "capture", "communicator", "config", "distributed", "faults",
     "closing", "elastic_checkpoint", "gloo_cascade", "interop", "lifecycle", "optim_state",
     "planner", "replica_check", "replica_rng",
-    "sender", "staleness", "step_records",
+    "sender", "step_records",
     "updates")] + [f"pgc_hvd/sim/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + ["pgc_hvd/compress/message.py"]
 

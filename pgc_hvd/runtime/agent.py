@@ -74,8 +74,10 @@ use are dropped (exact and pipelined schemes; a pipelined worker's ring keeps it
 gradients) or stay with their owner while they sit in the scheme's staleness table (bounded
 staleness: the owner contributes them when a later decision uses them).
 
-Staleness bound (bounded staleness, docs/control.md): rank 0 may request another bound c
-(:meth:`CommAgent.request_staleness_bound`, e.g. from the control rule). The request travels in rank 0's
+Staleness bound (bounded staleness, docs/control.md): rank 0 may request another bound c in
+[1, c_0] (:meth:`CommAgent.request_staleness_bound`, checked there, e.g. from the control rule;
+c_0 = ``staleness_c0``, the bound the agent was built with; a checkpoint's bound:
+:meth:`CommAgent.restore_staleness_bound`). The request travels in rank 0's
 control rows; every rank sets ``scheme.staleness_bound`` when a control round shows a value that differs
 from its own, before offering that round's arrivals. The rows are the same on every rank, so the
 change takes effect at the same point of the decision sequence everywhere (``staleness_changes`` logs
@@ -109,6 +111,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from pgc_hvd.compress.codecs import Codec
@@ -316,6 +319,32 @@ class DecisionBody:
             self._rows_state.full = True   # a row may show a forgotten message again
         self._round = self.scheme.open_round(self.step)
 
+    @property
+    def staleness_bound(self) -> Optional[int]:
+        """The bound c the decisions currently use (None for schemes whose c is the code's)."""
+        c = self.scheme.staleness_bound
+        return None if c is None or not self.scheme.staleness_bound_adjustable else int(c)
+
+    def check_staleness_bound(self, c) -> None:
+        """ValueError unless ``c`` is a bound the agent can request: an integer in [1, c_0]
+        for a scheme whose c can change."""
+        if self.staleness_c0 is None:
+            raise ValueError(f"{self.scheme.name}: its pipeline depth c is fixed by the code; "
+                             f"only bounded-staleness has a staleness bound that can change "
+                             f"(lower the learning rate instead)")
+        if (isinstance(c, bool) or not isinstance(c, (int, np.integer))
+                or not 1 <= c <= self.staleness_c0):
+            raise ValueError(f"staleness bound c must be an integer in [1, "
+                             f"{self.staleness_c0}] (the c this optimizer was built with), "
+                             f"got {c!r}")
+
+    def restore_staleness_bound(self, c: Optional[int]) -> None:
+        """Before the first step: a checkpoint's bound (None: none saved). Every rank restores
+        its own value; rank 0's request makes them agree at once."""
+        if c is not None and self.staleness_c0 is not None:
+            self.scheme.staleness_bound = int(c)
+            self.request_staleness_bound(int(c))
+
     def _apply_staleness_bound(self, c: int) -> None:
         """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
         sch = self.scheme
@@ -390,6 +419,9 @@ class CommAgent(DecisionBody):
         self.control_rounds = 0
         self._busy_prev = [0.0] * self.n
         self._c_request: Optional[int] = None   # rank 0: staleness bound to request
+        #: the staleness bound c_0 the agent was built with (None: c is the code's)
+        self.staleness_c0: Optional[int] = (int(scheme.staleness_bound)
+                                            if scheme.staleness_bound_adjustable else None)
         self.staleness_changes: list[tuple[int, int]] = []
         if isinstance(metrics, bool) or not isinstance(metrics, int) or metrics < 0:
             raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
@@ -429,8 +461,11 @@ class CommAgent(DecisionBody):
 
     # -- training-thread side ------------------------------------------------
     def request_staleness_bound(self, c: int) -> None:
-        """Ask every rank to decide with staleness bound ``c`` from the next control round on
-        (see the module doc); only rank 0's request is sent."""
+        """Ask every rank to decide with staleness bound ``c`` in [1, c_0] (``staleness_c0``,
+        the bound the agent was built with: buffers and control rows are sized for it) from
+        the next control round on (module doc); only rank 0's request is sent. A scheme whose
+        c is the code's, or a c out of range, raises ValueError naming the fix."""
+        self.check_staleness_bound(c)
         with self.cond:
             self._c_request = int(c)
             self._wake = True
