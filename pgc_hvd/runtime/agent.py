@@ -91,10 +91,10 @@ timeout names the ranks it waits for and whether their control rows kept coming.
 
 ``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds. A rank appends its
 row to an ordered log when an event happens (message submitted, non-finite, done, failed), rank
-0's agent runs the same decision body (:meth:`CommAgent.decide`) on the rows in log order and
-publishes the rows of each outcome, and every other agent reads them with one blocking ``get``
-and runs the same body on them (:func:`pgc_hvd.runtime.control_log.log_loop`): the same
-decisions, about 3 store operations per rank per step.
+0's agent runs the same decision body (:meth:`CommAgent.decide`, on the rows that changed:
+:class:`RowState`) on the rows in log order and broadcasts the rows of each outcome, and every
+other agent runs the same body on them (:func:`pgc_hvd.runtime.control_log.log_loop`): the same
+decisions, 4 control operations per follower per step.
 
 Replay (``replay=[(worker, step), ...]``, e.g. a simulator's arrival log): arrivals are offered
 in exactly that order while it lasts, whatever the ranks' real timing; with the optimizer's

@@ -4,7 +4,7 @@ The polled channels (:class:`~pgc_hvd.runtime.channel.AllgatherChannel`,
 :class:`~pgc_hvd.runtime.control_store.StoreChannel`) repeat a control round every
 ``poll_interval`` until the scheme fires: 20-70 rounds a step at np = 4, growing with the time
 the ranks compute. Here a rank exchanges control messages only when something happens to it, and
-every rank receives each step's outcome with one blocking read. On the TCPStore served by rank 0
+every rank receives each step's outcome by one broadcast. On the TCPStore served by rank 0
 (the server set-up and address broadcast of :mod:`~pgc_hvd.runtime.control_store`), for a run
 named ``name``:
 
@@ -16,45 +16,50 @@ named ``name``:
   the decider in-process (0 operations).
 * **decide** (rank 0's agent; a reader thread does blocking ``get``s of ``log/0``,
   ``log/1``, ... and hands the rows over, beside rank 0's own): the decider keeps
-  :class:`LogView`, each rank's latest row with the oldest message the scheme has not been
-  offered yet, and runs the agent's decision body (the very code of the polled path: failed
-  and finished ranks, rank 0's staleness-bound request, the scheme's ``Round`` offered the new
-  arrivals in (ready time, rank) order, or a replayed order) once per *batch*: every row that
-  has come in since its last run (at least one), as a polled round sees every row that changed
-  since the last round; and once more after each outcome. The body is O(n) (it reads n rows),
-  so a run per row would cost O(n^2) a step at the decider; batches make it self-balancing:
-  while one run lasts, the next rows queue up for the next. No polling sleeps: between batches
-  it waits on a condition variable.
-* **publish**: when the body has an outcome for step t (the Round fired; every rank is done;
+  :class:`LogView`, the n rows the body reads (each rank's latest row with the oldest message
+  the scheme has not been offered yet), refreshed only for the ranks with a new row or a
+  message waiting, and runs the agent's decision body (the very code of the polled path:
+  failed and finished ranks, rank 0's staleness-bound request, the scheme's ``Round`` offered
+  the new arrivals in (ready time, rank) order, or a replayed order) on the ranks that changed
+  (``decide(rows, changed)``: O(1) a row, not O(n) a run) once per *batch*: every row that has
+  come in since its last run (at least one, one row per rank at most), as a polled round sees
+  every row that changed since the last round; and once more after each outcome. While one
+  run lasts, the next rows queue up for the next. No polling sleeps: between batches it waits
+  on a condition variable.
+* **deliver**: when the body has an outcome for step t (the Round fired; every rank is done;
   an error: a rank failed, the step cannot fire, or no row came within ``timeout``) the decider
-  writes ``pgc/<name>/dec/<t>``: the batches of rows it took since the previous outcome, in
-  its order (or the error's text and failed ranks): 1 operation.
-* **follow** (every rank > 0's agent): one blocking ``get("pgc/<name>/dec/<t>")`` per step,
-  then the same body on the same batches in the same order: the same :class:`~pgc_hvd.schemes.
-  Decision` as the decider's, bit for bit (same arrivals, same staleness-bound changes at the
-  same point, same losses, user metrics, busy seconds and non-finite log, which travel in the
-  rows), with no second encoding of decisions to keep in step with the schemes. The record is
-  the rows the decision used and the ones before them that changed nothing, about n rows a step.
+  broadcasts it from its agent thread to every agent thread (one collective,
+  ``<name>.dec``: a 16-byte header and a buffer of 2n + 8 log lines; a longer outcome follows
+  in ``<name>.dec.rest`` and every rank grows the buffer to it): the batches of rows it took
+  since the previous outcome, in its order (or the error's typed fields and text, then the
+  rows taken before it). Every rank issues the same agent collectives in the same order
+  (broadcast, data collective, broadcast, ...), whatever the arrivals.
+* **follow** (every rank > 0's agent): the broadcast of step t, then the same body on the same
+  batches in the same order: the same :class:`~pgc_hvd.schemes.Decision` as the decider's,
+  bit for bit (same arrivals, same staleness-bound changes at the same point, same losses, user
+  metrics, busy seconds and non-finite log, which travel in the rows), with no second encoding
+  of decisions to keep in step with the schemes.
 
-So a rank > 0 makes 4 store operations per step (add, set, get, and the delete below), rank 0
-about n + 1 (a get per other rank's row, one set, one delete), whatever the compute time; late messages stay usable (the decider
-sees every row, in log order); payloads move in the data phase (``carries_payloads`` False).
+So a rank > 0 makes 4 control operations per step (add, set, the broadcast, and the delete
+below), rank 0 about n (a get per other rank's row, the broadcast), whatever the compute time;
+late messages stay usable (the decider sees every row, in log order); payloads move in the
+data phase (``carries_payloads`` False).
 
-Faults: no row for ``timeout`` seconds while the open step waits makes the decider publish an
-error naming the ranks it waits for (and how long since each one's last row) and raise; the
-others raise the decider's text. A decider that died is named by the others' failed ``get``
-(its store is gone) or, hung, by a ``get`` that outlasts ``2 timeout + 3`` s (longer than
-the decider's own wait, so its verdict arrives first). A dead or frozen rank is also in the
-data collective, which then fails or times out first: every rank that gets there says so in
-the store (``fault/<t>/<rank>``) and waits up to ``timeout`` + 1 s for the others; the ranks that
-never say so are named (:meth:`LogChannel.census`). Close: as ``control="store"``
-(every rank adds 1 to ``pgc/<name>/bye``; rank 0 waits for n).
+Faults: no row for ``timeout`` seconds while the open step waits makes the decider broadcast
+an error naming the ranks it waits for (and how long since each one's last row) and raise; the
+others raise the decider's text. A dead rank (rank 0 included) fails the broadcast or the data
+collective at once; a frozen one lets it time out: the decider's broadcast of step t ends
+``timeout`` after its wait for the rows, the followers' 2 ``timeout`` after their previous
+data phase, about the same moment. Either way every rank that gets there posts a notice in
+the log (so a decider waiting for rows, in no collective, comes at once:
+:class:`FaultNotice`), says so in the store (``fault/<t>/<rank>``) and waits up to ``timeout``
++ 1 s for the others; the ranks that never say so are named (:meth:`LogChannel.census`); a
+store that cannot be reached names rank 0. Close: as ``control="store"`` (every rank adds 1 to
+``pgc/<name>/bye``; rank 0 waits for n).
 
 Nothing grows with the run: a follower deletes each of its log rows once it reads an outcome
-that took it (1 operation, about one a step: 4 a step in all), and the decider deletes the
-outcome of step u once every follower's rows show a model version above u (every follower has
-read it; 1 operation a step). The store holds about n log rows and the outcomes of the steps
-the slowest follower has not yet applied.
+that took it (1 operation, about one a step: 4 a step in all); outcomes never enter the store.
+The store holds about n log rows.
 """
 
 from __future__ import annotations
