@@ -120,8 +120,8 @@ from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_STALENESS_BOUND, CTRL_DONE,
-                                  CTRL_FAILED, CTRL_READY_STEP, ctrl_len, metrics_at, not_decided_message,
-                                  pack_row)
+                                  CTRL_FAILED, CTRL_READY_STEP, ctrl_len, metrics_at,
+                                  not_decided_message, pack_row)
 from pgc_hvd.schemes import Decision, Scheme
 
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
@@ -218,7 +218,6 @@ class DecisionBody:
         self._round = self.scheme.open_round(self.step)
         self._step_start = time.time()
         self._rows_state = RowState(self.n)
-        self._checked_round = None
 
     @property
     def current_round(self):

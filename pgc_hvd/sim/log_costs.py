@@ -228,4 +228,5 @@ def load_log_fit(path: os.PathLike) -> LogCosts:
                          f"{err})") from None
 
 
-__all__ = ["FORMAT", "LogCosts", "bcast_bytes", "line_bytes", "load_log_fit", "read_fit_file", "tree_depth"]
+__all__ = ["FORMAT", "LogCosts", "bcast_bytes", "line_bytes", "load_log_fit", "read_fit_file",
+           "tree_depth"]
