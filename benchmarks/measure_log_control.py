@@ -11,7 +11,9 @@ runtime opens it (:mod:`pgc_hvd.runtime.control_log`):
   append waits for; its ``set`` does not wait for an answer), median over ``--reps``;
 * ``beta``: seconds per byte of a ``get``, fitted as ``get(B) = rtt + B beta`` over values of
   B = 616 B .. 2.5 MB (the published outcome at n = 1024 is about 0.63 MB);
-* ``fan_op``, ``fan_beta``: the publish's fan-out. k follower processes (as k ranks) block in
+* ``fan_op``, ``fan_beta``: the publish's fan-out (the runtime before issue 38; since then
+  the simulator's ``log-store`` what-if: the runtime broadcasts the outcome, priced by the
+  collectives model). k follower processes (as k ranks) block in
   ``get("dec/j")``; the publisher ``set``s a value of B bytes; the time from the set to the
   last follower's answer (``time.monotonic``, one clock on this machine) is fitted as
   ``fan_latency + k (fan_op + B fan_beta)`` (the server answers the waiting gets one after
@@ -185,6 +187,7 @@ class _Channel:
     def __init__(self, lines: list, batch: int, published: dict):
         self.lines, self.batch, self.published = lines, int(batch), published
         self.pos, self.length, self.agent = 0, 0, None
+        self.slack = self.grace = 0.0
 
     def next_rows(self, deadline):
         from pgc_hvd.runtime.control_log import decode_rows
@@ -195,14 +198,11 @@ class _Channel:
             self.pos += 1
         return out or None
 
-    def publish(self, step, batches, error=None):
+    def publish(self, step, batches, error=None, wait=None):
         from pgc_hvd.runtime.control_log import encode_batches
         if error is not None:
             raise error
         self.published[step] = encode_batches(batches)
-
-    def forget(self, below):
-        pass
 
     def decision(self, step):
         from pgc_hvd.runtime.control_log import LogRecord, decode_batches
@@ -234,6 +234,7 @@ def _agent_class():
             self.step += 1
             if self.step % 64 == 0:
                 self.book.forget_before(self.step - 32)
+                self._rows_state.full = True
             self._round = self.scheme.open_round(self.step)
 
     return Agent

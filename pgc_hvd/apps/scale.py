@@ -21,16 +21,16 @@ comm model and the schemes' decision rules; no gradients) of the Horovod runtime
 * ``hvd``: plain ``hvd.DistributedOptimizer`` for reference, computed, not simulated:
   max_w(compute + delay) + the SGD update's local pass + allreduce(n, 4d) per step, averaged
   over the same delays;
-* on the new plane, four control paths (:mod:`pgc_hvd.sim.comm`, "Control paths"): **polled**
-  (``control="allgather"``: the ``*_new`` columns), **log** (the runtime's default,
-  ``control="log"``, the ``default / hvd`` column: rows appended to rank 0's TCPStore, one decider, every rank reads the
-  outcome from that one store), **log-bcast** (a fix the runtime does not have: the outcome
-  delivered by one tree broadcast), **bcast-o1** (a what-if: the tree, and a decision body
-  whose cost stays at its value measured at the smallest n -- a body that reads only the new
-  rows; not built) and **free** (every control cost 0: the bound no control
-  plane beats). The log paths' constants are measured (``--log-fit``, a JSON of
-  ``benchmarks/measure_log_control.py``; on the datacentre link its network parts moved to
-  that link, :meth:`~pgc_hvd.sim.log_costs.LogCosts.on_link`).
+* on the new plane, the control paths (:mod:`pgc_hvd.sim.comm`, "Control paths"): **polled**
+  (``control="allgather"``: the ``*_new`` columns), **default** (the runtime's default,
+  ``control="log"``, the ``default / hvd`` column: rows appended to rank 0's TCPStore, one
+  decider whose body reads only the rows that changed, the outcome delivered by one broadcast),
+  **store** (a what-if, the default before issue 38: the same, but every rank reads the
+  outcome from rank 0's one store) and **free** (every control cost 0: the bound no control
+  plane beats; ``default / free`` is how far the default is from it). The log paths'
+  constants are measured (``--log-fit``, a JSON of ``benchmarks/measure_log_control.py``; on
+  the datacentre link its network parts moved to that link, :meth:`~pgc_hvd.sim.log_costs.
+  LogCosts.on_link`).
 
 Control rounds poll every 2 ms (the runtime's default); the straggler policy is ``continue``.
 Each configuration runs ``STEPS`` steps (``--quick``: n = 8, 16 and 6 steps); the delays of a
@@ -66,8 +66,8 @@ STEPS, WARMUP = 23, 3
 DATACENTRE = "ring:alpha=10e-6,gbps=25,pass_beta=1e-12"
 PLANES = (("old", "allgather"), ("new", "allreduce"))
 #: the new plane's control paths beside the polled one: (column, control, which costs)
-CONTROLS = (("log", "log", "measured"), ("log-bcast", "log-bcast", "measured"),
-            ("bcast-o1", "log-bcast", "constant body"), ("free", "log", "free"))
+CONTROLS = (("log", "log", "measured"), ("store", "log-store", "measured"),
+            ("free", "log", "free"))
 DEFAULT_FIT = Path(__file__).resolve().parents[2] / "docs" / "figures" / "comm_fit.json"
 DEFAULT_LOG_FIT = DEFAULT_FIT.with_name("log_control_fit.json")
 
@@ -135,8 +135,7 @@ def _row(delay_name: str, n: int, trace, D, link: str, cm0: CollectiveModel, mna
             if plane_name == "new" and scheme == "pgc-cr":
                 row["polled_rounds"] = _mean(recs, "control_rounds")
     for col, control, which in CONTROLS:
-        costs = {"measured": cm0.log, "constant body": cm0.log.constant_body(),
-                 "free": LogCosts.free()}[which]
+        costs = {"measured": cm0.log, "free": LogCosts.free()}[which]
         cm = cm0.replace(plane="allreduce", control=control, log=costs)
         for scheme in (("dgd", "pgc-cr") if col == "log" else ("pgc-cr",)):
             key = f"{scheme}_{col}"
@@ -154,6 +153,7 @@ def _row(delay_name: str, n: int, trace, D, link: str, cm0: CollectiveModel, mna
     row["pgc_new_vs_hvd"] = row["pgc-cr_new"] / row["hvd"]
     for col, _, _ in CONTROLS:
         row[f"pgc_{col}_vs_hvd"] = row[f"pgc-cr_{col}"] / row["hvd"]
+    row["pgc_log_vs_free"] = row["pgc-cr_log"] / row["pgc-cr_free"]
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -175,10 +175,9 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None,
                     row = _row(delay_name, n, trace, D, link, cm0, mname, d, steps)
                     rows.append(row)
                     print(f"[scale] {delay_name:9s} n={n:5d} {link:10s} {mname}: PGC-CR / hvd "
-                          f"polled {row['pgc_new_vs_hvd']:.3f} log {row['pgc_log_vs_hvd']:.3f} "
-                          f"log-bcast {row['pgc_log-bcast_vs_hvd']:.3f} bcast-o1 "
-                          f"{row['pgc_bcast-o1_vs_hvd']:.3f} free "
-                          f"{row['pgc_free_vs_hvd']:.3f} ({row['seconds']:.1f} s)",
+                          f"polled {row['pgc_new_vs_hvd']:.3f} default "
+                          f"{row['pgc_log_vs_hvd']:.3f} store {row['pgc_store_vs_hvd']:.3f} "
+                          f"free {row['pgc_free_vs_hvd']:.3f} ({row['seconds']:.1f} s)",
                           file=sys.stderr, flush=True)
     _plot(out / "plot.png", rows, ns)
     planes = [("delays", "delay"), ("n", "n"), ("s", "s"), ("link", "link"), ("model", "model"),
@@ -189,20 +188,18 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None,
               ("MB/step old", "pgc-cr_old_mb"), ("MB/step new", "pgc-cr_new_mb")]
     controls = [("delays", "delay"), ("n", "n"), ("link", "link"), ("model", "model"),
                 ("hvd (s)", "hvd"), ("default / hvd", "pgc_log_vs_hvd"),
-                ("PGC-CR polled (s)", "pgc-cr_new"),
-                ("PGC-CR log (s)", "pgc-cr_log"), ("PGC-CR log-bcast (s)", "pgc-cr_log-bcast"),
-                ("PGC-CR bcast-o1 (s)", "pgc-cr_bcast-o1"),
-                ("PGC-CR free (s)", "pgc-cr_free"), ("DGD log (s)", "dgd_log"),
-                ("polled / hvd", "pgc_new_vs_hvd"), ("log / hvd", "pgc_log_vs_hvd"),
-                ("log-bcast / hvd", "pgc_log-bcast_vs_hvd"),
-                ("bcast-o1 / hvd", "pgc_bcast-o1_vs_hvd"), ("free / hvd", "pgc_free_vs_hvd"),
-                ("log follow (s)", "pgc-cr_log_follow"),
-                ("log-bcast follow (s)", "pgc-cr_log-bcast_follow"),
-                ("log decider lag (s)", "pgc-cr_log_lag"),
-                ("log batches/step", "pgc-cr_log_batches"),
+                ("free / hvd", "pgc_free_vs_hvd"), ("default / free", "pgc_log_vs_free"),
+                ("polled / hvd", "pgc_new_vs_hvd"), ("store / hvd", "pgc_store_vs_hvd"),
+                ("PGC-CR default (s)", "pgc-cr_log"), ("PGC-CR free (s)", "pgc-cr_free"),
+                ("PGC-CR polled (s)", "pgc-cr_new"), ("PGC-CR store (s)", "pgc-cr_store"),
+                ("DGD default (s)", "dgd_log"),
+                ("default follow (s)", "pgc-cr_log_follow"),
+                ("store follow (s)", "pgc-cr_store_follow"),
+                ("default decider lag (s)", "pgc-cr_log_lag"),
+                ("default batches/step", "pgc-cr_log_batches"),
                 ("polled rounds/step", "polled_rounds"),
-                ("log ops/step rank 0", "pgc-cr_log_ops0"),
-                ("log ops/step others", "pgc-cr_log_ops")]
+                ("default ops/step rank 0", "pgc-cr_log_ops0"),
+                ("default ops/step others", "pgc-cr_log_ops")]
     head = (f"time per step (s) predicted by the time-only simulator: compute {PARTITION_TIME} s "
             f"per partition + delays of mean {PARTITION_TIME} s, {steps - WARMUP} steps after "
             f"{WARMUP} of warm-up, s = max(1, n // 16); links: measured = "
@@ -211,15 +208,16 @@ def exp_scale(out: Path, quick: bool, comm_fit: Optional[Path] = None,
             f"control rows, new = control rows then one allreduce; MB/step: the most any rank "
             f"received per PGC-CR step; {time.perf_counter() - t_all:.0f} s to compute\n\n")
     chead = (f"\n\n## Control paths on the new plane\n\ndefault = the runtime's default "
-             f"control plane, control=\"log\" (the log column); polled = control=\"allgather\" "
-             f"(allgather of n rows every poll); log = the runtime's control=\"log\" "
-             f"({nets['measured'].log.source}); log-bcast = the outcome by one tree broadcast "
-             f"(not built); bcast-o1 = log-bcast with the body held at its smallest-n cost "
-             f"(what-if, not built); free = every control cost 0 (the bound); follow = from "
-             f"the deciding run to the last rank in the data phase; decider lag = from the "
-             f"deciding row's landing to the end of its batch's run; batches = the decider's "
-             f"body runs on new rows; ops = store operations per step (rank 0: its reader's "
-             f"gets, the publish and a delete; others: the mean over ranks > 0)\n\n")
+             f"control plane, control=\"log\" ({nets['measured'].log.source}): rows to rank "
+             f"0's store, a body reading only the changed rows, the outcome by one broadcast; "
+             f"free = every control cost 0 (the bound); polled = control=\"allgather\" "
+             f"(allgather of n rows every poll); store = the default before issue 38, the "
+             f"outcome read by every rank from rank 0's one store (what-if, same body); follow "
+             f"= from the deciding run to the last rank in the data phase; decider lag = from "
+             f"the deciding row's landing to the end of its batch's run; batches = the "
+             f"decider's body runs on new rows; ops = control operations per step (rank 0: its "
+             f"reader's gets and the broadcast; others: the mean over ranks > 0 of add + set, "
+             f"the broadcast and a delete)\n\n")
     return rows, head + table(rows, planes) + chead + table(rows, controls)
 
 
@@ -243,9 +241,8 @@ def _plot(path: Path, rows: list, ns) -> None:
                                       ("pgc-cr_old", "C1--", "PGC-CR, old plane"),
                                       ("dgd_new", "C0-", "DGD, new plane"),
                                       ("pgc-cr_new", "C1-", "PGC-CR, new plane"),
-                                      ("pgc-cr_log", "C2-", "PGC-CR, control=log"),
-                                      ("pgc-cr_log-bcast", "C3-", "PGC-CR, log-bcast"),
-                                      ("pgc-cr_bcast-o1", "C5-.", "PGC-CR, bcast-o1 (what-if)"),
+                                      ("pgc-cr_log", "C2-", "PGC-CR, default (control=log)"),
+                                      ("pgc-cr_store", "C3-.", "PGC-CR, store (what-if)"),
                                       ("pgc-cr_free", "C4:", "PGC-CR, free control"),
                                       ("hvd", "k:", "hvd.DistributedOptimizer")):
                 ax.plot(x, [r[key] for r in sel], style, marker="o", ms=3, label=label)

@@ -74,8 +74,10 @@ use are dropped (exact and pipelined schemes; a pipelined worker's ring keeps it
 gradients) or stay with their owner while they sit in the scheme's staleness table (bounded
 staleness: the owner contributes them when a later decision uses them).
 
-Staleness bound (bounded staleness, docs/control.md): rank 0 may request another bound c
-(:meth:`CommAgent.request_staleness_bound`, e.g. from the control rule). The request travels in rank 0's
+Staleness bound (bounded staleness, docs/control.md): rank 0 may request another bound c in
+[1, c_0] (:meth:`CommAgent.request_staleness_bound`, checked there, e.g. from the control rule;
+c_0 = ``staleness_c0``, the bound the agent was built with; a checkpoint's bound:
+:meth:`CommAgent.restore_staleness_bound`). The request travels in rank 0's
 control rows; every rank sets ``scheme.staleness_bound`` when a control round shows a value that differs
 from its own, before offering that round's arrivals. The rows are the same on every rank, so the
 change takes effect at the same point of the decision sequence everywhere (``staleness_changes`` logs
@@ -89,10 +91,10 @@ timeout names the ranks it waits for and whether their control rows kept coming.
 
 ``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds. A rank appends its
 row to an ordered log when an event happens (message submitted, non-finite, done, failed), rank
-0's agent runs the same decision body (:meth:`CommAgent.decide`) on the rows in log order and
-publishes the rows of each outcome, and every other agent reads them with one blocking ``get``
-and runs the same body on them (:func:`pgc_hvd.runtime.control_log.log_loop`): the same
-decisions, about 3 store operations per rank per step.
+0's agent runs the same decision body (:meth:`CommAgent.decide`, on the rows that changed:
+:class:`RowState`) on the rows in log order and broadcasts the rows of each outcome, and every
+other agent runs the same body on them (:func:`pgc_hvd.runtime.control_log.log_loop`): the same
+decisions, 4 control operations per follower per step.
 
 Replay (``replay=[(worker, step), ...]``, e.g. a simulator's arrival log): arrivals are offered
 in exactly that order while it lasts, whatever the ranks' real timing; with the optimizer's
@@ -109,6 +111,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from pgc_hvd.compress.codecs import Codec
@@ -117,9 +120,9 @@ from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
 from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_STALENESS_BOUND, CTRL_DONE,
-                                  CTRL_FAILED, ctrl_len, metrics_at, not_decided_message,
-                                  pack_row)
-from pgc_hvd.schemes import Decision
+                                  CTRL_FAILED, CTRL_READY_STEP, ctrl_len, metrics_at,
+                                  not_decided_message, pack_row)
+from pgc_hvd.schemes import Decision, Scheme
 
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
 
@@ -173,6 +176,38 @@ class Report:
     c: Optional[int] = None
 
 
+class RowState:
+    """What the decision body keeps of the rows it has read, so that a run reads only the rows
+    that changed since the previous one (O(1) per row, not O(n) per run): the failed and
+    finished ranks, each rank's non-finite step and how many ranks show each, and the ranks
+    whose row shows a message not yet offered (``carried``: a decision fired before it was
+    offered)."""
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self.failed: set = set()
+        self.done: set = set()
+        self.bad = [-1] * self.n
+        self.bad_count: dict = {}
+        self.carried: set = set()
+        #: the next run reads every row (the first one; after the book forgot old steps, whose
+        #: messages a row may show again)
+        self.full = True
+
+    def see(self, ctl, ranks) -> None:
+        for w in ranks:
+            row = ctl[w]
+            (self.failed.add if row[CTRL_FAILED] > 0 else self.failed.discard)(w)
+            (self.done.add if row[CTRL_DONE] > 0 else self.done.discard)(w)
+            b = int(row[CTRL_BAD_STEP])
+            if b != self.bad[w]:
+                if self.bad[w] >= 0:
+                    self.bad_count[self.bad[w]] -= 1
+                if b >= 0:
+                    self.bad_count[b] = self.bad_count.get(b, 0) + 1
+                self.bad[w] = b
+
+
 class DecisionBody:
     """The decision body of :class:`CommAgent`, on one view of every rank's control row (the
     same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
@@ -182,53 +217,77 @@ class DecisionBody:
         """Open the round of the current step (at the start of the decision loop)."""
         self._round = self.scheme.open_round(self.step)
         self._step_start = time.time()
+        self._rows_state = RowState(self.n)
 
     @property
     def current_round(self):
         """The scheme's open ``Round`` (read only; for error messages)."""
         return self._round
 
-    def decide(self, ctl) -> object:
+    def decide(self, ctl, changed=None) -> object:
         """The decision body on one view of every rank's control row (the same on every rank):
         raises on a failed rank or a round that cannot fire; returns ``END`` (every rank is
         done), ``IDLE`` (a rank's loop ended before the open step: nothing to decide),
         ``WAIT`` (the open round needs more arrivals) or the scheme's Decision. A pure function
         of the rows seen so far (the control plane calls it: the polled loop below, the
-        control log's decider and followers)."""
+        control log's decider and followers). ``changed``: the ranks whose row differs from
+        the previous call's (the control log's view knows them), so a run costs O(1) per
+        changed row; None: every row may have changed (a polled round)."""
         self.control_rounds += 1
         self._last_rows, self._last_round_at = ctl, time.monotonic()
-        n, book, rnd = self.n, self.book, self._round
-        failed = [w for w in range(n) if ctl[w][CTRL_FAILED] > 0]
-        if failed:
+        n, book, rnd, st = self.n, self.book, self._round, self._rows_state
+        full = changed is None or st.full
+        ranks = range(n) if full else sorted(changed)
+        st.full = False
+        st.see(ctl, ranks)
+        if st.failed:
+            failed = sorted(st.failed)
             raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
                              f"stopping rank {self.rank}", failed_ranks=failed)
-        if all(ctl[w][CTRL_DONE] > 0 for w in range(n)):
+        if len(st.done) == n:
             return END
         self._apply_staleness_bound(int(ctl[0][CTRL_STALENESS_BOUND]))
-        book.see_ready(ctl)
-        ended = [int(ctl[w][CTRL_DONE]) - 1 for w in range(n) if ctl[w][CTRL_DONE] > 0]
-        if ended and self.step >= min(ended) and not any(
-                ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
-            # a rank's loop ended at or before this step, and no rank still training has
-            # computed it: it is not needed (every rank loops on `optimizer.version <
-            # steps`), and deciding it (a bounded-staleness round can fire from its table,
-            # or on a late message) would move every rank past the version its loop
-            # stopped at. A rank still training that computes it makes it needed again
-            # (a rank that left its loop early catches up at close()).
-            self._ended_at = min(ended)
-            return IDLE
-        book.see_bad(ctl, warn=self.rank == 0)
+        book.see_ready(ctl, ranks)
+        if st.done:
+            ended = [int(ctl[w][CTRL_DONE]) - 1 for w in st.done]
+            if self.step >= min(ended) and not any(
+                    ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
+                # a rank's loop ended at or before this step, and no rank still training has
+                # computed it: it is not needed (every rank loops on `optimizer.version <
+                # steps`), and deciding it (a bounded-staleness round can fire from its
+                # table, or on a late message) would move every rank past the version its
+                # loop stopped at. A rank still training that computes it makes it needed
+                # again (a rank that left its loop early catches up at close()).
+                self._ended_at = min(ended)
+                return IDLE
+        book.see_bad(ctl, warn=self.rank == 0, ranks=ranks)
+        # the rows that may show a message not yet offered: the changed ones, and those
+        # whose message a decision fired before (or a replay held back)
+        candidates = ranks if full else sorted(set(ranks) | st.carried)
         decision = None
-        for arr in book.arrivals(ctl):
+        for arr in book.arrivals(ctl, candidates):
             decision = rnd.offer(arr)
             if decision is not None:
                 break  # later arrivals of this batch are offered to the next round
+        st.carried = {w for w in candidates if int(ctl[w][CTRL_READY_STEP]) >= 0
+                      and (w, int(ctl[w][CTRL_READY_STEP])) not in book.offered}
         if decision is None:
             decision = rnd.poll()
         if decision is None:
-            self._check_stuck(ctl, rnd)
+            if self._may_be_stuck(rnd):
+                self._check_stuck(ctl, rnd)
             return WAIT
         return decision
+
+    def _may_be_stuck(self, rnd) -> bool:
+        """Whether the open round might no longer be able to fire: with the schemes' rule
+        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`: while anyone is pending) only when the
+        ranks that arrived, sent a non-finite message for it or finished may be all n (a
+        count, O(1)); any other rule: always (the O(n) check)."""
+        if type(self.scheme).can_fire is not Scheme.can_fire:
+            return True
+        st = self._rows_state
+        return (len(rnd.arrived) + st.bad_count.get(self.step, 0) + len(st.done)) >= self.n
 
     def fire(self, decision: Decision, ctl) -> None:
         """A decided step: the data phase, its report and update handed over, the next round
@@ -256,7 +315,34 @@ class DecisionBody:
         self._step_start = update.time
         if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
             self.book.forget_before(self.step - 32)
+            self._rows_state.full = True   # a row may show a forgotten message again
         self._round = self.scheme.open_round(self.step)
+
+    @property
+    def staleness_bound(self) -> Optional[int]:
+        """The bound c the decisions currently use (None for schemes whose c is the code's)."""
+        c = self.scheme.staleness_bound
+        return None if c is None or not self.scheme.staleness_bound_adjustable else int(c)
+
+    def check_staleness_bound(self, c) -> None:
+        """ValueError unless ``c`` is a bound the agent can request: an integer in [1, c_0]
+        for a scheme whose c can change."""
+        if self.staleness_c0 is None:
+            raise ValueError(f"{self.scheme.name}: its pipeline depth c is fixed by the code; "
+                             f"only bounded-staleness has a staleness bound that can change "
+                             f"(lower the learning rate instead)")
+        if (isinstance(c, bool) or not isinstance(c, (int, np.integer))
+                or not 1 <= c <= self.staleness_c0):
+            raise ValueError(f"staleness bound c must be an integer in [1, "
+                             f"{self.staleness_c0}] (the c this optimizer was built with), "
+                             f"got {c!r}")
+
+    def restore_staleness_bound(self, c: Optional[int]) -> None:
+        """Before the first step: a checkpoint's bound (None: none saved). Every rank restores
+        its own value; rank 0's request makes them agree at once."""
+        if c is not None and self.staleness_c0 is not None:
+            self.scheme.staleness_bound = int(c)
+            self.request_staleness_bound(int(c))
 
     def _apply_staleness_bound(self, c: int) -> None:
         """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
@@ -332,6 +418,9 @@ class CommAgent(DecisionBody):
         self.control_rounds = 0
         self._busy_prev = [0.0] * self.n
         self._c_request: Optional[int] = None   # rank 0: staleness bound to request
+        #: the staleness bound c_0 the agent was built with (None: c is the code's)
+        self.staleness_c0: Optional[int] = (int(scheme.staleness_bound)
+                                            if scheme.staleness_bound_adjustable else None)
         self.staleness_changes: list[tuple[int, int]] = []
         if isinstance(metrics, bool) or not isinstance(metrics, int) or metrics < 0:
             raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
@@ -371,8 +460,11 @@ class CommAgent(DecisionBody):
 
     # -- training-thread side ------------------------------------------------
     def request_staleness_bound(self, c: int) -> None:
-        """Ask every rank to decide with staleness bound ``c`` from the next control round on
-        (see the module doc); only rank 0's request is sent."""
+        """Ask every rank to decide with staleness bound ``c`` in [1, c_0] (``staleness_c0``,
+        the bound the agent was built with: buffers and control rows are sized for it) from
+        the next control round on (module doc); only rank 0's request is sent. A scheme whose
+        c is the code's, or a c out of range, raises ValueError naming the fix."""
+        self.check_staleness_bound(c)
         with self.cond:
             self._c_request = int(c)
             self._wake = True

@@ -49,14 +49,16 @@ class ArrivalBook:
         self._replay = [(int(w), int(k)) for w, k in replay] if replay else []
         self._replay_pos = 0
 
-    def see_ready(self, ctl) -> None:
-        """Note the newest step each row shows ready."""
-        for w in range(self.n):
+    def see_ready(self, ctl, ranks=None) -> None:
+        """Note the newest step each row shows ready (``ranks``: only these rows changed since
+        the last call; None: all)."""
+        for w in range(self.n) if ranks is None else ranks:
             self.newest[w] = max(self.newest[w], int(ctl[w][CTRL_READY_STEP]))
 
-    def see_bad(self, ctl, *, warn: bool) -> None:
-        """Log the non-finite messages the rows report (``warn``: once each, on rank 0)."""
-        for w in range(self.n):
+    def see_bad(self, ctl, *, warn: bool, ranks=None) -> None:
+        """Log the non-finite messages the rows report (``warn``: once each, on rank 0;
+        ``ranks``: only these rows changed, in rank order; None: all)."""
+        for w in range(self.n) if ranks is None else ranks:
             b = int(ctl[w][CTRL_BAD_STEP])
             if b >= 0 and (w, b) not in self._bad_seen:
                 self._bad_seen.add((w, b))
@@ -65,11 +67,12 @@ class ArrivalBook:
                     log.warning("rank %d's message for step %d holds NaN/Inf: treated as a "
                                 "straggler, never applied", w, b)
 
-    def arrivals(self, ctl) -> Iterator[Arrival]:
+    def arrivals(self, ctl, ranks=None) -> Iterator[Arrival]:
         """The rows' new arrivals in offer order, each recorded as offered just before it is
-        yielded (stop iterating once the round decides: the rest are shown again next round)."""
+        yielded (stop iterating once the round decides: the rest are shown again next round).
+        ``ranks``: the only rows that may show one (None: all)."""
         arrivals = []
-        for w in range(self.n):
+        for w in range(self.n) if ranks is None else ranks:
             k = int(ctl[w][CTRL_READY_STEP])
             if k >= 0 and (w, k) not in self.offered:
                 arrivals.append((ctl[w][CTRL_READY_TIME], w, k))

@@ -28,14 +28,15 @@ from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.wire import WireError, parse_packed
 
 
-def wait_for_handle(hvd, handle, timeout: float) -> bool:
+def wait_for_handle(hvd, handle, timeout: float, abort=None) -> bool:
     """Poll an asynchronous Horovod handle until it completes (True) or ``timeout`` seconds pass
-    (False). Short sleeps first (a small allgather takes 1-3 ms here), then at most 1 ms between
-    polls; a blocking ``synchronize`` could not time out on a hung rank."""
+    (False), or ``abort()`` (when given) says to give up (False). Short sleeps first (a small
+    allgather takes 1-3 ms here), then at most 1 ms between polls; a blocking ``synchronize``
+    could not time out on a hung rank."""
     deadline = time.monotonic() + timeout
     sleep = 0.0001
     while not hvd.poll(handle):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (abort is not None and abort()):
             return False
         time.sleep(sleep)
         sleep = min(sleep * 1.5, 0.001)
@@ -63,15 +64,20 @@ class Collectives:
         self.hvd = _Gone()
         self._into = None
 
-    def _run(self, kind: str, start):
+    def _run(self, kind: str, start, timeout: Optional[float] = None, abort=None):
         self.ops += 1
         name = f"{self.name}.{kind}"
+        limit = self.timeout if timeout is None else float(timeout)
         try:
             handle = start(name)
-            if not wait_for_handle(self.hvd, handle, self.timeout):
+            if not wait_for_handle(self.hvd, handle, limit, abort):
+                if abort is not None and abort():
+                    raise AgentError(f"rank {self.rank}: collective {name} #{self.ops} (step "
+                                     f"{self.step}) given up: another rank's collective "
+                                     f"failed", broken_world=True)
                 raise AgentError(
                     f"rank {self.rank}: collective {name} #{self.ops} (step {self.step}) got no "
-                    f"answer within {self.timeout:.0f}s: a rank has died or hung{self._who()}; "
+                    f"answer within {limit:.0f}s: a rank has died or hung{self._who()}; "
                     f"stopping instead of hanging")
             return self.hvd.synchronize(handle)
         except AgentError:
@@ -111,6 +117,15 @@ class Collectives:
         else:
             got = self._run(kind, lambda nm: self.hvd.alltoall_async(tensor, name=nm))
         return got[0] if isinstance(got, (tuple, list)) else got
+
+    def broadcast_(self, tensor: torch.Tensor, root: int, kind: str,
+                   timeout: Optional[float] = None, abort=None) -> torch.Tensor:
+        """In place: every rank's ``tensor`` (same shape and dtype everywhere) becomes rank
+        ``root``'s; waits up to ``timeout`` seconds (default: the agent's), or until
+        ``abort()`` says to give up (AgentError, ``broken_world``)."""
+        hvd = self.hvd
+        return self._run(kind, lambda nm: hvd.broadcast_async_(tensor, int(root), name=nm),
+                         timeout, abort)
 
     def allreduce_sum_(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
         """In-place sum over ranks: every rank ends with the same bits (the ring's allgather
@@ -216,7 +231,7 @@ def control_channel(control: str, coll: Collectives, *, n: int, length: int, wid
             raise ValueError("control='log' exchanges control rows through a key-value "
                              "store, which cannot carry payloads: leave optimistic unset")
         from pgc_hvd.runtime.control_log import LogChannel
-        return LogChannel.create(coll.hvd, coll.rank, n, coll.name, coll.timeout, length)
+        return LogChannel.create(coll, n, length)
     if control == "store":
         if optimistic:
             raise ValueError("control='store' exchanges control rows through a key-value "

@@ -4,7 +4,7 @@ The polled channels (:class:`~pgc_hvd.runtime.channel.AllgatherChannel`,
 :class:`~pgc_hvd.runtime.control_store.StoreChannel`) repeat a control round every
 ``poll_interval`` until the scheme fires: 20-70 rounds a step at np = 4, growing with the time
 the ranks compute. Here a rank exchanges control messages only when something happens to it, and
-every rank receives each step's outcome with one blocking read. On the TCPStore served by rank 0
+every rank receives each step's outcome by one broadcast. On the TCPStore served by rank 0
 (the server set-up and address broadcast of :mod:`~pgc_hvd.runtime.control_store`), for a run
 named ``name``:
 
@@ -16,45 +16,50 @@ named ``name``:
   the decider in-process (0 operations).
 * **decide** (rank 0's agent; a reader thread does blocking ``get``s of ``log/0``,
   ``log/1``, ... and hands the rows over, beside rank 0's own): the decider keeps
-  :class:`LogView`, each rank's latest row with the oldest message the scheme has not been
-  offered yet, and runs the agent's decision body (the very code of the polled path: failed
-  and finished ranks, rank 0's staleness-bound request, the scheme's ``Round`` offered the new
-  arrivals in (ready time, rank) order, or a replayed order) once per *batch*: every row that
-  has come in since its last run (at least one), as a polled round sees every row that changed
-  since the last round; and once more after each outcome. The body is O(n) (it reads n rows),
-  so a run per row would cost O(n^2) a step at the decider; batches make it self-balancing:
-  while one run lasts, the next rows queue up for the next. No polling sleeps: between batches
-  it waits on a condition variable.
-* **publish**: when the body has an outcome for step t (the Round fired; every rank is done;
+  :class:`LogView`, the n rows the body reads (each rank's latest row with the oldest message
+  the scheme has not been offered yet), refreshed only for the ranks with a new row or a
+  message waiting, and runs the agent's decision body (the very code of the polled path:
+  failed and finished ranks, rank 0's staleness-bound request, the scheme's ``Round`` offered
+  the new arrivals in (ready time, rank) order, or a replayed order) on the ranks that changed
+  (``decide(rows, changed)``: O(1) a row, not O(n) a run) once per *batch*: every row that has
+  come in since its last run (at least one, one row per rank at most), as a polled round sees
+  every row that changed since the last round; and once more after each outcome. While one
+  run lasts, the next rows queue up for the next. No polling sleeps: between batches it waits
+  on a condition variable.
+* **deliver**: when the body has an outcome for step t (the Round fired; every rank is done;
   an error: a rank failed, the step cannot fire, or no row came within ``timeout``) the decider
-  writes ``pgc/<name>/dec/<t>``: the batches of rows it took since the previous outcome, in
-  its order (or the error's text and failed ranks): 1 operation.
-* **follow** (every rank > 0's agent): one blocking ``get("pgc/<name>/dec/<t>")`` per step,
-  then the same body on the same batches in the same order: the same :class:`~pgc_hvd.schemes.
-  Decision` as the decider's, bit for bit (same arrivals, same staleness-bound changes at the
-  same point, same losses, user metrics, busy seconds and non-finite log, which travel in the
-  rows), with no second encoding of decisions to keep in step with the schemes. The record is
-  the rows the decision used and the ones before them that changed nothing, about n rows a step.
+  broadcasts it from its agent thread to every agent thread (one collective,
+  ``<name>.dec``: a 16-byte header and a buffer of 2n + 8 log lines; a longer outcome follows
+  in ``<name>.dec.rest`` and every rank grows the buffer to it): the batches of rows it took
+  since the previous outcome, in its order (or the error's typed fields and text, then the
+  rows taken before it). Every rank issues the same agent collectives in the same order
+  (broadcast, data collective, broadcast, ...), whatever the arrivals.
+* **follow** (every rank > 0's agent): the broadcast of step t, then the same body on the same
+  batches in the same order: the same :class:`~pgc_hvd.schemes.Decision` as the decider's,
+  bit for bit (same arrivals, same staleness-bound changes at the same point, same losses, user
+  metrics, busy seconds and non-finite log, which travel in the rows), with no second encoding
+  of decisions to keep in step with the schemes.
 
-So a rank > 0 makes 4 store operations per step (add, set, get, and the delete below), rank 0
-about n + 1 (a get per other rank's row, one set, one delete), whatever the compute time; late messages stay usable (the decider
-sees every row, in log order); payloads move in the data phase (``carries_payloads`` False).
+So a rank > 0 makes 4 control operations per step (add, set, the broadcast, and the delete
+below), rank 0 about n (a get per other rank's row, the broadcast), whatever the compute time;
+late messages stay usable (the decider sees every row, in log order); payloads move in the
+data phase (``carries_payloads`` False).
 
-Faults: no row for ``timeout`` seconds while the open step waits makes the decider publish an
-error naming the ranks it waits for (and how long since each one's last row) and raise; the
-others raise the decider's text. A decider that died is named by the others' failed ``get``
-(its store is gone) or, hung, by a ``get`` that outlasts ``2 timeout + 3`` s (longer than
-the decider's own wait, so its verdict arrives first). A dead or frozen rank is also in the
-data collective, which then fails or times out first: every rank that gets there says so in
-the store (``fault/<t>/<rank>``) and waits up to ``timeout`` + 1 s for the others; the ranks that
-never say so are named (:meth:`LogChannel.census`). Close: as ``control="store"``
-(every rank adds 1 to ``pgc/<name>/bye``; rank 0 waits for n).
+Faults: no row for ``timeout`` seconds while the open step waits makes the decider broadcast
+an error naming the ranks it waits for (and how long since each one's last row) and raise; the
+others raise the decider's text. A dead rank (rank 0 included) fails the broadcast or the data
+collective at once; a frozen one lets it time out: the decider's broadcast of step t ends
+``timeout`` after its wait for the rows, the followers' 2 ``timeout`` after their previous
+data phase, about the same moment. Either way every rank that gets there posts a notice in
+the log (so a decider waiting for rows, in no collective, comes at once:
+:class:`FaultNotice`), says so in the store (``fault/<t>/<rank>``) and waits up to ``timeout``
++ 1 s for the others; the ranks that never say so are named (:meth:`LogChannel.census`); a
+store that cannot be reached names rank 0. Close: as ``control="store"`` (every rank adds 1 to
+``pgc/<name>/bye``; rank 0 waits for n).
 
 Nothing grows with the run: a follower deletes each of its log rows once it reads an outcome
-that took it (1 operation, about one a step: 4 a step in all), and the decider deletes the
-outcome of step u once every follower's rows show a model version above u (every follower has
-read it; 1 operation a step). The store holds about n log rows and the outcomes of the steps
-the slowest follower has not yet applied.
+that took it (1 operation, about one a step: 4 a step in all); outcomes never enter the store.
+The store holds about n log rows.
 """
 
 from __future__ import annotations
@@ -79,14 +84,17 @@ log = logging.getLogger("pgc_hvd.runtime")
 #: the row fields that describe the rank, not its message (taken from its latest row)
 STATE_FIELDS = (CTRL_BUSY, CTRL_BAD_STEP, CTRL_DONE, CTRL_FAILED, CTRL_STALENESS_BOUND)
 _STOP = -1.0          # the rank word of the entry that stops rank 0's reader thread
+_FAULT = -3.0         # the rank word of a follower's notice: a collective failed, census
 _ERR = "pgc-log-error:"
 
 
 class LogView:
     """The decider's (and every follower's) view of the rows taken so far, as the n rows the
-    agent's decision body reads: rank w's latest row, with the message fields of the oldest
-    message w has shown that is not yet offered (as a polled rank's row shows its oldest
-    pending message); ranks with no row yet show nothing."""
+    agent's decision body reads (``ctl``): rank w's latest row, with the message fields of the
+    oldest message w has shown that is not yet offered (as a polled rank's row shows its
+    oldest pending message); ranks with no row yet show nothing. Kept up to date row by row
+    (:meth:`refresh` touches the ranks with a new row or a message waiting to be offered, not
+    all n), so the body can read only what changed."""
 
     def __init__(self, n: int, length: int, ring_size: int, metrics: int):
         blank = pack_row(torch.empty(length, dtype=torch.float64), None, ring_size=ring_size,
@@ -96,6 +104,10 @@ class LogView:
         self.top = [-1] * int(n)      # the newest step each rank's rows have shown
         self.version = [-1] * int(n)  # the newest model version each rank's messages were
                                       # computed at (it has read every outcome before it)
+        #: the rows the body reads, rank by rank (updated in place by :meth:`refresh`)
+        self.ctl = [list(blank) for _ in range(int(n))]
+        self._dirty: set = set()      # ranks with a new row since the last refresh
+        self._waiting: set = set()    # ranks with a shown message not yet offered
 
     def add(self, w: int, row: list) -> None:
         """Rank w's next row in log order (a rank shows its messages in step order; a state
@@ -106,27 +118,46 @@ class LogView:
         if k > self.top[w]:
             self.pending[w][k] = row
             self.top[w] = k
+            self._waiting.add(w)
+        self._dirty.add(w)
 
-    def moved(self, ctl: list, offered) -> bool:
-        """Whether the messages shown differ from ``ctl``'s now that more are offered (a
-        rank's next pending message came into view)."""
-        return [r[CTRL_READY_STEP] for r in self.rows(offered)] != \
-            [r[CTRL_READY_STEP] for r in ctl]
+    def _shown(self, w: int, offered) -> list:
+        """Rank w's row as the body should see it now that ``offered`` were offered."""
+        pend = self.pending[w]
+        for k in [k for k in pend if (w, k) in offered]:
+            del pend[k]
+        if not pend:
+            if w in self._waiting:   # its row shows the latest again (refresh replaces it)
+                self._waiting.discard(w)
+                self._dirty.add(w)
+            return self.latest[w]
+        row = list(pend[min(pend)])
+        base = self.latest[w]
+        for f in STATE_FIELDS:
+            row[f] = base[f]
+        return row
+
+    def refresh(self, offered) -> set:
+        """Bring :attr:`ctl` up to date; the ranks whose row in it changed."""
+        changed = set()
+        for w in self._dirty | self._waiting:
+            row = self._shown(w, offered)
+            if w in self._dirty or row[CTRL_READY_STEP] != self.ctl[w][CTRL_READY_STEP]:
+                self.ctl[w] = row
+                changed.add(w)
+        self._dirty = set()
+        return changed
+
+    def moved(self, offered) -> bool:
+        """Whether a rank's shown message differs from :attr:`ctl`'s now that more are
+        offered (its next pending message came into view)."""
+        return any(self._shown(w, offered)[CTRL_READY_STEP] != self.ctl[w][CTRL_READY_STEP]
+                   for w in sorted(self._waiting))
 
     def rows(self, offered) -> list:
-        out = []
-        for w, base in enumerate(self.latest):
-            pend = self.pending[w]
-            for k in [k for k in pend if (w, k) in offered]:
-                del pend[k]
-            if not pend:
-                out.append(base)
-                continue
-            row = list(pend[min(pend)])
-            for f in STATE_FIELDS:
-                row[f] = base[f]
-            out.append(row)
-        return out
+        """Every rank's row as the body sees it (refreshed; the list is :attr:`ctl`)."""
+        self.refresh(offered)
+        return self.ctl
 
 
 def encode_rows(rows: list) -> bytes:
@@ -199,56 +230,82 @@ def decode_error(raw: bytes) -> LogRecord:
                                         "broken_world": broken == "1"})
 
 
+#: bytes of an outcome's header in the broadcast: its length in bytes, its kind (int64 each)
+HEAD = 16
+_ROWS, _ERROR = 0, 1
+
+
+def outcome_capacity(n: int, length: int) -> int:
+    """Bytes the first broadcast of an outcome holds beside its header: 2n + 8 log lines
+    (a step's outcome takes about one row per rank); a longer one follows in a second
+    broadcast and every rank then grows the capacity to it (the same on every rank)."""
+    return (2 * int(n) + 8) * 8 * (int(length) + 1)
+
+
+class FaultNotice(AgentError):
+    """A follower's collective failed and it has gone to the census (its notice in the log):
+    the decider, which may be waiting for rows and in no collective, joins the census at
+    once."""
+
+
 class LogChannel:
-    """One run's ordered control log (module doc). ``rank == 0`` is the decider."""
+    """One run's ordered control log (module doc). ``rank == 0`` is the decider; outcomes go
+    out by one broadcast from it (``coll``: the agent's :class:`~pgc_hvd.runtime.channel.
+    Collectives`)."""
 
     carries_payloads = False
     kind = "log"
 
     def __init__(self, clients: dict, rank: int, n: int, name: str, timeout: float,
-                 length: int):
+                 length: int, coll=None):
         from pgc_hvd.runtime.control_store import StoreChannel  # noqa: F401 (the set-up)
         self.rank, self.n, self.length = int(rank), int(n), int(length)
         self.prefix = f"pgc/{name}"
         self.timeout = float(timeout)
-        #: the training threads and the followers' reads wait this much longer than the
-        #: decider and the data collective (``timeout``), so the decider's verdict, or the
-        #: census after a failed data collective (up to ``timeout`` + 1 s), reaches them first
-        self.grace = self.timeout + 3.0
-        self.store = clients["main"]      # rank 0: the server; publishes, closes
+        #: the outcome's broadcast of step t ends ``timeout`` after the decider's wait for its
+        #: rows does (2 ``timeout`` after step t - 1's data phase, on every rank alike), so a
+        #: rank that froze stops every rank's broadcast at about the same time, and the census
+        #: (up to ``timeout`` + 1 s) follows; the training threads wait ``grace`` longer than
+        #: ``timeout`` (3 ``timeout`` + 5 s in all), so the agent's verdict reaches them first
+        self.slack = self.timeout
+        self.grace = 2.0 * self.timeout + 5.0
+        self.coll = coll
+        self.capacity = outcome_capacity(self.n, self.length)
+        self.store = clients["main"]      # rank 0: the server; closes
         self.writer = clients.get("writer")   # rank > 0: appends (training thread)
         self.reader = clients.get("reader")   # rank 0: the log reader thread's client
-        self.ops = 0                      # store operations this rank issued for control
+        self.ops = 0                      # control operations this rank issued (store, bcast)
         self._ops_lock = threading.Lock()
         self._append_lock = threading.Lock()
         self.cond = threading.Condition()
         self._queue: list = []            # rank 0: (rank, row) in the decider's order
         self._reader_error: Optional[str] = None
+        self._fault: Optional[int] = None  # rank 0: a follower that went to the census
         self._closing = False
         self._reader = None
         self._mine: list = []             # rank > 0: log indices of its rows not yet seen taken
-        self._forgotten = 0               # rank 0: outcomes of steps below this are deleted
         if self.rank == 0:
             self._reader = threading.Thread(target=self._read_log, name=f"{name}-log-reader",
                                             daemon=True)
             self._reader.start()
 
     @classmethod
-    def create(cls, hvd, rank: int, n: int, name: str, timeout: float,
-               length: int) -> "LogChannel":
+    def create(cls, coll, n: int, length: int) -> "LogChannel":
         """Rank 0 serves, every rank connects (a collective: every rank must call it); each
         rank opens a second client (rank 0: its log reader; others: the appender), so a
-        blocking read never holds up an append."""
+        blocking read never holds up an append. ``coll``: the agent's collectives (the
+        outcome's broadcast)."""
         from pgc_hvd.runtime.control_store import open_store
 
-        follow = 2.0 * float(timeout) + 3.0   # timeout + LogChannel.grace
+        hvd, rank, name, timeout = coll.hvd, coll.rank, coll.name, coll.timeout
+        follow = 2.0 * float(timeout) + 3.0   # a frozen rank 0: the census gives up after it
         store, connect = open_store(hvd, rank, f"{name}.log", timeout if rank == 0 else follow)
         clients = {"main": store}
         if rank == 0:
             clients["reader"] = connect(timeout)
         else:
             clients["writer"] = connect(timeout)
-        return cls(clients, rank, n, name, timeout, length)
+        return cls(clients, rank, n, name, timeout, length, coll=coll)
 
     def _count(self, k: int = 1) -> None:
         with self._ops_lock:
@@ -294,9 +351,12 @@ class LogChannel:
             got = decode_rows(raw, self.length)
             with self.cond:
                 for w, r in got:
-                    if w < 0:
+                    if w == int(_FAULT):
+                        self._fault = int(r[0])
+                    elif w < 0:
                         return
-                    self._queue.append((w, r))
+                    else:
+                        self._queue.append((w, r))
                 self.cond.notify_all()
 
     def next_rows(self, deadline: float):
@@ -305,6 +365,9 @@ class LogChannel:
         when the store failed."""
         with self.cond:
             while not self._queue:
+                if self._fault is not None:
+                    raise FaultNotice(f"rank 0: rank {self._fault}'s collective failed (its "
+                                      f"notice in the control log)", broken_world=True)
                 if self._reader_error is not None:
                     raise AgentError(f"rank 0: the control log failed: {self._reader_error}")
                 left = deadline - time.monotonic()
@@ -314,72 +377,65 @@ class LogChannel:
             batch, self._queue = self._queue, []
             return batch
 
-    def publish(self, step: int, batches: list, error: Optional[BaseException] = None) -> None:
-        """The outcome of ``step``: the batches of rows taken since the last one (or an
-        error)."""
-        value = encode_batches(batches) if error is None else encode_error(error)
-        self._count(1)
-        try:
-            if error is not None and batches:   # the rows taken before it (failure path)
-                self.store.set(f"{self.prefix}/dec/{int(step)}/rows", encode_batches(batches))
-            self.store.set(f"{self.prefix}/dec/{int(step)}", value)
-        except Exception as err:
-            if error is None:
-                raise
-            log.debug("rank 0: could not publish the error of step %d: %s", step, err)
-            return
-        if error is not None:
-            self._await_error_readers(step)
+    # -- the outcome: one broadcast from rank 0 ----------------------------------------
+    def _noticed(self) -> bool:
+        """Rank 0: a follower's notice says its collective failed (it is in the census)."""
+        return self._fault is not None
 
-    def _await_error_readers(self, step: int) -> None:
-        """After publishing an error: keep the store (this process) up until every follower
-        has read it (each adds 1 to ``dec/<step>/read``), at most ``min(timeout, 5)`` s (a
-        live follower's agent is blocked on that very read; a dead one never answers), so that
-        they stop with the decider's words (a failed rank named, its step) and not with "the
-        store is unreachable" when this rank's process exits right after. Failure path only."""
-        key = f"{self.prefix}/dec/{int(step)}/read"
-        deadline = time.monotonic() + min(self.timeout, 5.0)
-        try:
-            while (int(self.store.add(key, 0)) < self.n - 1
-                   and time.monotonic() < deadline and not self._closing):
-                time.sleep(0.01)
-        except Exception as err:
-            log.debug("rank 0: waiting for the error's readers: %s", err)
+    def _broadcast(self, step: int, value: Optional[bytes], kind: int, wait: float) -> tuple:
+        """The outcome of ``step`` from rank 0 to every rank (``value``, ``kind`` on rank 0;
+        None elsewhere): one broadcast of ``HEAD + capacity`` bytes, a second one of the rest
+        when the outcome is longer (then every rank grows ``capacity`` to it). Returns
+        ``(kind, bytes)``. Raises the collective's AgentError."""
+        buf = torch.zeros(HEAD + self.capacity, dtype=torch.uint8)
+        if self.rank == 0:
+            head = np.array([len(value), kind], dtype=np.int64).tobytes()
+            first = value[: self.capacity]
+            buf[:HEAD] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+            if first:
+                buf[HEAD: HEAD + len(first)] = torch.frombuffer(bytearray(first),
+                                                                dtype=torch.uint8)
+        self.coll.step = step
+        self._count(1)
+        self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._noticed)
+        size, kind = (int(x) for x in np.frombuffer(buf[:HEAD].numpy().tobytes(),
+                                                     dtype=np.int64))
+        got = buf[HEAD: HEAD + min(size, self.capacity)].numpy().tobytes()
+        if size > self.capacity:
+            rest = torch.zeros(size - self.capacity, dtype=torch.uint8)
+            if self.rank == 0:
+                rest[:] = torch.frombuffer(bytearray(value[self.capacity:]), dtype=torch.uint8)
+            self._count(1)
+            self.coll.broadcast_(rest, 0, "dec.rest", timeout=wait, abort=self._noticed)
+            got += rest.numpy().tobytes()
+            self.capacity = size
+        return kind, got
+
+    def publish(self, step: int, batches: list, error: Optional[BaseException] = None,
+                wait: Optional[float] = None) -> None:
+        """The outcome of ``step``: the batches of rows taken since the last one, or an error
+        (then the rows taken before it follow its text), broadcast to every rank; waits up to
+        ``wait`` seconds (default ``timeout`` + ``slack``). A failed broadcast raises its
+        AgentError (every rank is in the same broadcast and stops on it)."""
+        wait = self.timeout + self.slack if wait is None else max(1.0, float(wait))
+        if error is None:
+            self._broadcast(step, encode_batches(batches), _ROWS, wait)
+            return
+        text = encode_error(error)
+        rows = encode_batches(batches)
+        value = np.array([len(text)], dtype=np.int64).tobytes() + text + rows
+        self._broadcast(step, value, _ERROR, wait)
 
     # -- ranks > 0: the decision of step t ---------------------------------------------
     def decision(self, step: int) -> LogRecord:
-        self._count(1)
-        try:
-            raw = self.store.get(f"{self.prefix}/dec/{int(step)}")
-        except Exception as err:
-            alive = True
-            try:
-                self.store.check([f"{self.prefix}/log/count"])
-            except Exception:
-                alive = False
-            if not alive:
-                why = "its control store is unreachable: rank 0 died or shut down"
-                who = {"dead_ranks": (0,)}
-            else:
-                why = (f"no decision within {self.timeout + self.grace:.0f}s: rank 0 (the "
-                       f"decider) has died or hung")
-                who = {"hung_ranks": (0,)}
-            raise AgentError(f"rank {self.rank}: control log, step {step}: {why}; stopping "
-                             f"({type(err).__name__}: {err})", **who) from err
-        if raw.startswith(_ERR.encode()):
-            self._count(1)
-            try:   # the decider keeps its store up until every follower has read this
-                self.store.add(f"{self.prefix}/dec/{int(step)}/read", 1)
-            except Exception as err:
-                log.debug("rank %d: could not acknowledge the error: %s", self.rank, err)
-            rec = decode_error(raw)
-            try:
-                if self.store.check([f"{self.prefix}/dec/{int(step)}/rows"]):
-                    rec.batches = decode_batches(
-                        self.store.get(f"{self.prefix}/dec/{int(step)}/rows"), self.length)
-            except Exception as err:
-                log.debug("rank %d: could not read the rows before the error: %s", self.rank,
-                          err)
+        """Step ``step``'s outcome, from rank 0's broadcast (waits up to ``timeout`` +
+        ``slack``: the decider's wait for rows, then its broadcast's). Raises the broadcast's
+        AgentError (a rank died or hung: :meth:`census` names it)."""
+        kind, raw = self._broadcast(step, None, _ROWS, self.timeout + self.slack)
+        if kind == _ERROR:
+            k = int(np.frombuffer(raw[:8], dtype=np.int64)[0])
+            rec = decode_error(raw[8: 8 + k])
+            rec.batches = decode_batches(raw[8 + k:], self.length)
             return rec
         batches = decode_batches(raw, self.length)
         self._forget_mine(sum(1 for b in batches for w, _ in b if w == self.rank))
@@ -399,19 +455,20 @@ class LogChannel:
                 log.debug("rank %d: could not delete log row %d: %s", self.rank, idx, err)
                 return
 
-    def forget(self, below: int) -> None:
-        """Rank 0: delete the published outcomes of steps < ``below``, which every follower has
-        read (a follower whose message was computed at model version v has applied, hence
-        read, the outcomes of steps < v). With the followers' own row deletions the store
-        holds a bounded number of keys, whatever the run's length."""
-        while self._forgotten < below:
-            self._count(1)
-            try:
-                self.store.delete_key(f"{self.prefix}/dec/{self._forgotten}")
-            except Exception as err:
-                log.debug("rank 0: could not delete outcome %d: %s", self._forgotten, err)
-                return
-            self._forgotten += 1
+    def notify_fault(self) -> None:
+        """A follower whose collective failed: a notice in the log, so the decider, which may
+        be waiting for rows and in no collective, or in a broadcast that hangs on, stops at
+        once (:class:`FaultNotice`; failure path only, 2 store operations)."""
+        if self.rank == 0 or self.writer is None:
+            return
+        notice = np.full(self.length + 1, 0.0, dtype=np.float64)
+        notice[0], notice[1] = _FAULT, float(self.rank)
+        try:
+            with self._append_lock:
+                idx = int(self.writer.add(f"{self.prefix}/log/count", 1)) - 1
+                self.writer.set(f"{self.prefix}/log/{idx}", notice.tobytes())
+        except Exception as err:
+            log.debug("rank %d: could not post the fault notice: %s", self.rank, err)
 
     def census(self, step: int, err: AgentError) -> AgentError:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
@@ -423,6 +480,7 @@ class LogChannel:
         read = f"{self.prefix}/fault/{int(step)}/read"
         # an alive rank's data collective fails at most `timeout` after the first one's
         wait = self.timeout + 1.0
+        self.notify_fault()
         try:
             self.store.set(key(self.rank), b"1")
             try:
@@ -437,7 +495,7 @@ class LogChannel:
                        and time.monotonic() < deadline):
                     time.sleep(0.01)
         except Exception:
-            return AgentError(f"rank {self.rank}: step {step}: the data collective failed and "
+            return AgentError(f"rank {self.rank}: step {step}: a collective failed and "
                               f"the control store on rank 0 is unreachable: rank 0 died or "
                               f"hung; stopping ({err})", dead_ranks=(0,))
         if not missing:
@@ -445,7 +503,7 @@ class LogChannel:
         # a collective that failed (a peer's connection reset) lost a process; one that timed
         # out waits for a rank that may only be frozen
         who = {"dead_ranks": missing} if err.broken_world else {"hung_ranks": missing}
-        return AgentError(f"rank {self.rank}: step {step}: the data collective failed and "
+        return AgentError(f"rank {self.rank}: step {step}: a collective failed and "
                           f"rank(s) {missing} did not answer a census over the control store "
                           f"within {wait:.0f}s: rank(s) {missing} died or hung (timeout "
                           f"{self.timeout:.0f}s); stopping ({err})", **who)
@@ -496,27 +554,38 @@ def log_loop(agent) -> None:
         last_seen = [time.monotonic()] * agent.n
         deadline = time.monotonic() + agent.timeout
         while True:
-            ctl = view.rows(agent.book.offered)
+            changed = view.refresh(agent.book.offered)
+            ctl = view.ctl
             try:
-                got = agent.decide(ctl)
-                if got is END:
-                    chan.publish(agent.step, taken)
-                    return
-                if isinstance(got, Decision):
-                    chan.publish(agent.step, taken)
-                    taken = []
-                    chan.forget(min(view.version[1:], default=0))
-                elif view.moved(ctl, agent.book.offered):
+                got = agent.decide(ctl, changed)
+                if isinstance(got, Decision) or got is END:
+                    pass
+                elif view.moved(agent.book.offered):
                     continue   # an offer uncovered a rank's next message: see it first
                 elif not queued:
                     got_rows = chan.next_rows(deadline)
                     if got_rows is None:
                         raise AgentError(_timeout_message(agent, ctl, last_seen))
                     queued = one_row_per_rank(got_rows)
+            except FaultNotice as err:   # a follower's collective failed: to the census
+                raise _named(agent, err) from err
             except Exception as err:   # every rank stops with the decider's text
-                chan.publish(agent.step, taken, error=err)
+                try:
+                    chan.publish(agent.step, taken, error=err,
+                                 wait=deadline + chan.slack - time.monotonic())
+                except AgentError as lost:   # a rank is gone too: the census names it
+                    raise _named(agent, lost) from err
                 raise
-            if isinstance(got, Decision):
+            if got is END or isinstance(got, Decision):
+                # the followers wait in the broadcast from the end of the previous step on, up
+                # to timeout + slack: the decider's broadcast ends at the same time
+                try:
+                    chan.publish(agent.step, taken, wait=deadline + chan.slack - time.monotonic())
+                except AgentError as err:   # a rank died or hung: the census names it
+                    raise _named(agent, err) from err
+                if got is END:
+                    return
+                taken = []
                 # published: every follower runs the same data collective, so a failure there
                 # (a dead rank) stops each of them on its own; nothing more to publish
                 agent.fire(got, ctl)
@@ -529,7 +598,10 @@ def log_loop(agent) -> None:
                 last_seen[w] = now
             taken.append(batch)
     while True:
-        rec = chan.decision(agent.step)
+        try:
+            rec = chan.decision(agent.step)
+        except AgentError as err:   # a rank (rank 0 included) died or hung: the census
+            raise _named(agent, err) from err
         if rec.error is not None:
             # the rows the decider took before its error (a non-finite report, say) reach this
             # rank's book too, so its explanation of the error is the decider's
@@ -537,20 +609,21 @@ def log_loop(agent) -> None:
                 for w, r in batch:
                     view.add(w, r)
                 try:
-                    agent.decide(view.rows(agent.book.offered))
+                    agent.decide(view.ctl, view.refresh(agent.book.offered))
                 except AgentError:
                     break
             raise AgentError(f"rank {agent.rank}: stopping: {rec.error}", **rec.fields)
         batches = iter(rec.batches)
         while True:
-            ctl = view.rows(agent.book.offered)
-            got = agent.decide(ctl)
+            changed = view.refresh(agent.book.offered)
+            ctl = view.ctl
+            got = agent.decide(ctl, changed)
             if got is END:
                 return
             if isinstance(got, Decision):
                 agent.fire(got, ctl)
                 break
-            if view.moved(ctl, agent.book.offered):
+            if view.moved(agent.book.offered):
                 continue
             batch = next(batches, None)
             if batch is None:
@@ -558,6 +631,16 @@ def log_loop(agent) -> None:
                                  f"decider's rows do not decide it here (a bug)")
             for w, r in batch:
                 view.add(w, r)
+
+
+def _named(agent, err: AgentError) -> AgentError:
+    """The outcome's broadcast failed or timed out (a rank died or froze, rank 0 included):
+    the census over the control store names who (unless the agent turned it off: elastic
+    mode re-forms the world without asking)."""
+    if getattr(agent, "census", True):
+        return agent.channel.census(agent.step, err)
+    agent.channel.notify_fault()
+    return err
 
 
 def one_row_per_rank(rows: list) -> list:

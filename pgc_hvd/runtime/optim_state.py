@@ -90,7 +90,7 @@ def load_pgc_state(opt, state: dict, source: str, *, capture, encoder, step,
     restore_pgc_part(state, capture, encoder)
     step.busy = float(state.get("busy", 0.0))
     # "c_bound": the key's name in states saved before it was "staleness_bound"
-    staleness.restore(state.get("staleness_bound", state.get("c_bound")))
+    staleness.restore_staleness_bound(state.get("staleness_bound", state.get("c_bound")))
 
 
 def load_torch_state(optimizer, sd: dict, load) -> None:

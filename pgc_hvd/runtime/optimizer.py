@@ -70,7 +70,6 @@ from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     parameter_names)
 from pgc_hvd.runtime.replica_rng import ReplicaDataCheck, ReplicaRNG, agree_seed
-from pgc_hvd.runtime.staleness import StalenessKnob
 from pgc_hvd.runtime.step import FaultMonitor, GradientCapture, Step, declared_metrics
 from pgc_hvd.runtime.step_records import StepRecorder
 
@@ -125,7 +124,7 @@ class _StateDicts(torch.optim.Optimizer):
             raise RuntimeError("load_pgc_state_dict must be called before the first step()")
         optim_state.load_pgc_state(self, state, source, capture=self._pgc_capture,
                                    encoder=self._pgc_encoder, step=self._pgc_step,
-                                   staleness=self._pgc_staleness)
+                                   staleness=self._pgc_agent)
         self._pgc_agent.restart_at(self.version)
         self._pgc_step.next()
 
@@ -205,7 +204,6 @@ class PGCOptimizer(_StateDicts):
         self._pgc_check_loader = consistency.LoaderCheck(
             hvd, n=self.n, rank=self.rank, name=config.name, timeout=config.timeout,
             scheme_name=self.scheme.name)
-        self._pgc_staleness = StalenessKnob(self.scheme, self._pgc_agent)
         # the forward pass's randomness per (seed, partition, step); the first step's data
         self._pgc_rng = ReplicaRNG(agree_seed(hvd, name=f"{config.name}.seed", rank=self.rank,
                                               timeout=config.timeout), lay.device)
@@ -572,13 +570,13 @@ class PGCOptimizer(_StateDicts):
     def staleness_bound(self) -> Optional[int]:
         """The bound c of a bounded-staleness scheme (entries used satisfy t - v < c) as the
         decisions currently use it; None for schemes whose c is fixed by their code."""
-        return self._pgc_staleness.bound
+        return self._pgc_agent.staleness_bound
 
     def set_staleness_bound(self, c: int) -> None:
         """Change the staleness bound c of a bounded-staleness scheme during training, to
         c in [1, c_0] (c_0: the bound the optimizer was built with). Rank 0's value is what
         counts: every rank applies it at the same control round
-        (:class:`~pgc_hvd.runtime.staleness.StalenessKnob`). Call it on every rank with the
-        same value (as :class:`pgc_hvd.control.runtime.AdaptiveController` does) or on rank 0
-        only. PGC and the exact codes have no such knob: their c is the code's."""
-        self._pgc_staleness.request(c)
+        (:meth:`~pgc_hvd.runtime.agent.CommAgent.request_staleness_bound`). Call it on every
+        rank with the same value (as :class:`pgc_hvd.control.runtime.AdaptiveController` does)
+        or on rank 0 only. PGC and the exact codes have no such knob: their c is the code's."""
+        self._pgc_agent.request_staleness_bound(c)

@@ -58,13 +58,16 @@ Control paths (``control``; how a step's decision is reached before the data pla
     the runtime's default: polled control rounds, an allgather of n control rows every
     ``poll_interval`` until the scheme fires (:class:`pgc_hvd.sim.agents.AgentModel`).
 ``"log"``
-    the runtime's ``control="log"``: rows appended to an ordered log in rank 0's TCPStore, one
-    decider, its outcome read by every other rank from that one store
-    (:class:`pgc_hvd.sim.log_agents.LogAgentModel`, costs :class:`~pgc_hvd.sim.log_costs.
-    LogCosts` in ``log``, formulas in :mod:`pgc_hvd.sim.log_costs`).
-``"log-bcast"``
-    the same, the outcome delivered by one binomial-tree broadcast instead (ceil(log2 n) alpha +
-    B beta, :meth:`CollectiveModel.log_bcast`): a fix the runtime does not have.
+    the runtime's ``control="log"`` (its default): rows appended to an ordered log in rank 0's
+    TCPStore, one decider whose body reads only the rows that changed, its outcome delivered to
+    every rank by one broadcast (Gloo's binomial tree: ceil(log2 n) (alpha + B beta), B the
+    broadcast buffer, :meth:`CollectiveModel.log_bcast`) (:class:`pgc_hvd.sim.log_agents.
+    LogAgentModel`, costs :class:`~pgc_hvd.sim.log_costs.LogCosts` in ``log``, formulas in
+    :mod:`pgc_hvd.sim.log_costs`). ``"log-bcast"``: the same (its name while the broadcast was
+    a what-if; kept for old command lines).
+``"log-store"``
+    a what-if, the path before issue 38: the outcome read by every other rank from rank 0's
+    one store (its n - 1 answers one after another, O(n^2) bytes a step).
 
 Both log paths need the allreduce plane (the runtime's log path carries no payloads).
 """
@@ -82,10 +85,10 @@ import torch
 from pgc_hvd.compress.codecs import OPTIMISTIC_BYTES
 from pgc_hvd.options import split_spec
 
-from .log_costs import LogCosts, line_bytes, read_fit_file, tree_depth
+from .log_costs import LogCosts, bcast_bytes, line_bytes, read_fit_file, tree_depth
 
 PLANES = ("allgather", "allgather-2phase", "allreduce")
-CONTROLS = ("allgather", "log", "log-bcast")
+CONTROLS = ("allgather", "log", "log-bcast", "log-store")
 FIT_FORMAT = "pgc_hvd.comm_fit/1"
 
 
@@ -226,37 +229,40 @@ class CollectiveModel:
 
     # -- the log control path (module doc; formulas in pgc_hvd.sim.log_costs) ---------------
     def log_bcast(self, n: int, nbytes: float) -> float:
-        """One binomial-tree broadcast of ``nbytes`` on the allgather's link:
-        ceil(log2 n) alpha + nbytes beta."""
+        """One binomial-tree broadcast of ``nbytes`` on the allgather's link (Gloo's
+        ``gloo::broadcast``, what Horovod's and torch.distributed's Gloo broadcasts run: each
+        of ceil(log2 n) rounds forwards the whole buffer): ceil(log2 n) (alpha + nbytes beta)."""
         ab = self.net(n).allgather
-        return tree_depth(n) * ab.alpha + float(nbytes) * ab.beta if n > 1 else 0.0
+        return tree_depth(n) * (ab.alpha + float(nbytes) * ab.beta) if n > 1 else 0.0
 
     def log_follow(self, n: int, rows: int, batches: int, lookback: int) -> tuple[float, float]:
         """After the decider's run that fired: (seconds until the last follower joins the data
         collective, seconds until the decider does). ``rows``: the m rows taken since the
-        previous outcome, in ``batches`` batches, published as (m + b - 1) line_bytes(h) bytes.
-        ``"log"``: the publish, then the store's answers to the n - 1 followers one after
-        another; ``"log-bcast"``: one tree broadcast. Then each follower deletes its taken row
-        (one round trip) and replays the body: (1 + b) runs on the m rows. The decider deletes
-        an outcome every follower has read (one local round trip) before its data phase."""
+        previous outcome, in ``batches`` batches: (m + b - 1) line_bytes(h) bytes.
+        ``"log"``: one broadcast of the runtime's buffer (:func:`~pgc_hvd.sim.log_costs.
+        bcast_bytes`), which the decider is in too; ``"log-store"``: the publish, then the
+        store's answers to the n - 1 followers one after another, and the decider's delete of
+        an outcome every follower has read. Then each follower deletes its taken row (one
+        round trip) and replays the body: (1 + b) runs on the m rows."""
         lc = self.log
         if n <= 1:
             return 0.0, 0.0
         B = (rows + max(0, batches - 1)) * line_bytes(lookback)
-        if self.control == "log-bcast":
-            deliver = self.log_bcast(n, B)
-        else:
+        if self.control == "log-store":
             deliver = lc.publish(B) + lc.fanout(n - 1, B)
-        own = lc.publish(B) + lc.local_rtt
+            own = lc.publish(B) + lc.local_rtt
+        else:
+            deliver = own = (self.log_bcast(n, bcast_bytes(n, B, lookback))
+                             if lc.broadcast else 0.0)
         follow = deliver + lc.rtt + lc.body_seconds("follower", n, 1 + batches, rows)
         return follow, own
 
     def log_ops(self, rows_read: int, appended: int, taken: int) -> tuple[int, int]:
-        """Store operations in a step: rank 0 reads ``rows_read`` rows of the others, publishes
-        and deletes one outcome; a rank > 0 appends ``appended`` rows (add + set each), reads
-        the outcome and deletes its ``taken`` rows (``"log-bcast"``: the broadcast counted as
-        the read). Returns (rank 0's, that rank's)."""
-        return rows_read + 2, 2 * appended + 1 + taken
+        """Control operations in a step: rank 0 reads ``rows_read`` rows of the others and
+        broadcasts the outcome (``"log-store"``: publishes it and deletes an old one); a rank
+        > 0 appends ``appended`` rows (add + set each), receives the outcome (the broadcast,
+        or a get) and deletes its ``taken`` rows. Returns (rank 0's, that rank's)."""
+        return rows_read + (2 if self.control == "log-store" else 1), 2 * appended + 1 + taken
 
     def replace(self, **changes) -> "CollectiveModel":
         return dataclasses.replace(self, **changes)

@@ -15,42 +15,43 @@ The runtime's ordered control log (:mod:`pgc_hvd.runtime.control_log`) exchanges
 
       run_dec(n) + k row_dec(n)   seconds for a batch of k rows.
 
-  ``run`` grows like n (the body reads all n rows of its view:
-  :class:`~pgc_hvd.runtime.control_log.LogView`, ``ArrivalBook``, the failed / done scans);
+  ``run`` stays about constant in n since issue 38 (the body reads only the rows that
+  changed: :class:`~pgc_hvd.runtime.control_log.LogView` refreshes them,
+  :class:`~pgc_hvd.runtime.agent.RowState` keeps the failed / done / non-finite counts);
   ``row`` is each row's own part (decoding, the view, the offer). While a run lasts the next
   rows queue, so batches grow with the load (self-balancing). Both are measured at several n
   (``decider``: ``((n, run, row), ...)``) and read piecewise-linearly between the points,
   linearly extended beyond. The decider is in the data phase after each decision (rows that
   land meanwhile queue), then runs the body once more (``run``) before the next batch;
-* **publish** the m rows taken since the previous outcome, in b batches: B = (m + b - 1)
+* **deliver** the m rows taken since the previous outcome, in b batches: B = (m + b - 1)
   ``line_bytes`` bytes (``line_bytes`` = 8 (1 + ctrl_len), ctrl_len = 11 + h + k words, one
-  separator line between two batches), a ``set`` into its own store (B ``get_beta`` s), and
-  the delete of an outcome every follower has read (one ``local_rtt``);
-* **follow** (every rank > 0 waits in one ``get`` of the outcome). Two deliveries:
+  separator line between two batches). Two deliveries:
 
-  - ``"log"`` (what the runtime does): rank 0's one store answers the n - 1 waiting ``get``\\ s
-    one after another; the k-th follower holds the outcome after
-    ``fan_latency + k (fan_op + B fan_beta)``, the last one after about (n - 1) (fan_op +
-    B fan_beta): (n - 1) B ~ n^2 line_bytes bytes leave one server per step;
-  - ``"log-bcast"`` (a fix, not built): one binomial-tree broadcast of the outcome,
-    ceil(log2 n) alpha + B beta on the link (a log-depth delivery);
+  - ``"log"`` (what the runtime does since issue 38): one broadcast from rank 0 on the agent
+    threads, of a buffer of 16 + max(B, (2n + 8) line_bytes) bytes (:func:`bcast_bytes`), by
+    Gloo's binomial tree: ceil(log2 n) (alpha + B_bcast beta) on the link, for the decider
+    (the root) and the last follower alike;
+  - ``"log-store"`` (a what-if, the runtime before issue 38): a ``set`` into rank 0's store (B
+    ``get_beta`` s) and the delete of an old outcome (one ``local_rtt``), then the store
+    answers the n - 1 waiting ``get``\ s one after another; the k-th follower holds the
+    outcome after ``fan_latency + k (fan_op + B fan_beta)``: (n - 1) B ~ n^2 line_bytes bytes
+    leave one server per step;
 
   then each follower deletes its taken row (one ``rtt``) and replays the body on the same
   batches, (1 + b) run_fol(n) + m row_fol(n) seconds (``follower``; the first run is the one
-  the decider made after the previous outcome), and joins the data collective, which starts
-  when the last rank joins.
+  the decider made after the previous outcome; O(1) a row like the decider's), and joins the
+  data collective, which starts when the last rank joins.
 
-So a rank > 0 issues 4 store operations per step (add, set, get, delete) and rank 0 about m
-(its reader's gets) + 2 (publish, delete); rank 0's store serves about 5n operations a step
-and, with ``"log"``, O(n^2) bytes. Each follower replays the decider's batches, so its body
-costs about what the decider's did in the step, on the critical path after the outcome.
+So a rank > 0 issues 4 control operations per step (add, set, the broadcast, delete) and rank 0
+about m (its reader's gets) + 1 (the broadcast); rank 0's store serves about 4n operations a
+step, O(n) bytes.
 
 The constants are measured by ``benchmarks/measure_log_control.py`` (JSON format
 :data:`FORMAT`, read by :func:`load_log_fit`); :meth:`LogCosts.on_link` moves the network
 parts to a stated link (alpha, beta), keeping the measured CPU parts (the store's per-answer
-cost, the decision body). :meth:`LogCosts.free` is every cost 0: the bound no control plane can
-beat; :meth:`LogCosts.constant_body` a what-if (the body held at its smallest-n cost: a body
-that reads only the new rows, not built).
+cost, the decision body); the broadcast's alpha and beta are the collectives model's
+(:meth:`pgc_hvd.sim.comm.CollectiveModel.log_bcast`). :meth:`LogCosts.free` is every cost 0:
+the bound no control plane can beat.
 
 May import: nothing of pgc_hvd (pure arithmetic).
 """
@@ -105,6 +106,8 @@ class LogCosts:
     follower: tuple = ()            # the same for a follower's replay
     fan_latency: float = 0.0        # what every answer of the fan-out pays once
     source: str = ""
+    #: whether the outcome's broadcast costs its time on the link (False: :meth:`free`)
+    broadcast: bool = True
 
     def __post_init__(self) -> None:
         for f in ("rtt", "local_rtt", "get_beta", "fan_op", "fan_beta", "fan_latency"):
@@ -160,23 +163,22 @@ class LogCosts:
                                    fan_latency=self.fan_latency + alpha, fan_beta=beta,
                                    source=source or f"{self.source} on link")
 
-    def constant_body(self) -> "LogCosts":
-        """A what-if: these costs with the decision body held at its cost at the smallest n
-        measured, whatever n (a body that reads only the new rows, not built)."""
-        pick = lambda pts: (pts[0],) if pts else ()   # noqa: E731
-        return dataclasses.replace(self, decider=pick(self.decider),
-                                   follower=pick(self.follower),
-                                   source=f"{self.source}, body constant")
-
     @classmethod
     def free(cls) -> "LogCosts":
         """No control cost at all: a step's data phase starts when its deciding row is ready."""
-        return cls(0.0, 0.0, 0.0, 0.0, 0.0, source="free")
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0, source="free", broadcast=False)
 
 
 def line_bytes(lookback: int, metrics: int = 0) -> int:
     """Bytes of one log line: [rank | control row], 8 (1 + 11 + h + k)."""
     return 8 * (1 + ROW_FIXED + int(lookback) + int(metrics))
+
+
+def bcast_bytes(n: int, nbytes: float, lookback: int, metrics: int = 0) -> float:
+    """Bytes of the runtime's outcome broadcast (:func:`pgc_hvd.runtime.control_log.
+    outcome_capacity`): a 16-byte header and a buffer of 2n + 8 log lines, or the outcome's
+    ``nbytes`` when longer (a second broadcast carries the rest; counted here as one)."""
+    return 16.0 + max(float(nbytes), (2 * int(n) + 8) * line_bytes(lookback, metrics))
 
 
 def tree_depth(n: int) -> int:
@@ -226,4 +228,5 @@ def load_log_fit(path: os.PathLike) -> LogCosts:
                          f"{err})") from None
 
 
-__all__ = ["FORMAT", "LogCosts", "line_bytes", "load_log_fit", "read_fit_file", "tree_depth"]
+__all__ = ["FORMAT", "LogCosts", "bcast_bytes", "line_bytes", "load_log_fit", "read_fit_file",
+           "tree_depth"]

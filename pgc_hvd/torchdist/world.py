@@ -168,6 +168,11 @@ class AgentOps:
     def broadcast(self, tensor, root_rank, name=None):
         return self._on(name).broadcast(tensor, root_rank, name=name)
 
+    def broadcast_async_(self, tensor, root_rank, name=None):
+        """In place (the control log's outcome, ``{name}.dec``: on the data group, in the
+        agent's one sequence of data collectives)."""
+        return self._on(name).broadcast_async_(tensor, root_rank, name=name)
+
     def explain_failure(self) -> str:
         return explain()
 

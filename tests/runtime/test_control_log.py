@@ -31,9 +31,11 @@ def test_view_shows_oldest_unoffered_message_with_latest_state():
     v.add(1, row(None, busy=3.0, done=5.0))      # a state row: done, no new message
     ctl = v.rows(set())
     assert ctl[1][CTRL_READY_STEP] == 0 and ctl[1][CTRL_BUSY] == 3.0 and ctl[1][CTRL_DONE] == 5.0
-    assert v.moved(ctl, {(1, 0)})                # offering (1, 0) uncovers (1, 1)
-    ctl = v.rows({(1, 0)})
-    assert ctl[1][CTRL_READY_STEP] == 1 and not v.moved(ctl, {(1, 0)})
+    assert v.moved({(1, 0)})                     # offering (1, 0) uncovers (1, 1)
+    assert v.refresh({(1, 0)}) == {1}            # only rank 1's row changed
+    ctl = v.ctl
+    assert ctl[1][CTRL_READY_STEP] == 1 and not v.moved({(1, 0)})
+    assert v.refresh({(1, 0)}) == set()          # nothing new: no row to read again
     # all offered: the latest row (its message already offered, so no new arrival)
     assert v.rows({(1, 0), (1, 1)})[1][CTRL_DONE] == 5.0
     # a state row re-showing an older message adds nothing
@@ -83,3 +85,118 @@ def test_error_outcome_keeps_the_typed_fields():
     plain = decode_error(encode_error(ValueError("x: y")))
     assert plain.error == "x: y" and plain.fields["dead_ranks"] == () \
         and not plain.fields["broken_world"]
+
+
+# -- the decision body reads only the rows that changed (issue 38 item 3) -------------------
+class _MemoryLog:
+    """log_loop's channel in memory: the decider takes the log lines in order, ``batch`` at a
+    time at most and none of a step past the open one (no rank computes step t + 1 before t is
+    decided); each follower reads what the decider published."""
+
+    def __init__(self, lines, batch, published, length):
+        self.lines, self.batch, self.published, self.length = lines, batch, published, length
+        self.pos, self.agent = 0, None
+        self.grace = self.slack = 0.0
+
+    def next_rows(self, deadline):
+        out = []
+        while (self.pos < len(self.lines) and len(out) < self.batch
+               and (not out or self.lines[self.pos][0] <= self.agent.step)):
+            out.append(self.lines[self.pos][1])
+            self.pos += 1
+        return out or None
+
+    def publish(self, step, batches, error=None, wait=None):
+        if error is not None:
+            raise error
+        self.published[step] = encode_batches(batches)
+
+    def decision(self, step):
+        from pgc_hvd.runtime.control_log import LogRecord
+        return LogRecord(batches=decode_batches(self.published[step], self.length))
+
+
+def _body_agent(scheme, rank, channel, full):
+    """The decision body (the real DecisionBody and ArrivalBook) with ``fire`` recording the
+    decisions instead of a data phase; ``full``: every run reads all n rows (as a polled round
+    does), else only the rows that changed."""
+    from pgc_hvd.runtime.agent import DecisionBody
+    from pgc_hvd.runtime.arrivals import ArrivalBook
+
+    class Agent(DecisionBody):
+        def __init__(self):
+            self.scheme, self.n, self.rank = scheme, scheme.n, rank
+            self.ring_size, self.metrics = scheme.lookback, 0
+            self.ctrl_len = ctrl_len(self.ring_size, 0)
+            self.book = ArrivalBook(self.n, self.ring_size, 0)
+            self.step, self.control_rounds, self.staleness_changes = 0, 0, []
+            self._ended_at, self._last_rows, self._last_round_at = None, None, 0.0
+            self.timeout, self.channel, self.census = 3600.0, channel, False
+            self.decisions = []
+            channel.agent = self
+
+        def decide(self, ctl, changed=None):
+            return super().decide(ctl, None if full else changed)
+
+        def fire(self, decision, ctl):
+            self.decisions.append((decision.step, tuple((u.worker, u.step, float(u.weight))
+                                                         for u in decision.uses)))
+            self.step += 1
+            if self.step % 64 == 0:
+                self.book.forget_before(self.step - 32)
+                self._rows_state.full = True
+            self._round = self.scheme.open_round(self.step)
+
+    return Agent()
+
+
+def _lines(n, lookback, steps, seed):
+    """(step, (rank, row)) of a run: per step every rank's message in random order, some
+    shown twice (a state row re-showing it), one rank's message of some steps non-finite
+    (a bad-step row instead), then every rank's done row."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    Lb = ctrl_len(lookback, 0)
+    out = []
+    for t in range(steps):
+        for w in rng.permutation(n):
+            slots = tuple(range(max(0, t - lookback + 1), t + 1))
+            msg = Outgoing(t, t, torch.zeros(1), t + float(rng.random()), loss=0.5,
+                           slot_versions=slots)
+            bad = t if (t % 7 == 3 and w == n - 1) else -1
+            r = pack_row(torch.empty(Lb, dtype=torch.float64), None if bad >= 0 else msg,
+                         ring_size=lookback, bad_step=bad, busy=float(t)).tolist()
+            out.append((t, (int(w), r)))
+            if rng.random() < 0.2:
+                out.append((t, (int(w), list(r))))
+    for w in range(n):
+        r = pack_row(torch.empty(Lb, dtype=torch.float64), None, ring_size=lookback,
+                     done=1.0 + steps).tolist()
+        out.append((steps, (w, r)))
+    return out
+
+
+def test_body_reading_only_changed_rows_decides_as_reading_all():
+    """The log loop's decider and a follower replaying its outcomes, with the body reading
+    only the rows that changed, take decision for decision what the body reading all n rows
+    every run takes (pgc-cr, bcgc, bounded staleness; batches of 1 to 5 rows; past step 64,
+    where the book forgets old steps)."""
+    from pgc_hvd.runtime.control_log import log_loop
+    from pgc_hvd.schemes import get_scheme
+    for name, n, s in (("pgc-cr", 6, 1), ("bcgc", 6, 2), ("bounded-staleness", 5, 1)):
+        for batch in (1, 3, 5):
+            got = {}
+            for full in (True, False):
+                sch = get_scheme(name, n, s)
+                lines = _lines(n, sch.lookback, 70, seed=batch)
+                published = {}
+                length = ctrl_len(sch.lookback, 0)
+                dec = _body_agent(sch, 0, _MemoryLog(lines, batch, published, length), full)
+                log_loop(dec)
+                fol = _body_agent(get_scheme(name, n, s), 1,
+                                  _MemoryLog(lines, batch, published, length), full)
+                log_loop(fol)
+                assert dec.decisions == fol.decisions
+                got[full] = dec.decisions
+            assert len(got[True]) >= 60, (name, batch, len(got[True]))
+            assert got[True] == got[False], (name, batch)

@@ -298,13 +298,13 @@ def test_scale_experiment_quick(tmp_path):
         assert r["ratio_new"] == pytest.approx(r["pgc-cr_new"] / r["dgd_new"])
         assert r["pgc-cr_old_mb"] > r["pgc-cr_new_mb"]      # O(n d) against O(d) bytes
         # the control paths: free control is the bound
-        assert r["pgc-cr_free"] <= min(r["pgc-cr_log-bcast"], r["pgc-cr_log"], r["pgc-cr_new"],
-                                       r["pgc-cr_bcast-o1"])
+        assert r["pgc-cr_free"] <= min(r["pgc-cr_store"], r["pgc-cr_log"], r["pgc-cr_new"])
+        assert r["pgc_log_vs_free"] == pytest.approx(r["pgc-cr_log"] / r["pgc-cr_free"])
         assert r["pgc_log_vs_hvd"] == pytest.approx(r["pgc-cr_log"] / r["hvd"])
         assert r["pgc-cr_log_ops"] <= 6
     assert (out / "plot.png").stat().st_size > 0
     text = (out / "table.md").read_text()
-    assert "PGC-CR/DGD new" in text and "log-bcast / hvd" in text and "default / hvd" in text
+    assert "PGC-CR/DGD new" in text and "store / hvd" in text and "default / hvd" in text
 
 
 def test_scale_experiment_options_are_checked(tmp_path, capsys):

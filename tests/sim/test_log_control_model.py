@@ -9,7 +9,8 @@ import pytest
 
 from pgc_hvd.schemes import get_scheme
 from pgc_hvd.sim.comm import CollectiveModel, Network
-from pgc_hvd.sim.log_costs import FORMAT, LogCosts, line_bytes, load_log_fit, tree_depth
+from pgc_hvd.sim.log_costs import (FORMAT, LogCosts, bcast_bytes, line_bytes, load_log_fit,
+                                   tree_depth)
 from pgc_hvd.sim.timing import time_steps
 
 def line(a, b, row):
@@ -47,9 +48,9 @@ def test_cost_formulas():
     assert pts.run_seconds("decider", 1024) == pytest.approx(1e-3 + 768 * 8e-4 / 192)
     assert pts.run_seconds("decider", 1) == pytest.approx(1e-4 - 3e-4 / 60 * 1)
     assert pts.run_seconds("follower", 64) == 0.0         # none measured
-    flat = pts.constant_body()                            # the what-if: the body as at n = 4
-    assert flat.run_seconds("decider", 1024) == flat.run_seconds("decider", 4) == 1e-4
-    assert flat.row_seconds("decider", 1024) == 1e-5
+    # the runtime's broadcast buffer: 2n + 8 lines and a 16-byte header, or the outcome
+    assert bcast_bytes(4, 100, 2) == 16 + 16 * line_bytes(2)
+    assert bcast_bytes(4, 1e6, 2) == 16 + 1e6
     assert (dc.decider, dc.follower, dc.local_rtt) == (c.decider, c.follower, c.local_rtt)
     free = LogCosts.free()
     assert free.append_delay(5) == free.fanout(9, 1e6) == 0
@@ -72,30 +73,33 @@ def test_control_paths_are_checked():
         CollectiveModel(NET, control="log")
     with pytest.raises(ValueError, match="plane='allreduce'"):
         model(plane="allgather")
-    assert "control=log-bcast" in model(control="log-bcast").describe(8)
+    assert "control=log-store" in model(control="log-store").describe(8)
 
 
-def test_follow_is_quadratic_in_n_through_one_store_and_log_depth_with_a_tree():
-    """m = n rows a step in b = 5 batches, B = (m + b - 1) L bytes: the store's answers cost
-    (n-1)(fan_op + B fan_beta), the tree ceil(log2 n) alpha + B beta; then each follower
-    deletes its row (rtt) and replays the body, (1 + b) runs on the m rows."""
+def test_follow_is_log_depth_by_the_broadcast_and_quadratic_through_one_store():
+    """m = n rows a step in b = 5 batches, B = (m + b - 1) L bytes: the runtime's broadcast
+    of its buffer (bcast_bytes) costs ceil(log2 n) (alpha + B_bcast beta) for the decider and
+    the last follower; the store (the what-if) answers (n-1)(fan_op + B fan_beta). Then each
+    follower deletes its row (rtt) and replays the body, (1 + b) runs on the m rows."""
     L, b = line_bytes(4), 5
     for n in (8, 64, 1024):
         B = (n + b - 1) * L
         body = 1e-4 + COSTS.body_seconds("follower", n, 1 + b, n)
+        tree = tree_depth(n) * (1e-3 + bcast_bytes(n, B, 4) * 1e-9)
         follow, own = model().log_follow(n, n, b, 4)
+        assert own == pytest.approx(tree)
+        assert follow == pytest.approx(tree + body)
+        store, own = model(control="log-store").log_follow(n, n, b, 4)
         assert own == pytest.approx(B * 1e-9 + 5e-5)
-        assert follow == pytest.approx(B * 1e-9 + (n - 1) * (2e-4 + B * 2e-9) + body)
-        tree, _ = model(control="log-bcast").log_follow(n, n, b, 4)
-        assert tree == pytest.approx(tree_depth(n) * 1e-3 + B * 1e-9 + body)
+        assert store == pytest.approx(B * 1e-9 + (n - 1) * (2e-4 + B * 2e-9) + body)
     # the bytes alone (no per-answer or body cost): the store's delivery grows like n^2
-    # ((n-1) n L bytes leave one server), the tree's like log n
-    flat = LogCosts(1e-4, 5e-5, 1e-9, 0.0, 2e-9)
+    # ((n-1) n L bytes leave one server), the broadcast's like n log n (its buffer ~ 2n lines,
+    # log2 n rounds)
     flat = LogCosts(0.0, 0.0, 1e-9, 0.0, 2e-9)
-    store = [model(costs=flat).log_follow(n, n, 1, 4)[0] for n in (64, 1024)]
-    tree = [model(control="log-bcast", costs=flat).log_follow(n, n, 1, 4)[0] for n in (64, 1024)]
+    store = [model(control="log-store", costs=flat).log_follow(n, n, 1, 4)[0] for n in (64, 1024)]
+    tree = [model(costs=flat).log_follow(n, n, 1, 4)[0] for n in (64, 1024)]
     assert store[1] / store[0] == pytest.approx(1023 * 1024 / (63 * 64), rel=0.01)
-    assert tree[1] / tree[0] < 2.5
+    assert tree[1] / tree[0] < 0.5 * store[1] / store[0]
     assert model().log_follow(1, 1, 1, 4) == (0.0, 0.0)
 
 
@@ -125,30 +129,32 @@ def test_one_dgd_step_timed_by_hand():
     row is in the decider's hands at T and makes a batch alone: run + row = 3e-4 s. Ranks 1-3
     land meanwhile (T + a, + r, + 2r with a = 1.5 rtt + r / 2 = 1.75e-4, r = local_rtt =
     5e-5), so they make the second batch, which fires: D = T + 2 run + 4 row. The outcome
-    (4 rows in 2 batches, one separator line) is published and served to 3 followers; each
-    deletes its row and replays 1 + 2 runs on the 4 rows; then the allreduce of 4d bytes."""
+    (4 rows in 2 batches, one separator line) goes out by one broadcast of the runtime's
+    buffer (2 rounds of the tree); each follower deletes its row and replays 1 + 2 runs on the
+    4 rows; then the allreduce of 4d bytes."""
     n, d, T = 4, 1000, 0.2
     costs = LogCosts(rtt=1e-4, local_rtt=5e-5, get_beta=1e-9, fan_op=2e-4, fan_beta=2e-9,
                      decider=((1, 2.5e-4, 5e-5),), follower=((1, 1e-4, 1e-5),))
     cm = model(costs=costs)
     recs = time_steps(get_scheme("dgd", n, 0), d, 2, T, comm=cm)
-    B = (4 + 1) * line_bytes(get_scheme("dgd", n, 0).lookback)
+    h = get_scheme("dgd", n, 0).lookback
+    B = (4 + 1) * line_bytes(h)
     D = T + 2 * 2.5e-4 + 4 * 5e-5
-    follow = B * 1e-9 + 3 * (2e-4 + B * 2e-9) + 1e-4 + 3 * 1e-4 + 4 * 1e-5
+    follow = 2 * (1e-3 + bcast_bytes(n, B, h) * 1e-9) + 1e-4 + 3 * 1e-4 + 4 * 1e-5
     assert recs[0].time == pytest.approx(D + follow + NET.allreduce.allreduce(n, 4 * d))
     e = recs[0].extra
     assert e["log_batches"] == 2 and e["control_rounds"] == 2
-    assert e["control_ops"] == 3 + 2     # rank 0: 3 reads, the publish, a delete
-    assert e["control_ops_others"] == e["control_ops_others_max"] == 4  # add, set, get, delete
+    assert e["control_ops"] == 3 + 1     # rank 0: 3 reads, the broadcast
+    assert e["control_ops_others"] == e["control_ops_others_max"] == 4  # add, set, bcast, delete
     assert e["follow_seconds"] == pytest.approx(follow)
     assert e["decider_lag"] == pytest.approx(D - (T + 1.75e-4 + 2 * 5e-5))
 
 
 @pytest.mark.parametrize("scheme,s", [("dgd", 0), ("pgc-cr", 1), ("bcgc", 1)])
 def test_a_few_control_operations_per_rank_per_step_whatever_the_compute(scheme, s):
-    """As the runtime's records: a rank > 0 makes 4 store operations a step (add, set, get,
-    delete; more when a late row of the previous step falls in the window), rank 0 about
-    n + 1; not growing with the compute time."""
+    """As the runtime's records: a rank > 0 makes 4 control operations a step (add, set, the
+    broadcast, delete; more when a late row of the previous step falls in the window), rank 0
+    about n; not growing with the compute time."""
     n = 4
     for compute in (0.05, 0.5):
         recs = time_steps(get_scheme(scheme, n, s), 10_000, 12, compute,
@@ -157,16 +163,17 @@ def test_a_few_control_operations_per_rank_per_step_whatever_the_compute(scheme,
         others = [r.extra["control_ops_others"] for r in recs[1:]]
         assert max(r.extra["control_ops_others_max"] for r in recs[1:]) <= 7
         assert sum(others) / len(others) <= 5
-        assert sum(ops) / len(ops) == pytest.approx(n + 1, abs=1.0)
+        assert sum(ops) / len(ops) == pytest.approx(n, abs=1.0)
 
 
-def test_log_path_grows_with_n_and_the_tree_removes_the_store_term():
-    """At n = 128 the one-store delivery costs more than the tree's, and a free control is
-    fastest; the tree still pays the followers' body on n rows."""
+def test_log_path_grows_with_n_and_the_broadcast_removes_the_store_term():
+    """At n = 128 the one-store delivery (the what-if) costs more than the runtime's
+    broadcast, and a free control is fastest; the broadcast still pays the followers' body on
+    n rows."""
     n, d = 128, 100_000
     sch = lambda: get_scheme("pgc-cr", n, n // 16)   # noqa: E731
     t = {}
-    for name, cm in (("log", model()), ("bcast", model(control="log-bcast")),
+    for name, cm in (("store", model(control="log-store")), ("bcast", model()),
                      ("free", model(costs=LogCosts.free()))):
         recs = time_steps(sch(), d, 6, 0.2, delay="exp:mean=0.2,seed=1", comm=cm)
         t[name] = recs
@@ -174,9 +181,9 @@ def test_log_path_grows_with_n_and_the_tree_removes_the_store_term():
     assert follow["free"] == 0.0
     body = n * COSTS.row_seconds("follower", n) + 2 * COSTS.run_seconds("follower", n)
     assert follow["bcast"] >= body
-    # the store answers 127 followers one by one (>= 127 fan_op), the tree takes 7 alpha
-    assert follow["log"] - follow["bcast"] > (n - 1) * 2e-4 - 7e-3
-    assert t["free"][-1].time < t["bcast"][-1].time < t["log"][-1].time
+    # the store answers 127 followers one by one (>= 127 fan_op), the tree takes 7 rounds
+    assert follow["store"] - follow["bcast"] > (n - 1) * 2e-4 - 7 * (1e-3 + 3e5 * 1e-9)
+    assert t["free"][-1].time < t["bcast"][-1].time < t["store"][-1].time
 
 
 def test_log_and_polled_paths_take_the_same_decisions_with_free_control():
