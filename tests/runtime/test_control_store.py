@@ -17,7 +17,6 @@ import time
 
 import pytest
 import torch
-from torch.distributed import TCPStore
 
 from pgc_hvd.runtime.agreement import poll_until
 from pgc_hvd.runtime.control_store import StoreChannel, open_store, say_bye
