@@ -68,5 +68,5 @@ def decode_accumulate(
             )
     ops = _ext.LIBRARY or _ext.library()   # bound once: no module entered per call
     ops.decode_accumulate(out, dense, dense_w, sv, si, sw, bool(accumulate),
-                                bool(check_finite))
+                          bool(check_finite))
     return out
