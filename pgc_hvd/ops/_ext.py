@@ -7,7 +7,9 @@ import functools
 
 import torch
 
-_LIBRARY = None  # torch.ops.pgc_hvd once loaded (see library())
+#: ``torch.ops.pgc_hvd`` once :func:`library` has loaded it (None before): the ops' modules read
+#: it per call (``LIBRARY or library()``), so a kernel call enters no module but its own
+LIBRARY = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,13 +31,13 @@ def ext():
 def library():
     """``torch.ops.pgc_hvd``: the ops of the compiled extension, loaded on the first call with
     their fake kernels (:mod:`pgc_hvd.ops._fake`), so that torch.compile traces them."""
-    global _LIBRARY
-    if _LIBRARY is None:
+    global LIBRARY
+    if LIBRARY is None:
         ext()
         from pgc_hvd.ops import _fake  # noqa: F401  (registers the fake kernels)
 
-        _LIBRARY = torch.ops.pgc_hvd
-    return _LIBRARY
+        LIBRARY = torch.ops.pgc_hvd
+    return LIBRARY
 
 
 def cuda_compiled() -> bool:

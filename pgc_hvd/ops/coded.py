@@ -16,18 +16,7 @@ from typing import Sequence
 
 import torch
 
-from pgc_hvd.ops._ext import library
-
-
-_LIB = None   # torch.ops.pgc_hvd once bound here: the per-call path stays in this module
-
-
-def _lib():
-    """``torch.ops.pgc_hvd`` (:func:`pgc_hvd.ops._ext.library` loads it at the first call)."""
-    global _LIB
-    if _LIB is None:
-        _LIB = library()
-    return _LIB
+from pgc_hvd.ops import _ext
 
 
 def coded_accumulate(
@@ -50,7 +39,8 @@ def coded_accumulate(
     Raises ValueError/TypeError on shapes, dtypes, devices or non-finite coefficients.
     """
     coeffs = [float(a) for a in coeffs]
-    _lib().coded_accumulate(out, list(slots), coeffs, bool(accumulate))
+    ops = _ext.LIBRARY or _ext.library()   # bound once: no module entered per call
+    ops.coded_accumulate(out, list(slots), coeffs, bool(accumulate))
     return out
 
 

@@ -55,18 +55,7 @@ from typing import Mapping, Optional, Tuple
 
 import torch
 
-from pgc_hvd.ops._ext import library
-
-
-_LIB = None   # torch.ops.pgc_hvd once bound here: the per-call path stays in this module
-
-
-def _lib():
-    """``torch.ops.pgc_hvd`` (:func:`pgc_hvd.ops._ext.library` loads it at the first call)."""
-    global _LIB
-    if _LIB is None:
-        _LIB = library()
-    return _LIB
+from pgc_hvd.ops import _ext
 
 
 METHODS = ("exact", "threshold")
@@ -167,7 +156,8 @@ def topk_compress(
     k outside [0, d], Inf/NaN in x: nothing is returned then).
     """
     k, method, index64 = _check_k(k), _check_method(method), _index64(index_dtype)
-    return tuple(_lib().topk_compress(x, k, method, index64, *_walk_compact(walk, compact)))
+    ops = _ext.LIBRARY or _ext.library()   # bound once: no module entered per call
+    return tuple(ops.topk_compress(x, k, method, index64, *_walk_compact(walk, compact)))
 
 
 def error_feedback_compress(
@@ -195,8 +185,9 @@ def error_feedback_compress(
     after ``residual`` already holds x + residual (see the module docstring).
     """
     k, method, index64 = _check_k(k), _check_method(method), _index64(index_dtype)
-    return tuple(_lib().error_feedback_compress(x, residual, k, method, index64,
-                                                   *_walk_compact(walk, compact)))
+    ops = _ext.LIBRARY or _ext.library()   # bound once: no module entered per call
+    return tuple(ops.error_feedback_compress(x, residual, k, method, index64,
+                                             *_walk_compact(walk, compact)))
 
 
 def compression_error_norm(message: torch.Tensor, values: torch.Tensor,

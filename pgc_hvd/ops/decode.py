@@ -17,18 +17,8 @@ from typing import Sequence, Tuple, Union
 
 import torch
 
-from pgc_hvd.ops._ext import library
+from pgc_hvd.ops import _ext
 
-
-_LIB = None   # torch.ops.pgc_hvd once bound here: the per-call path stays in this module
-
-
-def _lib():
-    """``torch.ops.pgc_hvd`` (:func:`pgc_hvd.ops._ext.library` loads it at the first call)."""
-    global _LIB
-    if _LIB is None:
-        _LIB = library()
-    return _LIB
 
 Message = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 
@@ -76,6 +66,7 @@ def decode_accumulate(
                 f"message {i} must be a tensor (dense) or a (values, indices) pair, got "
                 f"{type(m).__name__}"
             )
-    _lib().decode_accumulate(out, dense, dense_w, sv, si, sw, bool(accumulate),
-                                bool(check_finite))
+    ops = _ext.LIBRARY or _ext.library()   # bound once: no module entered per call
+    ops.decode_accumulate(out, dense, dense_w, sv, si, sw, bool(accumulate),
+                          bool(check_finite))
     return out
