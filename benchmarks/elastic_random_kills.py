@@ -107,12 +107,26 @@ def one_kill(lh, work: Path, *, victim: str, delay: float, gloo_timeout: int, ar
 
 
 def summary(rows: list) -> dict:
-    lost = [r["lost_s"] for r in rows]
-    det = [r["detect_s"] for r in rows]
-    return {"kills": len(rows), "lost_median_s": statistics.median(lost),
+    """Over the jobs that recovered; ``not_recovered``: the jobs that did not (kept as rows with
+    their error, never dropped)."""
+    ok = [r for r in rows if r.get("recovered", True)]
+    lost = [r["lost_s"] for r in ok] or [float("nan")]
+    det = [r["detect_s"] for r in ok] or [float("nan")]
+    return {"kills": len(rows), "not_recovered": len(rows) - len(ok),
+            "lost_median_s": statistics.median(lost),
             "lost_max_s": max(lost), "detect_median_s": statistics.median(det),
             "detect_max_s": max(det),
-            "identical_parameters": all(r["identical_parameters"] for r in rows)}
+            "identical_parameters": all(r["identical_parameters"] for r in ok)}
+
+
+def failed_job(victim: str, delay: float, gloo_timeout: int, err: Exception) -> dict:
+    """The row of a job that did not recover: the lines of its stderr that say why."""
+    text = str(err)
+    why = [ln for ln in text.splitlines()
+           if any(k in ln for k in ("EnforceNotMet", "enforce fail", "terminate called",
+                                    "exited", "ended before"))]
+    return {"gloo_timeout_s": gloo_timeout, "victim": victim, "delay_s": delay,
+            "recovered": False, "error": "\n".join(why[:6]) or text[-600:]}
 
 
 def main(argv=None) -> int:
@@ -124,6 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("--delay", default="0.5,6", help="MIN,MAX seconds after the victim's first "
                                                      "step (uniform)")
     p.add_argument("--seed", type=int, default=26)
+    p.add_argument("--job-timeout", type=float, default=600,
+                   help="seconds a job may take before it counts as not recovered")
     p.add_argument("--no-cascade", action="store_true",
                    help="ElasticState(cascade=False): the behaviour before issue 26")
     p.add_argument("--victim-host", type=int, default=None,
@@ -148,19 +164,23 @@ def main(argv=None) -> int:
                 if args.victim_rank is not None:
                     victim = f"rank:{args.victim_rank}"
                 with tempfile.TemporaryDirectory() as d:
-                    mine.append(one_kill(lh, Path(d), victim=victim, delay=delay,
-                                         gloo_timeout=gt, args=args))
+                    try:
+                        mine.append({**one_kill(lh, Path(d), victim=victim, delay=delay,
+                                                gloo_timeout=gt, args=args,
+                                                timeout=args.job_timeout), "recovered": True})
+                    except RuntimeError as err:   # kept as a row: nothing measured is lost
+                        mine.append(failed_job(victim, delay, gt, err))
                 print(json.dumps(mine[-1]), flush=True)
             results += mine
             summaries[str(gt)] = summary(mine)
             print(json.dumps({"gloo_timeout_s": gt, **summaries[str(gt)]}), flush=True)
-    print("\n| gloo timeout | kills | lost: median | lost: max | detect (last survivor): median "
-          "| max | identical parameters |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| gloo timeout | kills | not recovered | lost: median | lost: max | detect (last "
+          "survivor): median | max | identical parameters |")
+    print("|---|---|---|---|---|---|---|---|")
     for gt, s in summaries.items():
-        print(f"| {gt} s | {s['kills']} | {s['lost_median_s']:.2f} s | {s['lost_max_s']:.2f} s | "
-              f"{s['detect_median_s']:.2f} s | {s['detect_max_s']:.2f} s | "
-              f"{s['identical_parameters']} |")
+        print(f"| {gt} s | {s['kills']} | {s['not_recovered']} | {s['lost_median_s']:.2f} s | "
+              f"{s['lost_max_s']:.2f} s | {s['detect_median_s']:.2f} s | "
+              f"{s['detect_max_s']:.2f} s | {s['identical_parameters']} |")
     if args.out:
         Path(args.out).write_text(json.dumps({
             "command": "python benchmarks/elastic_random_kills.py " + " ".join(
