@@ -74,14 +74,16 @@ def main(argv=None) -> int:
                    help="collective models: the runtime's data plane (default allreduce)")
     p.add_argument("--poll-interval", type=float, default=None,
                    help="collective models: seconds between control rounds (default 0.002)")
-    p.add_argument("--control-plane", default=None, choices=["allgather", "log", "log-bcast"],
+    p.add_argument("--control-plane", default=None,
+                   choices=["allgather", "log", "log-bcast", "log-store"],
                    help="collective models: how a step's decision is reached (the optimizer's "
-                        "control=; default allgather, polled rounds; log: the ordered log in "
-                        "rank 0's store; log-bcast: its outcome by a tree broadcast, modelled "
-                        "only); pgc_hvd.sim.comm")
+                        "control=; default here allgather, polled rounds; log: the runtime's "
+                        "default, rows appended to rank 0's store and each outcome broadcast "
+                        "from rank 0 (log-bcast: the same); log-store: the outcome served from "
+                        "the store instead, the delivery before issue 38); pgc_hvd.sim.comm")
     p.add_argument("--log-fit", default=None, metavar="PATH",
-                   help="--control-plane log / log-bcast: the log's measured costs (default "
-                        "docs/figures/log_control_fit.json, from benchmarks/"
+                   help="--control-plane log / log-bcast / log-store: the log's measured costs "
+                        "(default docs/figures/log_control_fit.json, from benchmarks/"
                         "measure_log_control.py)")
     p.add_argument("--compression", default=None, metavar="SPEC",
                    help="none (default) or topk:RATIO[,ef=0|1][,method=exact|threshold]: "
@@ -136,8 +138,8 @@ def main(argv=None) -> int:
     except ValueError as err:
         p.error(f"--comm-model: {err}")
     if a.log_fit is not None and a.control_plane in (None, "allgather"):
-        p.error("--log-fit gives the log control's costs: it needs --control-plane log or "
-                "log-bcast")
+        p.error("--log-fit gives the log control's costs: it needs --control-plane log, "
+                "log-bcast or log-store")
     if a.control_plane not in (None, "allgather"):
         comm = _with_log_control(p, comm, a.control_plane, a.log_fit,
                                  measured_here=a.comm_model.startswith("fitted:"))
