@@ -104,8 +104,7 @@ class _TableRound(Round):
         fresh = [i for i, e in enumerate(table) if (e[0], e[1]) not in sch.used]
         if mode in ("once", "once-age"):
             current = [i for i in fresh if ages[i] == 0]
-            counted = current if sch.fire == "current" else fresh
-            if len(counted) < sch.min_fresh:
+            if len((fresh, current)[sch.fire == "current"]) < sch.min_fresh:
                 return None         # wait for new gradients (never a pure replay)
             rho = sch.decay
             scale = (lambda a: rho ** a) if mode == "once" else (lambda a: 1.0 / (1.0 + a))
