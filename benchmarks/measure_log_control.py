@@ -224,13 +224,18 @@ def _agent_class():
             self.ctrl_len = ctrl_len(self.ring_size, 0)
             self.book = ArrivalBook(self.n, self.ring_size, 0)
             self.step, self.control_rounds, self.staleness_changes = 0, 0, []
+            self._ended_at, self._last_rows, self._last_round_at = None, None, 0.0
             self.timeout, self.channel = 3600.0, channel
             self.fired = 0
             channel.agent, channel.length = self, self.ctrl_len
 
         def fire(self, decision, ctl):
             self.fired += 1
-            self.next_round()
+            self.step += 1
+            if self.step % 64 == 0:
+                self.book.forget_before(self.step - 32)
+                self._rows_state.full = True
+            self._round = self.scheme.open_round(self.step)
 
     return Agent
 

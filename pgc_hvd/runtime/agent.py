@@ -213,27 +213,11 @@ class DecisionBody:
     same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
     ``control="log"`` (:func:`pgc_hvd.runtime.control_log.log_loop`)."""
 
-    #: what the last run of the body saw (for timeout errors that name ranks) and the version
-    #: the first finished rank ended at; an agent sets its own at construction
-    _last_rows: Optional[list] = None
-    _last_round_at = 0.0
-    _ended_at: Optional[int] = None
-
     def open_round(self) -> None:
         """Open the round of the current step (at the start of the decision loop)."""
         self._round = self.scheme.open_round(self.step)
         self._step_start = time.time()
         self._rows_state = RowState(self.n)
-
-    def next_round(self) -> None:
-        """After step ``step`` was decided: move to the next step and open its round,
-        forgetting the bookkeeping of long-gone steps every 64 steps (a row may then show a
-        forgotten message again, so the next run reads every row)."""
-        self.step += 1
-        if self.step % 64 == 0:
-            self.book.forget_before(self.step - 32)
-            self._rows_state.full = True
-        self._round = self.scheme.open_round(self.step)
 
     @property
     def current_round(self):
@@ -327,8 +311,12 @@ class DecisionBody:
             self._updates[update.step] = update
             self._decided += 1
             self.cond.notify_all()
+        self.step += 1
         self._step_start = update.time
-        self.next_round()
+        if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
+            self.book.forget_before(self.step - 32)
+            self._rows_state.full = True   # a row may show a forgotten message again
+        self._round = self.scheme.open_round(self.step)
 
     @property
     def staleness_bound(self) -> Optional[int]:
@@ -463,9 +451,11 @@ class CommAgent(DecisionBody):
         # can a message for a past step still be used (bounded staleness table)?
         self._late_usable = scheme.late_usable
         self._wake = False
-        # when the last control round ran (DecisionBody: what it showed, who ended first)
+        # what the last control round showed (for timeout errors that name ranks)
+        self._last_rows: Optional[list] = None
         self._last_round_at = time.monotonic()
         self._round = None
+        self._ended_at: Optional[int] = None    # the version the first finished rank ended at
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------

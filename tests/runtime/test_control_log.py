@@ -130,6 +130,7 @@ def _body_agent(scheme, rank, channel, full):
             self.ctrl_len = ctrl_len(self.ring_size, 0)
             self.book = ArrivalBook(self.n, self.ring_size, 0)
             self.step, self.control_rounds, self.staleness_changes = 0, 0, []
+            self._ended_at, self._last_rows, self._last_round_at = None, None, 0.0
             self.timeout, self.channel, self.census = 3600.0, channel, False
             self.decisions = []
             channel.agent = self
@@ -140,7 +141,11 @@ def _body_agent(scheme, rank, channel, full):
         def fire(self, decision, ctl):
             self.decisions.append((decision.step, tuple((u.worker, u.step, float(u.weight))
                                                          for u in decision.uses)))
-            self.next_round()
+            self.step += 1
+            if self.step % 64 == 0:
+                self.book.forget_before(self.step - 32)
+                self._rows_state.full = True
+            self._round = self.scheme.open_round(self.step)
 
     return Agent()
 
