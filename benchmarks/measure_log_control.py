@@ -211,8 +211,8 @@ class _Channel:
 
 def _agent_class():
     from pgc_hvd.runtime.agent import DecisionBody
-    from pgc_hvd.runtime.arrivals import ArrivalBook
-    from pgc_hvd.runtime.wire import ctrl_len
+    from pgc_hvd.runtime.rows import ArrivalBook
+    from pgc_hvd.runtime.rows import ctrl_len
 
     class Agent(DecisionBody):
         """The agent's state that log_loop and the decision body read; ``fire`` without the
@@ -224,18 +224,13 @@ def _agent_class():
             self.ctrl_len = ctrl_len(self.ring_size, 0)
             self.book = ArrivalBook(self.n, self.ring_size, 0)
             self.step, self.control_rounds, self.staleness_changes = 0, 0, []
-            self._ended_at, self._last_rows, self._last_round_at = None, None, 0.0
             self.timeout, self.channel = 3600.0, channel
             self.fired = 0
             channel.agent, channel.length = self, self.ctrl_len
 
         def fire(self, decision, ctl):
             self.fired += 1
-            self.step += 1
-            if self.step % 64 == 0:
-                self.book.forget_before(self.step - 32)
-                self._rows_state.full = True
-            self._round = self.scheme.open_round(self.step)
+            self.next_round()
 
     return Agent
 
@@ -247,7 +242,7 @@ def log_lines(n: int, lookback: int, steps: int, seed: int) -> list:
     import torch
     from pgc_hvd.runtime.agent import Outgoing
     from pgc_hvd.runtime.control_log import encode_rows
-    from pgc_hvd.runtime.wire import ctrl_len, pack_row
+    from pgc_hvd.runtime.rows import ctrl_len, pack_row
     rng = np.random.default_rng(seed)
     L = ctrl_len(lookback, 0)
     lines = []

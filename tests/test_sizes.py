@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the parts of the runtime's two threads (and the simulator's, and the shared message
 #: encoder): each module's docstring says what it owns and what it may import
 PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
-    "agent", "arrivals", "communicator", "config", "distributed",
+    "agent", "channel", "communicator", "config", "distributed",
     "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle", "optim_state",
-    "replica_rng", "step", "step_records")] + [f"pgc_hvd/sim/{m}.py" for m in (
+    "rows", "step", "step_records")] + [f"pgc_hvd/sim/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
-    "pgc_hvd/compress/message.py"]
+    "pgc_hvd/compress/codecs.py"]
 
 #: runtime modules still without a unit test of their own, each with who adds it (issue 34:
 #: the agent thread's parts and the modules being moved out of runtime/); empty this list,

@@ -3,20 +3,20 @@
 Owns the handoff with the training thread (the outbox of messages, the decided updates, the
 condition variable) and the decision loop (control rounds, the scheme's ``Round``). The data
 plane -- one decision in, one update out -- is :class:`~pgc_hvd.runtime.communicator.
-Communicator`; the control row's packing is :func:`pgc_hvd.runtime.wire.pack_row`; the control
+Communicator`; the control row's packing is :func:`pgc_hvd.runtime.rows.pack_row`; the control
 channel is built by :func:`pgc_hvd.runtime.channel.control_channel`. The agent never calls into
 the optimizer: it queues a :class:`Report` of each decided step, which the training thread
 turns into records; what the control rows have shown (offered arrivals, their losses and
-metrics, non-finite messages, the replayed order) is :class:`~pgc_hvd.runtime.arrivals.
-ArrivalBook`'s. May import: ``compress``, ``schemes``, ``runtime.arrivals``,
-``runtime.channel``, ``runtime.communicator``, ``runtime.wire``, ``runtime.control_log``
+metrics, non-finite messages, the replayed order) is :class:`~pgc_hvd.runtime.rows.
+ArrivalBook`'s. May import: ``compress``, ``schemes``, ``runtime.channel``,
+``runtime.communicator``, ``runtime.errors``, ``runtime.rows``, ``runtime.control_log``
 (``control="log"``).
 
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
 computing (or straggling) cannot be left out of a collective. So every rank runs this agent,
 which is never blocked by its rank's compute. A step is decided in two phases:
 
-1. **control**: every rank's control row (:mod:`pgc_hvd.runtime.wire`: the step of the message
+1. **control**: every rank's control row (:mod:`pgc_hvd.runtime.rows`: the step of the message
    the rank has ready, the model version it used, when it became ready, its loss, busy seconds,
    non-finite, done and failed flags, the compression error ||C(u) - u|| for the minimum-error
    class decoder, slot versions) reaches every rank identically through the control channel
@@ -115,13 +115,12 @@ import numpy as np
 import torch
 
 from pgc_hvd.compress.codecs import Codec
-from pgc_hvd.runtime.arrivals import END, IDLE, WAIT, ArrivalBook   # END..: decide's outcomes
 from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
-from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_STALENESS_BOUND, CTRL_DONE,
-                                  CTRL_FAILED, CTRL_READY_STEP, ctrl_len, metrics_at,
-                                  not_decided_message, pack_row)
+from pgc_hvd.runtime.rows import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_DONE, CTRL_FAILED,
+                                  CTRL_READY_STEP, CTRL_STALENESS_BOUND, END, IDLE, WAIT,
+                                  ArrivalBook, ctrl_len, metrics_at, not_decided_message, pack_row)
 from pgc_hvd.schemes import Decision, Scheme
 
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
@@ -212,6 +211,12 @@ class DecisionBody:
     """The decision body of :class:`CommAgent`, on one view of every rank's control row (the
     same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
     ``control="log"`` (:func:`pgc_hvd.runtime.control_log.log_loop`)."""
+
+    #: the step at which a finished rank's loop ended (IDLE), the rows of the last run and when
+    #: it ran (for the not-decided message): none before the first run
+    _ended_at: Optional[int] = None
+    _last_rows = None
+    _last_round_at = 0.0
 
     def open_round(self) -> None:
         """Open the round of the current step (at the start of the decision loop)."""
@@ -311,8 +316,13 @@ class DecisionBody:
             self._updates[update.step] = update
             self._decided += 1
             self.cond.notify_all()
-        self.step += 1
         self._step_start = update.time
+        self.next_round()
+
+    def next_round(self) -> None:
+        """After a decided step: step + 1, the bookkeeping of long-gone steps forgotten every
+        64 steps, the next step's round opened (:meth:`fire` calls it after the data phase)."""
+        self.step += 1
         if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
             self.book.forget_before(self.step - 32)
             self._rows_state.full = True   # a row may show a forgotten message again
@@ -528,7 +538,7 @@ class CommAgent(DecisionBody):
         self._raise_if_failed()
 
     def _not_decided(self, step: int, limit: float) -> str:
-        """Why ``step`` is not decided after ``limit`` seconds (:func:`~pgc_hvd.runtime.wire.
+        """Why ``step`` is not decided after ``limit`` seconds (:func:`~pgc_hvd.runtime.rows.
         not_decided_message`), naming the ranks it waits for."""
         rnd = self._round
         return not_decided_message(
@@ -649,7 +659,7 @@ class CommAgent(DecisionBody):
 
     # -- agent thread --------------------------------------------------------
     def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
-        """This rank's control row (:func:`~pgc_hvd.runtime.wire.pack_row`) and, when its
+        """This rank's control row (:func:`~pgc_hvd.runtime.rows.pack_row`) and, when its
         payload rides along, the message."""
         out_with_payload = None
         with self.cond:
@@ -711,7 +721,7 @@ class CommAgent(DecisionBody):
         self.channel.append(self.control_row())
 
     def control_row(self) -> torch.Tensor:
-        """This rank's control row now (:func:`~pgc_hvd.runtime.wire.pack_row`), showing its
+        """This rank's control row now (:func:`~pgc_hvd.runtime.rows.pack_row`), showing its
         newest message: what the control log appends when something happens to the rank."""
         row = torch.empty(self.ctrl_len, dtype=torch.float64)
         with self.cond:

@@ -10,7 +10,7 @@ named ``name``:
 
 * **append** (a rank > 0, from the thread where the event happens: a message submitted, a
   non-finite message, the loop done, the training thread failed): the rank's control row
-  (:func:`~pgc_hvd.runtime.wire.pack_row`, showing the message it just submitted) gets its place
+  (:func:`~pgc_hvd.runtime.rows.pack_row`, showing the message it just submitted) gets its place
   in the log with ``idx = add("pgc/<name>/log/count", 1) - 1`` and is written with
   ``set("pgc/<name>/log/<idx>", [rank | row])``: 2 store operations. Rank 0's own rows go to
   the decider in-process (0 operations).
@@ -73,10 +73,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from pgc_hvd.runtime.arrivals import END
 from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.runtime.wire import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_STALENESS_BOUND, CTRL_DONE,
-                                  CTRL_FAILED, CTRL_READY_STEP, CTRL_VERSION, pack_row)
+from pgc_hvd.runtime.rows import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_DONE, CTRL_FAILED,
+                                  CTRL_READY_STEP, CTRL_STALENESS_BOUND, CTRL_VERSION, END,
+                                  pack_row)
 from pgc_hvd.schemes import Decision
 
 log = logging.getLogger("pgc_hvd.runtime")

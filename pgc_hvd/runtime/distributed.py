@@ -8,7 +8,7 @@ class that carries the facade's methods (:class:`~pgc_hvd.runtime.optimizer.PGCO
 ``isinstance(opt, torch.optim.SGD)`` still holds. Checks and defaults are the config's; what
 the optimizer does per step is the facade's (:mod:`pgc_hvd.runtime.optimizer`).
 
-May import: torch, ``runtime.config``, ``runtime.optimizer`` and ``runtime.engines`` (which
+May import: torch, ``runtime.config``, ``runtime.optimizer`` and ``runtime.channel`` (which
 imports the engine, Horovod or ``pgc_hvd.torchdist``, only when ``hvd`` is not given).
 """
 
@@ -139,12 +139,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             (records: ``control_ops``); no payloads with the rows (``optimistic`` unset).
         engine: whose collectives: ``"horovod"`` (``horovod.torch``), ``"torch"``
             (torch.distributed, :mod:`pgc_hvd.torch`) or None: from the launcher's environment
-            (:func:`pgc_hvd.runtime.engines.resolve`); ``hvd``, when given, is used as it is.
+            (:func:`pgc_hvd.runtime.channel.resolve`); ``hvd``, when given, is used as it is.
 
     Every argument is checked (type and range) before any collective; a bad one raises
     TypeError or ValueError naming it.
     """
-    from pgc_hvd.runtime.engines import name_unnamed_ops, resolve
+    from pgc_hvd.runtime.channel import name_unnamed_ops, resolve
     if hvd is None:
         hvd = resolve(engine)
     # the user's unnamed Horovod collectives are named by their own count, never by Horovod's

@@ -26,10 +26,10 @@ docs/architecture.md, "The runtime's parts"). The other parts: :mod:`~pgc_hvd.ru
 (Horovod's keywords, defaults, local checks), :mod:`~pgc_hvd.runtime.consistency` (the
 cross-rank checks), :mod:`~pgc_hvd.runtime.step` (also the gradient capture into ring slots and
 the fault monitor),
-:mod:`pgc_hvd.compress.message` (message formation and encoding),
+:mod:`pgc_hvd.compress.codecs` (message formation and encoding),
 :mod:`~pgc_hvd.runtime.lifecycle` (the order of ``close()`` / ``abandon()``; closed at exit
 when ``close()`` is not called),
-:mod:`~pgc_hvd.runtime.replica_rng` (the replicas' forward-pass randomness and first-step
+:mod:`~pgc_hvd.runtime.step` (the replicas' forward-pass randomness and first-step
 data),
 :mod:`~pgc_hvd.runtime.agent` (the decision), :mod:`~pgc_hvd.runtime.step_records`,
 :mod:`~pgc_hvd.runtime.interop` (Horovod's broadcast of the optimizer state) and
@@ -61,7 +61,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from pgc_hvd.compress.message import MessageEncoder
+from pgc_hvd.compress.codecs import MessageEncoder
 from pgc_hvd.control.momentum import applies_to, remedy_scheme_options
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime import consistency, interop, lifecycle, optim_state
@@ -69,7 +69,7 @@ from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     parameter_names)
-from pgc_hvd.runtime.replica_rng import ReplicaDataCheck, ReplicaRNG, agree_seed
+from pgc_hvd.runtime.step import ReplicaDataCheck, ReplicaRNG, agree_seed
 from pgc_hvd.runtime.step import FaultMonitor, GradientCapture, Step, declared_metrics
 from pgc_hvd.runtime.step_records import StepRecorder
 
@@ -257,7 +257,7 @@ class PGCOptimizer(_StateDicts):
 
     @property
     def encoder(self):
-        """The :class:`~pgc_hvd.compress.message.MessageEncoder` of this rank's messages."""
+        """The :class:`~pgc_hvd.compress.codecs.MessageEncoder` of this rank's messages."""
         return self._pgc_encoder
 
     @property

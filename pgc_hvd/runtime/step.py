@@ -1,4 +1,5 @@
-"""One step of this rank, on the training thread: capture, plan, message, update.
+"""One step of this rank, on the training thread: capture, plan, message, update, and the
+replicas' randomness and first-step data.
 
 Three objects, the ones a step crosses (the facade, :mod:`pgc_hvd.runtime.optimizer`, drives
 them; docs/architecture.md, "The runtime's parts"):
@@ -17,7 +18,7 @@ them; docs/architecture.md, "The runtime's parts"):
   decided without it catches up -- and whether the step was overtaken under
   ``straggler_policy="cancel"``), the compute clock (busy seconds, sent in the control rows),
   the path of the message (end the partition still in ``p.grad``, refuse slots that got no
-  gradient, unscale under AMP, form it -- :class:`~pgc_hvd.compress.message.MessageEncoder`,
+  gradient, unscale under AMP, form it -- :class:`~pgc_hvd.compress.codecs.MessageEncoder`,
   straight into the payload row when rows are dense --, inject the configured delay, check it
   is finite, encode it, hand it to the agent) and the update (the decided update into
   ``p.grad`` in each parameter's dtype: ``on_update``, Horovod's ``op`` factor, the user's rule
@@ -34,19 +35,52 @@ The plan is formed by :meth:`Step.begin` (``batches()``, ``synchronize()``, or a
 outside ``batches()``), never by a getter; reading it (:meth:`Step.peek_plan`,
 :meth:`Step.would_compute`) changes nothing.
 
+The replicas (at the end of this module, :class:`ReplicaRNG`, :class:`ReplicaDataCheck`): their
+forward-pass randomness as a function of (seed, partition, step), and
+their first step's data, compared once across the ranks that evaluate it.
+
+Gradient coding decodes the full gradient only when the replicas of a partition compute the
+same gradient. Dropout, stochastic depth and any other torch random draw in the forward pass
+come from the rank's own generator, so two ranks evaluating the same batch would draw different
+masks. :meth:`ReplicaRNG.scope` wraps the loop body of each partition that
+``optimizer.batches()`` yields: torch's default CPU generator (and the CUDA generator of the
+parameters' device, when they are on one) is seeded from ``(seed, partition, step)`` and its
+previous state is restored when the body ends, so the user's generators outside
+``batches()`` are left as they were.
+
+The seed is agreed at construction (:func:`agree_seed`: rank 0's ``torch.initial_seed()``, one
+int64 allgather), so a script that calls ``torch.manual_seed(s)`` gets the same masks run after
+run, and one that does not gets fresh ones, as in a plain torch script; the data loader's
+samples have their own seeds (:mod:`pgc_hvd.data.coded_loader`).
+
+The first step's data (:class:`ReplicaDataCheck`): gradient coding decodes the full gradient
+only when every rank that evaluates partition k at
+step t gets the same batch. A dataset generated on each rank without a seed (``torch.randn``
+data), or a per-rank shard where the scheme expects the whole dataset, trains something else
+without a word. At the optimizer's first step, every batch ``optimizer.batches()`` yielded is
+noted as a 63-bit digest of its tensors (:func:`batch_digest`); at the first ``step()`` the
+ranks allgather one row of n int64 (the digest of each partition, -1 where the rank did not
+evaluate it) and a partition whose replicas differ raises the same ValueError on every rank,
+naming the partition, the ranks and the fix. One pass over the first step's batches and one
+collective of 8 n bytes per rank, once; nothing after the first step.
+
 Runs on the training thread only (hooks fire there). May import: ``ops``, ``flat_layout``,
-``control.momentum``, ``runtime.agent`` (``Outgoing``), ``runtime.config`` (``takes_three``),
-``runtime.consistency`` (``NonFiniteParameters``), ``runtime.errors``, ``runtime.interop``
-and torch.
+``control.momentum``, ``runtime.agent`` (``Outgoing``), ``runtime.agreement``, ``runtime.config``
+(``takes_three``), ``runtime.consistency`` (``NonFiniteParameters``), ``runtime.errors``,
+``runtime.interop``, numpy and torch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
+import struct
 import time
 import zlib
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 import pgc_hvd.ops as ops
@@ -54,6 +88,7 @@ from pgc_hvd.control.momentum import compensated
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime import interop
 from pgc_hvd.runtime.agent import Outgoing
+from pgc_hvd.runtime.agreement import allgather_polled, gather_versions, tensors_digest
 from pgc_hvd.runtime.config import takes_three
 from pgc_hvd.runtime.consistency import NonFiniteParameters
 from pgc_hvd.runtime.errors import AgentError
@@ -363,7 +398,7 @@ class Step:
     """This rank's current step: version, plan, clock, message and update (module doc).
 
     ``capture`` (a :class:`GradientCapture`), ``encoder`` (a
-    :class:`~pgc_hvd.compress.message.MessageEncoder`) and ``agent`` (a
+    :class:`~pgc_hvd.compress.codecs.MessageEncoder`) and ``agent`` (a
     :class:`~pgc_hvd.runtime.agent.CommAgent`, or any object with its training-thread members)
     are used through their public members; ``param_groups`` are the optimizer's (a version
     ``hvd.broadcast_optimizer_state`` wrote there is adopted at the first use,
@@ -702,3 +737,117 @@ class FaultMonitor:
         if better is err:
             raise err
         raise better from err
+
+
+# ---- the replicas: forward-pass randomness per (seed, partition, step), first-step data -----
+
+
+def replica_seed(seed: int, partition: int, step: int) -> int:
+    """The 63-bit seed of the forward pass of ``(partition, step)`` (BLAKE2b of the three)."""
+    raw = hashlib.blake2b(struct.pack("<3q", int(seed), int(partition), int(step)),
+                          digest_size=8, person=b"pgc.fwd").digest()
+    return int.from_bytes(raw, "little") & (2 ** 63 - 1)
+
+
+def agree_seed(hvd, *, name: str, timeout: float, rank: int) -> int:
+    """Rank 0's ``torch.initial_seed()`` (63 bits) on every rank: one int64 allgather."""
+    mine = torch.initial_seed() & (2 ** 63 - 1)
+    return gather_versions(hvd, mine, name=name, timeout=timeout, rank=rank,
+                           what="the agreement on the forward pass's random seed")[0]
+
+
+class ReplicaRNG:
+    """Scopes of the forward pass's generators (module doc). ``device``: the parameters'."""
+
+    def __init__(self, seed: int, device=None):
+        self.seed = int(seed)
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        self.cuda = None
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            torch.cuda.init()   # the parameters are there already: cheap
+            self.cuda = torch.cuda.default_generators[index]
+
+    @contextlib.contextmanager
+    def scope(self, partition: int, step: int):
+        """The body of ``(partition, step)`` draws from generators seeded by it; the previous
+        states are restored after it (also when it raises)."""
+        s = replica_seed(self.seed, partition, step)
+        gens = [torch.random.default_generator] + ([self.cuda] if self.cuda is not None else [])
+        saved = [g.get_state() for g in gens]
+        for g in gens:
+            g.manual_seed(s)
+        try:
+            yield
+        finally:
+            for g, st in zip(gens, saved):
+                g.set_state(st)
+
+
+# -- the first step's data -----------------------------------------------------------------
+NOT_EVALUATED = -1
+
+FIX = ("give every rank the same dataset (CodedLoader splits it into the scheme's partitions "
+       "itself: do not shard it per rank) and make generated or randomly augmented data the "
+       "same on every rank (seed it: torch.manual_seed(seed) before torch.randn, or a "
+       "torch.Generator seeded the same on every rank; CodedLoader seeds the transforms of "
+       "each sample itself)")
+
+
+def _tensors(x):
+    if torch.is_tensor(x):
+        yield x
+    elif isinstance(x, np.ndarray):
+        yield torch.from_numpy(np.ascontiguousarray(x))
+    elif isinstance(x, dict):
+        for k in sorted(x, key=str):
+            yield from _tensors(x[k])
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+
+
+def batch_digest(batch) -> int:
+    """A 63-bit digest of the tensors (and numpy arrays) in ``batch``, in order."""
+    return tensors_digest(_tensors(batch))
+
+
+class ReplicaDataCheck:
+    """Notes the first step's batches and compares them across ranks, once (module doc)."""
+
+    def __init__(self, n: int, rank: int):
+        self.n, self.rank = int(n), int(rank)
+        self.digests: dict = {}
+        self.done = False
+
+    def note(self, partition: int, batch) -> None:
+        if not self.done:
+            self.digests[int(partition)] = batch_digest(batch)
+
+    def check(self, hvd, *, step: int, name: str, timeout: float) -> None:
+        """One allgather of every rank's digests; ValueError when replicas differ."""
+        if self.done:
+            return
+        self.done = True
+        row = torch.full((1, self.n), NOT_EVALUATED, dtype=torch.int64)
+        for k, d in self.digests.items():
+            row[0, k] = d
+        rows = allgather_polled(hvd, row, name=name, timeout=timeout, rank=self.rank,
+                                what="the comparison of the replicas' first batches").tolist()
+        bad = []
+        for k in range(self.n):
+            have = {r: rows[r][k] for r in range(len(rows)) if rows[r][k] != NOT_EVALUATED}
+            if len(set(have.values())) > 1:
+                groups: dict = {}
+                for r, d in have.items():
+                    groups.setdefault(d, []).append(r)
+                bad.append((k, sorted(groups.values())))
+        if bad:
+            what = "; ".join(f"partition {k}: " + " vs ".join(f"ranks {g}" for g in gs)
+                             for k, gs in bad[:4])
+            more = f" and {len(bad) - 4} more partitions" if len(bad) > 4 else ""
+            raise ValueError(
+                f"pgc_hvd: the ranks' data differ: at step {step} the replicas of a partition "
+                f"got different batches ({what}{more}). Gradient coding recovers the full "
+                f"gradient only if every rank that evaluates a partition gets the same samples: "
+                f"{FIX}.")

@@ -9,7 +9,7 @@ Protocol (full text in :mod:`pgc_hvd.schemes.protocol`, which engines code again
   ``plan.evaluate`` = ((partition, slot), ...) gradients to evaluate into ring
   slots, ``plan.combine`` = ((slot, coefficient), ...) to form the coded message
   from the ring (``plan.ring_size`` slots; step 0 is the pipeline warm-up). Every engine keeps
-  a worker's ring in a :class:`Ring` (:mod:`pgc_hvd.schemes.ring`: slot versions, the
+  a worker's ring in a :class:`Ring` (:mod:`pgc_hvd.schemes.protocol`: slot versions, the
   unfilled-slot rule, plans cached by ``scheme.plan_key``).
 * Master side: ``rnd = scheme.open_round(step)``; offer arrivals in arrival order,
   ``decision = rnd.offer(Arrival(worker, step, version, message))`` -> ``None``
@@ -24,10 +24,10 @@ Protocol (full text in :mod:`pgc_hvd.schemes.protocol`, which engines code again
   error norms, whether a round can still fire) is declared on :class:`Scheme`.
 """
 
-from .protocol import Arrival, Decision, Round, Scheme, Use, WorkPlan, weighted_sum
+from .protocol import (Arrival, Decision, MessageForm, Ring, Round, Scheme, Use, WorkPlan,
+                       weighted_sum)
 from .registry import (SCHEMES, default_stragglers, get_scheme, scheme_class, setting_stragglers,
                        stragglers_for)
-from .ring import MessageForm, Ring
 
 __all__ = ["get_scheme", "default_stragglers", "stragglers_for", "setting_stragglers",
            "scheme_class", "SCHEMES", "Scheme", "Round", "Arrival", "Decision", "Use", "WorkPlan",

@@ -103,8 +103,11 @@ class _TableRound(Round):
             return self.decide({}, {"table_max_age": max(ages)}, uses=uses)
         fresh = [i for i, e in enumerate(table) if (e[0], e[1]) not in sch.used]
         if mode in ("once", "once-age"):
-            current = [i for i in fresh if ages[i] == 0]
-            if len((fresh, current)[sch.fire == "current"]) < sch.min_fresh:
+            current = [i for i in fresh if ages[i] == 0]    # new gradients of this model
+            # the entries this step counts toward min_fresh: those of the current model
+            # (fire="current") or every entry not used yet (fire="new")
+            counted = current if sch.fire == "current" else fresh
+            if len(counted) < sch.min_fresh:
                 return None         # wait for new gradients (never a pure replay)
             rho = sch.decay
             scale = (lambda a: rho ** a) if mode == "once" else (lambda a: 1.0 / (1.0 + a))

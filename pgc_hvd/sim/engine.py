@@ -5,13 +5,13 @@ Model of one run (all times virtual seconds):
 * The decoder holds the model beta_t, the optimizer and the scheme. Step t's round is open
   while version t is the newest model. After the round fires at time T, the decoder decodes
   g_hat = sum_m a_m m_m (the scheme's ``Decision.combine`` for complex weights, else
-  :func:`pgc_hvd.compress.message.decode_real`, the runtime's kernel), applies the optimizer (version t+1) and broadcasts
+  :func:`pgc_hvd.compress.codecs.decode_real`, the runtime's kernel), applies the optimizer (version t+1) and broadcasts
   beta_{t+1}; every worker receives it at T + decode_time + alpha + model_bytes / b.
 * A worker that receives version v while idle starts step v at once: it evaluates the
   partitions of ``scheme.work_plan(worker, v)`` at beta_v (real gradients), which takes
   ``len(plan.evaluate) * partition_time + delay.sample(worker, v)`` seconds, writes them into
   its ring, forms its coded message from the ring and compresses it (top-kappa, optionally with
-  error feedback) with the runtime's :class:`~pgc_hvd.compress.message.MessageEncoder`
+  error feedback) with the runtime's :class:`~pgc_hvd.compress.codecs.MessageEncoder`
   (:mod:`.workers`) and sends it: it reaches the decoder alpha + bytes / b later. ``straggler_policy="continue"`` (default, as the Horovod
   runtime): a worker busy when a new version arrives finishes its step, sends its (late)
   message, then starts the newest version it holds; skipped steps leave older evaluations in its
@@ -80,7 +80,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from pgc_hvd.compress.message import MessageEncoder, decode_real, dense_payload
+from pgc_hvd.compress.codecs import MessageEncoder, decode_real, dense_payload
 from pgc_hvd.compress.topk import TopK, parse_compression
 from pgc_hvd.control.momentum import applies_to, compensated
 from pgc_hvd.delays import DelayModel, as_delay_model, check_trace_covers, check_workers
@@ -387,7 +387,7 @@ class Simulator:
     def _decode(self, decision) -> torch.Tensor:
         """g_hat = sum_u a_u D(p_u) over the decision's uses: complex weights (Reed-Solomon)
         through the scheme's ``Decision.combine`` (its real part), real ones through
-        :func:`pgc_hvd.compress.message.decode_real`."""
+        :func:`pgc_hvd.compress.codecs.decode_real`."""
         uses = decision.uses
         payloads = {(u.worker, u.step): self.store[(u.worker, u.step)]["payload"] for u in uses}
         if decision.real_part or any(isinstance(u.weight, complex) for u in uses):

@@ -33,7 +33,7 @@ The runtime's ordered control log (:mod:`pgc_hvd.runtime.control_log`) exchanges
     (the root) and the last follower alike;
   - ``"log-store"`` (a what-if, the runtime before issue 38): a ``set`` into rank 0's store (B
     ``get_beta`` s) and the delete of an old outcome (one ``local_rtt``), then the store
-    answers the n - 1 waiting ``get``\ s one after another; the k-th follower holds the
+    answers the n - 1 waiting ``get`` calls one after another; the k-th follower holds the
     outcome after ``fan_latency + k (fan_op + B fan_beta)``: (n - 1) B ~ n^2 line_bytes bytes
     leave one server per step;
 
@@ -66,7 +66,7 @@ from pathlib import Path
 
 FORMAT = "pgc_hvd.log_control_fit/1"
 #: the float64 words of a control row before its h slot versions and k metrics
-#: (``pgc_hvd.runtime.wire.CTRL_FIXED``; the log line adds one word, the rank)
+#: (``pgc_hvd.runtime.rows.CTRL_FIXED``; the log line adds one word, the rank)
 ROW_FIXED = 11
 ROLES = ("decider", "follower")
 

@@ -17,7 +17,7 @@ from pgc_hvd.compress import (DenseCodec, Fp16Codec, Fp16SparseCodec, ResidualMe
                               allreduce_bytes, make_codec, optimistic_default)
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.runtime.channel import LoopbackChannel
-from pgc_hvd.runtime.wire import ctrl_len
+from pgc_hvd.runtime.rows import ctrl_len
 from pgc_hvd.schemes import get_scheme
 
 

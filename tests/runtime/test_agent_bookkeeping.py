@@ -11,7 +11,7 @@ import torch
 from pgc_hvd.compress import DenseCodec
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.runtime.channel import LoopbackChannel
-from pgc_hvd.runtime.wire import ctrl_len
+from pgc_hvd.runtime.rows import ctrl_len
 from pgc_hvd.schemes import get_scheme
 
 STEPS = 20_000

@@ -13,7 +13,7 @@ import pytest
 from pgc_hvd.compress import DenseCodec
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.runtime.channel import LoopbackChannel
-from pgc_hvd.runtime.wire import CTRL_FIXED, ctrl_len, metric_values, slot_versions
+from pgc_hvd.runtime.rows import CTRL_FIXED, ctrl_len, metric_values, slot_versions
 from pgc_hvd.schemes import get_scheme
 
 

@@ -10,7 +10,7 @@ from pgc_hvd.runtime.control_log import (LogView, decode_batches, decode_error, 
                                          encode_batches, encode_error, encode_rows,
                                          one_row_per_rank)
 from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.runtime.wire import CTRL_BUSY, CTRL_DONE, CTRL_READY_STEP, ctrl_len, pack_row
+from pgc_hvd.runtime.rows import CTRL_BUSY, CTRL_DONE, CTRL_READY_STEP, ctrl_len, pack_row
 
 RING, K = 2, 1
 L = ctrl_len(RING, K)
@@ -121,7 +121,7 @@ def _body_agent(scheme, rank, channel, full):
     decisions instead of a data phase; ``full``: every run reads all n rows (as a polled round
     does), else only the rows that changed."""
     from pgc_hvd.runtime.agent import DecisionBody
-    from pgc_hvd.runtime.arrivals import ArrivalBook
+    from pgc_hvd.runtime.rows import ArrivalBook
 
     class Agent(DecisionBody):
         def __init__(self):
@@ -130,7 +130,6 @@ def _body_agent(scheme, rank, channel, full):
             self.ctrl_len = ctrl_len(self.ring_size, 0)
             self.book = ArrivalBook(self.n, self.ring_size, 0)
             self.step, self.control_rounds, self.staleness_changes = 0, 0, []
-            self._ended_at, self._last_rows, self._last_round_at = None, None, 0.0
             self.timeout, self.channel, self.census = 3600.0, channel, False
             self.decisions = []
             channel.agent = self
@@ -141,11 +140,7 @@ def _body_agent(scheme, rank, channel, full):
         def fire(self, decision, ctl):
             self.decisions.append((decision.step, tuple((u.worker, u.step, float(u.weight))
                                                          for u in decision.uses)))
-            self.step += 1
-            if self.step % 64 == 0:
-                self.book.forget_before(self.step - 32)
-                self._rows_state.full = True
-            self._round = self.scheme.open_round(self.step)
+            self.next_round()
 
     return Agent()
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pgc_hvd.compress.message import MessageEncoder
+from pgc_hvd.compress.codecs import MessageEncoder
 from pgc_hvd.control.momentum import implicit_momentum
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime.agent import CommAgent
@@ -27,7 +27,7 @@ from pgc_hvd.runtime.consistency import NonFiniteParameters
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.step import (FaultMonitor, GradientCapture, Step, all_finite,
                                   declared_metrics, hyper_digest)
-from pgc_hvd.runtime.wire import ctrl_len
+from pgc_hvd.runtime.rows import ctrl_len
 from pgc_hvd.schemes import Ring, get_scheme
 
 

@@ -14,7 +14,7 @@ from pgc_hvd.compress import DenseCodec
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.runtime.channel import LoopbackChannel
 from pgc_hvd.runtime.step_records import StepRecorder
-from pgc_hvd.runtime.wire import ctrl_len
+from pgc_hvd.runtime.rows import ctrl_len
 from pgc_hvd.schemes import get_scheme
 
 
