@@ -607,9 +607,7 @@ class CommAgent(DecisionBody):
         """Make every later collective of this agent fail (:meth:`Collectives.cut_off`), and
         stop its control channel's threads (an abandoned world's log reader)."""
         self.coll.cut_off()
-        stop = getattr(self.channel, "stop", None)
-        if callable(stop):
-            stop()
+        self.channel.stop()
 
     @property
     def running(self) -> bool:
@@ -695,6 +693,10 @@ class CommAgent(DecisionBody):
             self.channel.close()
         except BaseException as err:  # surfaced to the training thread
             log.error("pgc_hvd agent on rank %d stopped: %s", self.rank, err)
+            # the channel's own threads end with the agent (rank 0's log reader would
+            # otherwise stay blocked in the store until the process exits, and a read that
+            # times out while the interpreter finalises aborts the process)
+            self.channel.stop()
             if self.on_stop is not None:
                 try:
                     self.on_stop(err)

@@ -8,7 +8,10 @@ Control channels: how the ranks exchange their control rows each round (one inte
 
 ``channel.exchange(row, packed=None) -> (rows, payloads)``: publish this rank's control row
 (:mod:`pgc_hvd.runtime.rows`, float64) and return every rank's row in rank order, plus
-``{(rank, step): payload}`` of the payloads that rode along (identical on every rank).
+``{(rank, step): payload}`` of the payloads that rode along (identical on every rank);
+``channel.close()`` after the last round (the bye protocol where there is one);
+``channel.stop()`` when the agent stops on an error or is cut off (its own threads end, no
+wait for the other ranks).
 
 * :class:`AllgatherChannel`: a Horovod allgather of the rows; with ``carries_payloads`` (the
   optimistic one-collective rounds) a rank may pass ``packed``, a float32 tensor whose first
@@ -210,6 +213,9 @@ class AllgatherChannel:
         except WireError as err:
             raise AgentError(f"rank {self.coll.rank}: {err}") from err
 
+    def stop(self) -> None:
+        """No thread of its own to stop."""
+
     def close(self) -> None:
         pass
 
@@ -228,6 +234,9 @@ class LoopbackChannel:
     def exchange(self, row: torch.Tensor, packed: Optional[torch.Tensor] = None):
         return parse_packed(_packed(row, packed, self.length).clone(), 1, self.length,
                             self.width)
+
+    def stop(self) -> None:
+        """No thread of its own to stop."""
 
     def close(self) -> None:
         pass

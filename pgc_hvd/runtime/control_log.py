@@ -509,8 +509,9 @@ class LogChannel:
                           f"{self.timeout:.0f}s); stopping ({err})", **who)
 
     def stop(self) -> None:
-        """Leave without the bye protocol (an abandoned world, elastic mode): rank 0's reader
-        thread ends at once; nothing waits for the other ranks."""
+        """Leave without the bye protocol (the agent stopped on an error, or an abandoned
+        world in elastic mode): rank 0's reader thread ends at once; nothing waits for the
+        other ranks (the store keeps serving their census)."""
         self._stop_reader()
 
     def _stop_reader(self) -> None:

@@ -145,6 +145,9 @@ class StoreChannel:
                 f"{self.timeout:.0f}s: a rank has died or hung; stopping instead of hanging "
                 f"({type(err).__name__}: {err})")
 
+    def stop(self) -> None:
+        """No thread of its own to stop (the agent stopped or was cut off)."""
+
     def close(self) -> None:
         """After the last round: rank 0 waits until every rank has read it."""
         say_bye(self.store, self.prefix, self.rank, self.n, self.timeout)

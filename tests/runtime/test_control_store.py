@@ -136,3 +136,37 @@ def test_rank_0_closes_after_every_rank_said_bye_and_not_forever():
     say_bye(store, "pgc/t-never", 0, 2, timeout=0.3)
     assert 0.3 <= time.monotonic() - t0 < 3
     assert int(store.add("pgc/t-never/bye", 0)) == 1
+
+
+
+def _log_readers(name: str) -> list:
+    return [t for t in threading.enumerate() if t.name == f"{name}-log-reader" and t.is_alive()]
+
+
+def test_an_agent_that_stops_on_an_error_ends_its_log_reader():
+    """``control="log"``: rank 0's reader thread blocks in the store for the next log row. When
+    a rank's training thread fails, every agent stops with the error, and rank 0's stops its
+    channel: the reader ends at once instead of waiting in the store until the process exits
+    (a read timing out while the interpreter finalises aborts the process: seen as exit code
+    134 of a horovodrun job whose rank 0 had a failed optimizer)."""
+    from pgc_hvd.compress.codecs import make_codec
+    from pgc_hvd.runtime.agent import CommAgent
+    from pgc_hvd.schemes import get_scheme
+
+    def body(rank, ops):
+        scheme = get_scheme("pgc-cr", 2, 1)
+        codec = make_codec(8, None, complex_messages=False)
+        agent = CommAgent(ops, scheme, rank, 8, scheme.lookback, codec=codec,
+                          device="cpu", control="log", timeout=20.0, name="t-agentstop")
+        readers = len(_log_readers("t-agentstop"))
+        agent.start()
+        if rank == 1:
+            agent.fail()          # this rank's training thread raised
+        assert agent.join(15.0), "the agent did not stop"
+        return readers, agent.error
+
+    (readers0, err0), (_, err1) = in_world(2, body)
+    assert readers0 >= 1                       # rank 0 read the log on a thread of its own
+    for err in (err0, err1):
+        assert isinstance(err, AgentError) and tuple(err.failed_ranks) == (1,), err
+    assert poll_until(lambda: not _log_readers("t-agentstop"), 5.0), "the log reader still runs"
