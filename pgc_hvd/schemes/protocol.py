@@ -387,7 +387,9 @@ class Scheme:
       the control rule runs only then), :attr:`lookback`.
     * decoding: :attr:`needs_error_norms` (the decoder reads every arrival's compression error
       ||C(g^_i) - g^_i||) and its precondition, :meth:`check_error_norms`; :meth:`can_fire`
-      (whether an open round can still fire).
+      (whether an open round can still fire); a decision's diagnostics
+      (:meth:`effective_coefficients`) read each used message's nonzero coefficients,
+      :meth:`message_entries`, cached per :meth:`message_key`.
     * the straggler budget s, before a scheme is built (class methods): its default,
       :meth:`default_stragglers`, and its check, :meth:`check_stragglers` (``waits_for_all``:
       every step waits for all n workers, so s = 0 only); :meth:`setting_stragglers`, the s a
@@ -415,7 +417,7 @@ class Scheme:
         self.n = int(n)
         self.s = int(s)
         self._coef_cache: dict = {}
-        self._entry_cache: dict = {}   # plan key -> message_entries
+        self._entry_cache: dict = {}   # message_key -> message_entries
         self._entries: dict = {}       # the distinct message_entries
 
     # -- the straggler budget s (class methods: asked before a scheme is built) ----------
@@ -576,8 +578,8 @@ class Scheme:
 
     def message_entries(self, worker: int, step: int) -> tuple:
         """The nonzero entries of :meth:`message_row`, ``(partitions, coefficients)`` arrays in
-        partition order: O(L_j) to build and keep, not O(n) (cached per plan key; plans with
-        the same entries share them)."""
+        partition order: O(L_j) to build and keep, not O(n) (cached per :meth:`message_key`;
+        messages with the same entries share them)."""
         key = self.message_key(worker, step)
         got = self._entry_cache.get(key)
         if got is None:
