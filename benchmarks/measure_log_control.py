@@ -1,7 +1,7 @@
 """Measure what ``control="log"`` costs on this machine, for the simulator's model of it.
 
     python benchmarks/measure_log_control.py --out docs/figures/log_control_fit.json
-        [--ns 4,16,64,256,1024] [--reps 400] [--fanout 1,2,4,8]
+        [--ns 4,16,64,256,1024] [--reps 400] [--fanout 1,2,4,8] [--rows 12000] [--s S]
 
 The model (:class:`pgc_hvd.sim.comm.LogCosts`, used by :mod:`pgc_hvd.sim.log_agents`) needs
 four things; each is timed here on the runtime's own code or on a torch ``TCPStore`` as the
@@ -25,10 +25,12 @@ runtime opens it (:mod:`pgc_hvd.runtime.control_log`):
   :func:`pgc_hvd.runtime.control_log.log_loop` (decider and follower branches, the real
   :class:`~pgc_hvd.runtime.agent.DecisionBody`, ``LogView``, ``ArrivalBook``, the outcome's
   encoding and decoding) on an in-memory channel over rows of ``pgc-cr`` with
-  s = max(1, n // 16) (each step every rank shows its message, in random order; no row of step
-  t + 1 before step t is decided), at each n in ``--ns``, in thread CPU seconds, once with
-  batches of one row and once of up to max(4, n // 4): ``run`` and ``row`` solve
-  ``seconds = runs * run + rows * row`` for the two.
+  s = max(1, n // 16) (``--s``: one s at every n; each step every rank shows its message, in
+  random order; no row of step t + 1 before step t is decided), at each n in ``--ns``, in
+  thread CPU seconds, once with batches of one row and once of up to max(4, n // 4): ``run``
+  and ``row`` solve ``seconds = runs * run + rows * row`` for the two. A row carries s + 1 slot
+  versions (PGC-CR's ring), so with s = n // 16 its own part grows with n through its length
+  (76 words at n = 1024, 16 at n = 64); ``--s`` keeps the length fixed.
 
 Everything runs on this machine's cores, shared with whatever else runs: the JSON (format
 ``pgc_hvd.log_control_fit/1``) records the load average before and after and every sample.
@@ -260,11 +262,10 @@ def log_lines(n: int, lookback: int, steps: int, seed: int) -> list:
     return lines
 
 
-def _run_roles(n: int, lines: list, batch: int) -> dict:
+def _run_roles(n: int, s: int, lines: list, batch: int) -> dict:
     """Thread seconds, body runs and rows of log_loop's decider, then follower, branches."""
     from pgc_hvd.runtime.control_log import log_loop
     from pgc_hvd.schemes import get_scheme
-    s = max(1, n // 16)
     Agent = _agent_class()
     published: dict = {}
     out = {}
@@ -277,15 +278,15 @@ def _run_roles(n: int, lines: list, batch: int) -> dict:
     return out
 
 
-def measure_body(n: int, steps: int, seed: int = 0) -> dict:
+def measure_body(n: int, steps: int, seed: int = 0, s: int | None = None) -> dict:
     """The body's cost at this n: log_loop run once with batches of 1 row and once with
     batches of up to K = max(4, n // 4) rows; per role, seconds = runs * run + rows * row,
     solved from the two runs (``row`` >= 0)."""
     from pgc_hvd.schemes import get_scheme
-    s = max(1, n // 16)
+    s = max(1, n // 16) if s is None else int(s)
     lines = log_lines(n, get_scheme("pgc-cr", n, s).lookback, steps, seed)
     K = max(4, n // 4)
-    one, many = _run_roles(n, lines, 1), _run_roles(n, lines, K)
+    one, many = _run_roles(n, s, lines, 1), _run_roles(n, s, lines, K)
     out = {"n": n, "s": s, "steps": steps, "rows": len(lines), "batch": K,
            "by_row": one, "by_batch": many}
     for role in ("decider", "follower"):
@@ -311,6 +312,10 @@ def main(argv=None) -> int:
     p.add_argument("--fanout", default="1,2,4,8")
     p.add_argument("--rows", type=int, default=12000,
                    help="about this many rows per n for the decision body (at least 3 steps)")
+    p.add_argument("--s", type=int, default=None,
+                   help="PGC-CR's s at every n for the decision body (default max(1, n // 16), "
+                        "the scale model's; a fixed s keeps the row's s + 1 slot words the same "
+                        "at every n)")
     args = p.parse_args(argv)
     import torch
     torch.set_num_threads(1)
@@ -323,7 +328,7 @@ def main(argv=None) -> int:
           f"(rel. RMS {store['fan_rel_rms']:.2f})", file=sys.stderr, flush=True)
     bodies = []
     for n in [int(x) for x in args.ns.split(",")]:
-        b = measure_body(n, max(3, args.rows // n))
+        b = measure_body(n, max(3, args.rows // n), s=args.s)
         bodies.append(b)
         print(f"[log] n={n}: body run + per row: decider {b['decider']['run'] * 1e6:.1f} us + "
               f"{b['decider']['row'] * 1e6:.2f} us, follower {b['follower']['run'] * 1e6:.1f} "

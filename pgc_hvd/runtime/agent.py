@@ -178,16 +178,21 @@ class Report:
 class RowState:
     """What the decision body keeps of the rows it has read, so that a run reads only the rows
     that changed since the previous one (O(1) per row, not O(n) per run): the failed and
-    finished ranks, each rank's non-finite step and how many ranks show each, and the ranks
-    whose row shows a message not yet offered (``carried``: a decision fired before it was
-    offered)."""
+    finished ranks, the version each finished rank's loop ended at and how many ranks show
+    each, each rank's non-finite step and how many ranks show each, how many ranks still
+    training show each newest step, and the ranks whose row shows a message not yet offered
+    (``carried``: a decision fired before it was offered)."""
 
     def __init__(self, n: int):
         self.n = int(n)
         self.failed: set = set()
         self.done: set = set()
-        self.bad = [-1] * self.n
-        self.bad_count: dict = {}
+        self.ended = [None] * self.n     # the version a finished rank's loop ended at
+        self.ended_count: dict = {}      # ended version -> how many finished ranks show it
+        self.bad = [None] * self.n       # the newest step a rank's message was non-finite at
+        self.bad_count: dict = {}        # non-finite step -> how many ranks show it
+        self.live = [None] * self.n      # the newest step a rank still training has shown
+        self.live_count: dict = {}       # newest step -> how many ranks still training show it
         self.carried: set = set()
         #: the next run reads every row (the first one; after the book forgot old steps, whose
         #: messages a row may show again)
@@ -197,14 +202,44 @@ class RowState:
         for w in ranks:
             row = ctl[w]
             (self.failed.add if row[CTRL_FAILED] > 0 else self.failed.discard)(w)
-            (self.done.add if row[CTRL_DONE] > 0 else self.done.discard)(w)
+            done = row[CTRL_DONE] > 0
+            (self.done.add if done else self.done.discard)(w)
+            self.ended[w] = _recount(self.ended_count, self.ended[w],
+                                     int(row[CTRL_DONE]) - 1 if done else None)
             b = int(row[CTRL_BAD_STEP])
-            if b != self.bad[w]:
-                if self.bad[w] >= 0:
-                    self.bad_count[self.bad[w]] -= 1
-                if b >= 0:
-                    self.bad_count[b] = self.bad_count.get(b, 0) + 1
-                self.bad[w] = b
+            self.bad[w] = _recount(self.bad_count, self.bad[w], b if b >= 0 else None)
+
+    def carry(self, ctl, candidates, offered) -> None:
+        """Keep, of ``candidates`` (the rows a run could offer), the ranks whose row shows a
+        message not yet ``offered``: the next run offers them, changed or not."""
+        self.carried = {w for w in candidates if int(ctl[w][CTRL_READY_STEP]) >= 0
+                        and (w, int(ctl[w][CTRL_READY_STEP])) not in offered}
+
+    def see_newest(self, newest, ranks) -> None:
+        """Count the ranks still training by the newest step they have shown (``newest``: the
+        book's, already updated for ``ranks``)."""
+        for w in ranks:
+            self.live[w] = _recount(self.live_count, self.live[w],
+                                    None if w in self.done else newest[w])
+
+    def computed_by_live(self, step: int) -> bool:
+        """Whether a rank still training has shown a message for ``step`` or later (O(the
+        distinct newest steps shown), a few: the ranks train within a few steps of each
+        other)."""
+        return any(k >= step for k in self.live_count)
+
+
+def _recount(count: dict, old, new):
+    """Move one rank from key ``old`` to key ``new`` of ``count`` (None: not counted; a key
+    whose count drops to 0 goes); returns ``new``."""
+    if old != new:
+        if old is not None:
+            count[old] -= 1
+            if not count[old]:
+                del count[old]
+        if new is not None:
+            count[new] = count.get(new, 0) + 1
+    return new
 
 
 class DecisionBody:
@@ -253,29 +288,30 @@ class DecisionBody:
             return END
         self._apply_staleness_bound(int(ctl[0][CTRL_STALENESS_BOUND]))
         book.see_ready(ctl, ranks)
+        st.see_newest(book.newest, ranks)
+        book.see_bad(ctl, warn=self.rank == 0, ranks=ranks)
+        # the rows that may show a message not yet offered: the changed ones, and those
+        # whose message a decision fired before (or a replay held back, or an IDLE run did
+        # not offer)
+        candidates = ranks if full else sorted(set(ranks) | st.carried)
         if st.done:
-            ended = [int(ctl[w][CTRL_DONE]) - 1 for w in st.done]
-            if self.step >= min(ended) and not any(
-                    ctl[w][CTRL_DONE] <= 0 and book.newest[w] >= self.step for w in range(n)):
+            ended = min(st.ended_count)
+            if self.step >= ended and not st.computed_by_live(self.step):
                 # a rank's loop ended at or before this step, and no rank still training has
                 # computed it: it is not needed (every rank loops on `optimizer.version <
                 # steps`), and deciding it (a bounded-staleness round can fire from its
                 # table, or on a late message) would move every rank past the version its
                 # loop stopped at. A rank still training that computes it makes it needed
                 # again (a rank that left its loop early catches up at close()).
-                self._ended_at = min(ended)
+                self._ended_at = ended
+                st.carry(ctl, candidates, book.offered)
                 return IDLE
-        book.see_bad(ctl, warn=self.rank == 0, ranks=ranks)
-        # the rows that may show a message not yet offered: the changed ones, and those
-        # whose message a decision fired before (or a replay held back)
-        candidates = ranks if full else sorted(set(ranks) | st.carried)
         decision = None
         for arr in book.arrivals(ctl, candidates):
             decision = rnd.offer(arr)
             if decision is not None:
                 break  # later arrivals of this batch are offered to the next round
-        st.carried = {w for w in candidates if int(ctl[w][CTRL_READY_STEP]) >= 0
-                      and (w, int(ctl[w][CTRL_READY_STEP])) not in book.offered}
+        st.carry(ctl, candidates, book.offered)
         if decision is None:
             decision = rnd.poll()
         if decision is None:

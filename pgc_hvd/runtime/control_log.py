@@ -64,6 +64,7 @@ The store holds about n log rows.
 
 from __future__ import annotations
 
+import array
 import logging
 import threading
 import time
@@ -162,16 +163,18 @@ class LogView:
 
 def encode_rows(rows: list) -> bytes:
     """[(rank, row), ...] as float64 bytes, one [rank | row] line each."""
-    if not rows:
-        return b""
-    return np.array([[float(w)] + list(r) for w, r in rows], dtype=np.float64).tobytes()
+    lines = array.array("d")     # extended in C, no per-word Python object
+    for w, r in rows:
+        lines.append(float(w))
+        lines.extend(r)
+    return lines.tobytes()
 
 
 def decode_rows(raw: bytes, length: int) -> list:
     if not raw:
         return []
-    a = np.frombuffer(raw, dtype=np.float64).reshape(-1, length + 1)
-    return [(int(line[0]), line[1:].tolist()) for line in a]
+    lines = np.frombuffer(raw, dtype=np.float64).reshape(-1, length + 1)
+    return list(zip(lines[:, 0].astype(np.int64).tolist(), lines[:, 1:].tolist()))
 
 
 _BATCH = -2.0         # the rank word of the line that separates two batches in an outcome
@@ -193,8 +196,9 @@ def encode_batches(batches: list) -> bytes:
 
 def decode_batches(raw: bytes, length: int) -> list:
     out: list = [[]]
+    sep = int(_BATCH)
     for w, r in decode_rows(raw, length):
-        if w == int(_BATCH):
+        if w == sep:
             out.append([])
         else:
             out[-1].append((w, r))
@@ -650,10 +654,13 @@ def one_row_per_rank(rows: list) -> list:
     rank, so a rank's state that a later row of its own replaces (the step of a non-finite
     message, a staleness-bound request) is seen by a run before it is replaced."""
     out: list = [[]]
+    ranks: set = set()    # the ranks of the last batch
     for w, r in rows:
-        if any(v == w for v, _ in out[-1]):
+        if w in ranks:
             out.append([])
+            ranks = set()
         out[-1].append((w, r))
+        ranks.add(w)
     return out
 
 

@@ -111,6 +111,10 @@ class PGCCRScheme(Scheme):
         return type(plan)(plan.worker, plan.step, plan.evaluate,
                           tuple(enumerate(coefs)), plan.slot_partitions)
 
+    def message_key(self, worker: int, step: int):
+        """The ring sum's coefficients rotate with the step only when ``decay`` < 1."""
+        return worker if self.decay == 1.0 else self.plan_key(worker, step)
+
     def weights_for(self, workers, rnd):
         w = 1.0 / (self.n * self.mu)
         # ring_decay: the rho this run weights its ring with (the remedy's 1 - beta under

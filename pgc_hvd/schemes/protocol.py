@@ -387,7 +387,9 @@ class Scheme:
       the control rule runs only then), :attr:`lookback`.
     * decoding: :attr:`needs_error_norms` (the decoder reads every arrival's compression error
       ||C(g^_i) - g^_i||) and its precondition, :meth:`check_error_norms`; :meth:`can_fire`
-      (whether an open round can still fire).
+      (whether an open round can still fire); a decision's diagnostics
+      (:meth:`effective_coefficients`) read each used message's nonzero coefficients,
+      :meth:`message_entries`, cached per :meth:`message_key`.
     * the straggler budget s, before a scheme is built (class methods): its default,
       :meth:`default_stragglers`, and its check, :meth:`check_stragglers` (``waits_for_all``:
       every step waits for all n workers, so s = 0 only); :meth:`setting_stragglers`, the s a
@@ -415,6 +417,8 @@ class Scheme:
         self.n = int(n)
         self.s = int(s)
         self._coef_cache: dict = {}
+        self._entry_cache: dict = {}   # message_key -> message_entries
+        self._entries: dict = {}       # the distinct message_entries
 
     # -- the straggler budget s (class methods: asked before a scheme is built) ----------
     @classmethod
@@ -491,6 +495,16 @@ class Scheme:
             return (worker, 0)
         return (worker, 1 + (step - 1) % len(self.supports()[worker]))
 
+    def message_key(self, worker: int, step: int):
+        """A key such that ``work_plan(worker, t).message_partitions`` and ``work_plan(worker,
+        t').message_partitions`` are the same when ``message_key(worker, t) == message_key(
+        worker, t')``: the worker for this class's plan (the sum of the ring S_j with
+        :meth:`slot_coefficients`, whatever the step), else the plan key (a subclass that
+        overrides :meth:`work_plan` overrides this when it knows better)."""
+        if type(self).work_plan is Scheme.work_plan:
+            return worker
+        return self.plan_key(worker, step)
+
     @property
     def ring_depth(self) -> int:
         """L = max_j L_j, the most ring slots a worker keeps (``work_plan(j, t).ring_size``):
@@ -562,26 +576,47 @@ class Scheme:
             self._coef_cache[key] = row
         return row
 
+    def message_entries(self, worker: int, step: int) -> tuple:
+        """The nonzero entries of :meth:`message_row`, ``(partitions, coefficients)`` arrays in
+        partition order: O(L_j) to build and keep, not O(n) (cached per :meth:`message_key`;
+        messages with the same entries share them)."""
+        key = self.message_key(worker, step)
+        got = self._entry_cache.get(key)
+        if got is None:
+            mp = self.work_plan(worker, step).message_partitions
+            parts = sorted({p for p, _ in mp})
+            at = {p: i for i, p in enumerate(parts)}
+            vals = np.zeros(len(parts), dtype=complex if self.complex_messages else float)
+            for p, coef in mp:         # summed as message_row sums them
+                vals[at[p]] += coef
+            keep = vals != 0
+            got = (np.array(parts, dtype=np.int64)[keep], vals[keep])
+            got = self._entry_cache[key] = self._entries.setdefault(
+                (got[0].tobytes(), got[1].tobytes()), got)
+        return got
+
     def effective_coefficients(self, uses: Sequence[Use]) -> dict:
-        """alpha_{m,k} = n * weight_m * coef_{m,k} and per-partition sums (see module doc)."""
+        """alpha_{m,k} = n * weight_m * coef_{m,k} and per-partition sums (see module doc), from
+        the messages' nonzero coefficients (:meth:`message_entries`): O(sum of the used L_j + n),
+        not O(len(uses) * n); the same values as from their dense rows (the per-partition sums
+        add in use order, as a sum over the rows does)."""
         if not uses:
             return {}
-        rows = np.stack([self.message_row(u.worker, u.step) for u in uses])
+        entries = [self.message_entries(u.worker, u.step) for u in uses]
         w = np.array([u.weight for u in uses])
-        alpha = self.n * w[:, None] * rows
-        if np.iscomplexobj(alpha):
-            alpha_r = alpha.real
-        else:
-            alpha_r = alpha
-        nz = rows != 0
-        vals = alpha_r[nz]
-        per_partition = alpha_r.sum(axis=0)
+        parts = np.concatenate([p for p, _ in entries])
+        coefs = np.concatenate([c for _, c in entries])
+        owner = np.repeat(np.arange(len(uses)), [len(p) for p, _ in entries])
+        alpha = (self.n * w)[owner] * coefs
+        alpha_r = alpha.real if np.iscomplexobj(alpha) else alpha
+        per_partition = np.zeros(self.n, dtype=alpha_r.dtype)
+        np.add.at(per_partition, parts, alpha_r)
         wr = w.real if np.iscomplexobj(w) else w
         return {
             "weight_min": float(wr.min()), "weight_max": float(wr.max()),
-            "alpha_min": float(vals.min()) if vals.size else 0.0,
-            "alpha_max": float(vals.max()) if vals.size else 0.0,
-            "alpha_absmax": float(np.abs(alpha[nz]).max()) if vals.size else 0.0,
+            "alpha_min": float(alpha_r.min()) if alpha.size else 0.0,
+            "alpha_max": float(alpha_r.max()) if alpha.size else 0.0,
+            "alpha_absmax": float(np.abs(alpha).max()) if alpha.size else 0.0,
             "partition_weight_min": float(per_partition.min()),
             "partition_weight_max": float(per_partition.max()),
             "decode_norm1": float(self.n * np.abs(w).sum()),

@@ -145,16 +145,24 @@ def _body_agent(scheme, rank, channel, full):
     return Agent()
 
 
-def _lines(n, lookback, steps, seed):
+def _lines(n, lookback, steps, seed, early=None):
     """(step, (rank, row)) of a run: per step every rank's message in random order, some
     shown twice (a state row re-showing it), one rank's message of some steps non-finite
-    (a bad-step row instead), then every rank's done row."""
+    (a bad-step row instead), then every rank's done row. ``early=(rank, k)``: that rank's
+    loop ends at version k (its done row first among step k's rows, no message from it
+    after)."""
     import numpy as np
     rng = np.random.default_rng(seed)
     Lb = ctrl_len(lookback, 0)
     out = []
     for t in range(steps):
+        if early is not None and t == early[1]:
+            r = pack_row(torch.empty(Lb, dtype=torch.float64), None, ring_size=lookback,
+                         done=1.0 + t).tolist()
+            out.append((t, (early[0], r)))
         for w in rng.permutation(n):
+            if early is not None and w == early[0] and t >= early[1]:
+                continue
             slots = tuple(range(max(0, t - lookback + 1), t + 1))
             msg = Outgoing(t, t, torch.zeros(1), t + float(rng.random()), loss=0.5,
                            slot_versions=slots)
@@ -195,3 +203,26 @@ def test_body_reading_only_changed_rows_decides_as_reading_all():
                 got[full] = dec.decisions
             assert len(got[True]) >= 60, (name, batch, len(got[True]))
             assert got[True] == got[False], (name, batch)
+
+
+def test_body_reading_only_changed_rows_decides_as_reading_all_when_a_rank_ends_early():
+    """As above, with one rank's loop ending at version 5 while the others go on: the body
+    finds step 5 not needed (IDLE) until a rank still training shows a message for it, and
+    offers later the messages a row showed during such a run (bcgc read only the changed rows
+    never offered them before), on the changed rows as on all n rows."""
+    from pgc_hvd.runtime.control_log import log_loop
+    from pgc_hvd.schemes import get_scheme
+    for name, n, s, steps in (("pgc-cr", 6, 1, 20), ("bcgc", 6, 2, 20),
+                              ("bounded-staleness", 5, 1, 6)):
+        for batch in (1, 4):
+            got = {}
+            for full in (True, False):
+                sch = get_scheme(name, n, s)
+                lines = _lines(n, sch.lookback, 20, seed=batch, early=(n - 1, 5))
+                length = ctrl_len(sch.lookback, 0)
+                dec = _body_agent(sch, 0, _MemoryLog(lines, batch, {}, length), full)
+                log_loop(dec)
+                got[full] = (dec.decisions, dec.book.bad_log, dec._ended_at)
+            assert len(got[True][0]) == steps, (name, batch, len(got[True][0]))
+            assert got[True] == got[False], (name, batch)
+            assert got[True][2] == 5, (name, batch)
