@@ -11,7 +11,8 @@ because its per-cycle bit allreduce can abort a survivor in gloo when the world 
 s = 1) with no kill, alternating the cache's capacity (``--capacities``, default ``0,1024``:
 off, Horovod's default), ``--repeats`` jobs each. Per job: the median seconds per version over
 the versions after ``--warmup`` (each rank's ``step_times``; the job's figure is the median
-over its ranks), and the job's wall time.
+over its ranks), and the job's wall time. ``--env KEY=VALUE`` sets a variable for every rank
+(e.g. ``HOROVOD_CYCLE_TIME=1``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def one_job(lh, work: Path, *, capacity: int, args) -> dict:
     _, disc = lh.discovery(work)
     out = work / "run"
     env = lh.elastic_env(args.gloo_timeout, str(ROOT))
+    env.update(args.env)
     env["HOROVOD_CACHE_CAPACITY"] = str(capacity)   # horovodrun passes it on to every rank
     cmd = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", "4",
            "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(disc),
@@ -76,8 +78,15 @@ def main(argv=None) -> int:
     p.add_argument("--compute-time", type=float, default=0.02)
     p.add_argument("--gloo-timeout", type=int, default=30)
     p.add_argument("--job-timeout", type=float, default=300)
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for every rank (e.g. HOROVOD_CYCLE_TIME=1); "
+                        "repeatable")
     p.add_argument("--out", default=None, help="JSON file for the figures")
     args = p.parse_args(argv)
+    bad = [e for e in args.env if "=" not in e or not e.split("=", 1)[0]]
+    if bad:
+        p.error(f"--env wants KEY=VALUE, got {bad[0]!r}")
+    args.env = dict(e.split("=", 1) for e in args.env)
     caps = [int(c) for c in args.capacities.split(",")]
     results = []
     with LocalHosts(count=4) as lh:
@@ -111,7 +120,7 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps({
             "command": "python benchmarks/elastic_cache_overhead.py " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
-            "machine": f"{os.cpu_count()} cores", "summary": summary,
+            "machine": f"{os.cpu_count()} cores", "env": args.env, "summary": summary,
             "results": results}, indent=1) + "\n")
     return 0
 
