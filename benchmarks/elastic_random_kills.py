@@ -15,7 +15,10 @@ split into detect (-> the last survivor noticed; ``detect_first_s``: the first),
 Horovod's new world started the sync), rebuild (-> the new optimizer and partitions were ready)
 and first step; and whether every survivor ended with the same parameters. Per timeout: the
 median and max of ``lost_s`` and ``detect_s``. ``--no-cascade`` measures the behaviour before
-issue 26 (``ElasticState(cascade=False)``).
+issue 26 (``ElasticState(cascade=False)``). ``--env KEY=VALUE`` sets a variable for every rank
+(e.g. ``HOROVOD_LOG_LEVEL=trace``, or ``HOROVOD_CACHE_CAPACITY=1024`` for Horovod's response
+cache as it was before issue 38), ``--keep DIR`` keeps the output of the jobs that did not
+recover.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -59,6 +63,7 @@ def one_kill(lh, work: Path, *, victim: str, delay: float, gloo_timeout: int, ar
     _, disc = lh.discovery(work)
     out = work / "run"
     env = lh.elastic_env(gloo_timeout, str(ROOT))
+    env.update(args.env)   # horovodrun passes its environment on to every rank
     cmd = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", "4",
            "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(disc),
            *lh.horovodrun_args(), sys.executable, str(ELASTIC), "--out", str(out),
@@ -149,8 +154,19 @@ def main(argv=None) -> int:
                    help="always kill the process that holds this rank at its first step (0: "
                         "the control log's decider and the server of its store); default: a "
                         "host drawn at random for each job")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for every rank (horovodrun passes its "
+                        "environment on), e.g. HOROVOD_LOG_LEVEL=trace; repeatable")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="copy the stdout and stderr of each job that did not recover (all "
+                        "jobs with --keep-all) to DIR/job-<timeout>s-<index>/")
+    p.add_argument("--keep-all", action="store_true")
     p.add_argument("--out", default=None, help="JSON file for the figures")
     args = p.parse_args(argv)
+    bad = [e for e in args.env if "=" not in e or not e.split("=", 1)[0]]
+    if bad:
+        p.error(f"--env wants KEY=VALUE, got {bad[0]!r}")
+    args.env = dict(e.split("=", 1) for e in args.env)
     lo, hi = (float(x) for x in args.delay.split(","))
     rng = random.Random(args.seed)
     results, summaries = [], {}
@@ -170,6 +186,13 @@ def main(argv=None) -> int:
                                                 timeout=args.job_timeout), "recovered": True})
                     except RuntimeError as err:   # kept as a row: nothing measured is lost
                         mine.append(failed_job(victim, delay, gt, err))
+                    if args.keep and (args.keep_all or not mine[-1]["recovered"]):
+                        kept = Path(args.keep) / f"job-{gt}s-{len(mine) - 1}"
+                        kept.mkdir(parents=True, exist_ok=True)
+                        for name in ("stdout", "stderr"):
+                            if (Path(d) / name).exists():
+                                shutil.copy(Path(d) / name, kept / name)
+                        mine[-1]["kept"] = str(kept)
                 print(json.dumps(mine[-1]), flush=True)
             results += mine
             summaries[str(gt)] = summary(mine)
@@ -186,6 +209,7 @@ def main(argv=None) -> int:
             "command": "python benchmarks/elastic_random_kills.py " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
             "machine": f"{os.cpu_count()} cores", "cascade": not args.no_cascade,
+            "env": args.env,
             "summary": summaries, "results": results}, indent=1) + "\n")
     return 0
 

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 import pgc_hvd
 from pgc_hvd.runtime import PartitionLoader
 from pgc_hvd.runtime.consistency import tensors_digest
-from pgc_hvd.runtime.elastic import ElasticCheckpoints, ElasticState
+from pgc_hvd.runtime.elastic import ElasticCheckpoints, ElasticState, response_cache_off
 
 T_IMPORTED = time.time()
 
@@ -122,6 +122,11 @@ def parse(argv=None):
 def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(1)
+    # Horovod's response cache off unless HOROVOD_CACHE_CAPACITY is set (docs/elastic.md,
+    # "Killing rank 0"): the package's import did it already in a cold process; a warm worker
+    # (launch/warm_worker.py) imported the package in its server and then took the client's
+    # environment, so it is done again here, before hvd.init(), where every rank runs it
+    response_cache_off()
     t_init0 = time.time()
     hvd.init()
     t_init = time.time()

@@ -82,11 +82,13 @@ import json
 import logging
 import os
 import time
+import warnings
 from typing import Callable, Optional
 
 import torch
 
 from pgc_hvd.runtime.agreement import finish, gather_rows, tensors_digest
+from pgc_hvd.runtime.elastic import CACHE_ENV, cache_off
 from pgc_hvd.runtime.elastic import cascade as gloo_cascade
 from pgc_hvd.runtime.elastic.world import abandon, bcast_object, horovod_bcast, world_error
 from pgc_hvd.runtime.errors import AgentError
@@ -151,6 +153,15 @@ class ElasticState(_horovod_state_base()):
         self._host_ts = 0.0             # newest host-update timestamp acted on
         self._sockets = gloo_cascade.SOCKETS if cascade else None   # this world's gloo sockets
         self._world_id = 0              # counts the worlds whose sockets were adopted
+        if not cache_off():
+            warnings.warn(
+                f"pgc_hvd elastic: Horovod's response cache is on ({CACHE_ENV}="
+                f"{os.environ.get(CACHE_ENV, 'unset, so 1024')}): when a rank dies in a ring "
+                f"allreduce, a survivor can abort in gloo ('op.preamble.length <= op.nbytes') "
+                f"where no Python code can catch it, and the job may fall below --min-np "
+                f"(docs/elastic.md, 'Killing rank 0'). Set {CACHE_ENV}=0 for every rank "
+                f"(horovodrun --cache-capacity 0), or import pgc_hvd.runtime.elastic before "
+                f"hvd.init(), which sets it when it is not set", RuntimeWarning, stacklevel=2)
 
     # -- Horovod State interface -------------------------------------------------------
     def save(self) -> None:
