@@ -123,9 +123,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(1)
     # Horovod's response cache off unless HOROVOD_CACHE_CAPACITY is set (docs/elastic.md,
-    # "Killing rank 0"): the package's import did it already in a cold process; a warm worker
-    # (launch/warm_worker.py) imported the package in its server and then took the client's
-    # environment, so it is done again here, before hvd.init(), where every rank runs it
+    # "Killing rank 0"), before hvd.init(), where every rank (a warm worker too, after it took
+    # the client's environment) runs it
     response_cache_off()
     t_init0 = time.time()
     hvd.init()

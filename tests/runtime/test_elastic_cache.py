@@ -1,7 +1,8 @@
 """Horovod's response cache is off in elastic runs (issue 38, docs/elastic.md "Killing rank 0").
 
-Single-process checks of :func:`pgc_hvd.runtime.elastic.response_cache_off` (which the package's
-import runs) and of the warning :class:`~pgc_hvd.runtime.elastic.ElasticState` gives when the
+Single-process checks of :func:`pgc_hvd.runtime.elastic.response_cache_off` (which an elastic
+script calls before ``hvd.init()``, as the recipe does; the import changes nothing) and of the
+warning :class:`~pgc_hvd.runtime.elastic.ElasticState` gives when the
 cache is on. The effect on a real job (rank-0 kills recovered with the cache off, the normal
 path's time per version) is measured by ``benchmarks/elastic_random_kills.py`` and
 ``benchmarks/elastic_cache_overhead.py``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,16 +23,24 @@ from pgc_hvd.runtime import elastic
 from pgc_hvd.runtime.elastic import CACHE_ENV, cache_off, response_cache_off
 
 
-def test_import_turned_the_cache_off_unless_the_user_set_it():
-    # this process imported the package before any hvd.init(): the variable is 0 unless the
-    # environment the tests run in set it (then it is the user's value, untouched)
-    if os.environ.get(CACHE_ENV) not in (None, "0"):
-        pytest.skip(f"{CACHE_ENV} set by the environment: {os.environ[CACHE_ENV]}")
-    hvd = sys.modules.get("horovod.torch")
-    if CACHE_ENV not in os.environ and hvd is not None and hvd.is_initialized():
-        pytest.skip("an earlier test initialized Horovod in this process before the import")
-    assert os.environ.get(CACHE_ENV) == "0"
-    assert cache_off()
+def test_the_import_changes_no_environment_variable():
+    """Importing the package leaves Horovod's settings alone (a pytest session or a notebook
+    that imports it keeps the response cache for its other jobs); an elastic script calls
+    :func:`response_cache_off` before ``hvd.init()``, as the recipe does."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != CACHE_ENV}
+    code = ("import os, pgc_hvd.runtime.elastic as e; "
+            f"print(repr(os.environ.get({CACHE_ENV!r})), e.cache_off())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "False"]
+
+
+def test_the_recipe_turns_the_cache_off_before_init():
+    src = (Path(__file__).resolve().parents[2] / "launch" / "elastic_train.py").read_text()
+    main = src[src.index("def main("):]
+    assert main.index("    response_cache_off()\n") < main.index("    hvd.init()\n")
 
 
 def test_unset_becomes_zero_and_the_users_value_wins():
@@ -72,7 +82,7 @@ def _state():
 def test_elastic_state_warns_when_the_cache_is_on(monkeypatch):
     monkeypatch.setenv(CACHE_ENV, "1024")
     with pytest.warns(RuntimeWarning, match=r"response cache is on \(HOROVOD_CACHE_CAPACITY="
-                                            r"1024\).*--cache-capacity 0"):
+                                            r"1024\).*--cache-capacity 0.*response_cache_off\(\)"):
         _state()
     monkeypatch.setenv(CACHE_ENV, "0")
     with warnings.catch_warnings():

@@ -12,10 +12,12 @@ added, and the run goes on in it (docs/elastic.md).
   that every survivor leaves at once.
 
 Import this package before ``hvd.init()``: the import marks the sockets the process holds
-already (:data:`.cascade.SOCKETS`), so that the first world's gloo sockets are told apart, and
-turns Horovod's response cache off (:func:`response_cache_off`: ``HOROVOD_CACHE_CAPACITY=0``
-unless set), whose per-cycle bit allreduce can abort a survivor in gloo when a world breaks.
-The other names load on first use (:mod:`.state` imports Horovod; :mod:`.checkpoints` does not).
+already (:data:`.cascade.SOCKETS`), so that the first world's gloo sockets are told apart. An
+elastic script also calls :func:`response_cache_off` before ``hvd.init()`` (the recipe,
+``launch/elastic_train.py``, does): Horovod's response cache, whose per-cycle bit allreduce can
+abort a survivor in gloo when a world breaks, is then off unless the user set it. The import
+changes no environment variable (a test session or a notebook that imports this package keeps
+Horovod's defaults for its other jobs). The other names load on first use (:mod:`.state` imports Horovod; :mod:`.checkpoints` does not).
 
 May import: its modules (:mod:`.cascade` at import, the others lazily).
 """
@@ -71,8 +73,6 @@ def cache_off(env=None) -> bool:
     except ValueError:
         return False
 
-
-response_cache_off()
 
 _WHERE = {"ElasticState": "state", "check_timeouts": "state",
           "world_error": "world", "abandon": "world", "bcast_object": "world",

@@ -160,8 +160,8 @@ class ElasticState(_horovod_state_base()):
                 f"allreduce, a survivor can abort in gloo ('op.preamble.length <= op.nbytes') "
                 f"where no Python code can catch it, and the job may fall below --min-np "
                 f"(docs/elastic.md, 'Killing rank 0'). Set {CACHE_ENV}=0 for every rank "
-                f"(horovodrun --cache-capacity 0), or import pgc_hvd.runtime.elastic before "
-                f"hvd.init(), which sets it when it is not set", RuntimeWarning, stacklevel=2)
+                f"(horovodrun --cache-capacity 0), or call pgc_hvd.runtime.elastic."
+                f"response_cache_off() before hvd.init(), which sets it when it is not set", RuntimeWarning, stacklevel=2)
 
     # -- Horovod State interface -------------------------------------------------------
     def save(self) -> None:
