@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
 from local_hosts import LocalHosts  # noqa: E402
 
+from elastic_common import add_env_option, env_option  # noqa: E402  (beside this script)
+
 ELASTIC = ROOT / "launch" / "elastic_train.py"
 
 
@@ -78,15 +80,10 @@ def main(argv=None) -> int:
     p.add_argument("--compute-time", type=float, default=0.02)
     p.add_argument("--gloo-timeout", type=int, default=30)
     p.add_argument("--job-timeout", type=float, default=300)
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="an environment variable for every rank (e.g. HOROVOD_CYCLE_TIME=1); "
-                        "repeatable")
+    add_env_option(p, "HOROVOD_CYCLE_TIME=1")
     p.add_argument("--out", default=None, help="JSON file for the figures")
     args = p.parse_args(argv)
-    bad = [e for e in args.env if "=" not in e or not e.split("=", 1)[0]]
-    if bad:
-        p.error(f"--env wants KEY=VALUE, got {bad[0]!r}")
-    args.env = dict(e.split("=", 1) for e in args.env)
+    args.env = env_option(p, args.env)
     caps = [int(c) for c in args.capacities.split(",")]
     results = []
     with LocalHosts(count=4) as lh:

@@ -8,6 +8,10 @@ A worker is a process running ``launch/elastic_train.py --out OUT``: either a co
 (``launch/warm_worker.py``: the child's command line is the server's, so the child is found as
 the child of a server whose ``serve`` command names its host, and that ran the recipe: it
 registered itself in ``<server folder>/children/<pid>`` with the script's arguments).
+
+Also the ``--env KEY=VALUE`` option of the benchmarks that launch the recipe
+(:func:`add_env_option`, :func:`env_option`: benchmarks/elastic_random_kills.py,
+benchmarks/elastic_cache_overhead.py).
 """
 
 from __future__ import annotations
@@ -170,3 +174,19 @@ def final_ranks(out: Path) -> tuple[list[dict], list[dict]]:
     last = att[-1]["attempt"] if att else 0
     return [r for r in (json.loads(p.read_text()) for p in out.glob("rank-*.json"))
             if r.get("attempt") == last], att
+
+
+def add_env_option(p, example: str) -> None:
+    """``--env KEY=VALUE``, repeatable: an environment variable for every rank (horovodrun
+    passes its environment on)."""
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"an environment variable for every rank (horovodrun passes its "
+                        f"environment on), e.g. {example}; repeatable")
+
+
+def env_option(p, pairs: list) -> dict:
+    """``--env``'s pairs as a dict; the parser's error names a malformed one."""
+    bad = [e for e in pairs if "=" not in e or not e.split("=", 1)[0]]
+    if bad:
+        p.error(f"--env wants KEY=VALUE, got {bad[0]!r}")
+    return dict(e.split("=", 1) for e in pairs)

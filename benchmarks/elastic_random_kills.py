@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
 from local_hosts import LocalHosts  # noqa: E402
 
+from elastic_common import add_env_option, env_option  # noqa: E402  (beside this script)
+
 ELASTIC = ROOT / "launch" / "elastic_train.py"
 
 
@@ -154,19 +156,14 @@ def main(argv=None) -> int:
                    help="always kill the process that holds this rank at its first step (0: "
                         "the control log's decider and the server of its store); default: a "
                         "host drawn at random for each job")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="an environment variable for every rank (horovodrun passes its "
-                        "environment on), e.g. HOROVOD_LOG_LEVEL=trace; repeatable")
+    add_env_option(p, "HOROVOD_LOG_LEVEL=trace")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="copy the stdout and stderr of each job that did not recover (all "
                         "jobs with --keep-all) to DIR/job-<timeout>s-<index>/")
     p.add_argument("--keep-all", action="store_true")
     p.add_argument("--out", default=None, help="JSON file for the figures")
     args = p.parse_args(argv)
-    bad = [e for e in args.env if "=" not in e or not e.split("=", 1)[0]]
-    if bad:
-        p.error(f"--env wants KEY=VALUE, got {bad[0]!r}")
-    args.env = dict(e.split("=", 1) for e in args.env)
+    args.env = env_option(p, args.env)
     lo, hi = (float(x) for x in args.delay.split(","))
     rng = random.Random(args.seed)
     results, summaries = [], {}

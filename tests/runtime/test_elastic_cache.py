@@ -43,7 +43,9 @@ def test_the_recipe_turns_the_cache_off_before_init():
     assert main.index("    response_cache_off()\n") < main.index("    hvd.init()\n")
 
 
-def test_unset_becomes_zero_and_the_users_value_wins():
+def test_unset_becomes_zero_and_the_users_value_wins(monkeypatch):
+    # Horovod not initialized in this process (an earlier test may have: see below)
+    monkeypatch.setitem(sys.modules, "horovod.torch", SimpleNamespace(is_initialized=lambda: False))
     env = {}
     assert response_cache_off(env) and env == {CACHE_ENV: "0"}
     env = {CACHE_ENV: "1024"}
