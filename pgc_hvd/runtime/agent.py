@@ -497,11 +497,9 @@ class CommAgent(DecisionBody):
         # can a message for a past step still be used (bounded staleness table)?
         self._late_usable = scheme.late_usable
         self._wake = False
-        # what the last control round showed (for timeout errors that name ranks)
-        self._last_rows: Optional[list] = None
+        # when the last control round ran (timeout errors say how long ago): from the start
         self._last_round_at = time.monotonic()
         self._round = None
-        self._ended_at: Optional[int] = None    # the version the first finished rank ended at
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------

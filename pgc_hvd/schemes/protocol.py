@@ -416,7 +416,6 @@ class Scheme:
     def __init__(self, n: int, s: int):
         self.n = int(n)
         self.s = int(s)
-        self._coef_cache: dict = {}
         self._entry_cache: dict = {}   # message_key -> message_entries
         self._entries: dict = {}       # the distinct message_entries
 
@@ -565,15 +564,11 @@ class Scheme:
 
     # -- diagnostics --------------------------------------------------------
     def message_row(self, worker: int, step: int) -> np.ndarray:
-        """Row of coefficients (over partitions) of worker's message at step."""
-        key = self.plan_key(worker, step)
-        row = self._coef_cache.get(key)
-        if row is None:
-            plan = self.work_plan(worker, step)
-            row = np.zeros(self.n, dtype=complex if self.complex_messages else float)
-            for p, coef in plan.message_partitions:
-                row[p] += coef
-            self._coef_cache[key] = row
+        """Row of coefficients (over partitions) of worker's message at step: its
+        :meth:`message_entries` over all n partitions (a new array; zero elsewhere)."""
+        parts, vals = self.message_entries(worker, step)
+        row = np.zeros(self.n, dtype=vals.dtype)
+        row[parts] = vals
         return row
 
     def message_entries(self, worker: int, step: int) -> tuple:
@@ -587,7 +582,7 @@ class Scheme:
             parts = sorted({p for p, _ in mp})
             at = {p: i for i, p in enumerate(parts)}
             vals = np.zeros(len(parts), dtype=complex if self.complex_messages else float)
-            for p, coef in mp:         # summed as message_row sums them
+            for p, coef in mp:         # a partition named twice: its coefficients summed
                 vals[at[p]] += coef
             keep = vals != 0
             got = (np.array(parts, dtype=np.int64)[keep], vals[keep])
@@ -627,7 +622,7 @@ class Scheme:
                 f"ring_depth={self.ring_depth}>")
 
 
-# --- (was pgc_hvd.schemes.protocol)
+# ---- the round types shared by several schemes ------------------------------------------
 
 class FirstKRound(Round):
     """Fires at the k-th distinct current-step arrival (k = ``scheme.wait_for``);

@@ -17,7 +17,8 @@ elastic script also calls :func:`response_cache_off` before ``hvd.init()`` (the 
 ``launch/elastic_train.py``, does): Horovod's response cache, whose per-cycle bit allreduce can
 abort a survivor in gloo when a world breaks, is then off unless the user set it. The import
 changes no environment variable (a test session or a notebook that imports this package keeps
-Horovod's defaults for its other jobs). The other names load on first use (:mod:`.state` imports Horovod; :mod:`.checkpoints` does not).
+Horovod's defaults for its other jobs). The other names load on first use (:mod:`.state`
+imports Horovod; :mod:`.checkpoints` does not).
 
 May import: its modules (:mod:`.cascade` at import, the others lazily).
 """

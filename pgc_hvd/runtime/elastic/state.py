@@ -161,7 +161,8 @@ class ElasticState(_horovod_state_base()):
                 f"where no Python code can catch it, and the job may fall below --min-np "
                 f"(docs/elastic.md, 'Killing rank 0'). Set {CACHE_ENV}=0 for every rank "
                 f"(horovodrun --cache-capacity 0), or call pgc_hvd.runtime.elastic."
-                f"response_cache_off() before hvd.init(), which sets it when it is not set", RuntimeWarning, stacklevel=2)
+                f"response_cache_off() before hvd.init(), which sets it when it is not set",
+                RuntimeWarning, stacklevel=2)
 
     # -- Horovod State interface -------------------------------------------------------
     def save(self) -> None:
