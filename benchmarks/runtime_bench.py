@@ -180,10 +180,11 @@ def with_controls(labels, controls: str) -> tuple:
 
 # ----------------------------------------------------------------------------- driver
 def time_pgc(make_optimizer, m, loader, compute: float, steps: int, warm: int, rank: int,
-             **options) -> tuple[list, list]:
+             device=None, **options) -> tuple[list, list]:
     """pgc_hvd's loop on model ``m`` (SGD lr 0.01, ``compute`` seconds slept per partition
     before its backward) until version ``steps``, with ``make_optimizer`` (the Horovod or the
-    torch engine's ``DistributedOptimizer``) and its ``options``; on rank 0 returns the wall
+    torch engine's ``DistributedOptimizer``) and its ``options``, the batches moved to ``device``
+    when given (the model's); on rank 0 returns the wall
     time each step was decided, the bytes received and the control exchanges made in each step
     after ``warm`` (from the records), elsewhere ([], [], [])."""
     import torch
@@ -199,6 +200,8 @@ def time_pgc(make_optimizer, m, loader, compute: float, steps: int, warm: int, r
     while opt.version < steps:
         for xb, yb in opt.batches(loader):
             time.sleep(compute)
+            if device is not None:
+                xb, yb = xb.to(device), yb.to(device)
             F.cross_entropy(m(xb), yb).backward()
         opt.step()
     opt.close()

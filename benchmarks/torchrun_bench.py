@@ -2,6 +2,8 @@
 
     GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 benchmarks/torchrun_bench.py \
         [--model resnet18] [--compute 0.3] [--steps 12] [--warmup 3] [--json out.json]
+        [--device cuda]      # on a GPU machine: model and batches on cuda (rank r on GPU r mod
+                             # the GPUs); PGC_HVD_TORCH_BACKEND=gloo when ranks share a GPU
 
 One launch, every rank: the same model (torchvision ResNet-18, d = 11,689,512, on batches of 2
 images of 32x32, as benchmarks/runtime_bench.py), emulated compute of ``--compute`` seconds
@@ -43,6 +45,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", default="a:ddp,a:dgd,a:pgc-cr,b:ddp,b:pgc-cr")
     p.add_argument("--json", default=None)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model, its batches and the gradients live (cuda: the "
+                        "forward/backward run on the GPU, the sleep stays)")
     args = p.parse_args(argv)
 
     import torch
@@ -50,37 +55,49 @@ def main(argv=None) -> int:
 
     import pgc_hvd.torch as hvd
     from pgc_hvd.delays import Exponential, Zero
+    from pgc_hvd.torchdist import world
 
     torch.set_num_threads(1)
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no GPU here; use --device cpu")
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loader = build_loader(args.model, n)
     steps, warm, compute = args.steps, args.warmup, args.compute
     d = sum(q.numel() for q in build_model(args.model).parameters())
 
     def run_ddp(delays):
-        m = build_model(args.model)
-        ddp = torch.nn.parallel.DistributedDataParallel(m)
+        m = build_model(args.model).to(device)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            m, device_ids=[device.index] if device.type == "cuda" else None)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         ends = []
         for t in range(steps):
             opt.zero_grad()
             time.sleep(compute + delays.sample(rank, t))
             xb, yb = loader.batch(rank, t)
-            F.cross_entropy(ddp(xb), yb).backward()
+            F.cross_entropy(ddp(xb.to(device)), yb.to(device)).backward()
             opt.step()
+            sync()
             ends.append(time.time())
         return ends, []
 
     def run_pgc(scheme, delays, tag):
         scheme, _, control = scheme.partition("@")     # "pgc-cr@log": control="log"
         extra = {"control": control} if control else {}
-        return time_pgc(hvd.DistributedOptimizer, build_model(args.model), loader, compute,
-                        steps, warm, rank, scheme=scheme, delays=delays,
+        return time_pgc(hvd.DistributedOptimizer, build_model(args.model).to(device), loader,
+                        compute, steps, warm, rank, device=device, scheme=scheme, delays=delays,
                         name=f"tb-{scheme}-{control or 'ag'}-{tag}", **extra)
 
     out = {"n": n, "model": args.model, "d": d, "compute": compute, "steps": steps,
-           "warmup": warm, "engine": "torch.distributed (gloo)", "ring_bytes": ring_bytes(n, d)}
+           "warmup": warm, "engine": f"torch.distributed ({world.W.backend})",
+           "device": str(device), "ring_bytes": ring_bytes(n, d)}
     for run in args.runs.split(","):
         part, scheme = run.split(":")
         delays = Exponential(compute, seed=args.seed) if part == "b" else Zero()
@@ -93,7 +110,8 @@ def main(argv=None) -> int:
             print(f"[torchrun bench np={n} {args.model}] {run}: {out[run] * 1e3:.0f} ms/step",
                   file=sys.stderr, flush=True)
     if rank == 0:
-        print(f"\nnp={n} {args.model} d={d} compute={compute}s, {steps - warm} measured steps")
+        print(f"\nnp={n} {args.model} d={d} compute={compute}s, {steps - warm} measured steps, "
+              f"{device}, {out['engine']}")
         print(f"{'run':<12} {'ms/step':>8} {'/ DDP':>7} {'bytes/rank':>12} {'/ ring':>7}")
         for run in args.runs.split(","):
             part = run.split(":")[0]

@@ -5,7 +5,9 @@
     GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 -m pgc_hvd train ... # no Horovod
 
 The engine follows the launcher (:func:`pgc_hvd.runtime.channel.from_environment`): Horovod's
-collectives under ``horovodrun``, torch.distributed's (:mod:`pgc_hvd.torch`) under ``torchrun``.
+collectives under ``horovodrun``, torch.distributed's (:mod:`pgc_hvd.torch`) under ``torchrun``
+(its backend: ``PGC_HVD_TORCH_BACKEND=gloo|nccl``, default NCCL for CUDA tensors; ``gloo`` lets
+several ranks share one GPU).
 
 Each rank is one worker; rank 0 writes ``OUT/records.jsonl`` (one StepRecord per step, the
 format the simulator writes), ``OUT/summary.json`` (time per step, time to the target loss, final

@@ -478,7 +478,7 @@ class CommAgent(DecisionBody):
         self.book = ArrivalBook(self.n, self.ring_size, self.metrics, replay)
         self.ctrl_len = ctrl_len(self.ring_size, self.metrics)  # float64 words per control row
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
-        self.coll = Collectives(hvd, self.rank, name, self.timeout)
+        self.coll = Collectives(hvd, self.rank, name, self.timeout, device=device)
         # the data plane (one decision in, one update out) and its recycled buffers
         self.comm = Communicator(self.coll, codec, n=self.n, d=self.d, rank=self.rank,
                                  device=device, own=self._own, narrow_reduce=narrow_reduce)

@@ -74,11 +74,12 @@ class Collectives:
     """Horovod allgather / alltoall / in-place allreduce (sum) with a deadline, for one
     agent."""
 
-    def __init__(self, hvd, rank: int, name: str, timeout: float):
+    def __init__(self, hvd, rank: int, name: str, timeout: float, device=None):
         # an engine that matches collectives by call order (pgc_hvd.torchdist) gives each
-        # agent its own process groups, never shared with the training thread
+        # agent its own process groups, never shared with the training thread (``device``: the
+        # data plane's, which that engine checks against its backend)
         groups = getattr(hvd, "agent_ops", None)
-        hvd = groups(name, timeout) if callable(groups) else hvd
+        hvd = groups(name, timeout, device=device) if callable(groups) else hvd
         self.hvd, self.rank, self.name, self.timeout = hvd, int(rank), name, float(timeout)
         self.engine = getattr(hvd, "ENGINE", "Horovod")
         self.ops = 0

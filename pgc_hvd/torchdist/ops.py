@@ -8,6 +8,11 @@ is used by one thread only and that thread issues the same sequence on every ran
 (:mod:`pgc_hvd.torchdist` says which thread owns which group). The ``name`` of a collective is
 kept for error messages and, with ``PGC_HVD_TORCH_CHECK_ORDER=1``, checked across ranks.
 
+One rank per GPU under NCCL: a group built with ``gpu_host`` (the host's id; the world sets
+it when CUDA tensors go through NCCL) checks, before its first collective on CUDA tensors, that
+no two ranks on a host hold the same GPU (one allgather of (host, GPU index) on the CPU), and
+refuses with the fix (:func:`shared_gpu_message`) instead of NCCL's failure in that collective.
+
 Handles: an asynchronous collective returns a :class:`Handle`; :meth:`Handle.poll` (torch's
 ``Work.is_completed()``) never blocks, :meth:`Handle.wait` (``Work.wait()``) does. A failed
 collective raises :class:`CollectiveError`, naming the ranks whose processes are gone when the
@@ -61,6 +66,26 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 CHECK_ORDER = os.environ.get("PGC_HVD_TORCH_CHECK_ORDER", "") not in ("", "0")
 HEADER_BYTES = 24       # allgather: (rows, dtype-and-shape signature, bytes), three int64
 SLOT_BYTES = 2048       # allgather: a tensor up to this size rides with its header
+
+
+def shared_gpus(rows) -> list:
+    """The groups of ranks that hold the same GPU on the same host: ``rows[r] = (host id, cuda
+    index)`` of rank r; each group a list of ranks (2 or more), in rank order."""
+    holders: dict = {}
+    for r, (host, index) in enumerate(rows):
+        holders.setdefault((int(host), int(index)), []).append(r)
+    return [ranks for ranks in holders.values() if len(ranks) > 1]
+
+
+def shared_gpu_message(groups, rows) -> str:
+    """The refusal when ``groups`` (:func:`shared_gpus`) share GPUs under NCCL, with the fix."""
+    said = "; ".join(f"ranks {', '.join(map(str, g))} all hold cuda:{int(rows[g[0]][1])} on "
+                     f"one host" for g in groups)
+    return (f"pgc_hvd (torch engine): {said}. NCCL, the engine's backend for CUDA tensors, runs "
+            f"one rank per GPU and would fail at the first collective. Give each rank its own "
+            f"GPU (torch.cuda.set_device(hvd.local_rank()) and the model on that device; at most "
+            f"torch.cuda.device_count() ranks per host), or let ranks share a GPU through gloo: "
+            f"set PGC_HVD_TORCH_BACKEND=gloo (or call pgc_hvd.torch.init(backend='gloo')).")
 
 
 def _digest(text: str) -> int:
@@ -141,11 +166,35 @@ class GroupOps:
     Sum, Average, Min, Max, Product, Adasum = Sum, Average, Min, Max, Product, Adasum
 
     def __init__(self, group, label: str, rank: int, size: int,
-                 explain: Callable[[], str] = lambda: ""):
+                 explain: Callable[[], str] = lambda: "", gpu_host: Optional[int] = None):
         self.group, self.label = group, label
         self._rank, self._size = int(rank), int(size)
         self.explain = explain
         self.calls = 0
+        self._gpu_host = gpu_host          # set: CUDA tensors go through NCCL (module doc)
+        self._gpu_checked = gpu_host is None
+
+    def check_gpu(self, device: torch.device) -> None:
+        """Before this group's first collective on CUDA tensors under NCCL: every rank's (host,
+        GPU index) gathered on the CPU, and a ValueError naming the ranks that share a GPU and
+        the fix (:func:`shared_gpu_message`). A collective: every rank reaches it at the same
+        point (its first CUDA collective on this group); afterwards free."""
+        if self._gpu_checked or device.type != "cuda":
+            return
+        self._gpu_checked = True
+        index = torch.cuda.current_device() if device.index is None else int(device.index)
+        mine = torch.tensor([int(self._gpu_host), index], dtype=torch.int64)
+        rows = [mine.tolist()]
+        if self._size > 1:
+            got = torch.empty(2 * self._size, dtype=torch.int64)
+            try:
+                _all_gather(got, mine, group=self.group)
+            except Exception as err:
+                raise CollectiveError(self.failure(f"{self.label}.gpus", err)) from err
+            rows = got.view(self._size, 2).tolist()
+        groups = shared_gpus(rows)
+        if groups:
+            raise ValueError(shared_gpu_message(groups, rows))
 
     # -- the world ----------------------------------------------------------------------------
     def rank(self) -> int:
@@ -159,9 +208,13 @@ class GroupOps:
         return (f"collective {name!r} (#{self.calls} on process group {self.label!r}) failed"
                 f"{': ' + why if why else ''} ({type(err).__name__}: {err})")
 
-    def _start(self, name: Optional[str], issue: Callable[[], "_Next | object"]) -> Handle:
-        """Issue a collective (``issue`` returns its first stage), with the order check first
-        when ``PGC_HVD_TORCH_CHECK_ORDER`` is set."""
+    def _start(self, name: Optional[str], issue: Callable[[], "_Next | object"],
+               device: Optional[torch.device] = None) -> Handle:
+        """Issue a collective on tensors on ``device`` (``issue`` returns its first stage), with
+        the one-GPU-per-rank check before the group's first CUDA one (:meth:`check_gpu`) and
+        the order check first when ``PGC_HVD_TORCH_CHECK_ORDER`` is set."""
+        if not self._gpu_checked and device is not None:
+            self.check_gpu(device)
         self.calls += 1
         name = name or f"{self.label}.{self.calls}"
         try:
@@ -245,7 +298,7 @@ class GroupOps:
             if n == 1:
                 return t.clone()
             return _Next(_all_gather(slots, mine, group=self.group, async_op=True), gathered)
-        return self._start(name, issue)
+        return self._start(name, issue, t.device)
 
     def allgather(self, tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
         return self.allgather_async(tensor, name=name).wait()
@@ -278,7 +331,7 @@ class GroupOps:
                 return finish()
             return _Next(dist.all_reduce(tensor, op=op.torch_op, group=self.group,
                                          async_op=True), finish)
-        return self._start(name, issue)
+        return self._start(name, issue, tensor.device)
 
     def allreduce_async(self, tensor: torch.Tensor, average=None, name: Optional[str] = None,
                         op=None, **scale) -> Handle:
@@ -308,7 +361,7 @@ class GroupOps:
                 return t.clone()
             return _Next(dist.all_to_all_single(out, t, group=self.group, async_op=True),
                          lambda: out)
-        return self._start(name, issue)
+        return self._start(name, issue, t.device)
 
     def alltoall(self, tensor, splits=None, name=None) -> torch.Tensor:
         return self.alltoall_async(tensor, splits, name).wait()
@@ -323,7 +376,7 @@ class GroupOps:
                 return tensor
             return _Next(dist.broadcast(tensor, src=int(root_rank), group=self.group,
                                         async_op=True), lambda: tensor)
-        return self._start(name, issue)
+        return self._start(name, issue, tensor.device)
 
     def broadcast_(self, tensor, root_rank, name=None) -> torch.Tensor:
         return self.broadcast_async_(tensor, root_rank, name).wait()

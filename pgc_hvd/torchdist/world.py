@@ -13,6 +13,16 @@ every rank, which torch.distributed requires of ``new_group``):
   its agent (after the construction check, on the training thread) and kept for the next
   optimizer of that name. Only the agent's thread issues on them, one collective at a time.
 
+The backend (:func:`resolve_backend`, the one place it is checked): ``init(backend=...)``, else
+the environment variable ``PGC_HVD_TORCH_BACKEND`` (``gloo`` or ``nccl``; what ``pgc-hvd train``
+under ``torchrun`` and any unchanged script can set), else gloo for CPU tensors plus NCCL for
+CUDA ones when torch sees a GPU and has NCCL. ``nccl`` always means ``cpu:gloo,cuda:nccl``: the
+engine's own rows live on the CPU. NCCL runs one rank per GPU, so under it each group checks,
+before its first collective on CUDA tensors, that no two ranks on a host hold the same GPU, and
+refuses with the fix (one GPU per rank, or ``PGC_HVD_TORCH_BACKEND=gloo`` to let ranks share
+one) instead of NCCL's failure in that collective (``GroupOps.check_gpu``); an agent's data group
+is checked by :func:`agent_ops`, on the training thread, while the optimizer is built.
+
 So each group has one issuing thread, and on every rank that thread issues the same sequence:
 the training thread runs the same program on every rank (as Horovod's named collectives also
 require); the agent issues one control allgather per round and, once every rank has the same
@@ -57,11 +67,45 @@ class _World:
 W = _World()
 
 
+BACKEND_ENV = "PGC_HVD_TORCH_BACKEND"
+NCCL = "cpu:gloo,cuda:nccl"       # what "nccl" means here: the engine's own rows are CPU tensors
+
+
+def resolve_backend(value: str, where: str = "backend") -> str:
+    """The torch.distributed backend string for ``value``: ``gloo``; ``nccl`` (or torch's own
+    ``cpu:gloo,cuda:nccl``) -> ``cpu:gloo,cuda:nccl``, refused when this torch has no NCCL; any
+    other ``device:backend,...`` string is torch's to check. ``where`` names the setting in the
+    error."""
+    key = str(value).strip().lower()
+    if key == "gloo":
+        return "gloo"
+    if key in ("nccl", NCCL):
+        if not dist.is_nccl_available():
+            raise ValueError(f"{where}={value!r}: this torch was built without NCCL; use gloo")
+        return NCCL
+    if ":" in key:
+        return key
+    raise ValueError(f"{where}={value!r}: use gloo, or nccl (NCCL for CUDA tensors, gloo for "
+                     f"CPU ones)")
+
+
 def default_backend() -> str:
-    """gloo for CPU tensors, plus NCCL for CUDA ones when torch sees a GPU and has NCCL."""
+    """``PGC_HVD_TORCH_BACKEND`` when set (:func:`resolve_backend`), else gloo for CPU tensors
+    plus NCCL for CUDA ones when torch sees a GPU and has NCCL."""
+    chosen = os.environ.get(BACKEND_ENV, "").strip()
+    if chosen:
+        return resolve_backend(chosen, BACKEND_ENV)
     if torch.cuda.is_available() and dist.is_nccl_available():
-        return "cpu:gloo,cuda:nccl"
+        return NCCL
     return "gloo"
+
+
+def uses_nccl_for_cuda(backend: str) -> bool:
+    """Whether CUDA tensors go through NCCL under ``backend`` (a torch backend string)."""
+    key = str(backend).lower()
+    if key == "nccl":
+        return True
+    return any(part.strip() == "cuda:nccl" for part in key.split(","))
 
 
 def init(backend: Optional[str] = None, timeout: Optional[float] = None) -> None:
@@ -72,13 +116,15 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None) -> None
     engine's ``train`` group and the peers' (host, pid). ``timeout``: the groups' own timeout
     in seconds (default 300; a collective blocked on a hung rank is abandoned by gloo after it,
     and the process exits no later; pgc_hvd's own deadlines are the optimizer's ``timeout``).
+    ``backend``: gloo or nccl (:func:`resolve_backend`; default: :func:`default_backend`).
     Idempotent."""
     with W.lock:
         if W.train is not None:
             return
         W.timeout = float(timeout) if timeout is not None else DEFAULT_TIMEOUT
         if not dist.is_initialized():
-            W.backend = backend or default_backend()
+            W.backend = (resolve_backend(backend, "init(backend)") if backend is not None
+                         else default_backend())
             td = timedelta(seconds=W.timeout)
             if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
                 dist.init_process_group(W.backend, timeout=td)
@@ -89,7 +135,8 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None) -> None
         else:
             W.backend = backend or str(dist.get_backend())
         rank, size = dist.get_rank(), dist.get_world_size()
-        W.train = GroupOps(_new_group(W.timeout), "train", rank, size, explain)
+        W.train = GroupOps(_new_group(W.timeout), "train", rank, size, explain,
+                           gpu_host=_gpu_host(W.backend))
         host = socket.gethostname()
         mine = torch.tensor([os.getpid(), _host_id(host)], dtype=torch.int64)
         got = W.train.allgather(mine.view(1, 2), name="pgc.torch.peers").tolist()
@@ -102,6 +149,11 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None) -> None
 def _host_id(host: str) -> int:
     import hashlib
     return int.from_bytes(hashlib.blake2b(host.encode(), digest_size=7).digest(), "little")
+
+
+def _gpu_host(backend: str) -> Optional[int]:
+    """The host id a group checks one-GPU-per-rank with, when CUDA tensors go through NCCL."""
+    return _host_id(socket.gethostname()) if uses_nccl_for_cuda(backend) else None
 
 
 def _new_group(timeout: float, backend: Optional[str] = None):
@@ -120,10 +172,13 @@ def train_ops() -> GroupOps:
     return _require()
 
 
-def agent_ops(name: str, timeout: float) -> "AgentOps":
+def agent_ops(name: str, timeout: float, device=None) -> "AgentOps":
     """The collectives of agent ``name``: its control and data groups (module doc), created at
     the first call for ``name`` on every rank (a collective; the training thread, while the
-    optimizer is built) and reused by the next optimizer of that name."""
+    optimizer is built) and reused by the next optimizer of that name. ``device``: where the
+    agent's data plane lives; a CUDA one under NCCL is checked to be one GPU per rank here, on
+    the training thread (``GroupOps.check_gpu``: a ValueError on every rank otherwise), not at
+    the agent thread's first collective."""
     train = _require()
     with W.lock:
         ops = W.agents.get(name)
@@ -134,8 +189,10 @@ def agent_ops(name: str, timeout: float) -> "AgentOps":
             ctl = GroupOps(_new_group(t, "gloo"), f"{name}.ctl", train.rank(), train.size(),
                            explain)
             data = GroupOps(_new_group(t), f"{name}.data", train.rank(), train.size(),
-                            explain)
+                            explain, gpu_host=_gpu_host(W.backend))
             ops = W.agents[name] = AgentOps(ctl, data)
+    if device is not None:
+        ops.data.check_gpu(torch.device(device))   # the same point on every rank (kind agrees)
     return ops
 
 
