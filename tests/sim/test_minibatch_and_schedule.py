@@ -125,6 +125,8 @@ def test_bcgc_experiment_cli_digits(tmp_path):
     gfrc = [r for r in runs if r["variant"] == "gfrc"]
     assert gfrc and all(r["time_vs_gfrc"] == pytest.approx(1.0) for r in gfrc)
     for r in runs:
-        assert 0 < r["decode_time_total"] < r["time"]
+        # measured CPU time of decoding, summed over steps; it overlaps compute in the virtual
+        # time, so it is not bounded by r["time"] (it exceeded it once for rs on a loaded machine)
+        assert r["decode_time_total"] > 0
         assert r["time_excl_decode"] == pytest.approx(r["time"] - r["decode_time_total"])
     torch.set_num_threads(1)
