@@ -67,8 +67,9 @@ if [[ $REHEARSE -eq 1 ]]; then
 fi
 
 if [[ "$ONLY" != train ]]; then
-echo "== pytest -m gpu: tests/ops (device-side radix walk, the default) and train --device"
-timeout 120 "$PY" -m pytest tests/ops tests/runtime/test_train_device.py -m gpu -q "${XDIST[@]}" \
+echo "== pytest -m gpu: tests/ops (device-side radix walk, the default), train --device, the torch engine on NCCL"
+timeout 120 "$PY" -m pytest tests/ops tests/runtime/test_train_device.py tests/torchdist/test_backend.py \
+  -m gpu -q "${XDIST[@]}" \
   -p no:cacheprovider -o addopts="" -rf 2>&1 \
   | tail -40
 rc=${PIPESTATUS[0]}

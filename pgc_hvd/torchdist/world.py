@@ -112,7 +112,9 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None) -> None
     """Join the world: torch's default process group from the environment ``torchrun`` sets
     (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), or a world of one process when
     none is set (as ``hvd.init()`` in a plain ``python script.py``); an already initialised
-    default group (the script called ``dist.init_process_group``) is used as it is. Then the
+    default group (the script called ``dist.init_process_group``) is used as it is, its backend
+    the engine's groups' (``nccl`` taken as ``cpu:gloo,cuda:nccl``: the engine's own rows are CPU
+    tensors). Then the
     engine's ``train`` group and the peers' (host, pid). ``timeout``: the groups' own timeout
     in seconds (default 300; a collective blocked on a hung rank is abandoned by gloo after it,
     and the process exits no later; pgc_hvd's own deadlines are the optimizer's ``timeout``).
@@ -133,7 +135,12 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None) -> None
                                         world_size=1, timeout=td)
             W.owns_default = True
         else:
-            W.backend = backend or str(dist.get_backend())
+            # the script's own dist.init_process_group("nccl"): the engine's groups still need
+            # gloo for their CPU rows (peers, checks, control), so "nccl" is taken as NCCL's
+            # pair; another backend of the script's is used as it is
+            given = backend if backend is not None else str(dist.get_backend())
+            W.backend = (resolve_backend(given, "the default process group's backend")
+                         if given.strip().lower() in ("gloo", "nccl") else given)
         rank, size = dist.get_rank(), dist.get_world_size()
         W.train = GroupOps(_new_group(W.timeout), "train", rank, size, explain,
                            gpu_host=_gpu_host(W.backend))

@@ -130,3 +130,27 @@ def test_check_gpu_over_a_real_group_refuses_shared_gpus_on_every_rank(tmp_path,
             assert "ranks 0, 1 all hold cuda:0 on one host" in verdict, verdict
         else:
             assert verdict == "ok"
+
+
+@pytest.mark.gpu
+def test_a_scripts_own_nccl_default_group_gives_the_engine_gloo_for_its_rows(tmp_path):
+    # dist.init_process_group("nccl") first (the usual torchrun script), then the engine: its
+    # groups must still carry CPU rows, so they are built cpu:gloo,cuda:nccl
+    code = textwrap.dedent("""
+        import torch, torch.distributed as dist
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+        import pgc_hvd.torch as hvd
+        from pgc_hvd.torchdist import world
+        hvd.init()
+        print("BACKEND", world.W.backend)
+        print("GATHERED", hvd.allgather(torch.ones(1, 2)).shape[0])
+        hvd.shutdown()
+        dist.destroy_process_group()
+    """)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    import os
+    env.update({k: v for k, v in os.environ.items() if k.startswith(("CUDA", "LD_", "NCCL"))})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "BACKEND cpu:gloo,cuda:nccl" in out.stdout and "GATHERED 1" in out.stdout, out.stdout
