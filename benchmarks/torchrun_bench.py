@@ -18,7 +18,7 @@ b) exponential delays with mean ``--compute`` (seeded, the same schedule for bot
    each rank's delay before its step's backward; pgc-cr gets them as ``delays=``.
 
 ``--runs`` lists PART:VARIANT, VARIANT = ``ddp`` or a scheme, with ``@CONTROL`` for a control
-channel other than the default allgather (e.g. ``a:pgc-cr@log``).
+channel other than the optimizer's default, log (e.g. ``a:pgc-cr@allgather``).
 
 Time per step = (time of the last step's end - that of the first measured one) / steps, on
 rank 0, after ``--warmup`` steps. Prints one table; ``--json`` writes the figures.

@@ -87,11 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option (repeatable, or comma-separated), e.g. c=4,r=2 for "
                         "bounded-staleness, decoder=n-s for bcgc")
-    p.add_argument("--channel", choices=("allgather", "store", "log"), default="allgather",
-                   help="how ranks exchange control rows: Horovod allgather (default), a "
-                        "TCPStore served by rank 0 (pgc_hvd.runtime.control_store), or an "
-                        "ordered log in that store with rank 0 deciding, no polling "
-                        "(pgc_hvd.runtime.control_log)")
+    p.add_argument("--channel", choices=("allgather", "store", "log"), default=None,
+                   help="how ranks exchange control rows (default: the optimizer's, log): an "
+                        "ordered log in a TCPStore served by rank 0 with rank 0 deciding, no "
+                        "polling (pgc_hvd.runtime.control_log), the polled Horovod allgather, or "
+                        "the store's rows polled (pgc_hvd.runtime.control_store)")
     p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
                    help="control rule options KEY=VAL,... (ControlConfig fields: high, low, window, "
                         "patience, factor, growth, trend_window, every, knob=lr|c|auto, ...)")
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
                   f"t={rec.time:6.2f}s", flush=True)
 
     ctl = None
-    hooks = {"records": writer, "on_record": progress}
+    opt_kwargs = {"records": writer, "on_record": progress}
     if args.adaptive or args.control:
         from pgc_hvd.control.rule import ControlConfig, adaptive_default
         from pgc_hvd.control.runtime import AdaptiveController
@@ -237,13 +237,15 @@ def main(argv=None) -> int:
             # each decision (on_update(step, flat, decision))
             ctl = AdaptiveController(model, task.loss, val, cfg, max_age=None, writer=writer,
                                      on_record=progress)
-            hooks = {"records": None, "on_update": ctl.on_update, "on_record": ctl.on_record}
+            opt_kwargs = {"records": None, "on_update": ctl.on_update, "on_record": ctl.on_record}
+    if args.channel is not None:        # else the optimizer's default control plane
+        opt_kwargs["control"] = args.channel
     opt = DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
         model.named_parameters(), scheme=args.scheme, stragglers=args.s,
-        scheme_options=scheme_options, control=args.channel,
+        scheme_options=scheme_options,
         compression=compression, delays=delays, timeout=args.timeout, name=f"pgc-{args.scheme}",
-        momentum_correction=args.momentum_correction == "on", **hooks)
+        momentum_correction=args.momentum_correction == "on", **opt_kwargs)
     if ctl is not None:
         ctl.attach(opt)
     while opt.version < args.steps:
@@ -269,7 +271,7 @@ def main(argv=None) -> int:
         summary = {
             "scheme": args.scheme, "n": n, "s": opt.scheme.s, "scheme_options": scheme_options,
             "device": device.type,
-            "channel": args.channel,
+            "channel": opt.config.control,
             "steps": args.steps,
             "dataset": args.dataset, "model": args.model, "delay": str(delays),
             "batch_size": args.batch_size, "lr": args.lr, "wall_time_s": wall,
