@@ -117,14 +117,13 @@ def train_runs(dev: str, work: Path, steps: int, timeout: float, schemes=SCHEMES
     return results
 
 
-def bench_run(dev: str, work: Path, timeout: float) -> dict:
-    log = work / "bench.log"
-    cmd = torchrun(2, [ROOT / "benchmarks" / "torchrun_bench.py", "--device", dev,
-                       "--compute", "0", "--steps", "12", "--warmup", "3",
-                       "--runs", "a:ddp,a:dgd,a:pgc-cr"])
+def script_run(tag: str, script: str, args: list, work: Path, timeout: float) -> dict:
+    """``torchrun`` np 2 (gloo) of a benchmarks/ script that prints ``RESULT {json}``."""
+    log = work / f"{tag}.log"
+    cmd = torchrun(2, [ROOT / "benchmarks" / script, *args])
     rc, secs = finish(start(cmd, "gloo", log), timeout)
     figures = result_line(log)
-    return {"run": "bench-resnet18", "cmd": " ".join(map(str, cmd[1:])), "rc": rc,
+    return {"run": tag, "cmd": " ".join(map(str, cmd[1:])), "rc": rc,
             "seconds": secs, "log": str(log), "figures": figures,
             "problems": [] if rc == 0 and figures else [f"exit status {rc}, figures {figures}"]}
 
@@ -159,17 +158,6 @@ def nccl_runs(work: Path, timeout: float) -> list:
     return out
 
 
-def amp_run(dev: str, work: Path, timeout: float) -> dict:
-    log = work / "amp.log"
-    cmd = torchrun(2, [ROOT / "benchmarks" / "gpu_train_check.py", "--device", dev,
-                       "--steps", "40"])
-    rc, secs = finish(start(cmd, "gloo", log), timeout)
-    figures = result_line(log)
-    return {"run": "amp-fp16-pinned-nvml", "cmd": " ".join(map(str, cmd[1:])), "rc": rc,
-            "seconds": secs, "log": str(log), "figures": figures,
-            "problems": [] if rc == 0 and figures else [f"exit status {rc}, figures {figures}"]}
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
@@ -194,7 +182,9 @@ def main(argv=None) -> int:
         results += train_runs(args.device, work, args.steps, timeout=150, schemes=schemes)
     if "bench" in parts:
         print(f"== bench: torchrun_bench.py --device {args.device} (ResNet-18, np 2)", flush=True)
-        results.append(bench_run(args.device, work, timeout=150))
+        results.append(script_run("bench-resnet18", "torchrun_bench.py", [
+            "--device", args.device, "--compute", "0", "--steps", "12", "--warmup", "3",
+            "--runs", "a:ddp,a:dgd,a:pgc-cr"], work, timeout=150))
     if "nccl" in parts:
         if args.device == "cuda":
             print("== nccl: np 1 on NCCL; np 2 on one GPU under NCCL (must be refused)",
@@ -205,7 +195,8 @@ def main(argv=None) -> int:
     if "amp" in parts:
         print(f"== amp: gpu_train_check.py --device {args.device} (torchrun np 2, gloo)",
               flush=True)
-        results.append(amp_run(args.device, work, timeout=120))
+        results.append(script_run("amp-fp16-pinned-nvml", "gpu_train_check.py", [
+            "--device", args.device, "--steps", "40"], work, timeout=120))
 
     print(f"\n{'run':<26} {'rc':>4} {'s':>6}  figures")
     for r in results:

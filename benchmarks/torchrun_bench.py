@@ -54,19 +54,14 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
 
     import pgc_hvd.torch as hvd
+    from pgc_hvd.apps.train import resolve_device
     from pgc_hvd.delays import Exponential, Zero
     from pgc_hvd.torchdist import world
 
     torch.set_num_threads(1)
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("--device cuda: torch sees no GPU here; use --device cpu")
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
+    device = resolve_device(args.device, hvd.local_rank())   # cuda: GPU local_rank mod count
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loader = build_loader(args.model, n)
     steps, warm, compute = args.steps, args.warmup, args.compute
