@@ -211,9 +211,10 @@ def main(argv=None) -> int:
         elif r.get("figures"):
             f = r["figures"]
             gpu = f.get("gpu_record") or {}
+            wire = f["bytes_per_step"] / f["fp32_ring_bytes"]
             fig = (f"{f['amp']} autocast, loss {f['first_loss']:.3f} -> {f['last_loss']:.3f}, "
-                   f"scale {f['loss_scale']:g}, wire {f['bytes_per_step'] / f['fp32_ring_bytes']:.2f}"
-                   f"x the fp32 ring, {f['seconds_per_step'] * 1e3:.1f} ms/step, NVML "
+                   f"scale {f['loss_scale']:g}, wire {wire:.2f}x the fp32 ring, "
+                   f"{f['seconds_per_step'] * 1e3:.1f} ms/step, NVML "
                    f"{gpu.get('util', gpu.get('reason'))}")
         else:
             fig = ""

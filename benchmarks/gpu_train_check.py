@@ -10,10 +10,11 @@ On the CPU (``--device cpu``, the rehearsal) the same loop runs with bfloat16 au
 pinning, and the records say why NVML is absent. The data: a seeded 10-class set of 8x8 images
 (a class's mean pattern plus noise), so nothing is read or downloaded. Every rank applies the
 same decoded updates; the run fails (exit 1, the reason printed) unless the training loss
-falls, the parameters' digests agree across ranks (``close()`` compares them too), every batch
-arrives on the model's device, and on cuda the records carry NVML's utilisation and memory. Rank 0 prints
-one line ``RESULT {json}`` (and writes ``--json``): device, backend, the wire's bytes per step
-against the fp32 ring's, the loss scale at the end, seconds per step, the first and last loss.
+falls, the parameters' digests agree across ranks (``close()`` compares them), every batch
+arrives on the model's device, and on cuda the records carry NVML's utilisation and memory.
+Rank 0 prints one line ``RESULT {json}`` (and writes ``--json``): device, backend, the wire's
+bytes per step against the fp32 ring's, the loss scale at the end, seconds per step, the first
+and last loss.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import json
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runtime_bench import ring_bytes  # noqa: E402
 
 
 def make_data(n_samples: int, seed: int):
@@ -79,12 +83,12 @@ def main(argv=None) -> int:
     amp_dtype = torch.float16 if cuda else torch.bfloat16
     scaler = torch.amp.GradScaler(device.type)
     problems = []
-    pinned = []
+    on_device = []    # per batch: did CodedLoader deliver it on the model's device?
     start = None
     while opt.version < args.steps:
         losses = []
         for xb, yb in opt.batches(loader):
-            pinned.append(xb.device.type == device.type)
+            on_device.append(xb.device.type == device.type)
             with torch.autocast(device.type, dtype=amp_dtype):
                 loss = F.cross_entropy(model(xb), yb)
             scaler.scale(loss).backward()     # no unscale_: pgc_hvd unscales per rank
@@ -96,20 +100,15 @@ def main(argv=None) -> int:
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - (start or time.perf_counter())
-    opt.close()                               # compares the parameters' digests across ranks
-    digest = tensors_digest(model.parameters())
-    digests = hvd.allgather(torch.tensor([[digest & ((1 << 62) - 1)]], dtype=torch.int64),
-                            name="gpu_check.digest").flatten().tolist()
-    print(f"PARAMS digest={digest:016x} rank={rank} device={device}", flush=True)
-    if len(set(digests)) != 1:
-        problems.append(f"parameters differ across ranks: {digests}")
-    if not all(pinned):
+    opt.close()       # compares the parameters' digests across ranks: raises when they differ
+    print(f"PARAMS digest={tensors_digest(model.parameters()):016x} rank={rank} device={device}",
+          flush=True)
+    if not all(on_device):
         problems.append("a batch arrived on another device than the model's")
     if rank == 0:
         losses = [r.loss for r in records if r.loss is not None]
         gpu = [r.extra.get("gpu", {}) for r in records]
         d = sum(q.numel() for q in model.parameters())
-        ring = 2.0 * (n - 1) / n * 4.0 * d if n > 1 else 4.0 * d
         nbytes = [r.bytes for r in records if r.bytes]
         out = {"device": str(device), "backend": world.W.backend, "n": n, "scheme": args.scheme,
                "d": d, "steps": opt.version, "amp": str(amp_dtype).replace("torch.", ""),
@@ -118,7 +117,7 @@ def main(argv=None) -> int:
                "first_loss": losses[0] if losses else None,
                "last_loss": sum(losses[-5:]) / len(losses[-5:]) if losses else None,
                "bytes_per_step": sum(nbytes) / len(nbytes) if nbytes else None,
-               "fp32_ring_bytes": ring, "gpu_record": gpu[-1] if gpu else None}
+               "fp32_ring_bytes": ring_bytes(n, d), "gpu_record": gpu[-1] if gpu else None}
         if not losses or not out["last_loss"] < out["first_loss"]:
             problems.append(f"the training loss did not fall: {losses[:3]} ... {losses[-3:]}")
         if cuda and not (gpu and gpu[-1].get("available")):

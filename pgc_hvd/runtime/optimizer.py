@@ -69,8 +69,8 @@ from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     parameter_names)
-from pgc_hvd.runtime.step import ReplicaDataCheck, ReplicaRNG, agree_seed
-from pgc_hvd.runtime.step import FaultMonitor, GradientCapture, Step, declared_metrics
+from pgc_hvd.runtime.step import (FaultMonitor, GradientCapture, ReplicaDataCheck, ReplicaRNG,
+                                  Step, agree_seed, declared_metrics)
 from pgc_hvd.runtime.step_records import StepRecorder
 
 
