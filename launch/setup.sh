@@ -139,8 +139,9 @@ fi
 
 # ---------------------------------------------------------------- 5. dependencies
 step "5/7 runtime and test dependencies"
-DEPS=(numpy pytest pytest-benchmark hypothesis scikit-learn matplotlib nvidia-ml-py mnist1d)
-if ! "$PY" -c 'import numpy, pytest, pytest_benchmark, hypothesis, sklearn, matplotlib, pynvml, mnist1d' 2>/dev/null; then
+DEPS=(numpy pytest pytest-benchmark hypothesis scikit-learn matplotlib nvidia-ml-py mnist1d
+      "lightning==2.6.*")
+if ! "$PY" -c 'import numpy, pytest, pytest_benchmark, hypothesis, sklearn, matplotlib, pynvml, mnist1d, lightning' 2>/dev/null; then
   "${PIP[@]}" install "${DEPS[@]}" >"$LOG_DIR/deps.log" 2>&1 \
     || { tail -20 "$LOG_DIR/deps.log" >&2; false; }
 fi

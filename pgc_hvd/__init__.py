@@ -17,7 +17,8 @@ the same ``schemes``, which use ``codes`` (linear algebra) and ``ops`` (the comp
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "DistributedOptimizer", "CodedLoader", "engine"]
+__all__ = ["__version__", "DistributedOptimizer", "DistributedDataParallel", "CodedLoader",
+           "CodedSampler", "engine"]
 
 
 def __getattr__(name):
@@ -30,6 +31,14 @@ def __getattr__(name):
         from pgc_hvd.data.coded_loader import CodedLoader
 
         return CodedLoader
+    if name == "DistributedDataParallel":   # the DDP door (torchrun)
+        from pgc_hvd.runtime.ddp import DistributedDataParallel
+
+        return DistributedDataParallel
+    if name == "CodedSampler":
+        from pgc_hvd.data.coded_sampler import CodedSampler
+
+        return CodedSampler
     if name == "engine":     # the launcher's engine module: horovod.torch or pgc_hvd.torch
         return _engine
     if name in _SUBPACKAGES:   # `pgc_hvd.data.CodedLoader` after a bare `import pgc_hvd`

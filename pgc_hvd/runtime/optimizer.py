@@ -70,7 +70,7 @@ from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     parameter_names)
 from pgc_hvd.runtime.step import (FaultMonitor, GradientCapture, ReplicaDataCheck, ReplicaRNG,
-                                  Step, agree_seed, declared_metrics)
+                                  Step, agree_seed, declared_metrics, loop_evaluate)
 from pgc_hvd.runtime.step_records import StepRecorder
 
 
@@ -361,6 +361,47 @@ class PGCOptimizer(_StateDicts):
                 cap.end_pending(plan, version)  # no backward: step() names the slot
             else:
                 cap.last_batch_done()
+
+    # -- the loop-fed door (pgc_hvd.DistributedDataParallel) -----------------------------------
+    def feed_from_loop(self) -> None:
+        """The user's own loop feeds the scheme's partitions, one batch per step (the DDP door,
+        :mod:`pgc_hvd.runtime.ddp`, with :class:`pgc_hvd.CodedSampler`): a backward outside
+        :meth:`batches` is the step's evaluation (several partitions share the batch, rows
+        weighted by their coefficients) and a pipelined scheme's ring starts with zeros.
+        Before the first step."""
+        if self._pgc_step.started:
+            raise RuntimeError("feed_from_loop must be called before the first step()")
+        if self._pgc_capture.complex:
+            raise ValueError(
+                f"scheme {self.scheme.name} has complex coefficients, which a batch's row "
+                f"weights cannot carry: use it through optimizer.batches(loader), or another "
+                f"scheme (pgc-cr, bcgc, gc-cr, ...) with pgc_hvd.DistributedDataParallel")
+        self._pgc_step.loop_fed_start()
+
+    def loop_partitions(self, step: int) -> tuple:
+        """``((partition, weight), ...)``: what the loop's batch of ``step`` holds (the
+        partitions this rank evaluates there, :func:`~pgc_hvd.runtime.step.loop_evaluate`) and
+        the weight of each one's gradient in the message (1 where the ring applies the
+        coefficients; a pipelined scheme's). Nothing changes."""
+        cap = self._pgc_capture
+        evaluate = loop_evaluate(self.scheme, self.rank, int(step), cap.ring_mode)
+        if cap.ring_mode:
+            return tuple((int(q), 1.0) for q, _ in evaluate)
+        coef = dict(self.scheme.work_plan(self.rank, int(step)).combine)
+        return tuple((int(q), float(coef[sl])) for q, sl in evaluate)
+
+    def begin_loop_step(self) -> bool:
+        """A training forward of the loop begins the step of :attr:`version` (if it has not);
+        returns whether this rank computes at it (False: the step was decided without it; the
+        loop's gradient is dropped and ``step()`` applies the decided update; under a
+        GradScaler p.grad then holds zeros for its inf check)."""
+        if self._pgc_closed:
+            raise RuntimeError("pgc_hvd optimizer is closed")
+        step = self._pgc_step
+        step.begin()
+        if not step.computes and self._pgc_capture.amp:
+            self._pgc_capture.zero_grads()
+        return step.computes
 
     # -- the step ------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -73,6 +73,7 @@ Runs on the training thread only (hooks fire there). May import: ``ops``, ``flat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import struct
@@ -128,6 +129,11 @@ class GradientCapture:
         self._grad_version = -1                   # its p.grad._version after the last backward
         self._zero_flat = None                    # zeros for p.grad in a catch-up under AMP
         self._hooks: list = []                    # attach() registers them
+        #: the user's own loop feeds the plan's partitions (the DDP door's sampler): a backward
+        #: outside ``batches()`` is the plan's evaluation, where several partitions are
+        #: evaluated it holds their message already (rows weighted by the coefficients), and
+        #: the ring starts filled with zeros instead of a warm-up (:meth:`zero_start`)
+        self.loop_fed = False
 
     def attach(self) -> None:
         """Register the gradient hooks (last in the optimizer's construction: a construction
@@ -166,10 +172,17 @@ class GradientCapture:
             if p.grad is not None:
                 lay.view(target, p).add_(p.grad)
                 p.grad = None
-        if not self.ring_mode:
-            ops.add_slot(self.msg, self.ring[0], float(dict(plan.combine)[slot]))
-        self.worker_ring.fill(slot, version)
-        self.done_slots.add(slot)
+        if self.loop_fed:     # one backward evaluated every partition of the plan
+            slots = [sl for _, sl in plan.evaluate]
+            if not self.ring_mode:
+                ops.add_slot(self.msg, self.ring[0], 1.0)   # the rows carried b_l already
+        else:
+            slots = [slot]
+            if not self.ring_mode:
+                ops.add_slot(self.msg, self.ring[0], float(dict(plan.combine)[slot]))
+        for sl in slots:
+            self.worker_ring.fill(sl, version)
+            self.done_slots.add(sl)
         self.target_slot = None
         self._sentinel = None
 
@@ -236,7 +249,7 @@ class GradientCapture:
         refused, because the data of the user's loader is not the partition the code needs
         (it would silently train on the fast ranks' data only)."""
         plan, version = self.current()
-        if not self.own_partition_only():
+        if not self.loop_fed and not self.own_partition_only():
             raise RuntimeError(
                 f"pgc_hvd: a backward pass ran outside optimizer.batches(loader), but "
                 f"{self.scheme_name} asks rank {self.rank} for partitions "
@@ -287,7 +300,8 @@ class GradientCapture:
         that work. (A GradScaler's own inf check in ``scaler.step`` also writes p.grad in
         place; it is recognised by the scale it hands over, ``grad_scale``.)"""
         sentinel = self._sentinel
-        if len(plan.evaluate) < 2 or sentinel is None or sentinel.grad is None:
+        if (self.loop_fed or len(plan.evaluate) < 2 or sentinel is None
+                or sentinel.grad is None):
             return
         if sentinel.grad._version == self._grad_version or grad_scale is not None:
             return
@@ -346,6 +360,42 @@ class GradientCapture:
         for b in self.ring:
             b.zero_()
         self.worker_ring.reset()
+
+    def feed_from_loop(self, version: int) -> None:
+        """From now on a backward is the plan's evaluation (:attr:`loop_fed`); a ring starts
+        with zeros of model ``version``."""
+        self.loop_fed = True
+        if self.ring_mode:
+            self.zero_start(version)
+
+    def zero_start(self, version: int) -> None:
+        """Every slot holds a zero gradient of model ``version`` (the loop-fed warm-up: a loop
+        that runs one batch per step cannot evaluate the c partitions of PGC's warm-up step, so
+        the first c - 1 messages hold only the gradients evaluated so far)."""
+        for b in self.ring:
+            b.zero_()
+        for sl in range(self.worker_ring.size):
+            self.worker_ring.fill(sl, version)
+
+
+def loop_evaluate(scheme, rank: int, step: int, ring_mode: bool) -> tuple:
+    """``((partition, slot), ...)`` a loop that runs ONE batch per step evaluates at ``step``
+    (the DDP door): the scheme's plan, except that a pipelined scheme's warm-up (every slot at
+    step 0) evaluates the one slot its rotation gives (that of step ``step + L``, L the ring
+    size; the other slots start as zeros, :meth:`GradientCapture.zero_start`). Several
+    partitions of a non-pipelined plan (GC, BCGC: c per step) share the batch, rows weighted
+    by their coefficients (:mod:`pgc_hvd.runtime.ddp`)."""
+    evaluate = scheme.work_plan(rank, step).evaluate
+    if ring_mode and len(evaluate) > 1:
+        size = len(scheme.work_plan(rank, step).slot_partitions)
+        later = scheme.work_plan(rank, step + size).evaluate
+        if len(later) != 1:
+            raise ValueError(
+                f"scheme {scheme.name} evaluates {len(later)} ring slots at step "
+                f"{step + size}: a loop that runs one batch per step cannot feed it; use "
+                f"optimizer.batches(loader) (pgc_hvd.DistributedOptimizer) or another scheme")
+        return later
+    return evaluate
 
 
 def declared_metrics(names: tuple, metrics) -> tuple:
@@ -424,6 +474,9 @@ class Step:
         self.started = False
         self.plan = None              # the current step's WorkPlan (None: not begun)
         self.computes = True          # this rank sends a message at the current step
+        #: the user's loop feeds the partitions (the DDP door): one batch per step, plans from
+        #: :func:`loop_evaluate`
+        self.loop_fed = False
         self.cancelled = False        # the current step fired without this rank (cancel)
         #: seconds this rank has computed (forward, backward, forming messages), all steps
         self.busy = 0.0
@@ -448,6 +501,8 @@ class Step:
         """Continue from model version ``version`` with an empty ring and a fresh residual."""
         self.version = int(version)
         self.capture.reset()
+        if self.loop_fed and self.capture.ring_mode:
+            self.capture.zero_start(self.version)
         self.encoder.reset()
         self.agent.restart_at(self.version)
         self.next()
@@ -459,10 +514,25 @@ class Step:
         self.adopt()
         if self.plan is None:
             self.computes = self.would_compute()   # pinned for the step
-            self.plan = self.worker_ring.plan(self.version)
+            self.plan = self.plan_at(self.version)
             self.capture.new_step()
             self.clock()
         return self.plan
+
+    def plan_at(self, version: int):
+        """The plan of step ``version`` (the ring's; a loop-fed step evaluates
+        :func:`loop_evaluate`'s partitions)."""
+        plan = self.worker_ring.plan(version)
+        if self.loop_fed:
+            plan = dataclasses.replace(plan, evaluate=loop_evaluate(
+                self.scheme, self.rank, version, self.capture.ring_mode))
+        return plan
+
+    def loop_fed_start(self) -> None:
+        """The user's loop feeds the partitions from now on (before the first step): the
+        capture takes a backward as the plan's evaluation and the ring starts with zeros."""
+        self.loop_fed = True
+        self.capture.feed_from_loop(self.version)
 
     def current(self) -> tuple:
         """``(plan, version)`` of the step, begun if needed (a backward pass outside
@@ -476,8 +546,8 @@ class Step:
         if not self.started:
             v = interop.broadcast_version(self.param_groups)
             if v is not None:
-                return self.worker_ring.plan(v)
-        return self.worker_ring.plan(self.version)
+                return self.plan_at(v)
+        return self.plan_at(self.version)
 
     def would_compute(self) -> bool:
         """Whether this rank computes at the current step: as decided when it began, else as

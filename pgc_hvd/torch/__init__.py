@@ -17,7 +17,8 @@
 ``broadcast_object``, ``Sum`` / ``Average`` / ``Compression`` are :mod:`pgc_hvd.torchdist`'s
 (run on the engine's own process group, so they never meet the script's collectives on torch's
 default group); ``DistributedOptimizer`` is :func:`pgc_hvd.DistributedOptimizer` on this engine;
-``CodedLoader`` is :class:`pgc_hvd.data.CodedLoader`.
+``CodedLoader`` is :class:`pgc_hvd.data.CodedLoader`; ``DistributedDataParallel`` and
+``CodedSampler`` are the DDP door's (:mod:`pgc_hvd.runtime.ddp`).
 """
 
 from __future__ import annotations
@@ -56,4 +57,10 @@ def __getattr__(name):
     if name == "CodedLoader":       # lazy, as in pgc_hvd
         from pgc_hvd.data.coded_loader import CodedLoader
         return CodedLoader
+    if name == "CodedSampler":
+        from pgc_hvd.data.coded_sampler import CodedSampler
+        return CodedSampler
+    if name == "DistributedDataParallel":   # the DDP door
+        from pgc_hvd.runtime.ddp import DistributedDataParallel
+        return DistributedDataParallel
     raise AttributeError(f"module 'pgc_hvd.torch' has no attribute {name!r}")
