@@ -98,9 +98,9 @@ class _Placeholder:
         return tree_unflatten(out, self.spec)
 
 
-def _scale_rows(output, scale: torch.Tensor, rows: int):
+def _scale_rows(output, scale: torch.Tensor, rows: int, hit: list):
     """Every tensor of ``output`` with ``rows`` rows and a gradient gets its rows' gradients
-    multiplied by ``scale`` (forward values unchanged)."""
+    multiplied by ``scale`` (forward values unchanged); ``hit[0]`` counts them."""
     leaves, spec = tree_flatten(output)
     out = []
     for x in leaves:
@@ -109,6 +109,7 @@ def _scale_rows(output, scale: torch.Tensor, rows: int):
             w = scale.to(device=x.device, dtype=x.dtype).view(-1, *([1] * (x.dim() - 1)))
             x = x.clone()      # a fresh node: the hook is this output's only
             x.register_hook(lambda g, w=w: g * w)
+            hit[0] += 1
         out.append(x)
     return tree_unflatten(out, spec)
 
@@ -143,7 +144,10 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         self._pgc_opt = None
         self._pgc_placeholder = None
         self._pgc_batch = None        # B, told by the sampler (loop_partitions' caller)
-        self._pgc_layouts: dict = {}  # parts -> (rows tensor of scales, or None)
+        self._pgc_layouts: dict = {}  # (parts, rows) -> the rows' gradient scales
+        self._pgc_scale = None        # the scales while a weighted step's forward runs
+        self._pgc_scaled = 0          # outputs weighted in that forward
+        self.module.register_forward_hook(self._pgc_scale_hook)
         register_source(self)
 
     # -- the sampler's source ---------------------------------------------------------------
@@ -212,12 +216,34 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
                 f"CodedSampler cuts steps of batch_size={self._pgc_batch}: give the DataLoader "
                 f"the sampler's batch_size (one batch is one step; drop_last is not needed)")
         parts = opt.loop_partitions(opt.version)
-        scale = self._row_scale(parts, rows)
-        output = self.module(*inputs, **kwargs)
+        self._pgc_scale = self._row_scale(parts, rows)
+        self._pgc_scaled = 0
+        try:
+            output = self.module(*inputs, **kwargs)
+        finally:
+            scale, self._pgc_scale = self._pgc_scale, None
+        if scale is not None and not self._pgc_scaled:
+            raise ValueError(
+                f"pgc_hvd.DistributedDataParallel: this step's batch holds partitions "
+                f"{[k for k, _ in parts]} with weights {[w for _, w in parts]}, which weight the "
+                f"gradients of the output's {rows} rows, but no output of the module had {rows} "
+                f"rows (a loss computed inside forward?). Return per-sample outputs from "
+                f"forward and compute the loss outside it, or use a scheme that evaluates one "
+                f"partition a step (pgc-cr, pgc-fr, dgd, bounded-staleness)")
         self._pgc_placeholder = _Placeholder(output)
-        if scale is not None:
-            output = _scale_rows(output, scale, scale.numel())
         return output
+
+    def _pgc_scale_hook(self, module, args, output):
+        """A forward hook on the wrapped module: while a step's rows are weighted, every output
+        with their number of rows gets its rows' gradients scaled (also a call made inside a
+        Lightning ``training_step``)."""
+        scale = self._pgc_scale
+        if scale is None:
+            return None
+        hit = [0]
+        out = _scale_rows(output, scale, scale.numel(), hit)
+        self._pgc_scaled += hit[0]
+        return out
 
     def _row_scale(self, parts: tuple, rows):
         """The rows' gradient scales of a batch holding ``parts`` (None: all 1)."""

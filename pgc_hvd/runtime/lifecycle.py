@@ -84,10 +84,17 @@ def register(opt) -> int:
 
 def collected(opt, serial: int) -> None:
     """``opt.__del__``: an optimizer nobody closed is being collected. Mark its loop done (no
-    wait, no collective) and keep it until exit or ``hvd.shutdown()`` closes it."""
+    wait, no collective) and keep it until exit or ``hvd.shutdown()`` closes it. A copy of the
+    optimizer's attributes under another object (Lightning's ``LightningOptimizer`` takes the
+    wrapped optimizer's ``__dict__`` and class, so it has this ``__del__`` and serial) is not
+    the optimizer: its collection changes nothing while the registered one lives."""
     if opt.closed:
         return
     with _lock:
+        ref = _live.get(serial)
+        registered = ref() if ref is not None else None
+        if registered is not None and registered is not opt:
+            return
         _kept[serial] = opt
     try:
         opt.agent.leave()
