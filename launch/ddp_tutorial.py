@@ -88,4 +88,4 @@ if len(set(digests)) != 1:
     raise SystemExit(f"rank {rank}: parameters differ across ranks: {digests}")
 if rank == 0:
     print(f"PARAMS {digest} ranks={world} steps={getattr(optimizer, 'version', 'n/a')} "
-          f"acc={totals[1] / totals[2]:.4f}", flush=True)
+          f"per_epoch={len(loader)} acc={totals[1] / totals[2]:.4f}", flush=True)

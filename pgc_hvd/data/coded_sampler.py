@@ -16,10 +16,12 @@ The dataset's N indices are split into n partitions D_0..D_{n-1} (n = the world 
 :func:`pgc_hvd.data.partition`, as :class:`~pgc_hvd.data.coded_loader.CodedLoader` does. Each
 ``DataLoader`` batch is one step t of this rank: the partitions the scheme wants at t,
 ``source.loop_partitions(t) = ((k_1, w_1), ..., (k_m, w_m))`` (one for pipelined schemes and
-dgd, c = s + 1 for GC and BCGC), share its B samples: b = floor(B / m) samples of each, by the
-loaders' one batch rule with batch size b (:class:`~pgc_hvd.data.coded_loader.BatchRule`:
-the batch of (k, t) is a function of (seed, k, t), so the replicas of a partition evaluate the
-same samples), and B - m b filler samples (repeats, weight 0). :func:`batch_layout` gives the
+dgd, c = s + 1 for GC, the rank's load for BCGC), share its B samples: b = floor(B / K) samples
+of each, K = ``source.loop_width`` the most partitions any rank's step holds (the same b on every
+rank, so the replicas of a partition evaluate the same samples and every rank has the same
+number of steps an epoch), by the loaders' one batch rule with batch size b
+(:class:`~pgc_hvd.data.coded_loader.BatchRule`: the batch of (k, t) is a function of (seed, k,
+t)), then B - m b filler samples (repeats, weight 0). :func:`batch_layout` gives the
 rows of each partition and the scale its rows' gradients get (w_j B / b: the loss is a mean over
 the B rows), so ONE backward over the batch gives sum_j w_j g_{k_j}, the coded message (the DDP
 door weights the rows, :mod:`pgc_hvd.runtime.ddp`). The step runs in the loop as in DDP: one
@@ -34,7 +36,7 @@ DDP habit); the batches follow the step, so a resumed run continues where its ve
 
 The source is the process's :class:`pgc_hvd.DistributedDataParallel` (it registers itself,
 :func:`register_source`; :meth:`bind` names another): anything with ``n``, ``version``,
-``loop_partitions(step)`` and ``expect_batch_size(B)`` (told at each ``__iter__``, so the
+``loop_partitions(step)``, ``loop_width`` and ``expect_batch_size(B)`` (told at each ``__iter__``, so the
 forward can refuse a DataLoader whose batch_size differs).
 
 May import: numpy, torch, ``data.partition``, ``data.coded_loader`` (``BatchRule``),
@@ -80,17 +82,19 @@ def _default_source():
     return live[0]
 
 
-def batch_layout(parts: Sequence, batch_size: int) -> tuple[int, list]:
+def batch_layout(parts: Sequence, batch_size: int, width: int) -> tuple[int, list]:
     """``(b, rows)`` of a batch of ``batch_size`` B samples holding the partitions ``parts =
-    ((k, w), ...)``: b = floor(B / m) samples each, then B - m b fillers; ``rows`` is
-    ``[(start, stop, scale), ...]`` for each partition (scale = w B / b) and the fillers
-    (scale 0)."""
+    ((k, w), ...)``: b = floor(B / width) samples each (``width`` >= len(parts): the most
+    partitions any rank's batch holds), then B - m b fillers; ``rows`` is ``[(start, stop,
+    scale), ...]`` for each partition (scale = w B / b) and the fillers (scale 0)."""
     m = len(parts)
     B = int(batch_size)
-    b = B // m
+    if int(width) < m:
+        raise ValueError(f"width={width} is less than the {m} partitions of the batch")
+    b = B // int(width)
     if b < 1:
-        raise ValueError(f"batch_size={B} is smaller than the {m} partitions a step holds; "
-                         f"use batch_size >= {m}")
+        raise ValueError(f"batch_size={B} is smaller than the {width} partitions a step holds; "
+                         f"use batch_size >= {width}")
     rows = [(j * b, (j + 1) * b, float(w) * B / b) for j, (_, w) in enumerate(parts)]
     if m * b < B:
         rows.append((m * b, B, 0.0))
@@ -169,7 +173,7 @@ class CodedSampler(Sampler):
     def layout(self, step: int) -> tuple[tuple, int, list]:
         """``(parts, b, rows)`` of step ``step``'s batch (:func:`batch_layout`)."""
         parts = tuple(self.source.loop_partitions(int(step)))
-        b, rows = batch_layout(parts, self.batch_size)
+        b, rows = batch_layout(parts, self.batch_size, self.source.loop_width)
         return parts, b, rows
 
     def indices(self, step: int) -> np.ndarray:

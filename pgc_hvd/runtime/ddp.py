@@ -59,6 +59,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+import pgc_hvd.torchdist as engine
 from pgc_hvd.data.coded_sampler import batch_layout, register_source
 
 __all__ = ["DistributedDataParallel", "RUNTIME_OPTIONS"]
@@ -135,10 +136,8 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
                 f"SyncBatchNorm, which runs a collective in every forward pass (every rank in "
                 f"lockstep again, and a rank that catches up skips its forward: a hang). Keep "
                 f"torch.nn.BatchNorm (each rank's own batch statistics) or use GroupNorm")
-        import pgc_hvd.torchdist as engine
         if not engine.is_initialized():
             engine.init()
-        self.__dict__["_pgc_engine"] = engine
         super().__init__(module, *args, **kwargs)
         self._pgc_options = options
         self._pgc_opt = None
@@ -153,11 +152,11 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     # -- the sampler's source ---------------------------------------------------------------
     @property
     def n(self) -> int:
-        return self._pgc_engine.size()
+        return engine.size()
 
     @property
     def rank(self) -> int:
-        return self._pgc_engine.rank()
+        return engine.rank()
 
     @property
     def version(self) -> int:
@@ -177,6 +176,14 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
                 "loader: optimizer = model.distributed_optimizer(torch.optim.SGD(...))")
         return self._pgc_opt.loop_partitions(step)
 
+    @property
+    def loop_width(self) -> int:
+        """The most partitions any rank's batch holds at a step (the sampler gives each
+        partition B // width rows on every rank)."""
+        if self._pgc_opt is None:
+            self.loop_partitions(0)      # raises with the fix
+        return self._pgc_opt.loop_width
+
     def expect_batch_size(self, batch_size: int) -> None:
         """The sampler's B: every training batch must have B rows (the sampler tells it)."""
         self._pgc_batch = int(batch_size)
@@ -189,8 +196,12 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
                                "called twice; one optimizer per model")
         from pgc_hvd.runtime.distributed import DistributedOptimizer
         opt = DistributedOptimizer(optimizer, named_parameters=self.module.named_parameters(),
-                                   hvd=self._pgc_engine, **self._pgc_options)
-        opt.feed_from_loop()
+                                   hvd=engine, **self._pgc_options)
+        try:
+            opt.feed_from_loop()
+        except BaseException:
+            opt.close()          # every rank refuses alike: none is left waiting
+            raise
         self._pgc_opt = opt
         return opt
 
@@ -216,7 +227,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
                 f"CodedSampler cuts steps of batch_size={self._pgc_batch}: give the DataLoader "
                 f"the sampler's batch_size (one batch is one step; drop_last is not needed)")
         parts = opt.loop_partitions(opt.version)
-        self._pgc_scale = self._row_scale(parts, rows)
+        self._pgc_scale = self._row_scale(parts, rows, opt.loop_width)
         self._pgc_scaled = 0
         try:
             output = self.module(*inputs, **kwargs)
@@ -245,9 +256,9 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         self._pgc_scaled += hit[0]
         return out
 
-    def _row_scale(self, parts: tuple, rows):
+    def _row_scale(self, parts: tuple, rows, width: int):
         """The rows' gradient scales of a batch holding ``parts`` (None: all 1)."""
-        if len(parts) == 1 and float(parts[0][1]) == 1.0:
+        if width == 1 and float(parts[0][1]) == 1.0:
             return None
         if rows is None:
             raise ValueError("pgc_hvd.DistributedDataParallel: this step's batch holds "
@@ -256,7 +267,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         key = (parts, rows)
         hit = self._pgc_layouts.get(key)
         if hit is None:
-            _, layout = batch_layout(parts, rows)
+            _, layout = batch_layout(parts, rows, width)
             hit = torch.empty(rows)
             for start, stop, s in layout:
                 hit[start:stop] = s

@@ -199,6 +199,7 @@ class PGCOptimizer(_StateDicts):
                               replay_steps=config.replay_steps(self.rank),
                               op_scale=config.op_scale, on_update=config.on_update)
         self._pgc_loader_seen = None   # the loader LoaderCheck saw last (checked at first sight)
+        self._pgc_loop_width = None    # loop_width, computed at its first use
         self._pgc_faults = FaultMonitor(self._pgc_agent, self.rank, lay.params,
                                         names=self._pgc_names, timeout=config.timeout)
         self._pgc_check_loader = consistency.LoaderCheck(
@@ -390,6 +391,20 @@ class PGCOptimizer(_StateDicts):
         coef = dict(self.scheme.work_plan(self.rank, int(step)).combine)
         return tuple((int(q), float(coef[sl])) for q, sl in evaluate)
 
+    @property
+    def loop_width(self) -> int:
+        """The most partitions a loop's batch holds at a step, over every rank and the steps
+        of a period of the plans (BCGC's loads differ by rank): every rank's batch gives each
+        partition B // width rows, so replicas evaluate the same samples."""
+        width = self._pgc_loop_width
+        if width is None:
+            ring = self._pgc_capture.ring_mode
+            span = 2 * (self._pgc_capture.worker_ring.size + self.n) + 1
+            width = self._pgc_loop_width = max(
+                len(loop_evaluate(self.scheme, r, t, ring))
+                for r in range(self.n) for t in range(span))
+        return width
+
     def begin_loop_step(self) -> bool:
         """A training forward of the loop begins the step of :attr:`version` (if it has not);
         returns whether this rank computes at it (False: the step was decided without it; the
@@ -484,10 +499,17 @@ class PGCOptimizer(_StateDicts):
         every rank starts at the same version (one int64 allgather), start the agent."""
         self._pgc_step.adopt()
         cfg = self._pgc_config
-        consistency.check_start(self._pgc_hvd, self.version, timeout=cfg.timeout,
-                                name=f"{cfg.name}.start.version", rank=self.rank)
-        self._pgc_replicas.check(self._pgc_hvd, step=self.version, name=f"{cfg.name}.replicas",
-                                 timeout=cfg.timeout)
+        try:
+            consistency.check_start(self._pgc_hvd, self.version, timeout=cfg.timeout,
+                                    name=f"{cfg.name}.start.version", rank=self.rank)
+            self._pgc_replicas.check(self._pgc_hvd, step=self.version,
+                                     name=f"{cfg.name}.replicas", timeout=cfg.timeout)
+        except ValueError:       # the ranks disagree: the check's own message
+            raise
+        except RuntimeError as err:   # its collective failed: a rank died or hung before it
+            raise AgentError(f"rank {self.rank}: the first step's check across the ranks "
+                             f"failed, so a rank died or hung before its first step: "
+                             f"{err}") from err
         self._pgc_start_agent()
 
     def _pgc_start_agent(self) -> None:

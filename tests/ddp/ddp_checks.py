@@ -1,0 +1,196 @@
+"""Multi-rank checks of the DDP door under torchrun (``pgc_hvd.DistributedDataParallel`` with
+``pgc_hvd.CodedSampler``); each prints ``CHECK <name> ok rank=<r>`` (tests/ddp/test_ddp_door.py):
+
+* ``refusals``: SyncBatchNorm at the wrap, a training forward before the optimizer is wrapped,
+  a DataLoader whose batch_size differs from the sampler's, a complex-coefficient scheme --
+  each refused on every rank with the fix, and the run goes on;
+* ``habits``: what DDP scripts do beyond step(): ``model.module``, ``state_dict()`` keys,
+  ``no_sync()``, a GradScaler with bf16 autocast, ``torch.compile(model)``, a checkpoint saved
+  by rank 0 and resumed into a new model and optimizer on every rank, metrics averaged with
+  ``dist.all_reduce``; ends with a cross-rank digest of the parameters;
+* ``dead`` / ``dead-first``: the last rank exits (at version 3, or before its first forward);
+  every other rank raises AgentError naming it (``CLEAR-ERROR``) within the timeout.
+"""
+
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import pgc_hvd
+from checks import ok
+from pgc_hvd.runtime.errors import AgentError
+
+
+def data(n=512):
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, 8, generator=g)
+    y = (X[:, 0] + X[:, 1] > 0).long()
+    return TensorDataset(X, y)
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+
+def digest(model) -> str:
+    h = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes() for p in model.parameters()))
+    return h.hexdigest()[:16]
+
+
+def same_everywhere(value, what):
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, value)
+    if len(set(got)) != 1:
+        raise SystemExit(f"{what} differs across ranks: {got}")
+    return got[0]
+
+
+def refused(fn, *needles):
+    try:
+        fn()
+    except (ValueError, RuntimeError) as err:
+        msg = str(err)
+        missing = [w for w in needles if w not in msg]
+        assert not missing, (missing, msg)
+        return msg
+    raise AssertionError(f"not refused: {fn}")
+
+
+def check_refusals(rank):
+    bn = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.SyncBatchNorm(4))
+    refused(lambda: pgc_hvd.DistributedDataParallel(bn), "SyncBatchNorm", "GroupNorm")
+    ok("syncbatchnorm_refused", rank)
+
+    model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", timeout=30)
+    x = torch.randn(16, 8)
+    refused(lambda: model(x), "distributed_optimizer")
+    with torch.no_grad():
+        model(x)                  # evaluation passes need no optimizer
+    ok("forward_before_optimizer_refused", rank)
+
+    opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    sampler = pgc_hvd.CodedSampler(data(), batch_size=16)
+    loader = DataLoader(data(), batch_size=32, sampler=sampler)
+    refused(lambda: model(next(iter(loader))[0]), "batch_size=16", "sampler's batch_size")
+    ok("batch_size_mismatch_refused", rank)
+
+    loader = DataLoader(data(), batch_size=16, sampler=sampler)
+    for xb, yb in loader:        # the run goes on after the refusals
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    opt.close()
+    same_everywhere(digest(model), "parameters")
+    ok("trains_after_refusals", rank)
+
+    rs = pgc_hvd.DistributedDataParallel(net(), scheme="rs", name="rs", timeout=30)
+    refused(lambda: rs.distributed_optimizer(torch.optim.SGD(rs.parameters(), lr=0.1)),
+            "complex", "batches(loader)")
+    ok("complex_scheme_refused", rank)
+
+
+def check_habits(rank, out_dir):
+    ds = data()
+    model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", timeout=30)
+    assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    assert isinstance(model.module, torch.nn.Sequential)
+    assert all(k.startswith("module.") for k in model.state_dict())
+    opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    sampler = pgc_hvd.CodedSampler(ds, batch_size=16)
+    loader = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2,
+                        persistent_workers=True)
+    scaler = torch.amp.GradScaler("cpu")
+    compiled = torch.compile(model)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(compiled(xb), yb)
+            with model.no_sync():          # DDP's context: harmless (no reducer runs)
+                scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+        total = torch.tensor([loss.item(), 1.0])
+        dist.all_reduce(total)             # metric averaging on the default group
+    steps = opt.version
+    assert steps == 2 * len(loader), (steps, len(loader))
+    assert abs(opt.param_groups[0]["lr"] - 0.05 * 0.5 ** (steps // 5)) < 1e-12
+    ok("amp_compile_no_sync_scheduler", rank)
+
+    if rank == 0:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()},
+                   os.path.join(out_dir, "ckpt.pt"))
+    dist.barrier()
+    before = same_everywhere(digest(model), "parameters before the resume")
+    opt.close()
+
+    ckpt = torch.load(os.path.join(out_dir, "ckpt.pt"), weights_only=False)
+    model2 = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", timeout=30)
+    model2.load_state_dict(ckpt["model"])
+    opt2 = model2.distributed_optimizer(torch.optim.SGD(model2.parameters(), lr=0.05,
+                                                        momentum=0.9))
+    opt2.load_state_dict(ckpt["opt"])
+    assert opt2.version == steps and digest(model2) == before
+    sampler2 = pgc_hvd.CodedSampler(ds, batch_size=16).bind(model2)
+    for xb, yb in DataLoader(ds, batch_size=16, sampler=sampler2):
+        opt2.zero_grad()
+        F.cross_entropy(model2(xb), yb).backward()
+        opt2.step()
+    assert opt2.version == steps + len(loader)
+    opt2.close()
+    print(f"PARAMS {same_everywhere(digest(model2), 'parameters after the resume')}", flush=True)
+    ok("checkpoint_resume", rank)
+
+
+def check_dead(rank, first: bool):
+    world = dist.get_world_size()
+    dead = world - 1
+    ds = data()
+    model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", timeout=8)
+    opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
+    loader = DataLoader(ds, batch_size=16, sampler=pgc_hvd.CodedSampler(ds, batch_size=16))
+    t0 = time.time()
+    try:
+        for epoch in range(20):
+            for xb, yb in loader:
+                if rank == dead and opt.version == (0 if first else 3):
+                    print(f"INFO rank {rank} dies now", flush=True)
+                    os._exit(0)
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                time.sleep(0.01)
+    except AgentError as err:
+        print(f"CLEAR-ERROR rank={rank} after {time.time() - t0:.1f}s: {err}", flush=True)
+        os._exit(0)
+    print(f"NO-ERROR rank={rank}", flush=True)
+    os._exit(1)
+
+
+def main():
+    mode = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if mode == "refusals":
+        check_refusals(rank)
+    elif mode == "habits":
+        check_habits(rank, sys.argv[2])
+    elif mode in ("dead", "dead-first"):
+        check_dead(rank, first=mode == "dead-first")
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print(f"ALL OK rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
