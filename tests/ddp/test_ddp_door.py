@@ -86,3 +86,21 @@ def test_dead_rank_every_survivor_raises_agent_error_naming_it(torchrun, mode):
     assert all("rank 2 (pid" in l or "rank(s) [2]" in l for l in clear), clear
     assert all(float(l.split(" after ")[1].split("s:")[0]) < 30 for l in clear), clear
     assert "NO-ERROR" not in proc.stdout
+
+
+QUICKSTART = ROOT / "launch" / "ddp_quickstart.py"
+
+
+def test_readme_shows_the_ddp_quickstart_code():
+    body = QUICKSTART.read_text().split("\n", 1)[1]
+    body = body[: body.index("\nwith torch.no_grad()")]
+    assert body.strip() in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.multirank
+def test_ddp_quickstart_trains_on_two_ranks(torchrun):
+    import re
+    proc = torchrun(2, QUICKSTART, timeout=180)
+    got = re.findall(r"ddp quickstart: (\d+) updates, training accuracy ([0-9.]+)", proc.stdout)
+    assert len(got) == 2, proc.stdout + proc.stderr
+    assert all(int(u) == 3 * ((1797 // 2) // 32) and float(a) > 0.85 for u, a in got), got

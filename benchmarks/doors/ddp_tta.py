@@ -1,0 +1,204 @@
+"""Time to a validation accuracy: pgc_hvd's DDP door against torch's DDP, under torchrun.
+
+    .venv/bin/python benchmarks/doors/ddp_tta.py [--np 4] [--seeds 0,1,2]
+        [--patterns none,exp,slow,pareto] [--doors ddp,pgc-cr] [--compute 0.05]
+        [--target 0.9] [--max-steps 400] [--json out.json]
+
+One torchrun launch per (door, pattern, seed), every rank running the DDP tutorial's loop
+(``launch/ddp_tutorial.py``'s shape: a ``DataLoader`` with ``DistributedSampler`` or
+``pgc_hvd.CodedSampler``, ``loss.backward()``, ``optimizer.step()``) on scikit-learn's digits
+(1440 training images, 357 for validation, a small CNN), SGD lr 0.05 momentum 0.9, batch 32.
+Each batch costs ``--compute`` seconds of emulated accelerator compute (a sleep: the CPU is
+free, as under a GPU) plus the straggler pattern's delay for (rank, step), the same seeded
+schedule for both doors:
+
+* ``none``: no delay;
+* ``exp``: Exp(mean = compute) on every rank and step;
+* ``slow``: the last rank 4x slow (3 compute more every step);
+* ``pareto``: heavy-tailed per-batch cost, Pareto (Lomax) shape 2.5 with mean = compute.
+
+Every ``--eval-every`` steps rank 0's clock stops, every rank evaluates the validation set (its
+shard; ``dist.all_reduce`` of the counts) and the clock resumes: evaluation is not timed. A run
+stops at the first evaluation at or above ``--target`` (or at ``--max-steps``). Door
+``pgc-cr`` (or any scheme name, ``pgc-cr@1`` for s = 1) is ``pgc_hvd.DistributedDataParallel``.
+Prints per (pattern, door) the median over seeds of s/step, steps and seconds to the target, and
+the ratio to DDP's seconds in the same pattern and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pattern_spec(name: str, n: int, compute: float, seed: int) -> str:
+    """The pgc_hvd.delays spec of straggler pattern ``name``."""
+    if name == "none":
+        return "none"
+    if name == "exp":
+        return f"exp:mean={compute},seed={seed}"
+    if name == "slow":
+        return f"slow:worker={n - 1},delay={3 * compute}"
+    if name == "pareto":
+        return f"pareto:shape=2.5,scale={1.5 * compute},seed={seed}"
+    raise SystemExit(f"unknown pattern {name!r}: none, exp, slow, pareto")
+
+
+def rank_main(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    import pgc_hvd
+    from pgc_hvd.delays import parse_delay
+
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    X, y = load_digits(return_X_y=True)
+    X = torch.tensor(X / 16, dtype=torch.float32).view(-1, 1, 8, 8)
+    y = torch.tensor(y)
+    g = torch.Generator().manual_seed(1234)
+    order = torch.randperm(len(y), generator=g)
+    X, y = X[order], y[order]
+    train, val = TensorDataset(X[:1440], y[:1440]), TensorDataset(X[1440:], y[1440:])
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
+    sgd = dict(lr=0.05, momentum=0.9)
+    if args.door == "ddp":
+        sampler = DistributedSampler(train, seed=args.seed)
+        model = DDP(model)
+        opt = torch.optim.SGD(model.parameters(), **sgd)
+    else:
+        scheme, _, s = args.door.partition("@")
+        sampler = pgc_hvd.CodedSampler(train, batch_size=32, seed=args.seed)
+        model = pgc_hvd.DistributedDataParallel(model, scheme=scheme,
+                                                stragglers=int(s) if s else None, timeout=120)
+        opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), **sgd))
+    loader = DataLoader(train, batch_size=32, sampler=sampler)
+    val_loader = DataLoader(val, batch_size=128, sampler=DistributedSampler(val, shuffle=False))
+    delays = parse_delay(args.delay)
+
+    def evaluate() -> float:
+        model.eval()
+        tot = torch.zeros(2)
+        with torch.no_grad():
+            for xb, yb in val_loader:
+                tot += torch.tensor([(model(xb).argmax(1) == yb).sum().item(), len(yb)])
+        dist.all_reduce(tot)
+        model.train()
+        return float(tot[0] / tot[1])
+
+    step, trained, hit, acc = 0, 0.0, None, 0.0
+    epoch = 0
+    t0 = time.monotonic()
+    while hit is None and step < args.max_steps:
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            time.sleep(args.compute + float(delays.sample(rank, step)))
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            step += 1
+            if step % args.eval_every == 0 or step >= args.max_steps:
+                trained += time.monotonic() - t0
+                acc = evaluate()
+                if acc >= args.target and hit is None:
+                    hit = (step, trained)
+                t0 = time.monotonic()
+                if hit is not None or step >= args.max_steps:
+                    break
+        epoch += 1
+    if hasattr(opt, "close"):
+        opt.close()
+    if rank == 0:
+        print("RESULT " + json.dumps({
+            "door": args.door, "delay": args.delay, "seed": args.seed, "n": n,
+            "steps": step, "seconds": trained, "s_per_step": trained / step,
+            "steps_to_target": hit[0] if hit else None,
+            "seconds_to_target": hit[1] if hit else None, "final_acc": acc}), flush=True)
+    dist.destroy_process_group()
+
+
+def launch(args, door: str, pattern: str, seed: int) -> dict:
+    spec = pattern_spec(pattern, args.np, args.compute, seed)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           str(args.np), __file__, "--rank-main", "--door", door, "--delay", spec,
+           "--seed", str(seed), "--compute", str(args.compute), "--target", str(args.target),
+           "--eval-every", str(args.eval_every), "--max-steps", str(args.max_steps)]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=ROOT)
+    got = [l.split("RESULT ", 1)[1] for l in proc.stdout.splitlines() if "RESULT " in l]
+    if proc.returncode or not got:
+        raise SystemExit(f"{door} {pattern} seed {seed} failed:\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    out = json.loads(got[0])
+    out["pattern"] = pattern
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--door", default="ddp")
+    p.add_argument("--delay", default="none")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--np", type=int, default=4)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--patterns", default="none,exp,slow,pareto")
+    p.add_argument("--doors", default="ddp,pgc-cr")
+    p.add_argument("--compute", type=float, default=0.05)
+    p.add_argument("--target", type=float, default=0.9)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--max-steps", type=int, default=400)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.rank_main:
+        rank_main(args)
+        return 0
+    t_all = time.monotonic()
+    rows = []
+    for pattern in args.patterns.split(","):
+        for seed in [int(x) for x in args.seeds.split(",")]:
+            for door in args.doors.split(","):
+                r = launch(args, door, pattern, seed)
+                rows.append(r)
+                print(f"# {pattern} seed {seed} {door}: {r['s_per_step']:.3f} s/step, "
+                      f"target at step {r['steps_to_target']} after {r['seconds_to_target']} s",
+                      flush=True)
+    print(f"\n{args.np} ranks, compute {args.compute} s a batch, target {args.target}, "
+          f"seeds {args.seeds} ({time.monotonic() - t_all:.0f} s)\n")
+    print("| pattern | door | s/step | steps to target | s to target | s to target / DDP, "
+          "each seed |")
+    print("|---|---|---|---|---|---|")
+    for pattern in args.patterns.split(","):
+        base = {r["seed"]: r["seconds_to_target"] for r in rows
+                if r["pattern"] == pattern and r["door"] == "ddp"}
+        for door in args.doors.split(","):
+            mine = [r for r in rows if r["pattern"] == pattern and r["door"] == door]
+            med = lambda k: statistics.median(r[k] for r in mine if r[k] is not None) \
+                if any(r[k] is not None for r in mine) else float("nan")
+            ratios = [f"{r['seconds_to_target'] / base[r['seed']]:.2f}"
+                      if r["seconds_to_target"] and base.get(r["seed"]) else "-" for r in mine]
+            print(f"| {pattern} | {door} | {med('s_per_step'):.3f} | {med('steps_to_target'):.0f} "
+                  f"| {med('seconds_to_target'):.1f} | {', '.join(ratios)} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
