@@ -1,0 +1,123 @@
+"""The fixed cost per step of the DDP door: time per step of torch's DDP and of
+``pgc_hvd.DistributedDataParallel`` (dgd, pgc-cr) on the same loop, no stragglers, under torchrun.
+
+    GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 benchmarks/doors/step_cost.py \
+        [--model lenet|resnet18] [--compute 0.0] [--steps 60] [--warmup 10] [--doors ddp,dgd,pgc-cr]
+        [--control log] [--profile]
+
+One launch: each door in turn (a fresh model, the same seed) runs ``--warmup`` + ``--steps`` steps
+of the DDP tutorial's loop on random data (LeNet-5 on 28x28 inputs, batch 32, d = 61,706; or
+torchvision's ResNet-18 on 2 images of 32x32, d = 11,689,512), sleeping ``--compute`` seconds
+per batch (emulated accelerator time). Prints rank 0's median and mean ms per step and the ratio
+to DDP's; ``--profile`` adds, for the door, where rank 0's step time goes (forward, backward,
+``optimizer.step()``) as medians in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def lenet():
+    import torch.nn as nn
+    return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                         nn.Linear(84, 10))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=("lenet", "resnet18"), default="lenet")
+    p.add_argument("--compute", type=float, default=0.0)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--doors", default="ddp,dgd,pgc-cr")
+    p.add_argument("--control", default=None)
+    p.add_argument("--profile", action="store_true")
+    args = p.parse_args()
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    import pgc_hvd
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    total = args.warmup + args.steps
+    if args.model == "lenet":
+        shape, batch, build = (1, 28, 28), 32, lenet
+    else:
+        import torchvision
+        shape, batch = (3, 32, 32), 2
+        build = lambda: torchvision.models.resnet18(num_classes=10)   # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    N = n * batch * (total + 2)
+    ds = TensorDataset(torch.randn(N, *shape, generator=g), torch.randint(0, 10, (N,), generator=g))
+    results = {}
+    for k, door in enumerate(args.doors.split(",")):
+        torch.manual_seed(0)
+        model = build()
+        if door == "ddp":
+            sampler = DistributedSampler(ds)
+            model = DDP(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        else:
+            sampler = pgc_hvd.CodedSampler(ds, batch_size=batch)
+            opts = {"control": args.control} if args.control else {}
+            model = pgc_hvd.DistributedDataParallel(model, scheme=door, name=f"cost{k}",
+                                                    timeout=120, **opts)
+            sampler.bind(model)
+            opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.01,
+                                                              momentum=0.9))
+        loader = DataLoader(ds, batch_size=batch, sampler=sampler)
+        times, parts = [], []
+        dist.barrier()
+        it = iter(loader)
+        for step in range(total):
+            xb, yb = next(it)
+            t0 = time.perf_counter()
+            time.sleep(args.compute)
+            opt.zero_grad()
+            out = model(xb)
+            loss = F.cross_entropy(out, yb)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt.step()
+            t3 = time.perf_counter()
+            if step >= args.warmup:
+                times.append(t3 - t0)
+                parts.append((t1 - t0 - args.compute, t2 - t1, t3 - t2))
+        if hasattr(opt, "close"):
+            opt.close()
+        dist.barrier()
+        results[door] = (times, parts)
+    if rank == 0:
+        d = sum(p.numel() for p in build().parameters())
+        print(f"{n} ranks, {args.model} (d = {d:,}), batch {batch}, compute {args.compute} s, "
+              f"{args.steps} steps after {args.warmup}")
+        base = statistics.median(results["ddp"][0]) if "ddp" in results else None
+        print("| door | median ms/step | mean ms/step | median / DDP |" +
+              (" forward | backward | step() |" if args.profile else ""))
+        print("|---|---|---|---|" + ("---|---|---|" if args.profile else ""))
+        for door, (times, parts) in results.items():
+            med = statistics.median(times)
+            row = (f"| {door} | {1e3 * med:.1f} | {1e3 * statistics.fmean(times):.1f} | "
+                   f"{med / base:.2f} |" if base else f"| {door} | {1e3 * med:.1f} | - | - |")
+            if args.profile:
+                row += "".join(f" {1e3 * statistics.median(p[i] for p in parts):.1f} |"
+                               for i in range(3))
+            print(row, flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
