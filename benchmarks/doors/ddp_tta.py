@@ -130,7 +130,7 @@ def rank_main(args) -> None:
             "steps": step, "seconds": trained, "s_per_step": trained / step,
             "steps_to_target": hit[0] if hit else None,
             "seconds_to_target": hit[1] if hit else None, "final_acc": acc}), flush=True)
-    dist.destroy_process_group()
+    dist.barrier()
 
 
 def launch(args, door: str, pattern: str, seed: int) -> dict:
