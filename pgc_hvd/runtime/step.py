@@ -231,6 +231,14 @@ class GradientCapture:
             self._sentinel = p
         if p is self._sentinel:
             self._passes += 1
+            if self._passes > self.passes_per_step and self.loop_fed:
+                raise RuntimeError(
+                    f"pgc_hvd.DistributedDataParallel: a second backward pass at step "
+                    f"{self.current()[1]} before optimizer.step(): one DataLoader batch is one "
+                    f"step (the CodedSampler cuts the data by steps), so accumulating the "
+                    f"gradients of several batches (no_sync) would mix steps. Take a batch k "
+                    f"times larger instead (the same batch_size in the CodedSampler and the "
+                    f"DataLoader), or call optimizer.step() after every backward")
             if self._passes > self.passes_per_step:
                 raise RuntimeError(
                     f"pgc_hvd: {self._passes} backward passes for one partition at step "

@@ -82,6 +82,16 @@ def check_refusals(rank):
     ok("batch_size_mismatch_refused", rank)
 
     loader = DataLoader(data(), batch_size=16, sampler=sampler)
+    batches = iter(loader)
+    xb, yb = next(batches)
+    with model.no_sync():        # DDP's accumulation habit: refused at the second backward
+        F.cross_entropy(model(xb), yb).backward()
+    xb, yb = next(batches)
+    refused(lambda: F.cross_entropy(model(xb), yb).backward(), "second backward",
+            "k times larger")
+    opt.step()                   # the step of the batch(es) computed
+    ok("accumulation_refused", rank)
+
     for xb, yb in loader:        # the run goes on after the refusals
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()

@@ -60,7 +60,7 @@ def test_ddp_tutorial_diff_is_three_lines():
 def test_ddp_door_refusals(torchrun):
     proc = torchrun(2, CHECKS, "refusals", timeout=180)
     assert {"syncbatchnorm_refused", "forward_before_optimizer_refused",
-            "batch_size_mismatch_refused", "trains_after_refusals",
+            "batch_size_mismatch_refused", "accumulation_refused", "trains_after_refusals",
             "complex_scheme_refused"} <= _checks(proc, 2)
 
 
