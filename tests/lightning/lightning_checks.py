@@ -1,9 +1,10 @@
 """A LightningModule trained unchanged with ``PGCStrategy`` under torchrun (np 2, CPU): fit with
 validation and a checkpoint, then a second Trainer (``strategy="pgc"``) resumed from it; each
-phase ends with a cross-rank digest of the parameters. Prints ``CHECK <name> ok rank=<r>``."""
+phase ends with a cross-rank digest of the parameters. The last rank is slowed during the fit. Prints ``CHECK <name> ok rank=<r>``."""
 
 import hashlib
 import sys
+import time
 
 import lightning as L
 import torch
@@ -54,6 +55,15 @@ class Seen(L.Callback):
         self.val_sampler = type(trainer.val_dataloaders.sampler)
 
 
+class SlowRank(L.Callback):
+    """The last rank sleeps before every training batch: a straggler (the others go on;
+    validation's sync_dist and the checkpoint's barrier meet it at the epoch's end)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank == trainer.world_size - 1:
+            time.sleep(0.03)
+
+
 def digest(module) -> str:
     h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in module.parameters()))
     return h.hexdigest()[:16]
@@ -78,7 +88,7 @@ def main(out_dir):
     seen = Seen()
     trainer = L.Trainer(strategy=pgc_hvd.lightning.PGCStrategy(scheme="pgc-cr", stragglers=1,
                                                                timeout=60),
-                        accelerator="cpu", devices=2, max_epochs=2, callbacks=[ckpt, seen],
+                        accelerator="cpu", devices=2, max_epochs=2, callbacks=[ckpt, seen, SlowRank()],
                         logger=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, train, val)
     rank = trainer.global_rank
