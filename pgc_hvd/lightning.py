@@ -20,6 +20,9 @@ checkpoints, early stopping):
   kept) in place of the ``DistributedSampler`` Lightning put in; validation and test loaders
   keep Lightning's.
 
+* ``setup``: Lightning's per-batch broadcast of rank 0's SIGTERM flag (a collective every
+  step: lockstep again) becomes each rank's own check (the rank that gets SIGTERM stops; the
+  others stop with an ``AgentError`` naming it);
 * ``teardown`` (the end of a fit) closes the optimizer: the ranks agree on the final version
   and compare the parameters' digests; ``on_exception`` aborts it (the other ranks stop with an
   error naming this rank).
@@ -42,12 +45,22 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.data import _update_dataloader
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from pgc_hvd.data.coded_sampler import CodedSampler
 from pgc_hvd.runtime.ddp import RUNTIME_OPTIONS, DistributedDataParallel
 
 __all__ = ["PGCStrategy"]
+
+_MISSING = object()
+
+
+def _local_sigterm(trainer) -> None:
+    """This rank's SIGTERM check, without Lightning's per-batch broadcast."""
+    if getattr(trainer, "received_sigterm", False):
+        raise SIGTERMException()
+
 
 _REFUSED = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
 
@@ -76,6 +89,17 @@ class PGCStrategy(DDPStrategy):
         return DistributedDataParallel(model, device_ids=self.determine_ddp_device_ids(),
                                        **self._ddp_kwargs, **self.pgc_options)
 
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        # Lightning's training loop broadcasts rank 0's SIGTERM flag on the default group
+        # before EVERY batch: a collective per step, which puts the ranks back in lockstep (the
+        # slowest rank sets every rank's pace). Under this strategy each rank checks its own
+        # flag: the rank that gets SIGTERM stops, and pgc_hvd stops the others with an
+        # AgentError naming it.
+        loop = trainer.fit_loop.epoch_loop
+        if hasattr(loop, "_broadcast_sigterm_tensor"):
+            loop._broadcast_sigterm_tensor = lambda: _local_sigterm(trainer)
+
     def setup_optimizers(self, trainer) -> None:
         super().setup_optimizers(trainer)
         if len(self.optimizers) != 1:
@@ -83,6 +107,22 @@ class PGCStrategy(DDPStrategy):
                              f"{len(self.optimizers)} optimizers; gradient coding steps one "
                              f"optimizer over the model's parameters")
         self.optimizers = [self.model.distributed_optimizer(self.optimizers[0])]
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's, then the module's ``forward`` as it was: Lightning redirects it to
+        ``training_step`` for the DDP wrapper's call and the module's own forward call undoes
+        that; at a step this rank does not compute (it catches up) the door returns its
+        placeholder without calling the module, so the redirection would stay and a later
+        ``module(x)`` would run ``training_step``."""
+        module = self.lightning_module
+        had = module.__dict__.get("forward", _MISSING)
+        try:
+            return super().training_step(*args, **kwargs)
+        finally:
+            if had is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.__dict__["forward"] = had
 
     def on_exception(self, exception: BaseException) -> None:
         """A failed fit: the optimizer tells the other ranks (they stop with an error naming

@@ -20,9 +20,12 @@ schedule for both doors:
 Every ``--eval-every`` steps rank 0's clock stops, every rank evaluates the validation set (its
 shard; ``dist.all_reduce`` of the counts) and the clock resumes: evaluation is not timed. A run
 stops at the first evaluation at or above ``--target`` (or at ``--max-steps``). Door
-``pgc-cr`` (or any scheme name, ``pgc-cr@1`` for s = 1) is ``pgc_hvd.DistributedDataParallel``.
-Prints per (pattern, door) the median over seeds of s/step, steps and seconds to the target, and
-the ratio to DDP's seconds in the same pattern and seed.
+``pgc-cr`` (or any scheme name, ``pgc-cr@1`` for s = 1) is ``pgc_hvd.DistributedDataParallel``;
+``lightning:ddp`` and ``lightning:pgc-cr`` run the same model as a LightningModule under
+``Trainer(strategy="ddp")`` and ``PGCStrategy(scheme="pgc-cr")`` (a callback sleeps the compute
+and delay before each batch and evaluates with the clock stopped). Prints per (pattern, door)
+the median over seeds of s/step, steps and seconds to the target, and the ratio to the seconds
+of the same pattern and seed under DDP (Lightning's doors: under ``strategy="ddp"``).
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ def rank_main(args) -> None:
                                 torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
                                 torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
     sgd = dict(lr=0.05, momentum=0.9)
+    delays = parse_delay(args.delay)
+    if args.door.startswith("lightning:"):
+        return lightning_main(args, model, train, val, sgd, delays, rank, n)
     if args.door == "ddp":
         sampler = DistributedSampler(train, seed=args.seed)
         model = DDP(model)
@@ -90,7 +96,6 @@ def rank_main(args) -> None:
         opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), **sgd))
     loader = DataLoader(train, batch_size=32, sampler=sampler)
     val_loader = DataLoader(val, batch_size=128, sampler=DistributedSampler(val, shuffle=False))
-    delays = parse_delay(args.delay)
 
     def evaluate() -> float:
         model.eval()
@@ -131,6 +136,79 @@ def rank_main(args) -> None:
             "steps_to_target": hit[0] if hit else None,
             "seconds_to_target": hit[1] if hit else None, "final_acc": acc}), flush=True)
     dist.barrier()
+
+
+def lightning_main(args, net, train, val, sgd, delays, rank: int, n: int) -> None:
+    """The same run as a LightningModule under ``Trainer(strategy="ddp")`` or ``PGCStrategy``:
+    a callback sleeps the compute and delay before each batch, another evaluates every
+    ``eval_every`` steps with the clock stopped (every rank the whole validation set: the
+    parameters are the same, so every rank stops at the same step)."""
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    import pgc_hvd.lightning
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), **sgd)
+
+    Xv, yv = val.tensors
+    clock = {"trained": 0.0, "t0": None, "hit": None, "acc": 0.0, "step": 0}
+
+    class Run(L.Callback):
+        def on_train_start(self, trainer, module):
+            clock["t0"] = time.monotonic()
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            time.sleep(args.compute + float(delays.sample(rank, trainer.global_step)))
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            step = clock["step"] = trainer.global_step
+            if step % args.eval_every and step < args.max_steps:
+                return
+            clock["trained"] += time.monotonic() - clock["t0"]
+            module.eval()
+            with torch.no_grad():
+                clock["acc"] = float((module(Xv).argmax(1) == yv).float().mean())
+            module.train()
+            if clock["acc"] >= args.target and clock["hit"] is None:
+                clock["hit"] = (step, clock["trained"])
+                trainer.should_stop = True
+            clock["t0"] = time.monotonic()
+
+    which = args.door.split(":", 1)[1]
+    if which == "ddp":
+        strategy = "ddp"
+    else:
+        scheme, _, s = which.partition("@")
+        strategy = pgc_hvd.lightning.PGCStrategy(scheme=scheme, stragglers=int(s) if s else None,
+                                                 timeout=120)
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=n, max_steps=args.max_steps,
+                        callbacks=[Run()], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(Module(), DataLoader(train, batch_size=32, shuffle=True))
+    hit, step = clock["hit"], clock["step"]
+    if rank == 0:
+        print("RESULT " + json.dumps({
+            "door": args.door, "delay": args.delay, "seed": args.seed, "n": n, "steps": step,
+            "seconds": clock["trained"], "s_per_step": clock["trained"] / max(step, 1),
+            "steps_to_target": hit[0] if hit else None,
+            "seconds_to_target": hit[1] if hit else None, "final_acc": clock["acc"]}),
+            flush=True)
 
 
 def launch(args, door: str, pattern: str, seed: int) -> dict:
@@ -185,12 +263,15 @@ def main(argv=None) -> int:
           "each seed |")
     print("|---|---|---|---|---|---|")
     for pattern in args.patterns.split(","):
-        base = {r["seed"]: r["seconds_to_target"] for r in rows
-                if r["pattern"] == pattern and r["door"] == "ddp"}
+        def base_of(door):     # Lightning's doors against strategy="ddp", the others DDP
+            ref = "lightning:ddp" if door.startswith("lightning:") else "ddp"
+            return {r["seed"]: r["seconds_to_target"] for r in rows
+                    if r["pattern"] == pattern and r["door"] == ref}
         for door in args.doors.split(","):
             mine = [r for r in rows if r["pattern"] == pattern and r["door"] == door]
             med = lambda k: statistics.median(r[k] for r in mine if r[k] is not None) \
                 if any(r[k] is not None for r in mine) else float("nan")
+            base = base_of(door)
             ratios = [f"{r['seconds_to_target'] / base[r['seed']]:.2f}"
                       if r["seconds_to_target"] and base.get(r["seed"]) else "-" for r in mine]
             print(f"| {pattern} | {door} | {med('s_per_step'):.3f} | {med('steps_to_target'):.0f} "

@@ -36,7 +36,7 @@ DDP habit); the batches follow the step, so a resumed run continues where its ve
 
 The source is the process's :class:`pgc_hvd.DistributedDataParallel` (it registers itself,
 :func:`register_source`; :meth:`bind` names another): anything with ``n``, ``version``,
-``loop_partitions(step)``, ``loop_width`` and ``expect_batch_size(B)`` (told at each ``__iter__``, so the
+``closed``, ``loop_partitions(step)``, ``loop_width`` and ``expect_batch_size(B)`` (told at each ``__iter__``, so the
 forward can refuse a DataLoader whose batch_size differs).
 
 May import: numpy, torch, ``data.partition``, ``data.coded_loader`` (``BatchRule``),
@@ -68,7 +68,7 @@ def register_source(source) -> None:
 
 
 def _default_source():
-    live = [r() for r in _SOURCES if r() is not None]
+    live = [r() for r in _SOURCES if r() is not None and not r().closed]
     if not live:
         raise RuntimeError(
             "CodedSampler: no pgc_hvd.DistributedDataParallel has been built in this process, "

@@ -56,6 +56,8 @@ May import: torch, ``data.coded_sampler``, ``runtime.distributed``, ``runtime.st
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -69,6 +71,10 @@ __all__ = ["DistributedDataParallel", "RUNTIME_OPTIONS"]
 RUNTIME_OPTIONS = ("scheme", "stragglers", "compression", "delays", "records", "scheme_options",
                    "timeout", "poll_interval", "on_record", "on_update", "straggler_policy",
                    "control", "name", "metrics", "momentum_correction", "op")
+
+
+def _scale_hook(door, output):
+    return None if door is None else door.scale_rows(output)
 
 
 def _first_tensor(tree):
@@ -146,7 +152,11 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         self._pgc_layouts: dict = {}  # (parts, rows) -> the rows' gradient scales
         self._pgc_scale = None        # the scales while a weighted step's forward runs
         self._pgc_scaled = 0          # outputs weighted in that forward
-        self.module.register_forward_hook(self._pgc_scale_hook)
+        # through a weak reference: the module must not keep its wrapper alive (a dropped
+        # wrapper would stay a sampler source until the cycle collector runs)
+        me = weakref.ref(self)
+        self.module.register_forward_hook(
+            lambda module, args, output: _scale_hook(me(), output))
         register_source(self)
 
     # -- the sampler's source ---------------------------------------------------------------
@@ -244,10 +254,10 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         self._pgc_placeholder = _Placeholder(output)
         return output
 
-    def _pgc_scale_hook(self, module, args, output):
-        """A forward hook on the wrapped module: while a step's rows are weighted, every output
-        with their number of rows gets its rows' gradients scaled (also a call made inside a
-        Lightning ``training_step``)."""
+    def scale_rows(self, output):
+        """While a step's rows are weighted, ``output`` with their number of rows gets its
+        rows' gradients scaled (the forward hook on the wrapped module calls this: also a call
+        made inside a Lightning ``training_step``); None otherwise."""
         scale = self._pgc_scale
         if scale is None:
             return None
@@ -255,6 +265,11 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         out = _scale_rows(output, scale, scale.numel(), hit)
         self._pgc_scaled += hit[0]
         return out
+
+    @property
+    def closed(self) -> bool:
+        """Whether its optimizer is closed (a closed door feeds no sampler)."""
+        return self._pgc_opt is not None and self._pgc_opt.closed
 
     def _row_scale(self, parts: tuple, rows, width: int):
         """The rows' gradient scales of a batch holding ``parts`` (None: all 1)."""

@@ -162,6 +162,22 @@ def check_habits(rank, out_dir):
     ok("checkpoint_resume", rank)
 
 
+def check_sequential(rank):
+    """Two models trained one after the other in one process, each with an unbound sampler:
+    the first, closed and dropped, no longer feeds samplers."""
+    ds = data()
+    for i in range(2):
+        model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", name=f"seq{i}", timeout=30)
+        opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        for xb, yb in DataLoader(ds, batch_size=16, sampler=pgc_hvd.CodedSampler(ds, 16)):
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+        opt.close()
+        del model, opt
+    ok("sequential_models", rank)
+
+
 def check_dead(rank, first: bool):
     world = dist.get_world_size()
     dead = world - 1
@@ -195,6 +211,8 @@ def main():
         check_refusals(rank)
     elif mode == "habits":
         check_habits(rank, sys.argv[2])
+    elif mode == "sequential":
+        check_sequential(rank)
     elif mode in ("dead", "dead-first"):
         check_dead(rank, first=mode == "dead-first")
     else:

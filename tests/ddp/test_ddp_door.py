@@ -65,6 +65,11 @@ def test_ddp_door_refusals(torchrun):
 
 
 @pytest.mark.multirank
+def test_models_one_after_the_other_with_unbound_samplers(torchrun):
+    assert "sequential_models" in _checks(torchrun(2, CHECKS, "sequential", timeout=180), 2)
+
+
+@pytest.mark.multirank
 def test_ddp_door_habits_amp_compile_checkpoint(torchrun, tmp_path):
     """model.module, state_dict keys, no_sync(), bf16 autocast with a GradScaler,
     torch.compile(model), a per-step LR scheduler, a DataLoader with workers, rank 0's checkpoint
