@@ -25,7 +25,8 @@ loop, and each pgc_hvd scheme runs through the DDP door -- ``pgc_hvd.Distributed
 ``pgc_hvd.CodedSampler`` and ``model.distributed_optimizer(...)`` in the same loop (one batch of
 every partition the rank's step holds, its compute emulated once for those rows:
 ``pgc_hvd.apps.tta``). The ratios are then to DDP's (``/ ddp`` in the table, ``*_vs_ddp`` in
-summary.json).
+summary.json). DDP finishes its allreduce inside ``backward()``, so ``ddp``'s busy seconds
+include its wait for the slowest rank (Horovod's hooks return at once and wait in ``step()``).
 
 Prints, per scheme: time per step, steps and training seconds to the target, final validation
 accuracy and the ratios to the baseline's (Horovod's; DDP's with ``--engine torch``). Writes
@@ -423,6 +424,9 @@ def main(argv=None) -> int:
     print("busy: the share of the training seconds the ranks spent computing (forward, emulated "
           f"compute and delay, backward; mean over ranks); * / {args.baseline}: ratio to "
           f"{BASELINE_NAMES[args.baseline]}")
+    if args.engine == "torch" and args.baseline in summary:
+        print("(ddp's busy includes its allreduce: DDP waits for its gradient buckets inside "
+              "backward(), so a rank that is ahead counts its wait for the slowest as busy)")
     plot(args, summary, runs, out / "report.png")
     print(f"\nparameters identical on every rank at the end: "
           f"{'yes' if all(r['same_params'] for r in summary.values()) else 'NO'}; "
