@@ -214,6 +214,7 @@ def worker(args) -> None:
             (out / scheme).mkdir(parents=True, exist_ok=True)
             (out / scheme / "run.json").write_text(json.dumps(run) + "\n")
     if args.engine == "torch":
+        dist.barrier()               # no rank leaves while a peer still uses the default group
         hvd.shutdown()               # the engine's groups, then the default group we made
         dist.destroy_process_group()
 
