@@ -6,7 +6,13 @@
 # steps and seconds to 95% validation accuracy, final validation accuracy and its ratios to
 # Horovod's. About 5 minutes on 2 cores after set-up; nothing is downloaded.
 #
-#   bash launch/demo.sh [--skip-setup] [--out DIR] [--force] [--schemes "hvd pgc-cr bcgc"]
+# --engine torch: the same comparison under torchrun (no Horovod on the ranks): torch's own
+# DistributedDataParallel (scheme ddp, its DataLoader + DistributedSampler loop, the baseline)
+# against pgc-cr and bcgc through pgc_hvd's DDP door (pgc_hvd.DistributedDataParallel +
+# CodedSampler + model.distributed_optimizer); ratios to DDP's (columns "/ ddp").
+#
+#   bash launch/demo.sh [--skip-setup] [--out DIR] [--force] [--engine horovod|torch]
+#                       [--schemes "hvd pgc-cr bcgc"]
 #                       [--np N] [--steps N] [--optimizer sgd|adam] [--lr LR] [--momentum M]
 #                       [--delay PATTERN|SPEC] [--compute-time S] [--target ACC]
 #                       [--eval-every N] [--batch-size B] [--seed N] [--progress-every N]
@@ -19,11 +25,12 @@
 # lognormal; or a delay spec such as exp:mean=0.2,seed=3); validation accuracy every 5 steps,
 # not timed; target 0.95. --quick is the smallest mode (10 steps, 0.01 s compute; the test
 # suite runs it). --skip-setup skips launch/setup.sh. Any scheme of pgc_hvd can join
-# (--schemes "hvd dgd pgc-cr bcgc").
+# (--schemes "hvd dgd pgc-cr bcgc"; with --engine torch: --schemes "ddp dgd pgc-cr bcgc").
 #
 # Writes into DIR (default runs/demo; a non-empty DIR is refused without --force):
 #   DIR/summary.json             per scheme: time per step, busy seconds, steps and seconds to
-#                                the target, final accuracy, ratios to Horovod, accuracy curve
+#                                the target, final accuracy, ratios to Horovod (DDP with
+#                                --engine torch), accuracy curve
 #   DIR/<scheme>/run.json        the run as rank 0 measured it (every step's seconds)
 #   DIR/<scheme>/records.jsonl   pgc_hvd's step records (for pgc-hvd report / advise)
 #   DIR/report.md, DIR/report.png (validation accuracy vs time; step-time distribution)

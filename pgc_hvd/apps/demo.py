@@ -1,8 +1,11 @@
 """``pgc-hvd demo``: the main job (``bash launch/demo.sh``). Horovod's own
 ``hvd.DistributedOptimizer`` against pgc_hvd's ``pgc-cr`` and ``bcgc`` with their defaults:
 time to a target validation accuracy under injected stragglers, with the user's optimizer.
+``--engine torch``: the same under torchrun, torch's own ``DistributedDataParallel`` against
+pgc_hvd's DDP door (``pgc_hvd.DistributedDataParallel``).
 
-    pgc-hvd demo [--out runs/demo] [--force] [--schemes hvd,pgc-cr,bcgc] [--np 4] [--steps 200]
+    pgc-hvd demo [--out runs/demo] [--force] [--engine horovod|torch]
+                 [--schemes hvd,pgc-cr,bcgc] [--np 4] [--steps 200]
                  [--optimizer sgd|adam] [--lr LR] [--momentum M] [--delay exp] [--compute-time 0.1]
                  [--target 0.95] [--eval-every 5] [--batch-size 16] [--seed 0] [--quick]
 
@@ -14,12 +17,24 @@ momentum 0.9 (``--optimizer adam``: Adam lr 3e-3), a batch of 16 per rank (pgc_h
 partition), 0.1 s of emulated GPU compute per batch, exponential delays Exp(mean = compute) per
 rank and step, validation accuracy every 5 steps (not timed), target 95%.
 
+``--engine torch`` (default schemes ``ddp,pgc-cr,bcgc``): one ``torchrun --standalone
+--nproc-per-node N`` launch instead (gloo on the loopback interface; the ranks import no
+Horovod), the same trial; the baseline is ``ddp``, torch's own
+``torch.nn.parallel.DistributedDataParallel`` with its usual DataLoader + ``DistributedSampler``
+loop, and each pgc_hvd scheme runs through the DDP door -- ``pgc_hvd.DistributedDataParallel``,
+``pgc_hvd.CodedSampler`` and ``model.distributed_optimizer(...)`` in the same loop (one batch of
+every partition the rank's step holds, its compute emulated once for those rows:
+``pgc_hvd.apps.tta``). The ratios are then to DDP's (``/ ddp`` in the table, ``*_vs_ddp`` in
+summary.json). DDP finishes its allreduce inside ``backward()``, so ``ddp``'s busy seconds
+include its wait for the slowest rank (Horovod's hooks return at once and wait in ``step()``).
+
 Prints, per scheme: time per step, steps and training seconds to the target, final validation
-accuracy and the ratios to Horovod's. Writes into OUT (a non-empty OUT is refused without
-``--force``):
+accuracy and the ratios to the baseline's (Horovod's; DDP's with ``--engine torch``). Writes
+into OUT (a non-empty OUT is refused without ``--force``):
 
 * ``OUT/summary.json``   per scheme: time per step, busy seconds (every rank's), steps and
-  seconds to the target, final accuracy, ratios to Horovod, the validation curve;
+  seconds to the target, final accuracy, ratios to the baseline (``*_vs_hvd``; ``*_vs_ddp``
+  with ``--engine torch``), the validation curve;
 * ``OUT/<scheme>/run.json``  the scheme's run as measured on rank 0 (every step's seconds);
 * ``OUT/<scheme>/records.jsonl``  pgc_hvd's step records (pgc_hvd schemes; ``pgc-hvd report``,
   ``pgc-hvd advise`` read them);
@@ -43,10 +58,13 @@ import threading
 import time
 from pathlib import Path
 
-from pgc_hvd.apps.tta import OPTIMIZERS, PATTERNS, Trial, delay_spec
+from pgc_hvd.apps.tta import BASELINES, ENGINES, OPTIMIZERS, PATTERNS, Trial, delay_spec
 
-HVD = "hvd"
-LABELS = {HVD: "hvd.DistributedOptimizer"}
+HVD = BASELINES["horovod"]
+LABELS = {HVD: "hvd.DistributedOptimizer", BASELINES["torch"]: "torch DDP"}
+#: how each engine's ranks are launched (the printed header)
+LAUNCHERS = {"horovod": "horovodrun --gloo", "torch": "torchrun --standalone, gloo"}
+BASELINE_NAMES = {HVD: "Horovod's", BASELINES["torch"]: "torch DDP's"}
 QUICK = {"steps": 10, "eval_every": 5, "compute_time": 0.01, "progress_every": 5}
 
 
@@ -56,10 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--force", action="store_true",
                    help="replace an earlier demo's outputs in a non-empty --out")
-    p.add_argument("--schemes", default="hvd,pgc-cr,bcgc",
-                   help="comma- or space-separated: hvd (hvd.DistributedOptimizer) and pgc_hvd "
-                        "schemes with their defaults, e.g. dgd, is-sgd, pgc-bcgc, "
-                        "pgc-cr:decay=1 (default hvd,pgc-cr,bcgc)")
+    p.add_argument("--engine", choices=ENGINES, default="horovod",
+                   help="horovod (default): horovodrun, baseline hvd.DistributedOptimizer, "
+                        "pgc_hvd's DistributedOptimizer + CodedLoader; torch: torchrun (no "
+                        "Horovod), baseline torch's DistributedDataParallel (ddp), pgc_hvd "
+                        "schemes through pgc_hvd.DistributedDataParallel + CodedSampler")
+    p.add_argument("--schemes", default=None,
+                   help="comma- or space-separated: the engine's baseline (hvd: "
+                        "hvd.DistributedOptimizer; ddp with --engine torch: torch's "
+                        "DistributedDataParallel) and pgc_hvd schemes with their defaults, "
+                        "e.g. dgd, is-sgd, pgc-bcgc, pgc-cr:decay=1 (default hvd,pgc-cr,bcgc; "
+                        "ddp,pgc-cr,bcgc with --engine torch)")
     p.add_argument("--np", type=int, default=4, help="ranks on this machine (default 4)")
     p.add_argument("--steps", type=int, default=200, help="steps per scheme (default 200)")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
@@ -96,13 +121,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
+    args.baseline = base = BASELINES[args.engine]
+    if args.schemes is None:
+        args.schemes = f"{base},pgc-cr,bcgc"
     args.schemes = [s for s in args.schemes.replace(",", " ").split() if s]
     if not args.schemes:
         p.error("--schemes names no scheme")
     from pgc_hvd.schemes import SCHEMES
     for v in args.schemes:
-        if v != HVD and v.split(":")[0] not in SCHEMES:
-            p.error(f"--schemes: unknown scheme {v!r}; use hvd or one of {', '.join(SCHEMES)}")
+        if v in BASELINES.values() and v != base:
+            engine = next(e for e, b in BASELINES.items() if b == v)
+            p.error(f"--schemes: {v} is the baseline of --engine {engine}; with --engine "
+                    f"{args.engine} it is {base}")
+        if v != base and v.split(":")[0] not in SCHEMES:
+            p.error(f"--schemes: unknown scheme {v!r}; use {base} or one of "
+                    f"{', '.join(SCHEMES)}")
     if len(set(args.schemes)) != len(args.schemes):
         p.error(f"--schemes names a scheme twice: {' '.join(args.schemes)}")
     for name in ("np", "steps", "eval_every", "batch_size", "progress_every"):
@@ -136,19 +169,29 @@ def trial_of(args) -> Trial:
 # ----------------------------------------------------------------------------- worker (per rank)
 def worker(args) -> None:
     """Every scheme in turn on this rank; rank 0 prints progress and writes each scheme's
-    ``run.json`` (and pgc_hvd's step records) under OUT."""
-    import horovod.torch as hvd
+    ``run.json`` (and pgc_hvd's step records) under OUT. ``--engine torch``: torch's default
+    process group first (torch's DDP needs it), then :mod:`pgc_hvd.torch` adopts it; no Horovod
+    import."""
     import torch
 
     from pgc_hvd.apps.tta import digits_split, train_one
     from pgc_hvd.metrics.records import RecordWriter
 
     torch.set_num_threads(1)
+    if args.engine == "torch":
+        import torch.distributed as dist
+
+        import pgc_hvd.torch as hvd
+        dist.init_process_group("gloo")
+    else:
+        import horovod.torch as hvd
     hvd.init()
+    base = args.baseline
     trial, data, out = trial_of(args), digits_split(), Path(args.out)
     say = (lambda msg: print(msg, flush=True)) if hvd.rank() == 0 else (lambda msg: None)
     for index, scheme in enumerate(args.schemes):
-        say(f"== {LABELS.get(scheme, 'pgc_hvd ' + scheme)}: {hvd.size()} ranks, {trial.steps} "
+        door = "pgc_hvd.DistributedDataParallel " if args.engine == "torch" else "pgc_hvd "
+        say(f"== {LABELS.get(scheme, door + scheme)}: {hvd.size()} ranks, {trial.steps} "
             f"steps, {trial.describe()}")
         reached = []
 
@@ -162,19 +205,24 @@ def worker(args) -> None:
                     f"{seconds:6.1f} s  ({seconds / step:.3f} s/step)")
 
         records = None
-        if scheme != HVD and hvd.rank() == 0:
+        if scheme != base and hvd.rank() == 0:
             records = RecordWriter(out / scheme / "records.jsonl", overwrite=True)
         run = train_one(scheme, index, trial, hvd, data, on_eval=on_eval,
-                        pgc_options={"records": records} if scheme != HVD else None)
+                        pgc_options={"records": records} if scheme != base else None,
+                        engine=args.engine)
         if hvd.rank() == 0:
             (out / scheme).mkdir(parents=True, exist_ok=True)
             (out / scheme / "run.json").write_text(json.dumps(run) + "\n")
+    if args.engine == "torch":
+        dist.barrier()               # no rank leaves while a peer still uses the default group
+        hvd.shutdown()               # the engine's groups, then the default group we made
+        dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------- parent
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """End a launch: SIGTERM to horovodrun's process group (it ends its ranks), SIGKILL to
-    what is left after ``grace`` seconds."""
+    """End a launch: SIGTERM to the launcher's process group (horovodrun or torchrun; it ends
+    its ranks), SIGKILL to what is left after ``grace`` seconds."""
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(grace)
@@ -182,31 +230,50 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def launch(args, argv: list) -> int:
-    """``horovodrun --gloo -np N`` of this command's worker on this machine (gloo on the
-    loopback interface); rank 0's lines are printed as they come, every other line (the other
-    ranks', every stderr) goes to ``OUT/ranks.log``. Returns the launch's exit status (stopped after ``--timeout`` s)."""
+def launch_command(args, argv: list) -> list:
+    """The launcher's command line for this command's worker on this machine: ``horovodrun
+    --gloo -np N`` (gloo on the loopback interface), or with ``--engine torch`` ``torchrun
+    --standalone --nproc-per-node N`` (``python -m torch.distributed.run``; gloo on the
+    loopback interface by ``GLOO_SOCKET_IFNAME``, set by :func:`launch`)."""
+    worker = ["-m", "pgc_hvd", "demo", "--worker", *argv]
+    if args.engine == "torch":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(args.np), *worker]
     exe = Path(sys.executable).with_name("horovodrun")
     if not exe.exists():
         exe = shutil.which("horovodrun")
         if exe is None:
             raise SystemExit("pgc-hvd demo: horovodrun not found; run bash launch/setup.sh")
+    return [str(exe), "--gloo", "-np", str(args.np), "-H", f"localhost:{args.np}",
+            "--network-interface", "lo", sys.executable, *worker]
+
+
+def launch(args, argv: list) -> int:
+    """The launch (:func:`launch_command`) of this command's worker on this machine; rank 0's
+    lines are printed as they come, every other line (the other ranks', every stderr) goes to
+    ``OUT/ranks.log`` (under torchrun, whose lines carry no rank, the workers print only on
+    rank 0, so its stdout is printed and every stderr logged). Returns the launch's exit status
+    (stopped after ``--timeout`` s)."""
+    cmd = launch_command(args, argv)
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cmd = [str(exe), "--gloo", "-np", str(args.np), "-H", f"localhost:{args.np}",
-           "--network-interface", "lo", sys.executable, "-m", "pgc_hvd", "demo", "--worker",
-           *argv]
+    torch_engine = args.engine == "torch"
+    if torch_engine:
+        env["GLOO_SOCKET_IFNAME"] = "lo"
     out = Path(args.out)
     with open(out / "ranks.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                stderr=log if torch_engine else subprocess.STDOUT,
                                 text=True, env=env, start_new_session=True)
         stopped = threading.Event()
         timer = threading.Timer(args.timeout, lambda: (stopped.set(), stop(proc)))
         timer.start()
         try:
             for line in proc.stdout:
-                if line.startswith("[0]<stdout>:"):
+                if torch_engine:
+                    print(line, end="", flush=True)
+                elif line.startswith("[0]<stdout>:"):
                     print(line[len("[0]<stdout>:"):], end="", flush=True)
                 else:
                     log.write(line)
@@ -223,9 +290,11 @@ def launch(args, argv: list) -> int:
 
 
 def summarize(args, runs: dict) -> dict:
-    """``summary.json``: one entry per scheme (module doc); ratios to ``hvd`` where it ran.
-    A ratio to a target the scheme missed is ``inf``; to one Horovod missed, None."""
-    ref = runs.get(HVD)
+    """``summary.json``: one entry per scheme (module doc); ratios to the baseline (``hvd``;
+    ``ddp`` with ``--engine torch``) where it ran, keys ``*_vs_<baseline>``. A ratio to a
+    target the scheme missed is ``inf``; to one the baseline missed, None."""
+    base = args.baseline
+    ref = runs.get(base)
     summary = {}
     for scheme, r in runs.items():
         st = r["step_times"]
@@ -241,9 +310,9 @@ def summarize(args, runs: dict) -> dict:
             "seconds_to_target": r["time"], "final_val_accuracy": r["accuracy"],
             "same_params": r["same_params"], "evals": r["evals"]}
         if ref is not None:
-            row["time_per_step_vs_hvd"] = r["time_per_step"] / ref["time_per_step"]
-            for key, field in (("seconds_to_target_vs_hvd", "time"),
-                               ("steps_to_target_vs_hvd", "steps")):
+            row[f"time_per_step_vs_{base}"] = r["time_per_step"] / ref["time_per_step"]
+            for key, field in ((f"seconds_to_target_vs_{base}", "time"),
+                               (f"steps_to_target_vs_{base}", "steps")):
                 row[key] = (None if ref[field] is None else
                             float("inf") if r[field] is None else r[field] / ref[field])
         summary[scheme] = row
@@ -257,14 +326,15 @@ def table(args, summary: dict) -> str:
     def f(v, spec):
         return "-" if v is None else (">max" if v == float("inf") else format(v, spec))
 
-    pct = f"{args.target:.0%}"
+    pct, base = f"{args.target:.0%}", args.baseline
     head = ["scheme", "s/step", "busy", f"steps to {pct}", f"s to {pct}", "final val acc",
-            "s/step / hvd", f"s to {pct} / hvd", f"steps to {pct} / hvd", "same params"]
+            f"s/step / {base}", f"s to {pct} / {base}", f"steps to {pct} / {base}", "same params"]
     rows = [[LABELS.get(k, k), f(r["time_per_step_s"], ".3f"), f(r["busy_fraction"], ".0%"),
              fmt(r["steps_to_target"]) if r["steps_to_target"] else "not reached",
              f(r["seconds_to_target"], ".1f"), f(r["final_val_accuracy"], ".3f"),
-             f(r.get("time_per_step_vs_hvd"), ".2f"), f(r.get("seconds_to_target_vs_hvd"), ".2f"),
-             f(r.get("steps_to_target_vs_hvd"), ".2f"), "yes" if r["same_params"] else "NO"]
+             f(r.get(f"time_per_step_vs_{base}"), ".2f"),
+             f(r.get(f"seconds_to_target_vs_{base}"), ".2f"),
+             f(r.get(f"steps_to_target_vs_{base}"), ".2f"), "yes" if r["same_params"] else "NO"]
             for k, r in summary.items()]
     return markdown_table(head, rows)
 
@@ -337,7 +407,8 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     out = prepare_out(args)
-    print(f"{args.np} ranks (horovodrun --gloo), small CNN on digits, {trial_of(args).describe()}, "
+    print(f"{args.np} ranks ({LAUNCHERS[args.engine]}), small CNN on digits, "
+          f"{trial_of(args).describe()}, "
           f"batch {args.batch_size} per rank, {args.compute_time:g} s emulated compute per batch, "
           f"delays {args.delay}; validation accuracy every {args.eval_every} steps (not timed), "
           f"target {args.target:.0%}", flush=True)
@@ -352,7 +423,11 @@ def main(argv=None) -> int:
     (out / "report.md").write_text(text + "\n")
     print("\n" + text)
     print("busy: the share of the training seconds the ranks spent computing (forward, emulated "
-          "compute and delay, backward; mean over ranks); * / hvd: ratio to Horovod's")
+          f"compute and delay, backward; mean over ranks); * / {args.baseline}: ratio to "
+          f"{BASELINE_NAMES[args.baseline]}")
+    if args.engine == "torch" and args.baseline in summary:
+        print("(ddp's busy includes its allreduce: DDP waits for its gradient buckets inside "
+              "backward(), so a rank that is ahead counts its wait for the slowest as busy)")
     plot(args, summary, runs, out / "report.png")
     print(f"\nparameters identical on every rank at the end: "
           f"{'yes' if all(r['same_params'] for r in summary.values()) else 'NO'}; "

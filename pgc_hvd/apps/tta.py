@@ -1,7 +1,9 @@
 """Time to a target validation accuracy of the user's own loop: ``hvd.DistributedOptimizer``
 against pgc_hvd on one model, one data split, one initialisation and one delay schedule.
 
-Runs on every rank under ``horovodrun``; shared by ``pgc-hvd demo`` (the main job,
+Runs on every rank under ``horovodrun`` (engine ``horovod``) or ``torchrun`` (engine ``torch``:
+no Horovod import; the caller passes :mod:`pgc_hvd.torch` as ``hvd`` after
+``dist.init_process_group("gloo")``); shared by ``pgc-hvd demo`` (the main job,
 ``launch/demo.sh``) and ``benchmarks/time_to_accuracy.py`` (patterns x optimizers x seeds).
 
 The workload is the README's quick-start pattern as a user writes it: the 3-layer CNN
@@ -16,11 +18,19 @@ for it. Validation accuracy is measured every ``eval_every`` steps on every rank
 parameters are identical, so every rank sees the same accuracy and, with ``stop_at_target``,
 stops at the same step); evaluation is not timed.
 
-A *variant* is ``hvd`` (``hvd.DistributedOptimizer`` with its usual DataLoader +
-``DistributedSampler`` loop) or a pgc_hvd scheme name with its defaults (``pgc-cr``, ``bcgc``,
-``dgd``, ...), ``NAME:off`` with ``momentum_correction=False``, ``NAME:cancel`` with
-``straggler_policy="cancel"``, ``NAME:KEY=VALUE`` with a scheme option (``pgc-cr:decay=0.5``;
-flags chain: ``pgc-cr:off:decay=0.5``).
+A *variant* is the engine's baseline -- ``hvd`` (``hvd.DistributedOptimizer`` with its usual
+DataLoader + ``DistributedSampler`` loop; engine ``horovod``) or ``ddp`` (torch's own
+``torch.nn.parallel.DistributedDataParallel`` with the same loop; engine ``torch``) -- or a
+pgc_hvd scheme name with its defaults (``pgc-cr``, ``bcgc``, ``dgd``, ...), ``NAME:off`` with
+``momentum_correction=False``, ``NAME:cancel`` with ``straggler_policy="cancel"``,
+``NAME:KEY=VALUE`` with a scheme option (``pgc-cr:decay=0.5``; flags chain:
+``pgc-cr:off:decay=0.5``). A scheme runs through pgc_hvd's ``DistributedOptimizer`` +
+``CodedLoader`` under Horovod (:class:`_PgcLoop`), through the DDP door under torchrun
+(:class:`_DoorLoop`: ``pgc_hvd.DistributedDataParallel`` + ``pgc_hvd.CodedSampler`` +
+``model.distributed_optimizer(...)``, the user's DDP loop kept). The door's batch holds every
+partition of the rank's step in one forward (B = b x ``loop_width`` rows, b per partition as
+above), so its emulated compute is ``loop_width`` x compute, once per step; a rank catching up
+(its step decided without it) computes nothing and sleeps nothing, as in :class:`_PgcLoop`.
 """
 
 from __future__ import annotations
@@ -34,6 +44,9 @@ from typing import Callable, Optional
 DEFAULT_LR = {"sgd": 0.05, "adam": 3e-3}
 OPTIMIZERS = tuple(DEFAULT_LR)
 PATTERNS = ("none", "slow", "exp", "lognormal")
+#: the engines and their baseline variant (the lockstep data-parallel loop users run there)
+ENGINES = ("horovod", "torch")
+BASELINES = {"horovod": "hvd", "torch": "ddp"}
 
 
 @dataclasses.dataclass
@@ -118,25 +131,20 @@ def accuracy(model, X, y) -> float:
 
 
 def _emulate(compute: float, delays, rank: int, step: int, first: bool) -> None:
-    """The GPU's forward/backward time, plus this rank's straggler delay of the step with the
-    step's first batch (module doc)."""
+    """The GPU's forward/backward time (``compute``), plus this rank's straggler delay of the
+    step with the step's first batch (module doc)."""
     time.sleep(compute + (float(delays.sample(rank, step)) if (delays is not None and first)
                           else 0.0))
 
 
-class _HorovodLoop:
-    """Horovod's own: ``hvd.DistributedOptimizer`` fed by a DataLoader over a
-    ``DistributedSampler`` (a new shuffle every epoch, as users write it)."""
+class _EpochLoader:
+    """A DataLoader over a sampler with ``set_epoch``, re-iterated each epoch as users write
+    it (``sampler.set_epoch(epoch)`` before every pass)."""
 
-    def __init__(self, hvd, model, inner, train, trial: Trial):
-        import torch
-        self.opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters())
-        self.sampler = torch.utils.data.distributed.DistributedSampler(
-            train, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=trial.seed)
-        self.loader = torch.utils.data.DataLoader(train, batch_size=trial.batch_size,
-                                                  sampler=self.sampler, drop_last=True)
-        self.batches, self.epoch = iter(self.loader), 0
-        self.s = None            # waits for every rank
+    def __init__(self, loader, sampler):
+        self.loader, self.sampler, self.epoch = loader, sampler, 0
+        self.sampler.set_epoch(0)
+        self.batches = iter(self.loader)
 
     def next_batch(self):
         try:
@@ -147,9 +155,23 @@ class _HorovodLoop:
             self.batches = iter(self.loader)
             return next(self.batches)
 
+
+class _HorovodLoop:
+    """Horovod's own: ``hvd.DistributedOptimizer`` fed by a DataLoader over a
+    ``DistributedSampler`` (a new shuffle every epoch, as users write it)."""
+
+    def __init__(self, hvd, model, inner, train, trial: Trial):
+        import torch
+        self.opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters())
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            train, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=trial.seed)
+        self.data = _EpochLoader(torch.utils.data.DataLoader(
+            train, batch_size=trial.batch_size, sampler=sampler, drop_last=True), sampler)
+        self.s = None            # waits for every rank
+
     def compute(self, model, loss_fn, emulate, step: int) -> None:
         self.opt.zero_grad()
-        xb, yb = self.next_batch()
+        xb, yb = self.data.next_batch()
         loss = loss_fn(model(xb), yb)
         emulate(step - 1, True)
         loss.backward()          # Horovod's hooks start the allreduce here
@@ -184,11 +206,81 @@ class _PgcLoop:
         self.opt.close()
 
 
+class _DDPLoop:
+    """torch's own (engine ``torch``): ``torch.nn.parallel.DistributedDataParallel`` on the
+    default process group, the user's optimizer as it is, fed by a DataLoader over a
+    ``DistributedSampler`` (a new shuffle every epoch); DDP's reducer averages the gradients
+    during ``backward()`` (bucket by bucket, as Horovod's hooks do)."""
+
+    def __init__(self, model, inner, train, trial: Trial, n: int, rank: int):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        self.ddp = DDP(model)
+        self.opt = inner
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            train, num_replicas=n, rank=rank, shuffle=True, seed=trial.seed)
+        self.data = _EpochLoader(torch.utils.data.DataLoader(
+            train, batch_size=trial.batch_size, sampler=sampler, drop_last=True), sampler)
+        self.s = None            # waits for every rank
+
+    def compute(self, model, loss_fn, emulate, step: int) -> None:
+        self.opt.zero_grad()
+        xb, yb = self.data.next_batch()
+        loss = loss_fn(self.ddp(xb), yb)      # through the wrapper: DDP prepares its reducer
+        emulate(step - 1, True)
+        loss.backward()          # DDP's reducer allreduces bucket by bucket here
+
+    def close(self) -> None:
+        pass
+
+
+class _DoorLoop:
+    """pgc_hvd's DDP door (engine ``torch``): ``pgc_hvd.DistributedDataParallel`` with the
+    scheme's defaults, ``model.distributed_optimizer(...)`` of the user's optimizer, fed by the
+    user's DataLoader over a ``pgc_hvd.CodedSampler`` -- DDP's loop with three lines changed.
+    One batch of B = b x ``loop_width`` rows a step (b per partition, as :class:`_PgcLoop`'s
+    batches), one forward through the wrapper, one backward; the compute (``loop_width`` x
+    compute, and the step's delay) is emulated only when the rank computes at the step
+    (``opt.computes`` after the forward: a rank catching up gets zeros and skips it)."""
+
+    def __init__(self, model, inner, train, trial: Trial, scheme: str, flags: list, name: str,
+                 **options):
+        import torch
+        from pgc_hvd.data.coded_sampler import CodedSampler
+        from pgc_hvd.runtime.ddp import DistributedDataParallel
+        scheme_options = dict(f.split("=", 1) for f in flags if "=" in f)
+        self.ddp = DistributedDataParallel(
+            model, scheme=scheme, name=name, scheme_options=scheme_options or None,
+            momentum_correction=("off" not in flags),
+            straggler_policy="cancel" if "cancel" in flags else "continue", **options)
+        self.opt = self.ddp.distributed_optimizer(inner)
+        self.s = self.opt.config.stragglers
+        self.width = self.ddp.loop_width
+        rows = trial.batch_size * self.width
+        sampler = CodedSampler(train, batch_size=rows, seed=trial.seed).bind(self.ddp)
+        self.data = _EpochLoader(torch.utils.data.DataLoader(train, batch_size=rows,
+                                                             sampler=sampler), sampler)
+
+    def compute(self, model, loss_fn, emulate, step: int) -> None:
+        self.opt.zero_grad()
+        xb, yb = self.data.next_batch()
+        loss = loss_fn(self.ddp(xb), yb)      # begins this rank's step (the door's forward)
+        if self.opt.computes:                 # False: catching up, the forward gave zeros
+            emulate(self.opt.version, True, self.width)
+        loss.backward()
+
+    def close(self) -> None:
+        self.opt.close()
+
+
 def train_one(variant: str, index: int, trial: Trial, hvd, data,
               on_eval: Optional[Callable[[int, float, float], None]] = None,
-              pgc_options: Optional[dict] = None) -> dict:
+              pgc_options: Optional[dict] = None, engine: str = "horovod") -> dict:
     """Train a fresh model (seeded, broadcast from rank 0) under ``variant`` (module doc) for
-    ``trial``; the same delays, data and initialisation for every variant. ``data``: from
+    ``trial``; the same delays, data and initialisation for every variant. ``hvd``: the
+    engine's module for the broadcast and the closing allgathers (``horovod.torch`` under
+    horovodrun; :mod:`pgc_hvd.torch` under torchrun, ``engine="torch"``, after
+    ``dist.init_process_group("gloo")`` and ``hvd.init()``). ``data``: from
     :func:`digits_split`; ``on_eval(step, seconds, accuracy)`` after each evaluation (every
     rank); ``pgc_options``: more keyword arguments of pgc_hvd's optimizer (``records=``).
 
@@ -214,14 +306,26 @@ def train_one(variant: str, index: int, trial: Trial, hvd, data,
     inner = make_optimizer(trial.optimizer, model.parameters(), trial.lr, trial.momentum)
     delays = parse_delay(trial.delay) if trial.delay else None
     scheme, *flags = variant.split(":")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    other = {b for e, b in BASELINES.items() if e != engine}
+    if scheme in other:
+        raise ValueError(f"variant {scheme!r} is engine "
+                         f"{next(e for e, b in BASELINES.items() if b == scheme)}'s baseline; "
+                         f"engine {engine}'s is {BASELINES[engine]!r}")
     if scheme == "hvd":
         loop = _HorovodLoop(hvd, model, inner, train, trial)
+    elif scheme == "ddp":
+        loop = _DDPLoop(model, inner, train, trial, hvd.size(), rank)
+    elif engine == "torch":
+        loop = _DoorLoop(model, inner, train, trial, scheme, flags, f"tta{index}",
+                         **(pgc_options or {}))
     else:
         loop = _PgcLoop(model, inner, train, trial, hvd.size(), scheme, flags, f"tta{index}",
                         **(pgc_options or {}))
 
-    def emulate(step: int, first: bool) -> None:
-        _emulate(trial.compute, delays, rank, step, first)
+    def emulate(step: int, first: bool, batches: int = 1) -> None:
+        _emulate(batches * trial.compute, delays, rank, step, first)
 
     acc = accuracy(model, Xte, yte)
     evals, step_times, busy, reached, step = [(0, 0.0, acc)], [], 0.0, None, 0

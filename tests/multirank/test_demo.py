@@ -1,7 +1,8 @@
 """The main job (``bash launch/demo.sh``, ``pgc_hvd/apps/demo.py``) cannot rot: its smallest mode
-runs as a user would start it, on 4 real ranks (hvd.DistributedOptimizer, pgc-cr, bcgc), and
-writes the summary, table and plot; ``--help`` lists every option; bad options are refused
-before any rank starts."""
+runs as a user would start it, on 4 real ranks (hvd.DistributedOptimizer, pgc-cr, bcgc; with
+``--engine torch`` under torchrun, Horovod hidden: torch's DDP, pgc-cr and bcgc through the DDP
+door), and writes the summary, table and plot; ``--help`` lists every option; bad options are
+refused before any rank starts."""
 
 import json
 import os
@@ -36,6 +37,9 @@ def test_help_lists_every_option():
     (["--target", "1.5"], "--target is a validation accuracy"),
     (["--delay", "exp:mean=-1"], "--delay"),
     (["--steps", "0"], "--steps must be >= 1"),
+    (["--engine", "torch", "--schemes", "hvd,pgc-cr"], "hvd is the baseline of --engine horovod"),
+    (["--schemes", "ddp,pgc-cr"], "ddp is the baseline of --engine torch"),
+    (["--engine", "mpi"], "invalid choice"),
 ])
 def test_bad_options_are_refused_at_once(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -58,6 +62,28 @@ def test_ratio_to_a_missed_target():
     assert got["pgc-cr"]["seconds_to_target_vs_hvd"] is None
     assert got["pgc-cr"]["busy_fraction"] == pytest.approx(0.25 / 0.4)
     assert "not reached" in demo.table(args, got)
+
+
+def test_engine_torch_defaults_and_ratios_to_ddp():
+    """``--engine torch``: the default schemes are ddp, pgc-cr, bcgc, and the one ratio code path
+    names its keys and columns after the baseline (``*_vs_ddp``, ``/ ddp``)."""
+    assert demo.parse_args([]).schemes == ["hvd", "pgc-cr", "bcgc"]
+    args = demo.parse_args(["--engine", "torch", "--np", "2"])
+    assert args.schemes == ["ddp", "pgc-cr", "bcgc"] and args.baseline == "ddp"
+
+    def run(tps, steps, time):
+        return {"step_times": [tps, tps], "steps_run": 2, "time_per_step": tps,
+                "seconds_run": 2 * tps, "busy": [0.1, 0.1], "steps": steps, "time": time,
+                "accuracy": 0.9, "same_params": True, "evals": [[0, 0.0, 0.1]]}
+    got = demo.summarize(args, {"ddp": run(0.2, 2, 0.4), "pgc-cr": run(0.1, 2, 0.2)})
+    assert got["pgc-cr"]["time_per_step_vs_ddp"] == pytest.approx(0.5)
+    assert got["pgc-cr"]["seconds_to_target_vs_ddp"] == pytest.approx(0.5)
+    assert got["ddp"]["steps_to_target_vs_ddp"] == 1.0
+    assert not any(k.endswith("_vs_hvd") for r in got.values() for k in r)
+    text = demo.table(args, got)
+    assert "s/step / ddp" in text and "/ hvd" not in text and "torch DDP" in text
+    cmd = demo.launch_command(args, ["--engine", "torch"])
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
 @pytest.mark.multirank
@@ -86,4 +112,51 @@ def test_quick_demo_runs_every_scheme_on_four_ranks(tmp_path):
         assert len((out / scheme / "records.jsonl").read_text().splitlines()) == 10
     assert "s/step / hvd" in proc.stdout and "hvd.DistributedOptimizer" in proc.stdout
     assert (out / "report.md").read_text().count("\n") == 2 + len(summary)
+    assert (out / "report.png").stat().st_size > 10_000
+
+
+HIDDEN_HOROVOD = "raise ImportError('horovod is hidden from this run (test_demo.py)')\n"
+
+
+@pytest.mark.multirank
+def test_quick_demo_engine_torch_under_torchrun_without_horovod(tmp_path):
+    """``bash launch/demo.sh --skip-setup --engine torch --quick``: torchrun --standalone, 4 ranks,
+    Horovod hidden (a ``horovod`` package that raises ImportError first on the path, as the
+    torchrun fixture of tests/conftest.py hides it): torch's DistributedDataParallel (ddp, the
+    baseline), pgc-cr and bcgc through pgc_hvd.DistributedDataParallel each train 10 steps with
+    identical parameters at the end; the table's ratio columns are to DDP's."""
+    hide = tmp_path / "hidden-horovod"
+    (hide / "horovod").mkdir(parents=True)
+    (hide / "horovod" / "__init__.py").write_text(HIDDEN_HOROVOD)
+    out = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env.update(PGC_HVD_VENV=sys.prefix, PYTHONPATH=os.pathsep.join(
+        [str(hide)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    proc = run_watched(["bash", str(DEMO), "--skip-setup", "--engine", "torch", "--quick",
+                        "--out", str(out)], env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torchrun --standalone" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary) == ["ddp", "pgc-cr", "bcgc"]
+    for scheme, r in summary.items():
+        assert r["n"] == 4 and r["steps"] == 10, (scheme, r)
+        assert r["same_params"], scheme
+        assert r["time_per_step_s"] > 0 and len(r["busy_s"]) == 4, (scheme, r)
+        assert [e[0] for e in r["evals"]] == [0, 5, 10], (scheme, r)
+        assert r["time_per_step_vs_ddp"] > 0 and "time_per_step_vs_hvd" not in r, (scheme, r)
+    assert summary["ddp"]["time_per_step_vs_ddp"] == 1.0
+    assert summary["ddp"]["s"] is None and summary["pgc-cr"]["s"] == summary["bcgc"]["s"] == 1
+    for scheme in ("pgc-cr", "bcgc"):   # the door's optimizer writes pgc_hvd's step records
+        assert len((out / scheme / "records.jsonl").read_text().splitlines()) == 10
+    table = (out / "report.md").read_text()
+    head, _, *rows = table.splitlines()
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    assert cols[6:9] == ["s/step / ddp", "s to 95% / ddp", "steps to 95% / ddp"], cols
+    assert "/ hvd" not in proc.stdout and "hvd.DistributedOptimizer" not in proc.stdout
+    cells = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")] for r in rows}
+    assert list(cells) == ["torch DDP", "pgc-cr", "bcgc"]
+    assert cells["torch DDP"][6] == "1.00" and all(c[-1] == "yes" for c in cells.values())
+    for name in ("pgc-cr", "bcgc"):
+        assert float(cells[name][6]) == pytest.approx(summary[name]["time_per_step_vs_ddp"],
+                                                      abs=0.006)
     assert (out / "report.png").stat().st_size > 10_000
