@@ -11,7 +11,7 @@ with rotating partitions). Two workloads, exponential delays of mean 1 partition
 * ``softmax``: docs/experiments.md section 1 (the paper's noise-dominated convex setting):
   softmax regression on digits, n = 12, s = 3, batch 4 per partition gradient, plain SGD lr 2.0,
   300 steps; target = the training loss DGD reaches at step 180 (same seed).
-* ``cnn``: the issue-22 workload: the digits CNN, n = 4, s = 1, batch 16, SGD lr 0.05 momentum
+* ``cnn``: the demo's workload: the digits CNN, n = 4, s = 1, batch 16, SGD lr 0.05 momentum
   0.9 (the momentum correction on), validation accuracy 95% evaluated every 5 steps, at most
   400 steps / 800 time units.
 

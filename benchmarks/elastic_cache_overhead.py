@@ -1,4 +1,4 @@
-"""What Horovod's response cache is worth to an elastic pgc_hvd run without kills (issue 38).
+"""What Horovod's response cache is worth to an elastic pgc_hvd run without kills.
 
     python benchmarks/elastic_cache_overhead.py --repeats 3 \\
         --out docs/figures/elastic_cache_overhead.json

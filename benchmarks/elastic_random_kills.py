@@ -1,4 +1,4 @@
-"""Seconds lost when a rank of an elastic pgc_hvd run is SIGKILLed at a random moment (issue 26).
+"""Seconds lost when a rank of an elastic pgc_hvd run is SIGKILLed at a random moment.
 
     python benchmarks/elastic_random_kills.py --kills 5 --gloo-timeouts 10,30 \\
         --out docs/figures/elastic_recovery_random.json
@@ -14,10 +14,10 @@ world (rank 0's ``first_step_at``: everything the death cost, including the step
 split into detect (-> the last survivor noticed; ``detect_first_s``: the first), re-form (->
 Horovod's new world started the sync), rebuild (-> the new optimizer and partitions were ready)
 and first step; and whether every survivor ended with the same parameters. Per timeout: the
-median and max of ``lost_s`` and ``detect_s``. ``--no-cascade`` measures the behaviour before
-issue 26 (``ElasticState(cascade=False)``). ``--env KEY=VALUE`` sets a variable for every rank
+median and max of ``lost_s`` and ``detect_s``. ``--no-cascade`` measures the world without the
+fast leaving of a broken world (``ElasticState(cascade=False)``). ``--env KEY=VALUE`` sets a variable for every rank
 (e.g. ``HOROVOD_LOG_LEVEL=trace``, or ``HOROVOD_CACHE_CAPACITY=1024`` for Horovod's response
-cache as it was before issue 38), ``--keep DIR`` keeps the output of the jobs that did not
+cache on, as elastic runs had it before pgc_hvd turned it off), ``--keep DIR`` keeps the output of the jobs that did not
 recover.
 """
 
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     p.add_argument("--job-timeout", type=float, default=600,
                    help="seconds a job may take before it counts as not recovered")
     p.add_argument("--no-cascade", action="store_true",
-                   help="ElasticState(cascade=False): the behaviour before issue 26")
+                   help="ElasticState(cascade=False): no fast leaving of a broken world")
     p.add_argument("--victim-host", type=int, default=None,
                    help="always kill the rank on this host (index into the 4 hosts; which rank "
                         "a host holds is Horovod's choice)")

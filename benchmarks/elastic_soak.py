@@ -1,4 +1,4 @@
-"""A repeated-kill soak of an elastic pgc_hvd job (issue 26, item 3).
+"""A repeated-kill soak of an elastic pgc_hvd job.
 
     python benchmarks/elastic_soak.py --kills 20 --out docs/figures/elastic_soak.json
 

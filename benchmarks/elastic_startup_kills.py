@@ -1,4 +1,4 @@
-"""Kills at random moments in the first minute of a 4-host elastic job (issue 26, item 2).
+"""Kills at random moments in the first minute of a 4-host elastic job.
 
     .venv/bin/python benchmarks/elastic_startup_kills.py --tries 10 \\
         --out docs/figures/elastic_startup_kills.json
@@ -21,8 +21,7 @@ it SIGKILLs one worker process: a random one of the recipe's Python processes ru
 * ``identical_parameters``: the final attempt's ranks hold the same parameter digest;
 * attempts' exit statuses, wall seconds, leftover worker processes after the job (killed).
 
-``--phase`` places the kill elsewhere (issue 26, item 2: "during a re-form, during a join's
-broadcast"):
+``--phase`` places the kill elsewhere ("during a re-form, during a join's broadcast"):
 
 * ``reform``: a first kill at a moment drawn in ``[1, --window]`` s after the job's first step,
   a second kill of another rank ``U(0, --second-within)`` s later, while the survivors leave

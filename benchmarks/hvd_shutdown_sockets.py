@@ -1,5 +1,5 @@
-"""How many of Horovod's gloo sockets ``hvd.shutdown()`` closes (issue 26;
-runtime/elastic/cascade.py).
+"""How many of Horovod's gloo sockets ``hvd.shutdown()`` closes (what
+pgc_hvd/runtime/elastic/cascade.py closes itself on leaving a broken world).
 
     horovodrun --gloo -np 3 -H localhost:3 --network-interface lo \\
         python benchmarks/hvd_shutdown_sockets.py

@@ -1,4 +1,4 @@
-"""Why does a rare long straggler cost PGC-CR steps? (simulator, issue 35 item 2)
+"""Why does a rare long straggler cost PGC-CR steps? (simulator)
 
     python benchmarks/long_straggler_pgc.py [--seeds 0,1,2] [--jobs 2] [--json PATH]
 

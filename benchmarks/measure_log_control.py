@@ -11,8 +11,8 @@ runtime opens it (:mod:`pgc_hvd.runtime.control_log`):
   append waits for; its ``set`` does not wait for an answer), median over ``--reps``;
 * ``beta``: seconds per byte of a ``get``, fitted as ``get(B) = rtt + B beta`` over values of
   B = 616 B .. 2.5 MB (the published outcome at n = 1024 is about 0.63 MB);
-* ``fan_op``, ``fan_beta``: the publish's fan-out (the runtime before issue 38; since then
-  the simulator's ``log-store`` what-if: the runtime broadcasts the outcome, priced by the
+* ``fan_op``, ``fan_beta``: the publish's fan-out (the runtime's before it broadcast the outcome;
+  now the simulator's ``log-store`` what-if: the runtime broadcasts the outcome, priced by the
   collectives model). k follower processes (as k ranks) block in
   ``get("dec/j")``; the publisher ``set``s a value of B bytes; the time from the set to the
   last follower's answer (``time.monotonic``, one clock on this machine) is fitted as

@@ -2,7 +2,7 @@
 
     python benchmarks/momentum_sweep.py [--seeds 0,1,2] [--steps 250] [--jobs 2] [--json PATH]
 
-The issue-22 workload in the simulator (real gradients, virtual time): n = 4, s = 1, the digits
+The demo's workload in the simulator (real gradients, virtual time): n = 4, s = 1, the digits
 CNN, batch 16 per partition, one partition = 1 time unit, exponential delays of mean 1 (seeded
 per run). For each seed it runs
 

@@ -15,7 +15,7 @@ a) no stragglers, emulated compute of ``--compute`` seconds per partition evalua
    ``hvd.DistributedOptimizer``'s, and bytes each rank receives per step (rank 0's count: the
    allreduce's 2 (n-1)/n * 4d, the rows of others in allgathers, control rows) over the ring
    allreduce's 2 (n-1)/n * 4d. Models: torchvision's ResNet-18 (d = 11,689,512) and ResNet-50
-   (d = 25,557,032), or ``mlp`` (d = 2,242, where only latency shows). Goals (issue 13): dense
+   (d = 25,557,032), or ``mlp`` (d = 2,242, where only latency shows). Goals: dense
    schemes within 1.05x of Horovod's time at np = 4, ResNet-18, and within 1.1x of the ring
    allreduce's bytes.
 b) exponential delays with mean = compute time (seeded; the same schedule for every scheme),
@@ -32,7 +32,7 @@ b) exponential delays with mean = compute time (seeded; the same schedule for ev
 ``--controls log,allgather``: every pgc_hvd scheme of parts a and b runs once per control plane
 (``control=`` of the optimizer; a label ``pgc-cr/log`` in the output), in the same launch as
 Horovod's step they are compared with; parts a and b also print the control exchanges a rank
-made per step (``control_ops`` of the records, rank 0; issue 25 allows at most 5 at np = 4).
+made per step (``control_ops`` of the records, rank 0; at most 5 at np = 4).
 
 ``--crossover``: time per step of PGC-CR with ``optimistic=True`` (payloads ride with control
 rows: one collective, n payloads) and ``optimistic=False`` (control rows, then one allreduce) at
@@ -169,7 +169,7 @@ def worker(args) -> None:
 
 def with_controls(labels, controls: str) -> tuple:
     """``labels`` with each pgc_hvd run repeated per control plane of ``controls`` (comma
-    separated; the runtime's default plane, ``control="log"`` since issue 38, keeps the plain
+    separated; the runtime's default plane, ``control="log"``, keeps the plain
     label and passes no ``control=``, another gets ``/<control>``)."""
     from pgc_hvd.runtime.config import DEFAULT_CONTROL
     planes = [c.strip() for c in controls.split(",") if c.strip()]

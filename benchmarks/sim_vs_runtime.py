@@ -18,14 +18,13 @@ mean is the simulator's ``partition_time`` (an input, not a prediction).
 The simulator (:class:`pgc_hvd.sim.timing.TimingSimulator`, the engine without gradients) then
 runs the same scheme, n, d, steps, delays and straggler policy under the collective model
 fitted from ``--comm`` (``fitted:PATH``), with the data plane of the runtime that ran: ``auto``
-reads it from the runtime (``allgather`` for the optimistic one-collective steps of the CPU
-runtime before issue 13, ``allreduce`` once the runtime has the allreduce data plane), or name
+reads it from the runtime (``allgather`` for a runtime whose optimistic steps are one allgather, ``allreduce`` for
+one with the allreduce data plane), or name
 one. ``--control`` is the runtime's control path, and the simulator's: ``allgather`` (polled
 rounds, the default) or ``log`` (the ordered control log; the simulator prices it with the
 costs of ``--log-fit``, measured by ``benchmarks/measure_log_control.py``, default
 ``docs/figures/log_control_fit.json``). It prints both figures, their ratio, and bytes, control
-rounds and control operations per step (rank 0's records) from both sides. Target (issue 13,
-item 4; issue 25 for ``log``): within 15 %.
+rounds and control operations per step (rank 0's records) from both sides. Target: within 15 %, for both control paths.
 
 ``--runtime-commit C`` runs the runtime of commit C (``git archive`` into a temporary folder,
 with this checkout's compiled extension) instead of the working tree's, e.g. while the working
@@ -108,7 +107,7 @@ def worker(args) -> None:
                 parts.append(time.perf_counter() - t0)
             opt.step()
         agent = opt.agent
-        if hasattr(agent, "codec"):   # issue 13's runtime (pgc_hvd.compress codecs)
+        if hasattr(agent, "codec"):   # a runtime with pgc_hvd.compress codecs
             plane = "allreduce"
         else:                         # before it: optimistic payloads, or two-phase allgather
             plane = "allgather" if getattr(agent, "optimistic", False) else "allgather-2phase"

@@ -1,4 +1,4 @@
-"""Soak benchmark: does anything grow with the run's length? (issue 15, item 4)
+"""Soak benchmark: does anything grow with the run's length?
 
     python benchmarks/soak.py [--np 4] [--steps 20000] [--scheme pgc-cr] [--every 1000]
                               [--control allgather|log] [--compute SECONDS]
@@ -16,7 +16,7 @@ It also prints the control exchanges rank 0 made per step (``control_ops`` of th
 Horovod collectives on the ``allgather`` plane, store operations on ``log``) and RSS growth per
 step from the first window's end to the last's, in bytes: Horovod's allgather leaves 28-39 bytes
 of RSS per op (``benchmarks/hvd_allgather_rss.py``), so the growth follows the number of
-collectives a step makes (issue 25: compare ``--control allgather`` with ``--control log``).
+collectives a step makes (compare ``--control allgather`` with ``--control log``).
 """
 
 from __future__ import annotations

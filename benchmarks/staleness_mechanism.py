@@ -1,4 +1,4 @@
-"""What breaks bounded staleness under momentum 0.9 on a deep net? (simulator, issue 35)
+"""What breaks bounded staleness under momentum 0.9 on a deep net? (simulator)
 
     python benchmarks/staleness_mechanism.py [--seeds 0,1,2] [--cs 2,4,8] [--jobs 2]
                                              [--budget 200] [--json PATH]

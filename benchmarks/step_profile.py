@@ -1,4 +1,4 @@
-"""Where a pgc_hvd step's time goes, per phase, on each rank (issue 13).
+"""Where a pgc_hvd step's time goes, per phase, on each rank.
 
     python benchmarks/step_profile.py [--np 4] [--model resnet18] [--schemes dgd,pgc-cr]
                                       [--compute 0.3] [--steps 12] [--poll 0.002]
@@ -22,7 +22,7 @@ and rank (medians after 3 warm-up steps):
   allgathers, or store operations for ``control="store"`` / ``"log"``), mean after warm-up;
 * ``step``: the whole loop iteration (compute + send + wait + apply).
 
-``--controls`` runs each scheme once per control channel (issue 25).
+``--controls`` runs each scheme once per control channel.
 """
 
 from __future__ import annotations

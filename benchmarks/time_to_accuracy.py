@@ -1,5 +1,5 @@
 """Time to a target validation accuracy: the user's own loop under horovodrun, pgc_hvd against
-``hvd.DistributedOptimizer`` (issue 22: what users buy is time to a good-enough model).
+``hvd.DistributedOptimizer`` (what users buy is time to a good-enough model).
 
     python benchmarks/time_to_accuracy.py [--np 4] [--variants hvd,pgc-cr,pgc-cr:off]
         [--patterns none,slow,exp,lognormal] [--optimizers sgd,adam] [--seeds 0,1,2]

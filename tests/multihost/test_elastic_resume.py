@@ -1,4 +1,4 @@
-"""Kills at any moment (issue 26, item 2): the elastic recipe's durable progress and the
+"""Kills at any moment: the elastic recipe's durable progress and the
 supervisor that restarts a failed job.
 
 * ``pgc_hvd.runtime.elastic.checkpoints``: atomic files named by version, the tag's older ones

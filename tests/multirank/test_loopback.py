@@ -1,4 +1,4 @@
-"""Ranks started on one machine keep their traffic on the loopback interface (issue 26, item 4).
+"""Ranks started on one machine keep their traffic on the loopback interface.
 
 Each test starts ranks through one of the project's local launchers -- the ``horovodrun`` and
 ``torchrun`` fixtures, ``benchmarks/hvd_launch.run_ranks`` and ``launch/run_local.sh`` -- with
@@ -16,18 +16,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from checks import on_loopback
 from launch_watch import run_watched
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SCRIPT = HERE / "loopback_checks.py"
+SCRIPT = HERE / "scripts" / "loopback_checks.py"
 # the torchrun fixture's check is an entry of the session's torchrun -np 2 launch (last: the
 # script ends with hvd.shutdown()), through the fixture's launcher: it sees that launch's
 # connections; the horovodrun one keeps its own launch (that group's last entry is taken)
 LAUNCH_GROUPS = [("torchrun", 2, [("loopback", "test_torchrun_fixture_keeps_ranks_on_loopback",
                                    SCRIPT, [])], "last")]
-sys.path.insert(0, str(HERE))
-from loopback_checks import on_loopback  # noqa: E402
 
 needs_horovod = pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
                                    reason="horovod is not installed (run bash launch/setup.sh)")

@@ -1,4 +1,4 @@
-"""Horovod's response cache is off in elastic runs (issue 38, docs/elastic.md "Killing rank 0").
+"""Horovod's response cache is off in elastic runs (docs/elastic.md "Killing rank 0").
 
 Single-process checks of :func:`pgc_hvd.runtime.elastic.response_cache_off` (which an elastic
 script calls before ``hvd.init()``, as the recipe does; the import changes nothing) and of the

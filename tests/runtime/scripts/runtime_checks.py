@@ -412,7 +412,7 @@ def check_log(scheme, delay=0.6, steps=8, compute=0.0, max_ops=5):
         assert keys <= 2 * n + 8 < (n + 1) * steps, f"rank 0's store holds {keys} keys"
     print(line, flush=True)
     assert mean <= max_ops, f"rank {r}: {total} control ops in {steps} steps"
-    if r > 0:   # issue 38's bound for a follower, in steady state (step 0 pays for the start,
+    if r > 0:   # the bound for a follower, in steady state (step 0 pays for the start,
         # the last step for the done rows and the bye): at most 4 control operations a step
         vs = sorted(at_version)
         lo, hi = vs[1], vs[-1]
@@ -423,7 +423,7 @@ def check_log(scheme, delay=0.6, steps=8, compute=0.0, max_ops=5):
             # a row's delete follows the outcome that took it, so one may fall on either side
             # of each of the window's edges (a message that missed its step is taken, and
             # deleted, with the next one's): two operations of slack over the window (seen on
-            # the 2-core machine, the tree before issue 34's last merges too: 26 ops over 6
+            # the 2-core machine, on an older tree too: 26 ops over 6
             # versions, 14 over 3, one beyond a slack of one)
             assert at_version[hi] - at_version[lo] <= 4 * (hi - lo) + 2, \
                 f"rank {r}: {steady:.2f} control ops a step (versions {lo}..{hi})"

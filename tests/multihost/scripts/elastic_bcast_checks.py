@@ -1,5 +1,5 @@
 """Runs on every rank under horovodrun -np 2: elastic.bcast_object sends tensors and plain types
-and never builds anything else from a peer's bytes (issue 26, item 6b).
+and never builds anything else from a peer's bytes.
 
     python elastic_bcast_checks.py
 

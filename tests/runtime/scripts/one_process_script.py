@@ -1,4 +1,4 @@
-"""A Horovod script as a user debugs it, on one process (issue 38): ``python
+"""A Horovod script as a user debugs it, on one process: ``python
 one_process_script.py`` (no launcher, n = 1), ``horovodrun -np 1`` or ``torchrun
 --nproc-per-node 1`` (the engine follows the launcher, ``pgc_hvd.engine()``), with
 ``pgc_hvd.DistributedOptimizer(opt, model.named_parameters(), hvd.Compression.fp16)`` and every

@@ -5,7 +5,7 @@ import runpy
 import sys
 from pathlib import Path
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "launch" / "quickstart.py"
+QUICKSTART = Path(__file__).resolve().parents[3] / "launch" / "quickstart.py"
 
 done = runpy.run_path(str(QUICKSTART), run_name="__main__")
 hvd, model, opt = done["hvd"], done["model"], done["opt"]

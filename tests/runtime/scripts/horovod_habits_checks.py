@@ -1,4 +1,5 @@
-"""Runs on every rank under horovodrun: the Horovod habits of issue 14 (one rank slowed).
+"""Runs on every rank under horovodrun: Horovod users' habits with pgc_hvd (one rank
+slowed).
 
     python horovod_habits_checks.py MODE [ARGS], one of:
 

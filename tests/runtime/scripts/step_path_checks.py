@@ -1,5 +1,5 @@
 """Runs on every rank under horovodrun -np 2: the pgc_hvd modules one steady-state step of dense
-pgc-cr enters (issue 34), on the default control plane, both threads.
+pgc-cr enters, on the default control plane, both threads.
 
     python step_path_checks.py
 

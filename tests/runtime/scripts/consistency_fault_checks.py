@@ -1,4 +1,5 @@
-"""Runs on every rank under horovodrun: the consistency faults of issue 15 (items 1, 2, 3, 5, 7).
+"""Runs on every rank under horovodrun: consistency faults: non-finite parameters,
+ranks that differ, a rank that stops early, settings that must agree, odd dtypes.
 
     python consistency_fault_checks.py MODE [ARGS], one of:
 
@@ -100,7 +101,7 @@ def loss_of(m, xb, yb):
     return F.cross_entropy(m(xb.to(dtype)).float(), yb)
 
 
-# -- item 1: non-finite parameters on one rank ------------------------------------------------
+# -- non-finite parameters on one rank ----------------------------------------------------------
 def check_nonfinite_parameters(bad):
     """Rank ``bad`` multiplies a weight by inf at step 10 (a fault outside the optimizer). Its
     messages are non-finite from then on; the run must stop on every rank, naming the rank and
@@ -122,7 +123,7 @@ def check_nonfinite_parameters(bad):
     must_fail(run, (AgentError, RuntimeError))
 
 
-# -- item 1: parameters compared at close() ----------------------------------------------------
+# -- parameters compared at close() -------------------------------------------------------------
 def check_diverged():
     """Rank 2 adds 1e-3 to a weight at step 5 (finite: every message stays finite). close() must
     compare the ranks' parameters and raise on every rank, naming rank 2."""
@@ -143,7 +144,7 @@ def check_diverged():
     must_fail(run, (AgentError,))
 
 
-# -- item 2: close() applies the updates decided after this rank's loop ended -----------------
+# -- close() applies the updates decided after this rank's loop ended ---------------------------
 def check_early_stop(steps=12, early=4):
     """Rank 2 stops training at version ``early`` (a straggler whose loop ends there: it waits
     for the others, then leaves without another step()), while the others train to ``steps``
@@ -170,7 +171,7 @@ def check_early_stop(steps=12, early=4):
     ok("early_stop_catches_up_at_close")
 
 
-# -- item 5: fp16 / bf16 / fp64 models --------------------------------------------------------
+# -- fp16 / bf16 / fp64 models ------------------------------------------------------------------
 def train_dtype(dtype, scheme, s, steps, name):
     m = model(dtype)
     loader = data(hvd.size())
@@ -203,7 +204,7 @@ def check_dtypes(steps=5):
     ok("dtypes_fp16_bf16_fp64")
 
 
-# -- item 3: everything that must agree is compared -------------------------------------------
+# -- everything that must agree is compared -----------------------------------------------------
 def expect_config_error(make, needles, what):
     """``make()`` must raise ValueError on every rank, naming ranks [1] and every needle."""
     r = hvd.rank()
@@ -302,7 +303,7 @@ def check_config():
     ok("loader_partitioning_compared")
 
 
-# -- item 7: a skipped backward inside batches() -----------------------------------------------
+# -- a skipped backward inside batches() --------------------------------------------------------
 def check_skipped_backward(scheme="pgc-cr"):
     """Rank 1's loop body skips backward (``continue``) at step 3: that slot got no gradient, so
     step() must refuse instead of sending a zero gradient, and every rank stops."""

@@ -1,5 +1,5 @@
 """Runs on every rank under horovodrun -np 2 (the fixture pins gloo to ``lo``): rank 0's control
-store listens on the ranks' address only (issue 26, item 6c).
+store listens on the ranks' address only.
 
     python store_bind_checks.py
 

@@ -11,8 +11,8 @@ files, looked up in ``/proc/self/net/tcp`` and ``tcp6``) and prints the establis
 local or remote address is not a loopback address, with the interface the launcher pinned
 (``HOROVOD_GLOO_IFACE``, ``GLOO_SOCKET_IFNAME``). It exits non-zero when there is one: tests
 and examples that start several ranks on one machine keep their traffic on loopback.
-:func:`on_loopback` is the tests' reading of those lines (tests/multirank/test_loopback.py,
-tests/multihost/test_loopback_hosts.py).
+tests/checks.py's ``on_loopback`` is the tests' reading of those lines (tests/multirank/
+test_loopback.py, tests/multihost/test_loopback_hosts.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import re
 import sys
 
 import torch
@@ -67,17 +66,6 @@ def tcp_connections() -> list:
             if f[3] == ESTABLISHED and f[9] in mine:
                 out.append((_address(f[1]), _address(f[2])))
     return out
-
-
-def on_loopback(out: str, n: int, pinned: str) -> None:
-    """Every rank printed its line, with no connection outside loopback, under the pin."""
-    rows = re.findall(r"LOOPBACK rank=(\d+) n=(\d+) established=(\d+) pinned=(\S+) outside=(\S+)",
-                      out)
-    assert sorted(int(r[0]) for r in rows) == list(range(n)), out
-    for rank, _, established, pin, outside in rows:
-        assert int(established) >= 1, f"rank {rank} saw no connection at all: {out}"
-        assert outside == "-", f"rank {rank} talked outside loopback: {outside}"
-        assert pin == pinned, f"rank {rank}: gloo pinned to {pin!r}, not {pinned!r}"
 
 
 def main() -> None:
