@@ -1,7 +1,7 @@
 """Ranks started on one machine keep their traffic on the loopback interface.
 
 Each test starts ranks through one of the project's local launchers -- the ``horovodrun`` and
-``torchrun`` fixtures, ``benchmarks/hvd_launch.run_ranks`` and ``launch/run_local.sh`` -- with
+``torchrun`` fixtures, ``pgc_hvd.apps.local_ranks.run_ranks`` (the benchmarks' launcher) and ``launch/run_local.sh`` -- with
 ``loopback_checks.py``, which reads on every rank the addresses of its own established TCP
 connections after a collective (from ``/proc``) and fails when one is outside 127.0.0.0/8 or
 ::1. The ssh "remote" hosts of ``launch/local_hosts.py`` are checked in
@@ -48,11 +48,7 @@ def test_torchrun_fixture_keeps_ranks_on_loopback(launch_group, request):
 @pytest.mark.multirank
 @needs_horovod
 def test_benchmark_launcher_keeps_ranks_on_loopback():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from hvd_launch import run_ranks
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from pgc_hvd.apps.local_ranks import run_ranks
     lines = []
     res = run_ranks(2, str(SCRIPT), [], timeout=180, on_line=lines.append)
     assert res["n"] == 2 and res["outside"] == [] and res["pinned"] == "lo", res

@@ -72,7 +72,7 @@ def test_early_stop_catches_up_at_close_and_mixed_precision(np3):
 
 @pytest.mark.multirank
 def test_settings_that_must_agree_are_compared_and_named(np3):
-    """Lr, momentum, weight decay, betas, optimizer class, param groups, name,
+    """The lr, momentum, weight decay, betas, optimizer class, param groups, name,
     optimistic, control, parameter dtype and the loader's seed and batch size: a rank that differs
     gets a ValueError on every rank naming the field and ranks [1]."""
     proc = np3.ran("config")

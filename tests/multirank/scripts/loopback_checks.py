@@ -1,8 +1,8 @@
-"""Runs on every rank (horovodrun, torchrun, launch/run_local.sh, benchmarks/hvd_launch.py):
+"""Runs on every rank (horovodrun, torchrun, launch/run_local.sh, pgc_hvd.apps.local_ranks):
 which addresses did this rank's collectives actually use?
 
     python loopback_checks.py            # every rank prints one "LOOPBACK rank=R ..." line
-    python loopback_checks.py --worker   # also "RESULT <json>" on rank 0 (benchmarks/hvd_launch)
+    python loopback_checks.py --worker   # also "RESULT <json>" on rank 0 (run_ranks)
 
 Each rank joins the world (``pgc_hvd.engine()``: Horovod under horovodrun, the torch engine
 under torchrun), runs an allreduce and an allgather (so gloo's connections to every peer are
@@ -18,13 +18,13 @@ test_loopback.py, tests/multihost/test_loopback_hosts.py).
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import sys
 
 import torch
 
 import pgc_hvd
+from pgc_hvd.apps.local_ranks import print_result
 
 ESTABLISHED = "01"
 
@@ -84,8 +84,7 @@ def main() -> None:
     print(f"LOOPBACK rank={r} n={n} established={len(conns)} pinned={pinned} "
           f"outside={','.join(outside) or '-'}", flush=True)
     if "--worker" in sys.argv and r == 0:
-        print("RESULT " + json.dumps({"n": n, "established": len(conns), "outside": outside,
-                                      "pinned": pinned}), flush=True)
+        print_result({"n": n, "established": len(conns), "outside": outside, "pinned": pinned})
     if hasattr(hvd, "shutdown"):
         hvd.shutdown()
     if outside:

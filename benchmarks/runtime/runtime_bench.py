@@ -53,8 +53,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hvd_launch import run_ranks  # noqa: E402
+from pgc_hvd.apps.local_ranks import print_result, run_ranks
+from pgc_hvd.compress import allreduce_bytes
 
 SCHEMES_A = ("hvd", "dgd", "pgc-cr", "bcgc", "pgc-bcgc")
 RUNS_B = ("dgd", "hvd", "pgc-cr", "pgc-cr:cancel")
@@ -164,7 +164,7 @@ def worker(args) -> None:
         out["drawn_kth"] = float(np.sort(D, axis=1)[:, n - 2].mean())   # (n-s)-th, s = 1
         out["drawn_max"] = float(D.max(axis=1).mean())
     if rank == 0:
-        print("RESULT " + json.dumps(out), flush=True)
+        print_result(out)
 
 
 def with_controls(labels, controls: str) -> tuple:
@@ -226,10 +226,6 @@ def launch(np_, part, model, args, steps=None, width=0, compute=None) -> dict:
                      args.timeout, on_line=echo)
 
 
-def ring_bytes(n, d):
-    return 2.0 * (n - 1) / n * 4.0 * d
-
-
 def crossover(args) -> dict:
     sizes = [256, 4096, 16384, 65536, 262144, 1048576]     # parameters (x4 bytes)
     res = {}
@@ -257,7 +253,7 @@ def report(a: dict, b, c: float, seconds: float) -> None:
             if "." not in k and k.split("/")[0] in SCHEMES_A[1:]]
     print(f"{'model':>9} {'d':>10} {'np':>3} {'hvd ms':>7} " + " ".join(f"{s:>28}" for s in cols))
     for (m, k), r in a.items():
-        rb = ring_bytes(k, r["d"])
+        rb = allreduce_bytes(k, r["d"])
         cells = [f"{r[s] * 1e3:5.0f} {r[s] / r['hvd']:5.2f}x {r.get(s + '.bytes', 0) / rb:5.2f}B"
                  f" {r.get(s + '.control_ops', float('nan')):4.1f}op" for s in cols]
         print(f"{m:>9} {r['d']:>10} {k:>3} {r['hvd'] * 1e3:7.0f} "

@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hvd_launch import run_ranks  # noqa: E402
+from pgc_hvd.apps.local_ranks import print_result, run_ranks
 
 
 def _summary(samples: list[float]) -> dict:
@@ -89,7 +88,7 @@ def worker(args) -> None:
         res = {"np": n, "rounds": rounds, "row_floats": args.row,
                "allgather": _summary(sync), "allgather_polled": _summary(poll),
                "tcpstore": _summary(kv_times)}
-        print("RESULT " + json.dumps(res), flush=True)
+        print_result(res)
 
 
 # ----------------------------------------------------------------------------- driver

@@ -31,8 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hvd_launch import run_ranks  # noqa: E402
+from pgc_hvd.apps.local_ranks import print_result, run_ranks
 
 RUNS = ("hvd", "hvd-fp16", "dgd", "dgd-fp16", "dgd-fp16ring", "gc-cr", "gc-cr-fp16")
 
@@ -115,7 +114,7 @@ def worker(args) -> None:
                   + (f", {out[f'{name}.bytes'] / 1e6:.2f} MB/step" if nbytes else ""),
                   file=sys.stderr, flush=True)
     if rank == 0:
-        print("RESULT " + json.dumps(out), flush=True)
+        print_result(out)
 
 
 def report(results: list, load: str) -> None:

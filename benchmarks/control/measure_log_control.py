@@ -48,8 +48,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 FORMAT = "pgc_hvd.log_control_fit/1"
 

@@ -28,13 +28,14 @@ DataLoader over an endless stream of random batches, the median of the paired ra
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from pgc_hvd.apps.local_ranks import print_result
 
 
 def write_folder(root: Path, images: int, size: int, classes: int = 10, seed: int = 0) -> None:
@@ -202,9 +203,9 @@ def main(argv=None) -> int:
               f"of batches (no epoch restarts): median {paired['median']:.3f}, quartiles "
               f"{paired['q1']:.3f}-{paired['q3']:.3f} over {a.paired} pairs", flush=True)
         ratios["paired_steady"] = paired["median"]
-    print("RESULT " + json.dumps({"args": vars(a), "median": med, "ratios": ratios,
-                                  "rates": rates, "stats": coded.stats,
-                                  "loadavg_1m": load[0]}), flush=True)
+    print_result({"args": vars(a), "median": med, "ratios": ratios,
+                  "rates": rates, "stats": coded.stats,
+                  "loadavg_1m": load[0]})
     return 0
 
 

@@ -18,16 +18,14 @@ The first table of docs/benchmarks.md says what to optimise; this one says where
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ops_cases import D_LARGE, D_SMALL, VARIANTS, time_it  # noqa: E402
+from ops_cases import D_LARGE, D_SMALL, VARIANTS, time_it
 
-from pgc_hvd import ops  # noqa: E402
+from pgc_hvd import ops
 
 
 def device_rows(prof, reps: int):

@@ -44,8 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hvd_launch import ROOT, run_ranks  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _use_runtime_root() -> None:
@@ -223,6 +222,9 @@ def main(argv=None) -> int:
     try:
         for np_ in [int(x) for x in args.np.split(",")]:
             print(f"== np={np_}", flush=True)
+            # imported here, not at the top: a worker must import pgc_hvd only after
+            # _use_runtime_root() chose which one
+            from pgc_hvd.apps.local_ranks import run_ranks
             res = run_ranks(np_, __file__, [
                 "--d", args.d, "--schemes", args.schemes, "--compute", args.compute,
                 "--delay", args.delay, "--steps", args.steps, "--warmup", args.warmup,

@@ -36,10 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hvd_launch import run_ranks  # noqa: E402
+from pgc_hvd.apps.local_ranks import print_result, run_ranks
 
-from pgc_hvd.apps.tta import OPTIMIZERS, PATTERNS, Trial, delay_spec  # noqa: E402
+from pgc_hvd.apps.tta import OPTIMIZERS, PATTERNS, Trial, delay_spec
 
 
 # ----------------------------------------------------------------------------- worker (per rank)
@@ -59,8 +58,8 @@ def worker(args) -> None:
     for r in out:              # rank 0's series stay out of the launch's result line
         del r["step_times"], r["evals"]
     if hvd.rank() == 0:
-        print("RESULT " + json.dumps({"pattern": args.pattern, "optimizer": args.optimizer,
-                                      "seed": args.seed, "runs": out}), flush=True)
+        print_result({"pattern": args.pattern, "optimizer": args.optimizer,
+                      "seed": args.seed, "runs": out})
 
 
 # ----------------------------------------------------------------------------- parent

@@ -74,36 +74,37 @@ def delay(pattern: str, seed: int):
             + LongStraggler(float(prob or 0.01), 10.0, 30.0, seed=1000 * seed + 14))
 
 
+def cap_mean_age(sim, step, decision, g_hat, extra) -> None:
+    """The ``swap-capped`` variant, through the simulator's ``step_hook`` (called before each
+    update is applied): the momentum swap reads min(mean age, (c - 1) / 2); the uncapped age
+    stays in the record's ``extra`` (``uncapped_mean_age``) for the table."""
+    age = decision.info.get("mean_age")
+    if age is not None:
+        extra["uncapped_mean_age"] = age
+        decision.info["mean_age"] = min(age, (sim.scheme.ring_depth - 1) / 2.0)
+
+
 def _run(job):
     pattern, (label, scheme, opts, policy, correction, hack), seed = job
     import torch
     torch.set_num_threads(1)
-    import pgc_hvd.sim.engine as engine
     from pgc_hvd.metrics.targets import first_at_least
     from pgc_hvd.sim.run import simulate
-    original = engine.Simulator._apply
-    if hack == "cap":
-        def capped(self, g_hat, mean_age=None):
-            c = self.scheme.ring_depth
-            return original(self, g_hat, None if mean_age is None
-                            else min(mean_age, (c - 1) / 2.0))
-        engine.Simulator._apply = capped
-    try:
-        s = 0 if scheme == "dgd" else 1       # DGD tolerates no straggler
-        recs, _ = simulate(scheme, 4, s, dataset="digits", model="cnn", optimizer=OPT,
-                           delay=delay(pattern, seed), steps=400, scheme_options=opts,
-                           partition_time=1.0, batch_size=16, seed=seed, eval_every=5,
-                           eval_train=False, target_accuracy=0.95, stop_at_target=True,
-                           max_time=800.0, straggler_policy=policy,
-                           momentum_correction=correction, diagnostics=False)
-    finally:
-        engine.Simulator._apply = original
+    hook = {"step_hook": cap_mean_age} if hack == "cap" else {}
+    s = 0 if scheme == "dgd" else 1       # DGD tolerates no straggler
+    recs, _ = simulate(scheme, 4, s, dataset="digits", model="cnn", optimizer=OPT,
+                       delay=delay(pattern, seed), steps=400, scheme_options=opts,
+                       partition_time=1.0, batch_size=16, seed=seed, eval_every=5,
+                       eval_train=False, target_accuracy=0.95, stop_at_target=True,
+                       max_time=800.0, straggler_policy=policy,
+                       momentum_correction=correction, diagnostics=False, **hook)
     steps, time = first_at_least(recs, 0.95)
     eff = [r.extra.get("effective_momentum") for r in recs
            if r.extra.get("effective_momentum") is not None]
+    ages = [r.extra.get("uncapped_mean_age", r.mean_age) or 0.0 for r in recs]
     return {"pattern": pattern, "variant": label, "seed": seed, "steps": steps, "time": time,
-            "max_mean_age": max((r.mean_age or 0.0) for r in recs),
-            "mean_age": statistics.fmean((r.mean_age or 0.0) for r in recs),
+            "max_mean_age": max(ages),
+            "mean_age": statistics.fmean(ages),
             "min_momentum": min(eff) if eff else None,
             "late_steps": sum(1 for r in recs if (r.max_age or 0) >= 4) / len(recs)}
 

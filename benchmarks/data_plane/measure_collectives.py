@@ -38,10 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hvd_launch import ROOT, run_ranks  # noqa: E402
-
-sys.path.insert(0, str(ROOT))
+from pgc_hvd.apps.local_ranks import print_result, run_ranks
 
 
 def sizes_upto(max_floats: int) -> list:
@@ -125,9 +122,9 @@ def worker(args) -> None:
     local = hvd.allgather(torch.tensor([[statistics.median(ts)]], dtype=torch.float64),
                           name="mc.local").flatten().tolist()
     if rank == 0:
-        print("RESULT " + json.dumps({"n": n, "rows": rows,
-                                      "local": {"floats": d, "bytes_moved": 12 * d,
-                                                "seconds_per_rank": local}}), flush=True)
+        print_result({"n": n, "rows": rows,
+                      "local": {"floats": d, "bytes_moved": 12 * d,
+                                "seconds_per_rank": local}})
 
 
 # ----------------------------------------------------------------------------- driver

@@ -27,8 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hvd_launch import run_ranks  # noqa: E402
+from pgc_hvd.apps.local_ranks import print_result, run_ranks
 
 
 def rss_mb() -> float:
@@ -92,8 +91,8 @@ def worker(args) -> None:
                         f"{st.traceback.format()[-1].strip()}")
     opt.close()
     if rank == 0:
-        print("RESULT " + json.dumps({"n": n, "scheme": args.scheme, "control": args.control,
-                                      "rows": rows, "heap_growth": grew}), flush=True)
+        print_result({"n": n, "scheme": args.scheme, "control": args.control,
+                      "rows": rows, "heap_growth": grew})
 
 
 def main(argv=None) -> int:

@@ -51,11 +51,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "launch"))
 from local_hosts import LocalHosts  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
 from elastic_common import (attempts_resumed, events, final_ranks, highest,  # noqa: E402
                             kill_random, progress_rows, workers)
 

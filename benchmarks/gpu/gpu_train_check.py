@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runtime_bench import ring_bytes  # noqa: E402
+from pgc_hvd.apps.local_ranks import print_result
+from pgc_hvd.compress import allreduce_bytes
 
 
 def make_data(n_samples: int, seed: int):
@@ -117,14 +117,14 @@ def main(argv=None) -> int:
                "first_loss": losses[0] if losses else None,
                "last_loss": sum(losses[-5:]) / len(losses[-5:]) if losses else None,
                "bytes_per_step": sum(nbytes) / len(nbytes) if nbytes else None,
-               "fp32_ring_bytes": ring_bytes(n, d), "gpu_record": gpu[-1] if gpu else None}
+               "fp32_ring_bytes": allreduce_bytes(n, d), "gpu_record": gpu[-1] if gpu else None}
         if not losses or not out["last_loss"] < out["first_loss"]:
             problems.append(f"the training loss did not fall: {losses[:3]} ... {losses[-3:]}")
         if cuda and not (gpu and gpu[-1].get("available")):
             problems.append(f"no NVML telemetry in the records: {gpu[-1] if gpu else None}")
         # steps where a rank's fp16 gradients overflowed (the scaler lowers its scale)
         out["nonfinite_steps"] = [r.step for r in records if r.extra.get("nonfinite_ranks")]
-        print("RESULT " + json.dumps(out), flush=True)
+        print_result(out)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

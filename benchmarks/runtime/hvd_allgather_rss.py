@@ -11,13 +11,10 @@ rank 0's VmRSS before and after each.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hvd_launch import run_ranks  # noqa: E402
-from soak import rss_mb  # noqa: E402
+from pgc_hvd.apps.local_ranks import print_result, run_ranks
+from soak import rss_mb
 
 
 def worker(args) -> None:
@@ -37,7 +34,7 @@ def worker(args) -> None:
             hvd.synchronize(h)
         out[mode] = [round(before, 2), round(rss_mb(), 2)]
     if hvd.rank() == 0:
-        print("RESULT " + json.dumps(out), flush=True)
+        print_result(out)
 
 
 def main(argv=None) -> int:

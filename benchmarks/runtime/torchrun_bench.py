@@ -32,8 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runtime_bench import build_loader, build_model, ring_bytes, time_pgc  # noqa: E402
+from runtime_bench import build_loader, build_model, time_pgc   # beside this script
+
+from pgc_hvd.apps.local_ranks import print_result
+from pgc_hvd.compress import allreduce_bytes
 
 
 def main(argv=None) -> int:
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
 
     out = {"n": n, "model": args.model, "d": d, "compute": compute, "steps": steps,
            "warmup": warm, "engine": f"torch.distributed ({world.W.backend})",
-           "device": str(device), "ring_bytes": ring_bytes(n, d)}
+           "device": str(device), "ring_bytes": allreduce_bytes(n, d)}
     for run in args.runs.split(","):
         part, scheme = run.split(":")
         delays = Exponential(compute, seed=args.seed) if part == "b" else Zero()
@@ -115,7 +117,7 @@ def main(argv=None) -> int:
             print(f"{run:<12} {out[run] * 1e3:8.0f} "
                   f"{(out[run] / ref if ref else float('nan')):7.2f} "
                   f"{(b or 0) / 1e6:10.1f}MB {((b or 0) / out['ring_bytes']):7.2f}")
-        print("RESULT " + json.dumps(out), flush=True)
+        print_result(out)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -32,6 +32,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pgc_hvd.apps.local_ranks import read_result
+
 TARGETS = (0.90, 0.93, 0.95)
 
 
@@ -60,7 +62,8 @@ def scope_variants() -> list:
 def run_one(scheme: str, optimizer: str, correction: str, seed: int, steps: int,
             delay: str = "exp:mean=1,seed={s}") -> dict:
     code = f"""
-import json, torch
+import torch
+from pgc_hvd.apps.local_ranks import print_result
 from pgc_hvd.metrics.targets import first_at_least
 from pgc_hvd.schemes import setting_stragglers
 from pgc_hvd.sim.run import simulate, prepare_data
@@ -76,14 +79,13 @@ recs, summ = simulate({scheme!r}, 4, setting_stragglers({scheme!r}, 1), dataset=
 hits = {{tg: first_at_least(recs, tg) for tg in {TARGETS!r}}}
 ages = [r.mean_age for r in recs if r.mean_age is not None]
 eff = [r.extra["effective_momentum"] for r in recs if r.extra.get("effective_momentum") is not None]
-print("RESULT " + json.dumps(dict(hits=list(hits.items()), mean_age=sum(ages) / max(len(ages), 1),
-                                  effective_momentum=sum(eff) / len(eff) if eff else None)))
+print_result(dict(hits=list(hits.items()), mean_age=sum(ages) / max(len(ages), 1),
+                  effective_momentum=sum(eff) / len(eff) if eff else None))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-    if out.returncode or not line:
+    res = read_result(out.stdout)
+    if out.returncode or res is None:
         raise SystemExit(f"{scheme} {optimizer} seed {seed} failed:\n{out.stderr[-2000:]}")
-    res = json.loads(line[0][7:])
     res.update(scheme=scheme, optimizer=optimizer, correction=correction, seed=seed)
     for tg, (steps_to, time_to) in res.pop("hits"):
         res[f"steps_{tg}"], res[f"time_{tg}"] = steps_to, time_to

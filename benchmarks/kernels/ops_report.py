@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import platform
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ops_cases import all_cases, time_interleaved  # noqa: E402
+from ops_cases import all_cases, time_interleaved
 
 
 def device_label(device: str) -> str:

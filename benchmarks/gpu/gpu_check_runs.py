@@ -33,7 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from pgc_hvd.apps.local_ranks import read_result
+
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMES = ("dgd", "pgc-cr", "bcgc")
 COMPRESSIONS = ("none", "topk:0.01")
 
@@ -71,13 +73,6 @@ def finish(run: tuple, timeout: float) -> tuple[int, float]:
         rc = 124
     fh.close()
     return rc, time.monotonic() - t0
-
-
-def result_line(log: Path) -> dict | None:
-    for line in log.read_text(errors="replace").splitlines()[::-1]:
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return None
 
 
 def train_runs(dev: str, work: Path, steps: int, timeout: float, schemes=SCHEMES) -> list:
@@ -122,7 +117,7 @@ def script_run(tag: str, script: str, args: list, work: Path, timeout: float) ->
     log = work / f"{tag}.log"
     cmd = torchrun(2, [ROOT / "benchmarks" / script, *args])
     rc, secs = finish(start(cmd, "gloo", log), timeout)
-    figures = result_line(log)
+    figures = read_result(log.read_text(errors="replace"))
     return {"run": tag, "cmd": " ".join(map(str, cmd[1:])), "rc": rc,
             "seconds": secs, "log": str(log), "figures": figures,
             "problems": [] if rc == 0 and figures else [f"exit status {rc}, figures {figures}"]}

@@ -17,7 +17,7 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-PORT = Path(__file__).resolve().parents[1] / "launch" / "examples" / "pytorch_mnist.py"
+PORT = Path(__file__).resolve().parents[2] / "launch" / "examples" / "pytorch_mnist.py"
 spec = importlib.util.spec_from_file_location("pytorch_mnist_port", PORT)
 port = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(port)
