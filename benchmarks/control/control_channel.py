@@ -1,6 +1,6 @@
 """Control channel: Horovod allgather of control rows against a TCPStore key-value exchange.
 
-    python benchmarks/control_channel.py [--np 2,4] [--rounds 300] [--row 12]
+    python benchmarks/control/control_channel.py [--np 2,4] [--rounds 300] [--row 12]
 
 DESIGN.md asks to measure both ways of agreeing, every control round, on which ranks are ready:
 a tiny collective (what ``pgc_hvd.runtime.agent`` does: one ``hvd.allgather`` of one float64

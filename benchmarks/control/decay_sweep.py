@@ -1,6 +1,6 @@
 """Does weighting PGC-CR's ring by age (``decay``) help, and where? (simulator)
 
-    python benchmarks/decay_sweep.py [--workloads softmax,cnn] [--seeds 0,1,2] [--jobs 2]
+    python benchmarks/control/decay_sweep.py [--workloads softmax,cnn] [--seeds 0,1,2] [--jobs 2]
                                      [--decays 1,0.5,0.25,0] [--json PATH]
 
 PGC-CR's message with ``decay`` = rho sums its ring slot of age a with weight rho^a (normalised
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
                   + " ".join(f"{x:.3f}" for x in rs))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"command": "python benchmarks/decay_sweep.py " + " ".join(
+            json.dump({"command": "python benchmarks/control/decay_sweep.py " + " ".join(
                 argv if argv is not None else sys.argv[1:]), "rows": rows}, f, indent=1)
     return 0
 

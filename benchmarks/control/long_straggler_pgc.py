@@ -1,11 +1,11 @@
 """Why does a rare long straggler cost PGC-CR steps? (simulator)
 
-    python benchmarks/long_straggler_pgc.py [--seeds 0,1,2] [--jobs 2] [--json PATH]
+    python benchmarks/control/long_straggler_pgc.py [--seeds 0,1,2] [--jobs 2] [--json PATH]
 
-The runtime benchmark's workload in the simulator (``benchmarks/decay_sweep.py``'s ``cnn``):
+The runtime benchmark's workload in the simulator (``benchmarks/control/decay_sweep.py``'s ``cnn``):
 the digits CNN, n = 4, s = 1, minibatch 16, SGD lr 0.05 momentum 0.9, validation accuracy 95%
 evaluated every 5 steps, at most 400 steps / 800 time units, 1 time unit per partition
-gradient. Two straggler patterns, as ``benchmarks/time_to_accuracy.py``'s:
+gradient. Two straggler patterns, as ``benchmarks/tta/time_to_accuracy.py``'s:
 
 * ``exp``: exponential delays of mean one compute;
 * ``lognormal``: log-normal delays (median 0.3 compute, sigma 0.5) plus, with probability
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
                   f"{statistics.fmean(r['mean_age'] for r in rs):.3f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"command": "python benchmarks/long_straggler_pgc.py "
+            json.dump({"command": "python benchmarks/control/long_straggler_pgc.py "
                        + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows},
                       f, indent=1)
     return 0

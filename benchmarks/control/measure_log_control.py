@@ -1,6 +1,6 @@
 """Measure what ``control="log"`` costs on this machine, for the simulator's model of it.
 
-    python benchmarks/measure_log_control.py --out docs/figures/log_control_fit.json
+    python benchmarks/control/measure_log_control.py --out docs/figures/log_control_fit.json
         [--ns 4,16,64,256,1024] [--reps 400] [--fanout 1,2,4,8] [--rows 12000] [--s S]
 
 The model (:class:`pgc_hvd.sim.comm.LogCosts`, used by :mod:`pgc_hvd.sim.log_agents`) needs
@@ -333,7 +333,7 @@ def main(argv=None) -> int:
               f"us + {b['follower']['row'] * 1e6:.2f} us ({b['rows']} rows, batches of 1 and "
               f"{b['batch']})", file=sys.stderr, flush=True)
     doc = {"format": FORMAT,
-           "command": "python benchmarks/measure_log_control.py " + " ".join(
+           "command": "python benchmarks/control/measure_log_control.py " + " ".join(
                sys.argv[1:] if argv is None else argv),
            "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                        "python": platform.python_version(), "torch": torch.__version__},

@@ -1,6 +1,6 @@
 """Why stale gradients cost steps under momentum, and what the correction does (simulator).
 
-    python benchmarks/momentum_sweep.py [--seeds 0,1,2] [--steps 250] [--jobs 2] [--json PATH]
+    python benchmarks/control/momentum_sweep.py [--seeds 0,1,2] [--steps 250] [--jobs 2] [--json PATH]
 
 The demo's workload in the simulator (real gradients, virtual time): n = 4, s = 1, the digits
 CNN, batch 16 per partition, one partition = 1 time unit, exponential delays of mean 1 (seeded

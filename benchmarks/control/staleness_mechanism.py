@@ -1,6 +1,6 @@
 """What breaks bounded staleness under momentum 0.9 on a deep net? (simulator)
 
-    python benchmarks/staleness_mechanism.py [--seeds 0,1,2] [--cs 2,4,8] [--jobs 2]
+    python benchmarks/control/staleness_mechanism.py [--seeds 0,1,2] [--cs 2,4,8] [--jobs 2]
                                              [--budget 200] [--json PATH]
 
 The design note's set-up (``pgc_hvd.apps.experiments.staleness_delay``: 8 heterogeneous
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
               f"{med('replay_steps'):.2f} | {med('mean_age'):.2f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"command": "python benchmarks/staleness_mechanism.py "
+            json.dump({"command": "python benchmarks/control/staleness_mechanism.py "
                        + " ".join(argv if argv is not None else sys.argv[1:]),
                        "rows": rows}, f, indent=1)
     return 0

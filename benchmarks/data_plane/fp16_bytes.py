@@ -1,6 +1,6 @@
 """fp16 messages: time per step and bytes per rank, fp32 against fp16 wire, in one run.
 
-    python benchmarks/fp16_bytes.py [--d 11689512] [--np 2,4] [--steps 15] [--warmup 3]
+    python benchmarks/data_plane/fp16_bytes.py [--d 11689512] [--np 2,4] [--steps 15] [--warmup 3]
                                     [--compute 0.0] [--json runs/fp16_bytes.json]
 
 Launches ``horovodrun --gloo`` once per np. On every rank a fixed gradient-like message of d

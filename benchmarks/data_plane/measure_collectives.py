@@ -1,6 +1,6 @@
 """Measure Horovod's collectives on this machine and fit the simulator's alpha-beta model.
 
-    python benchmarks/measure_collectives.py --np 2,3,4 --out comm.json [--reps 7]
+    python benchmarks/data_plane/measure_collectives.py --np 2,3,4 --out comm.json [--reps 7]
     python -m pgc_hvd simulate ... --comm-model fitted:comm.json
 
 For each n it launches ``horovodrun --gloo -np N -H localhost:N`` and times, on every rank, the
@@ -142,7 +142,7 @@ def fit_document(results: list, reps: int, note: str = "") -> dict:
     pass_s = [statistics.median(r["local"]["seconds_per_rank"]) / r["local"]["bytes_moved"]
               for r in results]
     return {"format": FIT_FORMAT,
-            "command": "python benchmarks/measure_collectives.py " + " ".join(sys.argv[1:]),
+            "command": "python benchmarks/data_plane/measure_collectives.py " + " ".join(sys.argv[1:]),
             "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                         "python": platform.python_version()},
             "statistic": f"median over {reps} repetitions ({max(3, reps // 2)} above 4 MB), "

@@ -1,12 +1,12 @@
 """What Horovod's response cache is worth to an elastic pgc_hvd run without kills.
 
-    python benchmarks/elastic_cache_overhead.py --repeats 3 \\
+    python benchmarks/elastic/elastic_cache_overhead.py --repeats 3 \\
         --out docs/figures/elastic_cache_overhead.json
 
 ``pgc_hvd.runtime.elastic`` turns Horovod's response cache off (``HOROVOD_CACHE_CAPACITY=0``)
 because its per-cycle bit allreduce can abort a survivor in gloo when the world breaks
 (docs/elastic.md, "Killing rank 0"). This measures what that costs when nothing breaks: jobs of
-``launch/elastic_train.py`` (the set-up of ``benchmarks/elastic_random_kills.py``: horovodrun
+``launch/elastic_train.py`` (the set-up of ``benchmarks/elastic/elastic_random_kills.py``: horovodrun
 --gloo -np 4, each rank its own ssh host 127.0.0.2-5, gloo on ``lo``, MLP 16-32-2, pgc-cr,
 s = 1) with no kill, alternating the cache's capacity (``--capacities``, default ``0,1024``:
 off, Horovod's default), ``--repeats`` jobs each. Per job: the median seconds per version over
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
                   + f" ms | {s['wall_s_median']:.1f} s |")
     if args.out:
         Path(args.out).write_text(json.dumps({
-            "command": "python benchmarks/elastic_cache_overhead.py " + " ".join(
+            "command": "python benchmarks/elastic/elastic_cache_overhead.py " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
             "machine": f"{os.cpu_count()} cores", "env": args.env, "summary": summary,
             "results": results}, indent=1) + "\n")

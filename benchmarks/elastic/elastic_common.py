@@ -1,6 +1,6 @@
 """What the elastic benchmarks share: finding the recipe's worker processes and killing one,
-and reading what its ranks and the supervisor recorded (benchmarks/elastic_startup_kills.py,
-benchmarks/elastic_soak.py).
+and reading what its ranks and the supervisor recorded (benchmarks/elastic/elastic_startup_kills.py,
+benchmarks/elastic/elastic_soak.py).
 
 A worker is a process running ``launch/elastic_train.py --out OUT``: either a cold one (its
 ``/proc/<pid>/cmdline`` is ``python .../elastic_train.py ... OUT ...``, its host the
@@ -10,8 +10,8 @@ the child of a server whose ``serve`` command names its host, and that ran the r
 registered itself in ``<server folder>/children/<pid>`` with the script's arguments).
 
 Also the ``--env KEY=VALUE`` option of the benchmarks that launch the recipe
-(:func:`add_env_option`, :func:`env_option`: benchmarks/elastic_random_kills.py,
-benchmarks/elastic_cache_overhead.py).
+(:func:`add_env_option`, :func:`env_option`: benchmarks/elastic/elastic_random_kills.py,
+benchmarks/elastic/elastic_cache_overhead.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Seconds lost when a rank of an elastic pgc_hvd run is SIGKILLed at a random moment.
 
-    python benchmarks/elastic_random_kills.py --kills 5 --gloo-timeouts 10,30 \\
+    python benchmarks/elastic/elastic_random_kills.py --kills 5 --gloo-timeouts 10,30 \\
         --out docs/figures/elastic_recovery_random.json
 
 For each gloo timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``) it runs ``--kills`` jobs of
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
               f"{s['detect_max_s']:.2f} s | {s['identical_parameters']} |")
     if args.out:
         Path(args.out).write_text(json.dumps({
-            "command": "python benchmarks/elastic_random_kills.py " + " ".join(
+            "command": "python benchmarks/elastic/elastic_random_kills.py " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
             "machine": f"{os.cpu_count()} cores", "cascade": not args.no_cascade,
             "env": args.env,

@@ -1,6 +1,6 @@
 """Recovery of an elastic pgc_hvd run: a rank killed, a rank added (docs/elastic.md).
 
-    .venv/bin/python benchmarks/elastic_recovery.py --out docs/figures/elastic_recovery.json
+    .venv/bin/python benchmarks/elastic/elastic_recovery.py --out docs/figures/elastic_recovery.json
 
 For each gloo timeout in ``--gloo-timeouts`` (``HOROVOD_GLOO_TIMEOUT_SECONDS``: how long a rank
 waits on a peer that sends nothing; a rank with no connection to the dead one learns of the death
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
               f"{r['step_after_s']:.4f} |")
     if args.out:
         Path(args.out).write_text(json.dumps({
-            "command": "python benchmarks/elastic_recovery.py " + " ".join(argv or sys.argv[1:]),
+            "command": "python benchmarks/elastic/elastic_recovery.py " + " ".join(argv or sys.argv[1:]),
             "machine": f"{os.cpu_count()} cores", "results": results}, indent=1) + "\n")
     return 0
 

@@ -1,6 +1,6 @@
 """A repeated-kill soak of an elastic pgc_hvd job.
 
-    python benchmarks/elastic_soak.py --kills 20 --out docs/figures/elastic_soak.json
+    python benchmarks/elastic/elastic_soak.py --kills 20 --out docs/figures/elastic_soak.json
 
 One job of ``launch/elastic_train.py`` (``--progress``, a checkpoint every version) under the
 supervisor ``launch/elastic_run.py`` and ``horovodrun --gloo -np 4 --min-np 2 --max-np 4
@@ -423,7 +423,7 @@ def main(argv=None) -> int:
     summary, join_parts = summarize(ff, res)
     if args.out:
         Path(args.out).write_text(json.dumps({
-            "command": "python benchmarks/elastic_soak.py " + " ".join(
+            "command": "python benchmarks/elastic/elastic_soak.py " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
             "machine": f"{os.cpu_count()} cores, load average {load0:.1f} at the start, "
                        f"{load1:.1f} at the end",

@@ -1,6 +1,6 @@
 """Kills at random moments in the first minute of a 4-host elastic job.
 
-    .venv/bin/python benchmarks/elastic_startup_kills.py --tries 10 \\
+    .venv/bin/python benchmarks/elastic/elastic_startup_kills.py --tries 10 \\
         --out docs/figures/elastic_startup_kills.json
 
 Each try launches ``launch/elastic_train.py`` (``--progress``, a checkpoint every version) under
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     def save():
         if args.out:
             Path(args.out).write_text(json.dumps({
-                "command": "python benchmarks/elastic_startup_kills.py "
+                "command": "python benchmarks/elastic/elastic_startup_kills.py "
                            + " ".join(argv if argv is not None else sys.argv[1:]),
                 "machine": f"{os.cpu_count()} cores, load average at the end "
                            f"{os.getloadavg()[0]:.1f}",

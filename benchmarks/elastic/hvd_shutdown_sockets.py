@@ -2,7 +2,7 @@
 pgc_hvd/runtime/elastic/cascade.py closes itself on leaving a broken world).
 
     horovodrun --gloo -np 3 -H localhost:3 --network-interface lo \\
-        python benchmarks/hvd_shutdown_sockets.py
+        python benchmarks/elastic/hvd_shutdown_sockets.py
 
 Each rank counts its established TCP connections (``/proc/net/tcp``, its own ``/proc/self/fd``
 sockets) after ``hvd.init()`` and 200 small allreduces, then after ``hvd.shutdown()``, with the

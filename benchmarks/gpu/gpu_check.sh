@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # GPU check of pgc_hvd, for a machine where the repository is already built with CUDA
 # (bash launch/setup.sh; venv at .venv): the kernels (CUDA tests, memcheck, the CUDA benchmark
-# table, where one top-k's time goes), then training on CUDA tensors (benchmarks/gpu_check_runs.py:
+# table, where one top-k's time goes), then training on CUDA tensors (benchmarks/gpu/gpu_check_runs.py:
 # train runs under torchrun on the torch engine, ResNet-18 beside DDP, NCCL, fp16 + AMP).
 #
-#   bash benchmarks/gpu_check.sh          # from the repository root; writes $OUT/gpu_report.md,
+#   bash benchmarks/gpu/gpu_check.sh          # from the repository root; writes $OUT/gpu_report.md,
 #                                         # $OUT/topk_profile.md, $OUT/gpu_runs.{json,log} when
 #                                         # OUT is set, and prints everything to stdout
-#   bash benchmarks/gpu_check.sh --only kernels|train     # one half (a rerun of what failed)
-#   bash benchmarks/gpu_check.sh --rehearse               # on a CPU machine: every step, on the
+#   bash benchmarks/gpu/gpu_check.sh --only kernels|train     # one half (a rerun of what failed)
+#   bash benchmarks/gpu/gpu_check.sh --rehearse               # on a CPU machine: every step, on the
 #        CPU where it can run there (ops_report/topk_profile --device cpu, the runs --device cpu),
 #        skipped where it cannot (memcheck, NCCL); about 2 minutes on 2 cores
 # About 5-7 minutes on an H200; the kernel steps are capped at 120, 90, 150 (memcheck), 90 and
@@ -16,7 +16,7 @@
 # ("[host walk]", "[no compaction]" rows) next to the default.
 # On the workplace's GPU machine (torch 2.11 at /opt/torch/.venv, CXX=/opt/gcc/bin/g++ by default,
 # which links libstdc++ statically and is refused by CMakeLists.txt), build and check in one go:
-#   PGC_HVD_VENV=/opt/torch/.venv bash benchmarks/gpu_check.sh --build
+#   PGC_HVD_VENV=/opt/torch/.venv bash benchmarks/gpu/gpu_check.sh --build
 # --build first runs, with the system compilers (about 50 s on 16 cores; log in $OUT/build.log),
 #   CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++ \
 #     python -m pip install --no-build-isolation --no-deps -e .
@@ -25,7 +25,7 @@
 # the training runs' table (gpu_check_runs.py; $OUT/gpu_runs.json, the runs' output tails in
 # $OUT/gpu_runs.log).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PY="${PGC_HVD_VENV:-.venv}/bin/python"
 rc=0
 XDIST=()
@@ -99,23 +99,23 @@ else
   echo "== compute-sanitizer not found: memcheck skipped"
 fi
 
-echo "== benchmarks/ops_report.py --device $DEV"
+echo "== benchmarks/kernels/ops_report.py --device $DEV"
 report_out=()
 if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT"; report_out=(--out "$OUT/gpu_report.md"); fi
 [[ $REHEARSE -eq 1 ]] && report_out+=(--quick)    # the script's path, not the CPU's figures
 log="$(mktemp)"
-if ! timeout 90 "$PY" benchmarks/ops_report.py --device "$DEV" "${report_out[@]}" 2>"$log"; then
+if ! timeout 90 "$PY" benchmarks/kernels/ops_report.py --device "$DEV" "${report_out[@]}" 2>"$log"; then
   rc=1
   echo "ops_report.py failed; its last messages:"
   tail -30 "$log"
 fi
 rm -f "$log"
 
-echo "== benchmarks/topk_profile.py (per-kernel GPU time of one top-k, both walks)"
+echo "== benchmarks/kernels/topk_profile.py (per-kernel GPU time of one top-k, both walks)"
 profile_out=/dev/null
 [[ -n "${OUT:-}" ]] && profile_out="$OUT/topk_profile.md"
 plog="$(mktemp)"
-timeout 90 "$PY" benchmarks/topk_profile.py --device "$DEV" >"$plog" 2>&1
+timeout 90 "$PY" benchmarks/kernels/topk_profile.py --device "$DEV" >"$plog" 2>&1
 prc=$?
 grep -v "^USDT\|^ERROR:" "$plog" | tee "$profile_out"  # drop the profiler's own log lines
 rm -f "$plog"
@@ -123,9 +123,9 @@ rm -f "$plog"
 fi
 
 if [[ "$ONLY" != kernels ]]; then
-echo "== benchmarks/gpu_check_runs.py --device $DEV: training on $DEV tensors under torchrun"
+echo "== benchmarks/gpu/gpu_check_runs.py --device $DEV: training on $DEV tensors under torchrun"
 runs_out="${OUT:-$(mktemp -d)}"
-timeout 420 "$PY" benchmarks/gpu_check_runs.py --device "$DEV" --out "$runs_out"
+timeout 420 "$PY" benchmarks/gpu/gpu_check_runs.py --device "$DEV" --out "$runs_out"
 trc=$?
 [[ $trc -ne 0 ]] && { echo "gpu_check_runs.py exit status $trc (124: timed out)"; rc=$trc; }
 fi

@@ -1,21 +1,21 @@
-"""The training half of ``benchmarks/gpu_check.sh``: pgc_hvd's runs on CUDA tensors, under torchrun
+"""The training half of ``benchmarks/gpu/gpu_check.sh``: pgc_hvd's runs on CUDA tensors, under torchrun
 on the torch engine (no Horovod build needed on the GPU machine).
 
-    python benchmarks/gpu_check_runs.py --device cuda --out DIR     # on the GPU machine
-    python benchmarks/gpu_check_runs.py --device cpu --out DIR      # the rehearsal here
+    python benchmarks/gpu/gpu_check_runs.py --device cuda --out DIR     # on the GPU machine
+    python benchmarks/gpu/gpu_check_runs.py --device cpu --out DIR      # the rehearsal here
 
 1. ``train``: ``torchrun --nproc-per-node 2 -m pgc_hvd train --device DEV`` for dgd, pgc-cr and
    bcgc, each dense and with ``--compression topk:0.01``, the six launched together
    (``PGC_HVD_TORCH_BACKEND=gloo``: the two ranks of each share the one GPU). Passes when the run
    exits 0 (``close()`` compares the parameters' digests across ranks and raises when they
    differ), trained on DEV, and its training loss fell.
-2. ``bench``: ``benchmarks/torchrun_bench.py --device DEV`` alone on the machine: ResNet-18 time
+2. ``bench``: ``benchmarks/runtime/torchrun_bench.py --device DEV`` alone on the machine: ResNet-18 time
    per step of DDP, dgd and pgc-cr, np 2 on the one GPU (gloo), no sleep (``--compute 0``).
 3. ``nccl``: on cuda only (this torch's CPU build has no NCCL): np 1 with
    ``PGC_HVD_TORCH_BACKEND=nccl`` (the engine's collectives on NCCL), and np 2 on the one GPU
    under NCCL, which must be refused with the message naming the fix (exit != 0 within the
    timeout, the message in the output).
-4. ``amp``: ``benchmarks/gpu_train_check.py --device DEV`` under torchrun np 2 (gloo): fp16
+4. ``amp``: ``benchmarks/gpu/gpu_train_check.py --device DEV`` under torchrun np 2 (gloo): fp16
    autocast with a GradScaler, fp16 messages, a pinned CodedLoader on DEV, NVML in the records.
 
 Writes ``OUT/gpu_runs.json`` (every run: command, exit status, seconds, figures) and
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
         results += train_runs(args.device, work, args.steps, timeout=150, schemes=schemes)
     if "bench" in parts:
         print(f"== bench: torchrun_bench.py --device {args.device} (ResNet-18, np 2)", flush=True)
-        results.append(script_run("bench-resnet18", "torchrun_bench.py", [
+        results.append(script_run("bench-resnet18", "runtime/torchrun_bench.py", [
             "--device", args.device, "--compute", "0", "--steps", "12", "--warmup", "3",
             "--runs", "a:ddp,a:dgd,a:pgc-cr"], work, timeout=150))
     if "nccl" in parts:
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     if "amp" in parts:
         print(f"== amp: gpu_train_check.py --device {args.device} (torchrun np 2, gloo)",
               flush=True)
-        results.append(script_run("amp-fp16-pinned-nvml", "gpu_train_check.py", [
+        results.append(script_run("amp-fp16-pinned-nvml", "gpu/gpu_train_check.py", [
             "--device", args.device, "--steps", "40"], work, timeout=120))
 
     print(f"\n{'run':<26} {'rc':>4} {'s':>6}  figures")

@@ -3,7 +3,7 @@ fp16 autocast with a ``GradScaler``, fp16 coded messages (``hvd.Compression.fp16
 ``CodedLoader(pin_memory=True, device="cuda")`` feeding it, and NVML telemetry in the records.
 
     PGC_HVD_TORCH_BACKEND=gloo GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 2 \\
-        benchmarks/gpu_train_check.py --device cuda --json OUT/amp.json    # two ranks, one GPU
+        benchmarks/gpu/gpu_train_check.py --device cuda --json OUT/amp.json    # two ranks, one GPU
     ... --device cpu                                                      # the rehearsal here
 
 On the CPU (``--device cpu``, the rehearsal) the same loop runs with bfloat16 autocast, no

@@ -1,7 +1,7 @@
 """Print one markdown table timing pgc_hvd.ops against baselines measured in the same run.
 
-    .venv/bin/python benchmarks/ops_report.py                 # CPU, plus CUDA when a GPU is seen
-    .venv/bin/python benchmarks/ops_report.py --device cuda --out report.md
+    .venv/bin/python benchmarks/kernels/ops_report.py                 # CPU, plus CUDA when a GPU is seen
+    .venv/bin/python benchmarks/kernels/ops_report.py --device cuda --out report.md
 
 Columns: our time (best of the timed runs, or --stat median); the baseline's (torch.topk(x.abs(), k) for top-k, the pure-PyTorch
 reference or a torch composition otherwise); speed-up = baseline / ours; the bytes the op must

@@ -1,6 +1,6 @@
 """Decode-time benchmarks of the gradient codes at n = 100 (BCGC paper's Table II setting).
 
-Run: .venv/bin/python -m pytest benchmarks/test_bench_codes.py --benchmark-columns=mean,median,max
+Run: .venv/bin/python -m pytest benchmarks/kernels/test_bench_codes.py --benchmark-columns=mean,median,max
 Binary codes' streaming first-complete-class decoder should take well under 1 ms at n = 100.
 """
 

@@ -1,13 +1,13 @@
 """pytest-benchmark suite of pgc_hvd.ops (kernels in pgc_hvd._C).
 
-Run: .venv/bin/python -m pytest benchmarks/test_bench_ops.py -q
+Run: .venv/bin/python -m pytest benchmarks/kernels/test_bench_ops.py -q
      (add --benchmark-columns=median,min,max to trim the table)
 
 Sizes d = 11,689,512 (ResNet-18) and 1,000,000; k = 1% and 5%; c = 2, 4, 8 slots. Every case
 also times its baseline in the same run (torch.topk(x.abs(), k) for top-k, the pure-PyTorch
 reference or a torch composition otherwise) and prints the speed-up and the achieved GB/s of
 the op's least traffic against a plain copy_ on the same machine. CUDA cases run when a GPU is
-visible and the extension has its CUDA kernels. ``benchmarks/ops_report.py`` prints the same
+visible and the extension has its CUDA kernels. ``benchmarks/kernels/ops_report.py`` prints the same
 figures as one markdown table.
 """
 

@@ -1,7 +1,7 @@
 """Where the time of one CUDA top-k goes, for both drivers of radix select.
 
-    python benchmarks/topk_profile.py                 # on a GPU; about 10 s
-    python benchmarks/topk_profile.py --device cpu    # smoke run of the script on a CPU
+    python benchmarks/kernels/topk_profile.py                 # on a GPU; about 10 s
+    python benchmarks/kernels/topk_profile.py --device cpu    # smoke run of the script on a CPU
 
 For d = 11,689,512 and 1,000,000 (k = 1%), exact and threshold, the default (device-side walk
 with compaction) and the variants of ops_cases.VARIANTS (the host-driven walk, walk="host";

@@ -1,6 +1,6 @@
 """Images per second through CodedLoader against a plain DataLoader + DistributedSampler.
 
-    python benchmarks/loader_throughput.py [--images 4096] [--size 32] [--batch 32] [--n 4]
+    python benchmarks/loader/loader_throughput.py [--images 4096] [--size 32] [--batch 32] [--n 4]
                                            [--workers 2] [--reps 9] [--scheme pgc-cr]
                                            [--paired 80]
 

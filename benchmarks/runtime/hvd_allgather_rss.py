@@ -1,6 +1,6 @@
 """Does Horovod's allgather itself hold on to memory? (the soak benchmark's residual growth)
 
-    python benchmarks/hvd_allgather_rss.py [--np 2] [--ops 20000]
+    python benchmarks/runtime/hvd_allgather_rss.py [--np 2] [--ops 20000]
 
 Runs ``--ops`` polled ``hvd.allgather_async`` calls under one stable name on ``--np`` gloo ranks,
 twice: every call the same size (a control row), then sizes varying across calls and ranks (a

@@ -1,9 +1,9 @@
 """Runtime benchmark: the pgc_hvd step against hvd.DistributedOptimizer at real model sizes.
 
-    python benchmarks/runtime_bench.py [--models resnet18,resnet50] [--np 2,3,4] [--compute 0.3]
+    python benchmarks/runtime/runtime_bench.py [--models resnet18,resnet50] [--np 2,3,4] [--compute 0.3]
                                       [--steps 12] [--json runs/runtime_bench.json]
-    python benchmarks/runtime_bench.py --crossover      # the optimistic-threshold crossover
-    python benchmarks/runtime_bench.py --models resnet18 --np 4 --controls log,allgather
+    python benchmarks/runtime/runtime_bench.py --crossover      # the optimistic-threshold crossover
+    python benchmarks/runtime/runtime_bench.py --models resnet18 --np 4 --controls log,allgather
 
 Launches ``horovodrun --gloo`` once per (np, part) on this machine and prints ratios, all
 measured in this one invocation:

@@ -1,7 +1,7 @@
 """The simulator's collective model against the Horovod runtime: time per step, same delays.
 
-    python benchmarks/measure_collectives.py --np 2,3,4 --out runs/comm_fit.json
-    python benchmarks/sim_vs_runtime.py --comm runs/comm_fit.json [--np 2,3,4] [--d 1000000]
+    python benchmarks/data_plane/measure_collectives.py --np 2,3,4 --out runs/comm_fit.json
+    python benchmarks/runtime/sim_vs_runtime.py --comm runs/comm_fit.json [--np 2,3,4] [--d 1000000]
         [--schemes dgd,pgc-cr] [--compute 0.2] [--delay exp:mean=0.2,seed=1] [--steps 20]
         [--plane auto] [--control allgather|log] [--log-fit PATH] [--runtime-commit HEAD]
         [--json out.json]
@@ -22,7 +22,7 @@ reads it from the runtime (``allgather`` for a runtime whose optimistic steps ar
 one with the allreduce data plane), or name
 one. ``--control`` is the runtime's control path, and the simulator's: ``allgather`` (polled
 rounds, the default) or ``log`` (the ordered control log; the simulator prices it with the
-costs of ``--log-fit``, measured by ``benchmarks/measure_log_control.py``, default
+costs of ``--log-fit``, measured by ``benchmarks/control/measure_log_control.py``, default
 ``docs/figures/log_control_fit.json``). It prints both figures, their ratio, and bytes, control
 rounds and control operations per step (rank 0's records) from both sides. Target: within 15 %, for both control paths.
 
@@ -176,7 +176,7 @@ def archive_runtime(commit: str) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--comm", help="fitted comm model JSON (benchmarks/measure_collectives.py)")
+    p.add_argument("--comm", help="fitted comm model JSON (benchmarks/data_plane/measure_collectives.py)")
     p.add_argument("--np", default="2,3,4")
     p.add_argument("--d", type=int, default=1_000_000, help="model parameters (one nn.Linear)")
     p.add_argument("--schemes", default="dgd,pgc-cr")
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     p.add_argument("--control", default="allgather", choices=["allgather", "log"],
                    help="the runtime's control path, and the simulator's")
     p.add_argument("--log-fit", default=str(ROOT / "docs" / "figures" / "log_control_fit.json"),
-                   help="control=log: costs measured by benchmarks/measure_log_control.py")
+                   help="control=log: costs measured by benchmarks/control/measure_log_control.py")
     p.add_argument("--runtime-commit", default=None,
                    help="run the runtime of this commit (git archive) instead of the working tree")
     p.add_argument("--timeout", type=float, default=600)
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     if not args.comm:
-        p.error("--comm PATH is required (measure it: python benchmarks/measure_collectives.py "
+        p.error("--comm PATH is required (measure it: python benchmarks/data_plane/measure_collectives.py "
                 "--np 2,3,4 --out runs/comm_fit.json)")
     if args.warmup < 1 or args.steps <= args.warmup:
         p.error("need 1 <= --warmup < --steps")

@@ -1,6 +1,6 @@
 """Soak benchmark: does anything grow with the run's length?
 
-    python benchmarks/soak.py [--np 4] [--steps 20000] [--scheme pgc-cr] [--every 1000]
+    python benchmarks/runtime/soak.py [--np 4] [--steps 20000] [--scheme pgc-cr] [--every 1000]
                               [--control allgather|log] [--compute SECONDS]
 
 Trains a tiny model (d = 2,242) for ``--steps`` steps on ``--np`` gloo ranks (no emulated
@@ -15,7 +15,7 @@ window and at the end, and prints the allocation sites that grew most (slower).
 It also prints the control exchanges rank 0 made per step (``control_ops`` of the records:
 Horovod collectives on the ``allgather`` plane, store operations on ``log``) and RSS growth per
 step from the first window's end to the last's, in bytes: Horovod's allgather leaves 28-39 bytes
-of RSS per op (``benchmarks/hvd_allgather_rss.py``), so the growth follows the number of
+of RSS per op (``benchmarks/runtime/hvd_allgather_rss.py``), so the growth follows the number of
 collectives a step makes (compare ``--control allgather`` with ``--control log``).
 """
 

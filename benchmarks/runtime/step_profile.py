@@ -1,6 +1,6 @@
 """Where a pgc_hvd step's time goes, per phase, on each rank.
 
-    python benchmarks/step_profile.py [--np 4] [--model resnet18] [--schemes dgd,pgc-cr]
+    python benchmarks/runtime/step_profile.py [--np 4] [--model resnet18] [--schemes dgd,pgc-cr]
                                       [--compute 0.3] [--steps 12] [--poll 0.002]
                                       [--controls allgather,store,log]
 

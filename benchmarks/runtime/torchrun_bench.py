@@ -1,12 +1,12 @@
 """pgc_hvd on the torch engine against torch's own DistributedDataParallel, under torchrun.
 
-    GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 benchmarks/torchrun_bench.py \
+    GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 benchmarks/runtime/torchrun_bench.py \
         [--model resnet18] [--compute 0.3] [--steps 12] [--warmup 3] [--json out.json]
         [--device cuda]      # on a GPU machine: model and batches on cuda (rank r on GPU r mod
                              # the GPUs); PGC_HVD_TORCH_BACKEND=gloo when ranks share a GPU
 
 One launch, every rank: the same model (torchvision ResNet-18, d = 11,689,512, on batches of 2
-images of 32x32, as benchmarks/runtime_bench.py), emulated compute of ``--compute`` seconds
+images of 32x32, as benchmarks/runtime/runtime_bench.py), emulated compute of ``--compute`` seconds
 per partition evaluated (a sleep, as a GPU would leave the CPU free) plus the model's real
 forward/backward, gloo on the CPU:
 

@@ -2,7 +2,7 @@
 rank) on the data and net of ``launch/examples/pytorch_mnist.py``, for the figures of
 docs/from_horovod.md, "What changes in the numbers":
 
-    horovodrun --gloo -np 2 -H localhost:2 python benchmarks/horovod_mnist_baseline.py \\
+    horovodrun --gloo -np 2 -H localhost:2 python benchmarks/tta/horovod_mnist_baseline.py \\
         --epochs 3 --lr 0.1 [--slow-rank 1 --slow-seconds 0.1]
 
 Same arguments as the port (``--slow-rank`` sleeps ``--slow-seconds`` before each step, as the

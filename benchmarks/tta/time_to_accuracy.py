@@ -1,10 +1,10 @@
 """Time to a target validation accuracy: the user's own loop under horovodrun, pgc_hvd against
 ``hvd.DistributedOptimizer`` (what users buy is time to a good-enough model).
 
-    python benchmarks/time_to_accuracy.py [--np 4] [--variants hvd,pgc-cr,pgc-cr:off]
+    python benchmarks/tta/time_to_accuracy.py [--np 4] [--variants hvd,pgc-cr,pgc-cr:off]
         [--patterns none,slow,exp,lognormal] [--optimizers sgd,adam] [--seeds 0,1,2]
         [--target 0.95] [--compute 0.1] [--max-steps 300] [--json runs/tta.json]
-    python benchmarks/time_to_accuracy.py --quick      # one short launch (the smoke test's)
+    python benchmarks/tta/time_to_accuracy.py --quick      # one short launch (the smoke test's)
 
 The workload, the straggler patterns and the variants are those of ``pgc_hvd/apps/tta.py``
 (the loop this benchmark shares with the main job, ``launch/demo.sh``): the 3-layer CNN on

@@ -450,7 +450,7 @@ def main(argv=None) -> int:
                    help="bcgc only: comma-separated datasets (digits, breast_cancer); default all "
                         "(--quick: digits)")
     p.add_argument("--comm-fit", default=None, metavar="PATH",
-                   help="scale only: alpha-beta fitted by benchmarks/measure_collectives.py "
+                   help="scale only: alpha-beta fitted by benchmarks/data_plane/measure_collectives.py "
                         "(default: docs/figures/comm_fit.json of this checkout)")
     p.add_argument("--log-fit", default=None, metavar="PATH",
                    help="scale only: control='log' costs measured by benchmarks/"
@@ -460,9 +460,9 @@ def main(argv=None) -> int:
     from .scale import DEFAULT_FIT, DEFAULT_LOG_FIT
     for flag, value, default, what, measure in (
             ("--log-fit", a.log_fit, DEFAULT_LOG_FIT, "the log control's costs",
-             "benchmarks/measure_log_control.py --out"),
+             "benchmarks/control/measure_log_control.py --out"),
             ("--comm-fit", a.comm_fit, DEFAULT_FIT, "a fitted comm model",
-             "benchmarks/measure_collectives.py --np 2,3,4 --out")):
+             "benchmarks/data_plane/measure_collectives.py --np 2,3,4 --out")):
         path = _fit_option(p, a.name, flag, value, default, what, measure)
         if path is not None:
             opts[flag[2:].replace("-", "_")] = path

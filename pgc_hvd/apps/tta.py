@@ -2,7 +2,7 @@
 against pgc_hvd on one model, one data split, one initialisation and one delay schedule.
 
 Runs on every rank under ``horovodrun``; shared by ``pgc-hvd demo`` (the main job,
-``launch/demo.sh``) and ``benchmarks/time_to_accuracy.py`` (patterns x optimizers x seeds).
+``launch/demo.sh``) and ``benchmarks/tta/time_to_accuracy.py`` (patterns x optimizers x seeds).
 
 The workload is the README's quick-start pattern as a user writes it: the 3-layer CNN
 (:class:`pgc_hvd.models.SmallCNN`) on scikit-learn's digits, an 80/20 stratified split, a batch

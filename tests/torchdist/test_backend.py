@@ -1,6 +1,6 @@
 """The torch engine's backend: which one ``init`` takes (``PGC_HVD_TORCH_BACKEND``, its check) and
 the refusal of two ranks on one GPU under NCCL (the rows' logic here; the collective itself runs
-on a GPU machine: ``benchmarks/gpu_check.sh``)."""
+on a GPU machine: ``benchmarks/gpu/gpu_check.sh``)."""
 
 import subprocess
 import sys

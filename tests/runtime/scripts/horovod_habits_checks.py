@@ -286,7 +286,7 @@ def check_surface():
         b32 = sum(r.bytes for r in got["fp32"]) / len(got["fp32"])
         b16 = sum(r.bytes for r in got["fp16"]) / len(got["fp16"])
         print(f"FP16 bytes per step {b16:.0f} vs fp32 {b32:.0f}", flush=True)
-        assert b16 < b32, (b16, b32)   # the halving at real sizes: benchmarks/fp16_bytes.py
+        assert b16 < b32, (b16, b32)   # the halving at real sizes: benchmarks/data_plane/fp16_bytes.py
     ok("fp16_compression")
 
     # op=hvd.Sum applies n times the average
