@@ -173,6 +173,7 @@ def test_supervisor_gives_up_after_its_restarts(tmp_path, capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_supervisor_exit_0_without_done_marker_is_a_failure_and_a_hang_is_ended(tmp_path,
                                                                                 capsys):
     import elastic_run

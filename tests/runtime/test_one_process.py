@@ -43,6 +43,7 @@ def test_a_horovod_script_trains_as_one_plain_process():
     trained_and_said_so_once(plain_python(), "horovod.torch")
 
 
+@pytest.mark.slow
 def test_an_explicit_budget_is_still_refused_on_one_process():
     pytest.importorskip("horovod.torch")
     proc = plain_python("explicit")
