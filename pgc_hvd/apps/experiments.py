@@ -28,6 +28,7 @@ entry per scheme and setting with the table's figures), ``table.md`` and ``plot.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ import torch
 
 from pgc_hvd.compress import TopK
 from pgc_hvd.delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
+from pgc_hvd.metrics.records import to_jsonable
 from pgc_hvd.metrics.targets import first_reaching
 
 from pgc_hvd.schemes import setting_stragglers
@@ -492,3 +494,29 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def run_specs(specs: list, run, args: tuple, jobs: int, out: Path) -> list:
+    """``run(spec, *args)`` for every spec, in the grid's order, from ``jobs`` processes (spawned)
+    or this one; each row is appended to ``out/runs.jsonl`` as it comes (kept if tabulating
+    fails) and logged. Returns the rows."""
+    def results():
+        if jobs > 1:
+            import multiprocessing as mp
+            with mp.get_context("spawn").Pool(jobs) as pool:
+                pending = [pool.apply_async(run, (sp, *args)) for sp in specs]
+                for p in pending:
+                    yield p.get()
+        else:
+            for sp in specs:
+                yield run(sp, *args)
+
+    rows = []
+    with open(out / "runs.jsonl", "w") as done:
+        for sp, row in zip(specs, results()):
+            rows.append(row)
+            done.write(json.dumps(to_jsonable({k: v for k, v in row.items() if k != "curve"}))
+                       + "\n")
+            done.flush()
+            _log(f"[grid] {sp['label']} ({len(rows)}/{len(specs)}) {row['wall_seconds']:.0f} s")
+    return rows
