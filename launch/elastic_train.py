@@ -31,7 +31,7 @@ Fault injection for tests and benchmarks: ``--kill-host H --kill-at V`` makes th
 (``HOROVOD_HOSTNAME``) kill itself with SIGKILL once its model version reaches V in a world of
 ``--kill-n`` ranks, after writing the time to ``OUT/kill.json``; each rank writes
 ``OUT/started-<host>.json`` (its pid, the time) after its first step, for a killer outside the job
-(benchmarks/elastic_random_kills.py). ``--compute-time S`` sleeps S seconds per partition
+(benchmarks/elastic/elastic_random_kills.py). ``--compute-time S`` sleeps S seconds per partition
 evaluated (emulated compute: stable step times on a shared machine). ``--no-cascade`` turns off
 the fast leaving of a broken world (``ElasticState(cascade=False)``: a death then costs up to
 ``HOROVOD_GLOO_TIMEOUT_SECONDS``).
@@ -113,7 +113,7 @@ def parse(argv=None):
     p.add_argument("--stop-file", default=None,
                    help="a file that may come to hold a model version: training then ends at "
                         "that version (if below --steps); whoever writes it must choose a "
-                        "version no rank has reached yet (benchmarks/elastic_soak.py)")
+                        "version no rank has reached yet (benchmarks/elastic/elastic_soak.py)")
     p.add_argument("--no-cascade", action="store_true",
                    help="ElasticState(cascade=False): survivors wait for the gloo timeout")
     return p.parse_args(argv)

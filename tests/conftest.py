@@ -11,6 +11,9 @@ Markers (declared in pyproject.toml):
     runs that end cleanly are entries of one launch per launcher and world size instead
     (:func:`launch_group`, through the same launchers).
   * ``bench``: pytest-benchmark suites, kept in ``benchmarks/`` (not collected by default).
+  * ``slow``: a test that takes more than a few seconds on 2 cores without launching ranks.
+  * ``quick``: set here, never by hand (:func:`is_quick`): ``bash launch/test.sh -m quick`` runs
+    every part's unit tests and one multi-rank launch per engine.
 """
 
 from __future__ import annotations
@@ -37,12 +40,31 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+#: the multi-rank tests of the quick suite (``-m quick``): one launch per engine, each the
+#: smallest that trains end to end through the package's face
+QUICK_LAUNCHES = (
+    "tests/multirank/test_quickstart.py::test_quickstart_trains_on_two_ranks",      # horovodrun
+    "tests/torchdist/test_torchrun.py::test_train_cli_under_torchrun_without_horovod",  # torchrun
+)
+
+
+def is_quick(item) -> bool:
+    """Whether ``item`` is in the quick suite: every test that is neither ``multirank`` nor
+    ``slow`` (the unit tests of every part), and the launches of :data:`QUICK_LAUNCHES`."""
+    if item.nodeid in QUICK_LAUNCHES:
+        return True
+    return "multirank" not in item.keywords and "slow" not in item.keywords
+
+
+@pytest.hookimpl(tryfirst=True)   # before ``-m`` deselects by the markers set here
 def pytest_collection_modifyitems(config, items):
     has_gpu = _cuda_available()
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (none visible to torch)")
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(skip_gpu)
+        if is_quick(item):
+            item.add_marker(pytest.mark.quick)
 
 
 def _horovodrun_path() -> str | None:

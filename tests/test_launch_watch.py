@@ -25,6 +25,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_an_orphan_holding_the_output_is_killed_after_the_grace(tmp_path):
     t0 = time.monotonic()
     proc = run_watched([sys.executable, "-c", ORPHAN], env={"PATH": "/usr/bin:/bin"},

@@ -189,7 +189,7 @@ def import_circles(root: Path) -> list:
 
 def test_no_import_circle_in_the_package():
     """No module imports (even lazily, inside a function) a module that imports it back,
-    directly or through others (issue 38: agent -> channel -> control_log -> agent was one)."""
+    directly or through others (agent -> channel -> control_log -> agent was one)."""
     assert import_circles(ROOT) == []
 
 

@@ -71,7 +71,7 @@ def test_the_checker_sees_foreign_reads(tmp_path, code, found):
     assert bool(foreign_reads(tmp_path)) == found
 
 
-# -- every single-underscore member, not only _pgc_ (issue 38) ------------------------------
+# -- every single-underscore member, not only _pgc_ ----------------------------------------
 def _owned_private(tree) -> set:
     """The private names a module owns: its functions and classes, module-level names, and the
     attributes it sets on ``self`` / ``cls``."""

@@ -1,4 +1,4 @@
-"""Parts a newcomer can find and trust (issue 34; docs/architecture.md, "The runtime's parts"):
+"""Parts a newcomer can find and trust (docs/architecture.md, "The runtime's parts"):
 every part opens with what it owns and what it may import, and every runtime part
 (``pgc_hvd/runtime/*.py``) is imported by a unit test of its own -- a ``tests/**/test_*.py``
 that runs in the pytest process, not only through a horovodrun script -- so a part is never
@@ -23,8 +23,8 @@ PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
     "pgc_hvd/compress/codecs.py"]
 
-#: runtime modules still without a unit test of their own, each with who adds it (issue 34:
-#: the agent thread's parts and the modules being moved out of runtime/); empty this list,
+#: runtime modules still without a unit test of their own, each with who adds it (the
+#: agent thread's parts and the modules being moved out of runtime/); empty this list,
 #: never extend it
 NOT_YET_UNIT_TESTED: dict[str, str] = {}
 

@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from pgc_hvd.apps.local_ranks import print_result, read_result
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -130,11 +132,11 @@ def rank_main(args) -> None:
     if hasattr(opt, "close"):
         opt.close()
     if rank == 0:
-        print("RESULT " + json.dumps({
+        print_result({
             "door": args.door, "delay": args.delay, "seed": args.seed, "n": n,
             "steps": step, "seconds": trained, "s_per_step": trained / step,
             "steps_to_target": hit[0] if hit else None,
-            "seconds_to_target": hit[1] if hit else None, "final_acc": acc}), flush=True)
+            "seconds_to_target": hit[1] if hit else None, "final_acc": acc})
     dist.barrier()
 
 
@@ -219,11 +221,10 @@ def launch(args, door: str, pattern: str, seed: int) -> dict:
            "--eval-every", str(args.eval_every), "--max-steps", str(args.max_steps)]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=ROOT)
-    got = [l.split("RESULT ", 1)[1] for l in proc.stdout.splitlines() if "RESULT " in l]
-    if proc.returncode or not got:
+    out = read_result(proc.stdout)
+    if proc.returncode or out is None:
         raise SystemExit(f"{door} {pattern} seed {seed} failed:\n{proc.stdout[-3000:]}\n"
                          f"{proc.stderr[-3000:]}")
-    out = json.loads(got[0])
     out["pattern"] = pattern
     return out
 

@@ -10,7 +10,7 @@
 //     order-preserving selection among those few candidates (when they are at most n / 4;
 //     otherwise the walk simply goes on over x). Threshold: the sample's walk, one counting
 //     pass over x, one read-back, one compaction pass, the same finish (the same n / 4 rule).
-//   host: the first version, kept to measure against in one run (benchmarks/ops_report.py) and as
+//   host: the first version, kept to measure against in one run (benchmarks/kernels/ops_report.py) and as
 //     a fallback: each histogram pass ends with a 16 KiB read-back that the host walks; five
 //     full passes over x for exact.
 // Histogram counters are 64-bit, so one bin may hold 2^32 elements or more. The final
@@ -218,7 +218,7 @@ struct DeviceWalk {
   // compaction of the boundary bin and above, and the rest of the walk on those candidates.
   // Without use_compaction (the op's compact = False; PGC_HVD_CUDA_TOPK_COMPACT=0 in pgc_hvd.ops)
   // the walk goes on over x: five passes but no read-back until the end (a design alternative,
-  // timed alongside by benchmarks/ops_report.py).
+  // timed alongside by benchmarks/kernels/ops_report.py).
   void exact(const Source& src, const at::Tensor& like, int64_t kappa, bool use_compaction,
              const char* what, void* out_v, void* out_i, bool index64) {
     walk(src, kappa, 0, 0);

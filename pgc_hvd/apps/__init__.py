@@ -9,6 +9,8 @@
 * :mod:`.report`              ``pgc-hvd report RUN_DIR``: table and plot of step records;
 * :mod:`.codes_report`        ``pgc-hvd report codes``: decode norms, residuals and times of every code;
 * :mod:`.tables`              the markdown tables they write.
+* :mod:`.local_ranks`         a script on local ranks and its ``RESULT`` line (the benchmarks'
+                              launcher, benchmarks/).
 
 An application may import any layer below it (docs/architecture.md); nothing below imports it.
 """

@@ -12,7 +12,7 @@ pgc_hvd's DDP door (``pgc_hvd.DistributedDataParallel``).
 One ``horovodrun --gloo -np N`` launch on this machine trains every scheme in turn, each on a
 fresh model with the same initialisation, the same data (the small CNN on scikit-learn's digits,
 80/20 split) and the same seeded straggler delays: ``pgc_hvd.apps.tta``, the loop of
-``benchmarks/time_to_accuracy.py``, run for a fixed number of steps. Defaults: SGD lr 0.05
+``benchmarks/tta/time_to_accuracy.py``, run for a fixed number of steps. Defaults: SGD lr 0.05
 momentum 0.9 (``--optimizer adam``: Adam lr 3e-3), a batch of 16 per rank (pgc_hvd: per
 partition), 0.1 s of emulated GPU compute per batch, exponential delays Exp(mean = compute) per
 rank and step, validation accuracy every 5 steps (not timed), target 95%.

@@ -28,6 +28,7 @@ entry per scheme and setting with the table's figures), ``table.md`` and ``plot.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ import torch
 
 from pgc_hvd.compress import TopK
 from pgc_hvd.delays import FixedStragglers, Heterogeneous, LogNormal, LongStraggler, Exponential
+from pgc_hvd.metrics.records import to_jsonable
 from pgc_hvd.metrics.targets import first_reaching
 
 from pgc_hvd.schemes import setting_stragglers
@@ -450,7 +452,7 @@ def main(argv=None) -> int:
                    help="bcgc only: comma-separated datasets (digits, breast_cancer); default all "
                         "(--quick: digits)")
     p.add_argument("--comm-fit", default=None, metavar="PATH",
-                   help="scale only: alpha-beta fitted by benchmarks/measure_collectives.py "
+                   help="scale only: alpha-beta fitted by benchmarks/data_plane/measure_collectives.py "
                         "(default: docs/figures/comm_fit.json of this checkout)")
     p.add_argument("--log-fit", default=None, metavar="PATH",
                    help="scale only: control='log' costs measured by benchmarks/"
@@ -460,9 +462,9 @@ def main(argv=None) -> int:
     from .scale import DEFAULT_FIT, DEFAULT_LOG_FIT
     for flag, value, default, what, measure in (
             ("--log-fit", a.log_fit, DEFAULT_LOG_FIT, "the log control's costs",
-             "benchmarks/measure_log_control.py --out"),
+             "benchmarks/control/measure_log_control.py --out"),
             ("--comm-fit", a.comm_fit, DEFAULT_FIT, "a fitted comm model",
-             "benchmarks/measure_collectives.py --np 2,3,4 --out")):
+             "benchmarks/data_plane/measure_collectives.py --np 2,3,4 --out")):
         path = _fit_option(p, a.name, flag, value, default, what, measure)
         if path is not None:
             opts[flag[2:].replace("-", "_")] = path
@@ -492,3 +494,29 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def run_specs(specs: list, run, args: tuple, jobs: int, out: Path) -> list:
+    """``run(spec, *args)`` for every spec, in the grid's order, from ``jobs`` processes (spawned)
+    or this one; each row is appended to ``out/runs.jsonl`` as it comes (kept if tabulating
+    fails) and logged. Returns the rows."""
+    def results():
+        if jobs > 1:
+            import multiprocessing as mp
+            with mp.get_context("spawn").Pool(jobs) as pool:
+                pending = [pool.apply_async(run, (sp, *args)) for sp in specs]
+                for p in pending:
+                    yield p.get()
+        else:
+            for sp in specs:
+                yield run(sp, *args)
+
+    rows = []
+    with open(out / "runs.jsonl", "w") as done:
+        for sp, row in zip(specs, results()):
+            rows.append(row)
+            done.write(json.dumps(to_jsonable({k: v for k, v in row.items() if k != "curve"}))
+                       + "\n")
+            done.flush()
+            _log(f"[grid] {sp['label']} ({len(rows)}/{len(specs)}) {row['wall_seconds']:.0f} s")
+    return rows

@@ -12,7 +12,7 @@ comm model and the schemes' decision rules; no gradients) of the Horovod runtime
   counted) plus an injected delay per (worker, step): exponential with mean 0.2 s, or
   log-normal with the same mean (sigma = 1, mu = ln 0.2 - 1/2);
 * two links: **measured**, the alpha-beta fitted on this machine (``--comm-fit``, a JSON of
-  ``benchmarks/measure_collectives.py``; at an n it was not measured at, the fit over every n
+  ``benchmarks/data_plane/measure_collectives.py``; at an n it was not measured at, the fit over every n
   it was), and **datacentre**, a stated 25 Gb/s link with 10 us latency and a GPU-memory local
   pass (1 TB/s): ``ring:alpha=10e-6,gbps=25,pass_beta=1e-12``;
 * two data planes: **old**, ``allgather`` (each ready rank's dense message rides with its
@@ -28,7 +28,7 @@ comm model and the schemes' decision rules; no gradients) of the Horovod runtime
   **store** (a what-if, the default before issue 38: the same, but every rank reads the
   outcome from rank 0's one store) and **free** (every control cost 0: the bound no control
   plane beats; ``default / free`` is how far the default is from it). The log paths'
-  constants are measured (``--log-fit``, a JSON of ``benchmarks/measure_log_control.py``; on
+  constants are measured (``--log-fit``, a JSON of ``benchmarks/control/measure_log_control.py``; on
   the datacentre link its network parts moved to that link, :meth:`~pgc_hvd.sim.log_costs.
   LogCosts.on_link`).
 

@@ -3,6 +3,7 @@ formatted by the caller."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Iterable, Sequence
 
@@ -46,3 +47,25 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str
 def table(rows, cols) -> str:
     """``cols`` = [(header, key)]: one line per row dict, cells ``fmt(row.get(key))``."""
     return markdown_table([c for c, _ in cols], [[fmt(r.get(k)) for _, k in cols] for r in rows])
+
+
+def seed_stats(vals) -> dict:
+    """median and the 2.5 / 97.5 percentiles (nearest seeds) of ``vals``; None -> inf."""
+    v = sorted(math.inf if x is None else float(x) for x in vals)
+    if not v:
+        return {"median": None, "lo": None, "hi": None}
+    k = len(v)
+    med = v[k // 2] if k % 2 else 0.5 * (v[k // 2 - 1] + v[k // 2])
+    lo = v[max(0, int(math.floor(0.025 * (k - 1))))]
+    hi = v[min(k - 1, int(math.ceil(0.975 * (k - 1))))]
+    return {"median": med, "lo": lo, "hi": hi}
+
+
+def interval(st) -> str:
+    """A cell of :func:`seed_stats`: ``median [lo, hi]`` (the median alone without an interval;
+    ``-`` for none)."""
+    if not st:
+        return "-"
+    if st.get("lo") is None:
+        return fmt(st.get("median"))
+    return f"{fmt(st['median'])} [{fmt(st['lo'])}, {fmt(st['hi'])}]"

@@ -4,7 +4,7 @@ against pgc_hvd on one model, one data split, one initialisation and one delay s
 Runs on every rank under ``horovodrun`` (engine ``horovod``) or ``torchrun`` (engine ``torch``:
 no Horovod import; the caller passes :mod:`pgc_hvd.torch` as ``hvd`` after
 ``dist.init_process_group("gloo")``); shared by ``pgc-hvd demo`` (the main job,
-``launch/demo.sh``) and ``benchmarks/time_to_accuracy.py`` (patterns x optimizers x seeds).
+``launch/demo.sh``) and ``benchmarks/tta/time_to_accuracy.py`` (patterns x optimizers x seeds).
 
 The workload is the README's quick-start pattern as a user writes it: the 3-layer CNN
 (:class:`pgc_hvd.models.SmallCNN`) on scikit-learn's digits, an 80/20 stratified split, a batch

@@ -478,7 +478,7 @@ def make_codec(d: int, compression: Optional[TopK], *, complex_messages: bool,
 #: payloads ride with the control rows (one collective per step) by default while the n payloads
 #: a rank then receives, n * 4 w bytes, are at most this many; above it the step is decided on
 #: control rows alone and the data move in the allreduce / allgather. Measured crossover
-#: (``benchmarks/runtime_bench.py --crossover``, docs/benchmarks.md): at np = 4 the one
+#: (``benchmarks/runtime/runtime_bench.py --crossover``, docs/benchmarks.md): at np = 4 the one
 #: collective is 1.09-1.15x faster up to 1 MB payloads and 0.80x at 4 MB; at np = 2 the two are
 #: within 5% from 256 KB to 4 MB. ``PGC_HVD_OPTIMISTIC_BYTES`` overrides.
 OPTIMISTIC_BYTES = 4 * 1024 * 1024

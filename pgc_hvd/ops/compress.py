@@ -25,7 +25,7 @@ On CUDA the digit walk of radix select runs on the device by default, so a selec
 without host round trips except one small read-back (the candidate count, and the Inf/NaN
 count behind the ValueError below). ``walk="host"`` selects the first, host-driven version (one
 blocking read-back per digit), kept as a fallback and as the reference that
-``benchmarks/ops_report.py`` times alongside; ``compact=False`` makes the exact path walk all
+``benchmarks/kernels/ops_report.py`` times alongside; ``compact=False`` makes the exact path walk all
 digits over x instead of compacting candidates (a design alternative timed alongside). Every
 setting gives the same result, and the CPU kernels ignore both. Their defaults come from the
 environment, read once, at the import of this module (:func:`cuda_topk_defaults`; a bad value

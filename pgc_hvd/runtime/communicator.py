@@ -185,7 +185,7 @@ class Communicator:
           them in fp32 in rank order and rounds once to fp16, and an allgather of the summed
           chunks hands every rank the same fp16 update: fp16(sum_r fp16(c_r)), |error| <=
           2^-11 (|g| + sum_r |c_r|) entrywise. Horovod's fp16 allreduce over Gloo on CPU
-          measured 3x slower than its fp32 one at d = 11.7M here (benchmarks/fp16_bytes.py):
+          measured 3x slower than its fp32 one at d = 11.7M here (benchmarks/data_plane/fp16_bytes.py):
           the fp16 ring would lose more time than the bytes save; this sums with torch, in
           fp32.
         * ``"allreduce"`` (default on GPU, where NCCL sums fp16 natively): one in-place fp16

@@ -16,7 +16,7 @@ raises :class:`~pgc_hvd.runtime.agent.AgentError` naming the ranks whose rows ar
 end every rank adds 1 to ``pgc/<name>/bye`` after its last round, and rank 0 (the server) waits
 for n before it returns, so it never shuts the store down under a rank still reading.
 
-Measured on this machine (``benchmarks/control_channel.py``, docs/architecture.md): one round
+Measured on this machine (``benchmarks/control/control_channel.py``, docs/architecture.md): one round
 costs 0.3-0.6 ms against 1.3-7.7 ms for the allgather at np = 2-4. Payloads cannot ride with the
 rows (the store is one server), so a step that fires moves its messages in the data allgather.
 

@@ -35,14 +35,14 @@ newest gradient at most c - 1 versions old at every step. Why m = n - s: with m 
 new gradient) the versions advance at every arrival, so a gradient is applied a_i ~ 1.2 / 2.6
 versions late at c = 4 / 8 and at the user's gain lr / (1 - beta) that delay alone still fails
 (0.22 / 0.10 accuracy against DGD's 0.30); waiting for n - s new ones keeps the mean age at
-0.02 and reaches 0.39 at every c (``benchmarks/staleness_mechanism.py``).
+0.02 and reaches 0.39 at every c (``benchmarks/control/staleness_mechanism.py``).
 
 Firing on the current model, the mean of the new entries (``fire``, ``normalize``; what both
 engines build by default since issue 35's second pass). With ``fire="new"`` (the constructor's
 default) the m new entries may include late gradients of the previous models, so after one late
 arrival the next step fires on fewer gradients of its own model, leaving more of them late:
 the steps cascade into mean age 0.3-0.4 and, at n = 4, 1.3-1.6x DGD's steps (digits CNN,
-``benchmarks/long_straggler_pgc.py``). ``fire="current"`` counts only the entries of age 0
+``benchmarks/control/long_straggler_pgc.py``). ``fire="current"`` counts only the entries of age 0
 towards m (the step waits for n - s gradients of the model it updates, never for the s
 slowest) and still folds in the late ones, once; ``normalize=True`` divides the step's weights
 by their sum, so the update is the mean of its new gradients (a step of full length, as sync

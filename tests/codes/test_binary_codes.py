@@ -206,7 +206,7 @@ def test_one_straggler_per_class(name):
 
 def test_streaming_class_decoder_stops_at_first_complete_class():
     """O(1) per arrival: the decoder answers as soon as a class completes, not after n arrivals
-    (the decode time itself is measured in benchmarks/test_bench_codes.py, never asserted)."""
+    (the decode time itself is measured in benchmarks/kernels/test_bench_codes.py, never asserted)."""
     for name, s in (("bcgc", 20), ("gfrc", 20), ("bcgc", 24), ("fr", 24)):
         code = get_code(name, 100, s)
         rng = np.random.default_rng(0)

@@ -207,7 +207,7 @@ def test_simulator_builds_pgc_cr_with_the_remedys_decay(optimizer, correction, r
     assert all(r.extra["ring_decay"] == pytest.approx(rho) for r in recs)
 
 
-# -- the remedy for bounded staleness: each gradient counted once (issue 35) --
+# -- the remedy for bounded staleness: each gradient counted once --
 
 @pytest.mark.parametrize("make", [
     lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),

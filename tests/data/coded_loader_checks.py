@@ -23,6 +23,7 @@ import horovod.torch as hvd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from checks import ok   # tests/checks.py
 from torchvision import datasets, transforms
 
 import pgc_hvd
@@ -98,7 +99,7 @@ def main(scheme: str, folder: str, steps: int, mismatch: bool = False) -> None:
     h = int(hashlib.sha256(flat.double().numpy().tobytes()).hexdigest()[:12], 16)
     hashes = hvd.allgather(torch.tensor([h], dtype=torch.int64), name=f"hash.{scheme}")
     assert len(set(hashes.tolist())) == 1, f"{scheme}: parameter hashes differ {hashes.tolist()}"
-    print(f"CHECK {scheme} ok rank={rank}", flush=True)
+    ok(scheme, rank)
     if mismatch:
         refuse_different_transforms(model, folder, n, rank)
 
@@ -118,7 +119,7 @@ def refuse_different_transforms(model, folder, n, rank):
         assert "loader transform" in str(err) and "ranks [1]" in str(err), err
     else:
         raise AssertionError("a loader whose transforms differ across ranks was accepted")
-    print(f"CHECK mismatch ok rank={rank}", flush=True)
+    ok("mismatch", rank)
 
 
 if __name__ == "__main__":

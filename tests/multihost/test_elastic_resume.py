@@ -1,4 +1,4 @@
-"""Kills at any moment (issue 26, item 2): the elastic recipe's durable progress and the
+"""Kills at any moment: the elastic recipe's durable progress and the
 supervisor that restarts a failed job.
 
 * ``pgc_hvd.runtime.elastic.checkpoints``: atomic files named by version, the tag's older ones
@@ -173,6 +173,7 @@ def test_supervisor_gives_up_after_its_restarts(tmp_path, capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_supervisor_exit_0_without_done_marker_is_a_failure_and_a_hang_is_ended(tmp_path,
                                                                                 capsys):
     import elastic_run

@@ -1,5 +1,5 @@
 """Single-process checks of pgc_hvd.runtime.elastic.cascade (the fast leaving of a broken elastic
-world, issue 26): the /proc parsing, the choice of the world's sockets, and the shutdown itself on
+world): the /proc parsing, the choice of the world's sockets, and the shutdown itself on
 real loopback sockets (Linux); the elastic state's use of it."""
 
 from __future__ import annotations

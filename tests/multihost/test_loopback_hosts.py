@@ -4,7 +4,7 @@
 (0.28.1) probes the hosts' common interfaces and takes the first of a set: on a machine with
 ``lo`` and ``eth0`` that is ``eth0`` in about half the runs, depending on the string hash seed
 (``PYTHONHASHSEED=1`` gives ``eth0`` here), and the ranks talk over the machine's network
-address. The test fixes that seed, runs tests/multirank/loopback_checks.py on two such hosts and
+address. The test fixes that seed, runs tests/multirank/scripts/loopback_checks.py on two such hosts and
 requires every rank's connections on loopback with gloo pinned to ``lo``.
 """
 
@@ -20,10 +20,9 @@ from launch_watch import run_watched
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
-sys.path.insert(0, str(ROOT / "tests" / "multirank"))
-from loopback_checks import on_loopback  # noqa: E402
+from checks import on_loopback  # noqa: E402
 
-SCRIPT = ROOT / "tests" / "multirank" / "loopback_checks.py"
+SCRIPT = ROOT / "tests" / "multirank" / "scripts" / "loopback_checks.py"
 
 
 @pytest.mark.multirank

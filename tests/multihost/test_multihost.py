@@ -30,7 +30,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
 from local_hosts import LocalHosts, Unavailable  # noqa: E402
 
-CHECKS = HERE / "multihost_checks.py"
+CHECKS = HERE / "scripts" / "multihost_checks.py"
 ELASTIC = ROOT / "launch" / "elastic_train.py"
 
 

@@ -1,15 +1,9 @@
-"""benchmarks/elastic_soak.py's matching of kills to the world changes the ranks recorded (the
-per-death and per-join figures of docs/elastic.md, "A repeated-kill soak", come from it)."""
+"""The matching of kills to the world changes the ranks recorded (pgc_hvd.metrics.world_changes;
+the per-death and per-join figures of docs/elastic.md, "A repeated-kill soak", come from it)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "launch"))
-from elastic_soak import match  # noqa: E402
+from pgc_hvd.metrics.world_changes import match
 
 
 def death(t, old_n=4, new_n=3, reform=0.3):

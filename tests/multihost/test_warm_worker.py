@@ -168,7 +168,7 @@ def test_horovodrun_ranks_through_warm_servers(tmp_path, two_hosts):
     try:
         warm.ensure(lh.hosts)
         cmd = [str(exe), "--gloo", "-np", "2", "-H", lh.spec(1), *lh.horovodrun_args(),
-               *warm.command(str(HERE / "warm_checks.py"))]
+               *warm.command(str(HERE / "scripts" / "warm_checks.py"))]
         proc = run_watched(cmd, env=env, cwd=tmp_path, timeout=240)
         assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
         lines = sorted(x.split("]<stdout>:", 1)[-1] for x in proc.stdout.splitlines()

@@ -149,6 +149,7 @@ def test_mnist_port_mixed_precision_and_fp16_messages(np2):
     same_params_on_every_rank(proc.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="horovod not installed")
 def test_mnist_port_use_adasum_is_refused():
     # one rank (hvd.init() without horovodrun): pgc_hvd refuses op=hvd.Adasum at construction

@@ -8,8 +8,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 TEST = "test_variable_size_allgather_from_background_thread"
-LAUNCH_GROUPS = [("horovodrun", n, [("allgather", TEST, HERE / "allgather_from_agent_thread.py",
-                                     [])], "last") for n in (2, 3)]
+SCRIPT = HERE / "scripts" / "allgather_from_agent_thread.py"
+LAUNCH_GROUPS = [("horovodrun", n, [("allgather", TEST, SCRIPT, [])], "last") for n in (2, 3)]
 
 
 @pytest.mark.multirank

@@ -1,7 +1,7 @@
-"""Ranks started on one machine keep their traffic on the loopback interface (issue 26, item 4).
+"""Ranks started on one machine keep their traffic on the loopback interface.
 
 Each test starts ranks through one of the project's local launchers -- the ``horovodrun`` and
-``torchrun`` fixtures, ``benchmarks/hvd_launch.run_ranks`` and ``launch/run_local.sh`` -- with
+``torchrun`` fixtures, ``pgc_hvd.apps.local_ranks.run_ranks`` (the benchmarks' launcher) and ``launch/run_local.sh`` -- with
 ``loopback_checks.py``, which reads on every rank the addresses of its own established TCP
 connections after a collective (from ``/proc``) and fails when one is outside 127.0.0.0/8 or
 ::1. The ssh "remote" hosts of ``launch/local_hosts.py`` are checked in
@@ -16,18 +16,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from checks import on_loopback
 from launch_watch import run_watched
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SCRIPT = HERE / "loopback_checks.py"
+SCRIPT = HERE / "scripts" / "loopback_checks.py"
 # the torchrun fixture's check is an entry of the session's torchrun -np 2 launch (last: the
 # script ends with hvd.shutdown()), through the fixture's launcher: it sees that launch's
 # connections; the horovodrun one keeps its own launch (that group's last entry is taken)
 LAUNCH_GROUPS = [("torchrun", 2, [("loopback", "test_torchrun_fixture_keeps_ranks_on_loopback",
                                    SCRIPT, [])], "last")]
-sys.path.insert(0, str(HERE))
-from loopback_checks import on_loopback  # noqa: E402
 
 needs_horovod = pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
                                    reason="horovod is not installed (run bash launch/setup.sh)")
@@ -49,11 +48,7 @@ def test_torchrun_fixture_keeps_ranks_on_loopback(launch_group, request):
 @pytest.mark.multirank
 @needs_horovod
 def test_benchmark_launcher_keeps_ranks_on_loopback():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from hvd_launch import run_ranks
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from pgc_hvd.apps.local_ranks import run_ranks
     lines = []
     res = run_ranks(2, str(SCRIPT), [], timeout=180, on_line=lines.append)
     assert res["n"] == 2 and res["outside"] == [] and res["pinned"] == "lo", res

@@ -81,6 +81,7 @@ OPS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_opcheck(device, name):

@@ -54,6 +54,7 @@ def test_dtypes(device, method, dtype, index_dtype):
     assert_matches_ref(x, 5000, method, index_dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", METHODS)
 def test_large_input(device, method):
@@ -251,6 +252,7 @@ def test_cuda_walk_settings_are_checked():
                                         "sideways", True)
 
 
+@pytest.mark.slow
 def test_cuda_walk_settings_read_once():
     """pgc_hvd.ops reads PGC_HVD_CUDA_TOPK_WALK / _COMPACT once, at its import, and keeps them
     (a later change of the environment is not seen); a bad value makes a top-k raise ValueError

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from pgc_hvd.compress import DenseCodec
@@ -21,6 +22,7 @@ def sizes(agent: CommAgent) -> dict:
     return agent.bookkeeping()
 
 
+@pytest.mark.slow
 def test_bookkeeping_is_bounded_over_20k_decisions():
     d = 8
     scheme = get_scheme("dgd", 1, 0)

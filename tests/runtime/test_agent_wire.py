@@ -1,4 +1,4 @@
-"""The agent's wire formats across ranks (tests/runtime/agent_wire_checks.py under horovodrun):
+"""The agent's wire formats across ranks (tests/runtime/scripts/agent_wire_checks.py under horovodrun):
 fp16 messages through the allreduce and the optimistic path, the fp32 fallback on fp16
 overflow, and user metrics in the control rows with a slowed rank. Both runs share one launch
 (``launch_group``)."""
@@ -6,8 +6,9 @@ overflow, and user metrics in the control rows with a slowed rank. Both runs sha
 from pathlib import Path
 
 import pytest
+from checks import passed
 
-SCRIPT = Path(__file__).resolve().parent / "agent_wire_checks.py"
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "agent_wire_checks.py"
 RUNS = [("fp16", "test_fp16_messages_decode_sum_of_fp16_rows_identically_with_half_the_bytes",
          SCRIPT, ["fp16"]),
         ("metrics", "test_metrics_are_the_mean_of_the_used_ranks_and_identical_everywhere", SCRIPT,
@@ -27,12 +28,12 @@ def test_fp16_messages_decode_sum_of_fp16_rows_identically_with_half_the_bytes(n
     proc = np3.ran("fp16")
     for name in ("fp16_allreduce_path", "fp16_optimistic_path",
                  "fp16_overflow_falls_back_to_fp32", "fp16_sparse_allgather_and_densified"):
-        assert proc.stdout.count(f"CHECK {name} ok") == 3, proc.stdout
+        assert passed(proc.stdout).get(name) == [0, 1, 2], proc.stdout
 
 
 @pytest.mark.multirank
 def test_metrics_are_the_mean_of_the_used_ranks_and_identical_everywhere(np3):
     proc = np3.ran("metrics")
     for channel in ("allgather", "store"):
-        assert proc.stdout.count(f"CHECK metrics_identical_and_mean_of_used_{channel} ok") == 3, \
-            proc.stdout
+        assert passed(proc.stdout).get(f"metrics_identical_and_mean_of_used_{channel}") \
+            == [0, 1, 2], proc.stdout

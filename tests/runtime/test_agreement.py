@@ -50,6 +50,7 @@ def test_no_answer_names_the_rank_the_check_and_the_deadline():
     assert msg.startswith("rank 2: the comparison of loader 0 got no answer within 8s")
 
 
+@pytest.mark.slow
 def test_the_collectives_on_a_one_rank_horovod_world():
     pytest.importorskip("horovod.torch")
     env = {k: v for k, v in os.environ.items()

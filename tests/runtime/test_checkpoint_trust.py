@@ -1,5 +1,5 @@
-"""Checkpoints hold tensors and plain types and are read without running code (issue 26,
-item 6a): pgc_hvd.runtime.plain, read_checkpoint, convert_checkpoint and the RNG states in one
+"""Checkpoints hold tensors and plain types and are read without running code:
+pgc_hvd.runtime.plain, read_checkpoint, convert_checkpoint and the RNG states in one
 process; load_checkpoint on 2 ranks (checkpoint_trust_checks.py under horovodrun)."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checks import passed
 
 from pgc_hvd.runtime.checkpoint import CheckpointError, convert_checkpoint, read_checkpoint
 from pgc_hvd.runtime.optim_state import rng_state, set_rng_state
 from pgc_hvd.runtime.plain import NotPlain, check_plain, dumps, loads
 
-SCRIPT = Path(__file__).resolve().parent / "checkpoint_trust_checks.py"
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "checkpoint_trust_checks.py"
 # an entry of the session's horovodrun -np 2 launch (launch_group, tests/conftest.py)
 TEST = "test_load_checkpoint_on_two_ranks_refuses_code_and_resumes_identically"
 LAUNCH_GROUPS = [("horovodrun", 2, [("trust", TEST, SCRIPT, [])])]
@@ -129,4 +130,4 @@ def test_load_checkpoint_on_two_ranks_refuses_code_and_resumes_identically(launc
     out = launch_group(request, "horovodrun", 2).ran("trust").stdout
     assert out.count("ALL OK rank=") == 2, out
     for check in ("resume_identical", "pickled_callable_refused", "legacy_converted"):
-        assert all(f"CHECK {check} ok rank={r}" in out for r in (0, 1)), out
+        assert {0, 1} <= set(passed(out).get(check, [])), out

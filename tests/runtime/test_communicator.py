@@ -1,4 +1,4 @@
-"""The data plane on its own, in one process (issue 34):
+"""The data plane on its own, in one process:
 :class:`~pgc_hvd.runtime.communicator.Communicator` and its
 :class:`~pgc_hvd.runtime.communicator.BufferPool`.
 
@@ -13,7 +13,7 @@ on overflow), fp16 top-kappa, and complex Reed-Solomon rows. The update is check
 codec's ``add_weighted`` over the used rows and :meth:`~pgc_hvd.schemes.Decision.combine` over
 the messages, on every rank; plus the collective chosen, the bytes counted, the rank that owns
 no use, the cached path, the cache kept for later decisions, and the recycled buffers. What the
-horovodrun tests (tests/runtime/runtime_checks.py, plane_checks.py) cover only through the
+horovodrun tests (tests/runtime/scripts/runtime_checks.py, plane_checks.py) cover only through the
 whole optimizer."""
 
 from __future__ import annotations

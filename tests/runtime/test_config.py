@@ -233,7 +233,7 @@ def test_the_cross_rank_fields_are_the_checked_values():
     assert fields["extra"]["metrics (names)"] == ["acc"]
 
 
-# -- Horovod's keywords, parameters, metrics (issue 34: every check on its own) --------------
+# -- Horovod's keywords, parameters, metrics (every check on its own) -----------------------
 @pytest.fixture(scope="module")
 def hvd():
     hvd = pytest.importorskip("horovod.torch")

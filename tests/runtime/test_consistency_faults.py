@@ -1,4 +1,4 @@
-"""Multi-rank tests of issue 15's consistency faults (each launches consistency_fault_checks.py under
+"""Multi-rank tests of the consistency faults (each launches consistency_fault_checks.py under
 horovodrun): non-finite parameters on one rank, ranks that differ at close(), a rank that stops
 early, settings that must agree across ranks, fp16/bf16/fp64 models, a skipped backward. The two
 runs that end cleanly share one launch (``launch_group``); the runs that stop every rank have
@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from checks import all_ok, passed
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "consistency_fault_checks.py"
+SCRIPT = HERE / "scripts" / "consistency_fault_checks.py"
 CLEAN = [("clean", "test_early_stop_catches_up_at_close_and_mixed_precision", SCRIPT, ["clean"]),
          ("config", "test_settings_that_must_agree_are_compared_and_named", SCRIPT, ["config"])]
 
@@ -24,10 +25,9 @@ def np3(launch_group, request):
 
 
 def _checks(proc):
-    lines = proc.stdout.splitlines()
-    return ({line.split("CHECK ", 1)[1].split(" ok")[0] for line in lines
-             if "CHECK " in line and " ok rank=0" in line},
-            sum("ALL OK rank=" in line for line in lines))
+    """The checks rank 0 passed, and how many ranks got to the end (tests/checks.py)."""
+    return ({name for name, ranks in passed(proc.stdout).items() if 0 in ranks},
+            all_ok(proc.stdout))
 
 
 def _clear_errors(proc, np_):
@@ -41,7 +41,7 @@ def _clear_errors(proc, np_):
 @pytest.mark.multirank
 @pytest.mark.parametrize("bad", [0, 1])
 def test_nonfinite_parameters_stop_every_rank_naming_rank_and_step(horovodrun, bad):
-    """Item 1: a rank whose parameters became inf at step 10 stops the run on every rank; its own
+    """A rank whose parameters became inf at step 10 stops the run on every rank; its own
     error names the parameter, every rank's error names the rank and the step."""
     proc = horovodrun(3, SCRIPT, "nonfinite", bad, timeout=180, check=False)
     clear = _clear_errors(proc, 3)
@@ -52,7 +52,7 @@ def test_nonfinite_parameters_stop_every_rank_naming_rank_and_step(horovodrun, b
 
 @pytest.mark.multirank
 def test_close_compares_parameters_across_ranks(horovodrun):
-    """Item 1: parameters that differ (finite) at close() raise on every rank, naming rank 2."""
+    """Parameters that differ (finite) at close() raise on every rank, naming rank 2."""
     proc = horovodrun(3, SCRIPT, "diverged", timeout=180, check=False)
     clear = _clear_errors(proc, 3)
     for r, msg in clear.items():
@@ -61,8 +61,8 @@ def test_close_compares_parameters_across_ranks(horovodrun):
 
 @pytest.mark.multirank
 def test_early_stop_catches_up_at_close_and_mixed_precision(np3):
-    """Item 2: a rank that leaves its loop early ends at the others' version and parameters after
-    close(). Item 5: fp16, bf16 and fp64 models train (fp32 messages, update cast to the
+    """A rank that leaves its loop early ends at the others' version and parameters after
+    close(). And fp16, bf16 and fp64 models train (fp32 messages, update cast to the
     parameter's dtype) and dgd matches the fp32 run within the dtype's rounding."""
     proc = np3.ran("clean")
     checks, all_ok = _checks(proc)
@@ -72,7 +72,7 @@ def test_early_stop_catches_up_at_close_and_mixed_precision(np3):
 
 @pytest.mark.multirank
 def test_settings_that_must_agree_are_compared_and_named(np3):
-    """Item 3: lr, momentum, weight decay, betas, optimizer class, param groups, name,
+    """The lr, momentum, weight decay, betas, optimizer class, param groups, name,
     optimistic, control, parameter dtype and the loader's seed and batch size: a rank that differs
     gets a ValueError on every rank naming the field and ranks [1]."""
     proc = np3.ran("config")
@@ -83,7 +83,7 @@ def test_settings_that_must_agree_are_compared_and_named(np3):
 
 @pytest.mark.multirank
 def test_skipped_backward_in_batches_is_refused(horovodrun):
-    """Item 7: a batches() body that skips backward is 'got no gradient' on that rank (not a
+    """A batches() body that skips backward is 'got no gradient' on that rank (not a
     zero gradient) and stops every rank."""
     proc = horovodrun(3, SCRIPT, "skipped", timeout=180, check=False)
     clear = _clear_errors(proc, 3)

@@ -87,7 +87,7 @@ def test_error_outcome_keeps_the_typed_fields():
         and not plain.fields["broken_world"]
 
 
-# -- the decision body reads only the rows that changed (issue 38 item 3) -------------------
+# -- the decision body reads only the rows that changed --------------------------------------
 class _MemoryLog:
     """log_loop's channel in memory: the decider takes the log lines in order, ``batch`` at a
     time at most and none of a step past the open one (no rank computes step t + 1 before t is

@@ -1,4 +1,4 @@
-"""The control rounds through a key-value store on their own, in one process (issue 34):
+"""The control rounds through a key-value store on their own, in one process:
 :func:`~pgc_hvd.runtime.control_store.open_store` and
 :class:`~pgc_hvd.runtime.control_store.StoreChannel` on a real ``torch.distributed.TCPStore``
 served on 127.0.0.1, n ranks as n threads (tests/runtime/thread_world.py: the address moves in
@@ -6,7 +6,7 @@ the real broadcast of a gloo group per rank). The rounds' rows written and read 
 the keys of old rounds deleted, the address the server listens on, a failure to listen raised on
 every rank, the bye at the end (rank 0 waits for every rank, not forever), and the errors naming
 the ranks that did not answer or the server that is gone. The horovodrun tests
-(tests/runtime/runtime_checks.py with ``control="store"``, store_bind_checks.py) cover the same
+(tests/runtime/scripts/runtime_checks.py with ``control="store"``, store_bind_checks.py) cover the same
 through the optimizer."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Horovod's response cache is off in elastic runs (issue 38, docs/elastic.md "Killing rank 0").
+"""Horovod's response cache is off in elastic runs (docs/elastic.md "Killing rank 0").
 
 Single-process checks of :func:`pgc_hvd.runtime.elastic.response_cache_off` (which an elastic
 script calls before ``hvd.init()``, as the recipe does; the import changes nothing) and of the
 warning :class:`~pgc_hvd.runtime.elastic.ElasticState` gives when the
 cache is on. The effect on a real job (rank-0 kills recovered with the cache off, the normal
-path's time per version) is measured by ``benchmarks/elastic_random_kills.py`` and
-``benchmarks/elastic_cache_overhead.py``.
+path's time per version) is measured by ``benchmarks/elastic/elastic_random_kills.py`` and
+``benchmarks/elastic/elastic_cache_overhead.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The facade on its own, in one process (issue 34): ``pgc_hvd.DistributedOptimizer``
+"""The facade on its own, in one process: ``pgc_hvd.DistributedOptimizer``
 (:mod:`pgc_hvd.runtime.distributed`, :mod:`pgc_hvd.runtime.optimizer`) on a real Horovod world
 of one rank (``hvd.init()`` without a launcher, as a user debugs a script), with its end of
 life (:mod:`pgc_hvd.runtime.lifecycle`) and Horovod's optimizer-state broadcast

@@ -1,4 +1,4 @@
-"""Multi-rank tests of issue 14's Horovod habits (each launches horovod_habits_checks.py under horovodrun,
+"""Multi-rank tests of Horovod users' habits (each launches horovod_habits_checks.py under horovodrun,
 one rank slowed): schedulers, clipping, AMP, Horovod's keywords and fp16 compression,
 broadcast_optimizer_state and the rank-0 resume, the user's own DataLoader, a rank-local lr.
 Every training check ends with a cross-rank parameter hash (in the script). The runs share one
@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 
 import pytest
+from checks import passed_everywhere
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "horovod_habits_checks.py"
+SCRIPT = HERE / "scripts" / "horovod_habits_checks.py"
 
 # runs that end on a refused step (clipping, broadcast, diverge; own_loader at np 2) come after
 # the clean ones: the optimizers they leave are closed or aborted when the run ends
@@ -44,10 +45,7 @@ def np2(launch_group, request):
 
 def _checks(proc, np_):
     """The checks every one of the np_ ranks reported ok."""
-    found = {}
-    for m in re.finditer(r"CHECK (\S+) ok rank=(\d+)", proc.stdout):
-        found.setdefault(m.group(1), set()).add(int(m.group(2)))
-    return {name for name, ranks in found.items() if ranks == set(range(np_))}
+    return passed_everywhere(proc.stdout, np_)
 
 
 def _clear_errors(proc):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "lifecycle_checks.py"
+SCRIPT = HERE / "scripts" / "lifecycle_checks.py"
 DIED = "a rank has died or shut down Horovod"
 
 

@@ -1,8 +1,8 @@
-"""A Horovod script run as one process trains with the defaults (issue 38): ``python
+"""A Horovod script run as one process trains with the defaults: ``python
 train.py`` (n = 1) with ``DistributedOptimizer(opt, model.named_parameters(),
 hvd.Compression.fp16)`` runs with s = 0 and says so once, under no launcher, ``horovodrun -np
 1`` and ``torchrun --nproc-per-node 1`` alike; an explicit ``stragglers=1`` is still refused
-with the fix (tests/runtime/one_process_script.py)."""
+with the fix (tests/runtime/scripts/one_process_script.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent / "one_process_script.py"
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "one_process_script.py"
 REPO = Path(__file__).resolve().parents[2]
 NOTE = "pgc-cr runs with s = 0 stragglers on 1 rank (the default s = 1 needs n >= 2 ranks)"
 
@@ -43,6 +43,7 @@ def test_a_horovod_script_trains_as_one_plain_process():
     trained_and_said_so_once(plain_python(), "horovod.torch")
 
 
+@pytest.mark.slow
 def test_an_explicit_budget_is_still_refused_on_one_process():
     pytest.importorskip("horovod.torch")
     proc = plain_python("explicit")

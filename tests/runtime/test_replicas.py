@@ -1,4 +1,4 @@
-"""The replicas on their own, in one process (issue 34): :class:`~pgc_hvd.runtime.step.
+"""The replicas on their own, in one process: :class:`~pgc_hvd.runtime.step.
 ReplicaRNG` (the forward pass's randomness as a function of (seed, partition, step), the user's
 generator restored after the scope) and the first step's batch digests of
 :class:`~pgc_hvd.runtime.step.ReplicaDataCheck` (their comparison across ranks is

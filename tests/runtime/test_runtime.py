@@ -6,11 +6,12 @@ own."""
 from pathlib import Path
 
 import pytest
+from checks import all_ok, passed
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "runtime_checks.py"
-TWIN = HERE / "twin_checks.py"
-PLANE = HERE / "plane_checks.py"
+SCRIPT = HERE / "scripts" / "runtime_checks.py"
+TWIN = HERE / "scripts" / "twin_checks.py"
+PLANE = HERE / "scripts" / "plane_checks.py"
 
 NP4 = [("core", "test_core_np4", SCRIPT, ["core"]),
        ("log", "test_log_control_np4", SCRIPT, ["log"]),
@@ -39,9 +40,9 @@ def np3(launch_group, request):
 
 
 def _checks(proc, np_):
-    lines = proc.stdout.splitlines()
-    return {line.split("CHECK ", 1)[1].split(" ok")[0] for line in lines if "CHECK " in line
-            and f" ok rank=0" in line}, sum("ALL OK rank=" in line for line in lines)
+    """The checks rank 0 passed, and how many ranks got to the end (tests/checks.py)."""
+    return ({name for name, ranks in passed(proc.stdout).items() if 0 in ranks},
+            all_ok(proc.stdout))
 
 
 @pytest.mark.multirank

@@ -1,4 +1,4 @@
-"""The step on its own, in one process (issue 34): :class:`~pgc_hvd.runtime.step.Step`,
+"""The step on its own, in one process: :class:`~pgc_hvd.runtime.step.Step`,
 :class:`~pgc_hvd.runtime.step.GradientCapture` and :class:`~pgc_hvd.runtime.step.FaultMonitor`
 with a real model, real gradients, the compiled extension and the real
 :class:`~pgc_hvd.runtime.agent.CommAgent` on a world of one rank (``LoopbackChannel``: the agent

@@ -1,4 +1,4 @@
-"""The records on their own, in one process (issue 34): :class:`~pgc_hvd.runtime.step_records.
+"""The records on their own, in one process: :class:`~pgc_hvd.runtime.step_records.
 StepRecorder` drains the real agent's reports (a world of one rank, ``LoopbackChannel``) into
 one :class:`~pgc_hvd.metrics.records.StepRecord` per decided step, in order, on the calling
 thread, through a writer and ``on_record``; with neither it is inactive and reads nothing."""

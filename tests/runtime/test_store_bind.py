@@ -1,5 +1,5 @@
 """The control store (control="store" / "log") listens only on the address the ranks use
-(issue 26, item 6c): pgc_hvd.runtime.store_address in one process, open_store on 2 ranks
+: pgc_hvd.runtime.store_address in one process, open_store on 2 ranks
 (store_bind_checks.py under horovodrun)."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import socket
 from pathlib import Path
 
 import pytest
+from checks import passed
 
 from pgc_hvd.runtime.store_address import (bind_address, check_reachable, interface_ipv4,
                                            listen)
 
-SCRIPT = Path(__file__).resolve().parent / "store_bind_checks.py"
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "store_bind_checks.py"
 # an entry of the session's horovodrun -np 2 launch (launch_group, tests/conftest.py)
 TEST = "test_open_store_listens_on_the_ranks_address_only"
 LAUNCH_GROUPS = [("horovodrun", 2, [("store-bind", TEST, SCRIPT, [])])]
@@ -55,4 +56,4 @@ def test_open_store_listens_on_the_ranks_address_only(launch_group, request):
     assert out.count("ALL OK rank=") == 2, out
     assert "STORE listens on ['127.0.0.1']" in out, out
     for check in ("listens_on_the_ranks_address", "unbindable_address_named"):
-        assert all(f"CHECK {check} ok rank={r}" in out for r in (0, 1)), out
+        assert {0, 1} <= set(passed(out).get(check, [])), out

@@ -1,4 +1,4 @@
-"""The user's own collectives never hang beside pgc_hvd (issue 38), on both engines.
+"""The user's own collectives never hang beside pgc_hvd, on both engines.
 
 Each test launches ``user_collectives_checks.py`` (its doc lists the habits: unnamed
 ``allreduce`` / ``allgather`` / ``broadcast`` / ``alltoall`` in the loop and after it, an async
@@ -6,21 +6,18 @@ allreduce held across ``step()``, with and without ``close()``, one rank slowed,
 control plane) and requires every case's check on every rank. A hang fails the rank through the
 script's watchdog (every thread's stack in the report) before the launch's own timeout."""
 
-import re
 from pathlib import Path
 
 import pytest
+from checks import passed_everywhere
 
-SCRIPT = Path(__file__).resolve().parent / "user_collectives_checks.py"
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "user_collectives_checks.py"
 ALL = "pgc-cr,bcgc,bounded-staleness"
 
 
 def _passed(proc, np_, schemes):
     want = {f"{s}.{how}" for s in schemes.split(",") for how in ("close", "open")} | {"last"}
-    found = {}
-    for m in re.finditer(r"CHECK (\S+) ok rank=(\d+)", proc.stdout):
-        found.setdefault(m.group(1), set()).add(int(m.group(2)))
-    missing = {c for c in want if found.get(c) != set(range(np_))}
+    missing = want - passed_everywhere(proc.stdout, np_)
     assert not missing, f"checks not passed on every rank: {sorted(missing)}\n" \
         + proc.stdout[-6000:] + proc.stderr[-6000:]
 

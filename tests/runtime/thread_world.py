@@ -1,4 +1,4 @@
-"""n ranks as n threads of the pytest process (issue 34's one-process unit tests of the agent
+"""n ranks as n threads of the pytest process (for the one-process unit tests of the agent
 thread's parts): each thread holds its own real gloo process group
 (``torch.distributed.ProcessGroupGloo`` over one shared ``HashStore``, no launcher, no default
 group) behind the torch engine's :class:`~pgc_hvd.torchdist.ops.GroupOps`, the module object

@@ -24,6 +24,7 @@ def test_simulate_cli_writes_records_trace_and_replays(tmp_path, capsys):
     torch.set_num_threads(1)
 
 
+@pytest.mark.slow
 def test_experiment_quick_outputs(tmp_path):
     assert main(["experiment", "staleness", "--quick", "--out", str(tmp_path)]) == 0
     for f in ("summary.json", "table.md", "plot.png"):

@@ -1,4 +1,4 @@
-"""``pgc-hvd experiment deep --quick``: MNIST-1D + the 1-D CNN on the simulator (issue 22).
+"""``pgc-hvd experiment deep --quick``: MNIST-1D + the 1-D CNN on the simulator.
 Structure and "every scheme learned" are asserted, not the verdicts (docs/experiments.md)."""
 
 import json

@@ -114,6 +114,7 @@ def test_bcgc_experiment_datasets_option_and_time_ratio(tmp_path):
         exp_bcgc(tmp_path, quick=True, datasets=["nope"])
 
 
+@pytest.mark.slow
 def test_bcgc_experiment_cli_digits(tmp_path):
     from pgc_hvd.cli import main
 

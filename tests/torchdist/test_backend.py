@@ -1,6 +1,6 @@
 """The torch engine's backend: which one ``init`` takes (``PGC_HVD_TORCH_BACKEND``, its check) and
 the refusal of two ranks on one GPU under NCCL (the rows' logic here; the collective itself runs
-on a GPU machine: ``benchmarks/gpu_check.sh``)."""
+on a GPU machine: ``benchmarks/gpu/gpu_check.sh``)."""
 
 import subprocess
 import sys
@@ -67,6 +67,7 @@ def test_the_refusal_names_the_ranks_the_gpu_and_both_fixes():
     assert "PGC_HVD_TORCH_BACKEND=gloo" in msg and "init(backend='gloo')" in msg
 
 
+@pytest.mark.slow
 def test_init_takes_the_backend_from_the_environment_in_a_world_of_one(tmp_path):
     # a fresh interpreter (the engine's world is per process): the variable reaches init, and a
     # bad value stops init with the setting named instead of torch's own error
@@ -113,6 +114,7 @@ def _check_gpu_rank(rank, path, host_and_index, results):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout, refused", [
     ([(7, 0), (7, 0)], True),      # torchrun np 2 on a one-GPU host, NCCL
     ([(7, 0), (7, 1)], False),     # one GPU per rank

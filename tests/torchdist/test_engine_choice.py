@@ -33,6 +33,7 @@ def test_unknown_engine_is_refused():
         resolve("mpi")
 
 
+@pytest.mark.slow
 def test_torch_engine_without_horovod_in_one_process(tmp_path):
     """`import pgc_hvd` and `pgc_hvd.torch` need no horovod: with a horovod that raises
     ImportError first on the path, a world of one process (no torchrun) trains, and

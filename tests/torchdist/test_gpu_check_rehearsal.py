@@ -1,9 +1,9 @@
-"""The GPU check's training runs, rehearsed on the CPU: ``benchmarks/gpu_check_runs.py --device
+"""The GPU check's training runs, rehearsed on the CPU: ``benchmarks/gpu/gpu_check_runs.py --device
 cpu`` launches the same torchrun commands a GPU session will (``pgc-hvd train --device``, dense
 and top-kappa, and ``gpu_train_check.py``: AMP with a GradScaler, fp16 messages, a CodedLoader
 feeding the model's device), so a session lent a device spends its minutes measuring, not
 debugging the script. The whole rehearsal (every step of ``gpu_check.sh``) is
-``bash benchmarks/gpu_check.sh --rehearse``."""
+``bash benchmarks/gpu/gpu_check.sh --rehearse``."""
 
 import json
 import subprocess
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.multirank
 def test_gpu_check_runs_rehearsed_on_the_cpu(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check_runs.py"), "--device", "cpu",
+        [sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_check_runs.py"), "--device", "cpu",
          "--parts", "train,nccl,amp", "--schemes", "pgc-cr", "--steps", "24",
          "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=400, cwd=ROOT)

@@ -8,9 +8,11 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from checks import all_ok, passed
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE.parent / "runtime"
+RANKS = RUNTIME / "scripts"   # the runtime tests' rank scripts
 
 
 def _load(name):
@@ -22,19 +24,19 @@ def _load(name):
 
 runtime_tests = _load("test_runtime")
 habits_tests = _load("test_horovod_habits")
-SCRIPT = RUNTIME / "runtime_checks.py"
+SCRIPT = RANKS / "runtime_checks.py"
 
 NP4 = [("quickstart", "test_quickstart_under_torchrun_np4_without_horovod",
-        HERE / "quickstart_ranks.py", []),
+        HERE / "scripts" / "quickstart_ranks.py", []),
        ("core", "test_core_np4", SCRIPT, ["core"]),
        ("twin", "test_runtime_replaying_simulated_arrivals_matches_simulator",
-        RUNTIME / "twin_checks.py", ["twin"])]
-HABITS = RUNTIME / "horovod_habits_checks.py"
+        RANKS / "twin_checks.py", ["twin"])]
+HABITS = RANKS / "horovod_habits_checks.py"
 # "ops" ends with hvd.shutdown(): last
 NP3 = [("small", "test_small_np3_config_errors_exact_checkpoint", SCRIPT, ["small"]),
        ("metrics", "test_metrics_read_from_the_control_rows", HABITS, ["metrics"]),
        ("broadcast", "test_broadcast_optimizer_state_and_rank0_resume", HABITS, ["broadcast"]),
-       ("ops", "test_torch_engine_collectives", HERE / "torchdist_checks.py", ["ops"])]
+       ("ops", "test_torch_engine_collectives", HERE / "scripts" / "torchdist_checks.py", ["ops"])]
 
 
 
@@ -66,10 +68,9 @@ def np2(launch_group, request):
 
 
 def _checks(proc):
-    lines = proc.stdout.splitlines()
-    return ({line.split("CHECK ", 1)[1].split(" ok")[0] for line in lines
-             if "CHECK " in line and " ok rank=0" in line},
-            sum("ALL OK rank=" in line for line in lines))
+    """The checks rank 0 passed, and how many ranks got to the end (tests/checks.py)."""
+    return ({name for name, ranks in passed(proc.stdout).items() if 0 in ranks},
+            all_ok(proc.stdout))
 
 
 @pytest.mark.multirank
@@ -86,7 +87,7 @@ def test_torch_engine_collectives(np3):
 
 @pytest.mark.multirank
 def test_call_order_check_names_the_rank(torchrun):
-    proc = torchrun(3, HERE / "torchdist_checks.py", "order", timeout=120,
+    proc = torchrun(3, HERE / "scripts" / "torchdist_checks.py", "order", timeout=120,
                     env={"PGC_HVD_TORCH_CHECK_ORDER": "1"})
     checks, all_ok = _checks(proc)
     assert all_ok == 3 and "order_mismatch_named" in checks, proc.stdout + proc.stderr

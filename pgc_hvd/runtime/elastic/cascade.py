@@ -15,7 +15,7 @@ gloo; measured on the 4-host loopback elastic setup, docs/elastic.md section 3):
 * the first survivor's own exit does not reach them: Horovod's ``hvd.shutdown()`` leaves the
   gloo context that carries every collective and the negotiation open. A 3-rank run holds 8
   established gloo sockets after ``hvd.init()`` (4 full-mesh contexts x 2 peers) and still 6
-  after ``hvd.shutdown()``, the busiest among them (``benchmarks/hvd_shutdown_sockets.py``).
+  after ``hvd.shutdown()``, the busiest among them (``benchmarks/elastic/hvd_shutdown_sockets.py``).
   So the first survivor re-enters the rendezvous while its old sockets stay open, and its
   peers' receives from it wait out the timeout.
 
