@@ -170,7 +170,7 @@ def trial_of(args) -> Trial:
 def worker(args) -> None:
     """Every scheme in turn on this rank; rank 0 prints progress and writes each scheme's
     ``run.json`` (and pgc_hvd's step records) under OUT. ``--engine torch``: torch's default
-    process group first (torch's DDP needs it), then :mod:`pgc_hvd.torch` adopts it; no Horovod
+    process group first (torch's DDP needs it), then :mod:`pgc_hvd.torchdist` (the engine behind :mod:`pgc_hvd.torch`) adopts it; no Horovod
     import."""
     import torch
 
@@ -181,7 +181,7 @@ def worker(args) -> None:
     if args.engine == "torch":
         import torch.distributed as dist
 
-        import pgc_hvd.torch as hvd
+        import pgc_hvd.torchdist as hvd
         dist.init_process_group("gloo")
     else:
         import horovod.torch as hvd

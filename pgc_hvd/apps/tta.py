@@ -2,7 +2,7 @@
 against pgc_hvd on one model, one data split, one initialisation and one delay schedule.
 
 Runs on every rank under ``horovodrun`` (engine ``horovod``) or ``torchrun`` (engine ``torch``:
-no Horovod import; the caller passes :mod:`pgc_hvd.torch` as ``hvd`` after
+no Horovod import; the caller passes :mod:`pgc_hvd.torchdist` as ``hvd`` after
 ``dist.init_process_group("gloo")``); shared by ``pgc-hvd demo`` (the main job,
 ``launch/demo.sh``) and ``benchmarks/tta/time_to_accuracy.py`` (patterns x optimizers x seeds).
 
@@ -279,7 +279,7 @@ def train_one(variant: str, index: int, trial: Trial, hvd, data,
     """Train a fresh model (seeded, broadcast from rank 0) under ``variant`` (module doc) for
     ``trial``; the same delays, data and initialisation for every variant. ``hvd``: the
     engine's module for the broadcast and the closing allgathers (``horovod.torch`` under
-    horovodrun; :mod:`pgc_hvd.torch` under torchrun, ``engine="torch"``, after
+    horovodrun; :mod:`pgc_hvd.torchdist` under torchrun, ``engine="torch"``, after
     ``dist.init_process_group("gloo")`` and ``hvd.init()``). ``data``: from
     :func:`digits_split`; ``on_eval(step, seconds, accuracy)`` after each evaluation (every
     rank); ``pgc_options``: more keyword arguments of pgc_hvd's optimizer (``records=``).

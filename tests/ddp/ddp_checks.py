@@ -209,6 +209,7 @@ def main():
     rank = dist.get_rank()
     if mode == "refusals":
         check_refusals(rank)
+        check_sequential(rank)
     elif mode == "habits":
         check_habits(rank, sys.argv[2])
     elif mode == "sequential":
