@@ -1,0 +1,246 @@
+"""``stragglers="auto"``: the straggler budget s chosen online from the cluster's own delays.
+
+Owns :class:`AutoConfig` (the rule's settings, checked before a run starts), :class:`ArrivalStats`
+(per-rank windows of what the engine already sees: each rank's step duration and the partitions
+it evaluated; bounded memory, nothing grows with the run's length) and :class:`AutoStragglers`
+(the rule). An engine feeds it and applies its :class:`Switch`; the simulator's adaptor is in
+:mod:`pgc_hvd.sim.engine` (``SimConfig.auto``), the runtime's is to come.
+
+The rule (docs/control.md, "s chosen online"):
+
+* **Observe.** Every finished step of rank r gives (seconds, k): D = seconds - k tau is its delay;
+  the last ``window`` per rank are kept. tau is the configured compute time of a partition or,
+  unknown, the smallest seconds / k seen (the shift estimate ``advise`` uses). The last
+  ``window`` step times of the current s calibrate the model's fixed cost
+  o = max(0, mean step time - T(current s) without o).
+* **Decide, at a safe boundary** (every ``every`` steps, once every rank has ``min_samples``
+  samples and ``every`` steps have passed since the last switch): predict every candidate
+  s in 0..s_max with :mod:`.progress_model` (time per step from the order statistics of the
+  observed delays plus k partitions' compute; progress per step from the staleness effect) and
+  switch to the best only if its expected progress per second beats the current s's by more
+  than ``min_gain`` (hysteresis; default 8%). s = 0 is a candidate: no redundancy when nothing
+  is slow.
+* **Apply.** The engine re-plans at the boundary: code, c, ring and assignment of the new s
+  (the simulator drops the old plan's messages still in flight, and the new ring's first step
+  evaluates its c partitions, as a pipelined scheme's warm-up). Every switch is a
+  :class:`Switch` (step, old s, new s, reason, the predictions) that the engine writes into
+  the step record's ``extra["auto_s"]``.
+
+May import: numpy, ``schemes`` (layer 2) and the rest of ``control``; never an engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+
+from .progress_model import (DEFAULT_STALENESS_COST, Prediction, predict, step_partitions,
+                             time_per_step)
+
+_SWITCHES_KEPT = 64
+
+
+@dataclasses.dataclass
+class AutoConfig:
+    every: int = 20          # steps between re-plan boundaries
+    window: int = 32         # samples kept per rank (and step times of the current s)
+    min_gain: float = 0.08   # switch only when the best predicted rate > (1 + min_gain) x current
+    s_max: Optional[int] = None   # largest s considered (None: min(n - 1, max(3, n // 4)))
+    s_start: Optional[int] = None  # s of the first steps (None: the scheme's default, 1)
+    staleness_cost: float = DEFAULT_STALENESS_COST   # lambda of progress_model
+    min_samples: int = 4     # samples per rank before the first decision
+    tau: Optional[float] = None   # seconds per partition (None: estimated, min seconds / k)
+    draws: int = 256         # Monte Carlo draws of the order statistic
+
+    @classmethod
+    def from_options(cls, opts) -> "AutoConfig":
+        if isinstance(opts, AutoConfig):
+            return opts
+        opts = dict(opts or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = set(opts) - names
+        if bad:
+            raise ValueError(f"unknown stragglers='auto' options {sorted(bad)}; known: "
+                             f"{sorted(names)}")
+        cfg = cls(**opts)
+        for name in ("every", "window", "min_samples", "draws"):
+            v = getattr(cfg, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"stragglers='auto': {name} must be an int >= 1, got {v!r}")
+        if not (cfg.min_gain >= 0 and math.isfinite(cfg.min_gain)):
+            raise ValueError(f"stragglers='auto': min_gain must be >= 0, got {cfg.min_gain}")
+        if not cfg.staleness_cost >= 0:
+            raise ValueError(f"stragglers='auto': staleness_cost must be >= 0, "
+                             f"got {cfg.staleness_cost}")
+        if cfg.tau is not None and not cfg.tau > 0:
+            raise ValueError(f"stragglers='auto': tau must be seconds > 0, got {cfg.tau}")
+        if cfg.min_samples > cfg.window:
+            raise ValueError(f"stragglers='auto': min_samples = {cfg.min_samples} exceeds "
+                             f"window = {cfg.window}")
+        return cfg
+
+    def budget_range(self, scheme: str, n: int) -> tuple[int, int]:
+        """(s_start, s_max) for ``scheme`` over n ranks, checked before anything runs: a budget
+        above n - 1 is refused with the fix."""
+        from pgc_hvd.schemes import scheme_class
+        cls = scheme_class(scheme)
+        if cls.waits_for_all:
+            raise ValueError(f"stragglers='auto' with {scheme!r}: it waits for every worker and "
+                             f"tolerates no stragglers; use a scheme that does ('pgc-cr', "
+                             f"'gc-cr', 'bcgc', 'is-sgd') or stragglers=0")
+        if n < 2:
+            raise ValueError(f"stragglers='auto' needs n >= 2 workers, got n={n}")
+        s_max = min(n - 1, max(3, n // 4)) if self.s_max is None else int(self.s_max)
+        if not 0 <= s_max <= n - 1:
+            raise ValueError(f"stragglers='auto': s_max = {s_max} is not possible with n = {n} "
+                             f"workers (s <= n - 1 = {n - 1}); pass auto options s_max <= {n - 1} "
+                             f"(e.g. {{'s_max': {min(n - 1, max(1, n // 4))}}}) or run more "
+                             f"workers")
+        s0 = cls.default_stragglers(n) if self.s_start is None else int(self.s_start)
+        if not 0 <= s0 <= s_max:
+            raise ValueError(f"stragglers='auto': s_start = {s0} must lie in [0, s_max = "
+                             f"{s_max}] for n = {n}; lower s_start or raise s_max (<= {n - 1})")
+        return s0, s_max
+
+
+@dataclasses.dataclass
+class Switch:
+    """One re-plan: at the boundary before step ``step`` s goes from ``old`` to ``new``."""
+
+    step: int
+    old: int
+    new: int
+    reason: str
+    gain: float
+    predictions: list
+
+    def as_dict(self) -> dict:
+        return {"step": self.step, "old_s": self.old, "new_s": self.new, "reason": self.reason,
+                "gain": self.gain, "predictions": self.predictions}
+
+
+class ArrivalStats:
+    """Per-rank windows of (seconds, partitions) of finished steps and the step times of the
+    current plan; memory O(n * window) whatever the run's length."""
+
+    def __init__(self, n: int, window: int, tau: Optional[float] = None):
+        self.n, self.window = int(n), int(window)
+        self.fixed_tau = tau
+        self.samples = [collections.deque(maxlen=self.window) for _ in range(self.n)]
+        self.step_times: collections.deque = collections.deque(maxlen=self.window)
+        self._tau_min = math.inf
+
+    def observe(self, rank: int, seconds: float, partitions: int) -> None:
+        k = max(1, int(partitions))
+        self.samples[rank].append((float(seconds), k))
+        self._tau_min = min(self._tau_min, float(seconds) / k)
+
+    def observe_step(self, step_time: float) -> None:
+        self.step_times.append(float(step_time))
+
+    def reset_steps(self) -> None:
+        self.step_times.clear()
+
+    @property
+    def tau(self) -> float:
+        return float(self.fixed_tau) if self.fixed_tau is not None else self._tau_min
+
+    def counts(self) -> list[int]:
+        return [len(d) for d in self.samples]
+
+    def delays(self) -> list[list[float]]:
+        """Each rank's delays D = seconds - k tau (>= 0) over its window."""
+        tau = self.tau
+        return [[max(0.0, sec - k * tau) for sec, k in d] for d in self.samples]
+
+
+class AutoStragglers:
+    """The online rule (module doc) for ``scheme`` over n ranks. ``s`` is the budget in force;
+    :meth:`decide` returns a :class:`Switch` (and updates ``s``) or None."""
+
+    def __init__(self, scheme: str, n: int, config: Optional[AutoConfig] = None,
+                 scheme_options: Optional[dict] = None):
+        self.cfg = AutoConfig.from_options(config)
+        self.scheme, self.n = scheme, int(n)
+        self.s, self.s_max = self.cfg.budget_range(scheme, self.n)
+        self.stats = ArrivalStats(self.n, self.cfg.window, self.cfg.tau)
+        self.options = dict(scheme_options or {})
+        self._k: dict[int, int] = {}
+        self.last_switch = 0
+        self.switches: collections.deque = collections.deque(maxlen=_SWITCHES_KEPT)
+        self.n_switches = 0
+        self.last_predictions: list = []
+
+    def candidates(self) -> list[tuple[str, int]]:
+        return [(self.scheme, s) for s in range(0, self.s_max + 1)]
+
+    def partitions(self, s: int) -> int:
+        k = self._k.get(s)
+        if k is None:
+            k = self._k[s] = step_partitions(self.scheme, self.n, s)
+        return k
+
+    # -- what the engine sees ---------------------------------------------------------
+    def observe(self, rank: int, seconds: float, partitions: int) -> None:
+        self.stats.observe(rank, seconds, partitions)
+
+    def observe_step(self, step_time: float) -> None:
+        self.stats.observe_step(step_time)
+
+    # -- the decision --------------------------------------------------------------------
+    def ready(self, step: int) -> bool:
+        c = self.cfg
+        return (step > 0 and step % c.every == 0 and step - self.last_switch >= c.every
+                and min(self.stats.counts()) >= c.min_samples)
+
+    def predictions(self) -> tuple[list[Prediction], float]:
+        """The candidates ranked (best first) and the fixed cost o calibrated on the current s."""
+        st = self.stats
+        delays, tau = st.delays(), st.tau
+        o = 0.0
+        if st.step_times:
+            bare = time_per_step(delays, tau, self.partitions(self.s), self.s,
+                                 draws=self.cfg.draws, seed=self.n_switches)
+            o = max(0.0, float(np.mean(st.step_times)) - bare)
+        preds = []
+        for scheme, s in self.candidates():
+            try:
+                preds.append(predict(scheme, s, delays, tau, o, self.cfg.staleness_cost,
+                                     k=self.partitions(s), draws=self.cfg.draws,
+                                     seed=self.n_switches))
+            except ValueError:     # no code for (n, s)
+                continue
+        preds.sort(key=lambda p: (-p.rate, p.s))
+        return preds, o
+
+    def decide(self, step: int) -> Optional[Switch]:
+        if not self.ready(step):
+            return None
+        preds, o = self.predictions()
+        self.last_predictions = [p.as_dict() for p in preds]
+        cur = next((p for p in preds if p.s == self.s), None)
+        if not preds or cur is None:
+            return None
+        best = preds[0]
+        gain = best.rate / cur.rate - 1.0 if cur.rate > 0 else math.inf
+        if best.s == self.s or gain <= self.cfg.min_gain:
+            return None
+        reason = (f"predicted progress/s {best.rate:.4g} at s={best.s} (T {best.time_per_step:.3g} s,"
+                  f" progress/step {best.progress_per_step:.3g}) vs {cur.rate:.4g} at s={cur.s} "
+                  f"(T {cur.time_per_step:.3g} s, progress/step {cur.progress_per_step:.3g}): "
+                  f"+{gain:.0%} > min_gain {self.cfg.min_gain:.0%}; tau {self.stats.tau:.3g} s, "
+                  f"fixed cost {o:.3g} s, {min(self.stats.counts())}+ samples per rank")
+        sw = Switch(step, self.s, best.s, reason, float(gain), self.last_predictions)
+        self.s = best.s
+        self.last_switch = step
+        self.stats.reset_steps()
+        self.switches.append(sw)
+        self.n_switches += 1
+        return sw
+
+
+__all__ = ["AutoConfig", "ArrivalStats", "AutoStragglers", "Switch"]
