@@ -46,7 +46,7 @@ _SWITCHES_KEPT = 64
 
 @dataclasses.dataclass
 class AutoConfig:
-    every: int = 20          # steps between re-plan boundaries
+    every: int = 10          # steps between re-plan boundaries
     window: int = 32         # samples kept per rank (and step times of the current s)
     min_gain: float = 0.08   # switch only when the best predicted rate > (1 + min_gain) x current
     s_max: Optional[int] = None   # largest s considered (None: min(n - 1, max(3, n // 4)))
