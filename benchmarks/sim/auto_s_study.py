@@ -20,10 +20,10 @@ rank, 8% hysteresis, s in 0..max(3, n/4), starting at the default s = 1) and the
 ``--fixed`` (default {0, 1, 2, 3, n/8, n/4}); the table gives the median time to the target
 over the seeds, the best fixed s by that median, and auto's ratios to it and to s = 1.
 
-``--calibrate``: PGC-CR at s = 0..3 under exponential delays (mean 1) at n = 12 on seeds
-100.. (not the study's), steps to the target per s: the staleness effect lambda of
-:mod:`pgc_hvd.control.progress_model` (steps(s) / steps(0) = 1 + lambda s, least squares over
-the seeds' medians).
+``--calibrate``: PGC-CR at the fixed budgets under exponential delays (mean 1) for each
+``--n``, on seeds 100.. (not the study's), steps to the target per s: the staleness effect
+lambda of :mod:`pgc_hvd.control.progress_model` (steps(s) / steps(0) = 1 + lambda s, least
+squares over the seeds' medians of every (n, s)).
 
 Rows go to OUT/runs.jsonl as they finish; a rerun with the same OUT skips the rows it has
 (so a long study can be resumed). The table is printed and written to OUT/table.md.
@@ -75,12 +75,13 @@ def run_one(spec: dict) -> dict:
 def specs_of(args) -> list[dict]:
     out = []
     if args.calibrate:
-        for s in range(4):
-            for seed in range(100, 100 + args.seeds):
-                out.append({"label": f"cal_n12_s{s}_seed{seed}", "n": 12, "pattern": "exp",
-                            "delay": f"exp:mean=1,seed={seed}", "s": s, "seed": seed,
-                            "target": args.target, "max_steps": args.max_steps,
-                            "pattern_steps": args.pattern_steps})
+        for n in args.n:
+            for s in (args.fixed if args.fixed else fixed_budgets(n)):
+                for seed in range(100, 100 + args.seeds):
+                    out.append({"label": f"cal_n{n}_s{s}_seed{seed}", "n": n, "pattern": "exp",
+                                "delay": f"exp:mean=1,seed={seed}", "s": s, "seed": seed,
+                                "target": args.target, "max_steps": args.max_steps,
+                                "pattern_steps": args.pattern_steps})
         return out
     for n in args.n:
         budgets = ["auto"] + (args.fixed if args.fixed else fixed_budgets(n))
@@ -139,12 +140,19 @@ def table(rows: list[dict]) -> str:
 
 
 def calibration(rows: list[dict]) -> str:
-    steps = {s: _median([r["steps_to_target"] for r in rows if r["s"] == s]) for s in range(4)}
-    base = steps[0]
-    pts = [(s, steps[s] / base - 1.0) for s in (1, 2, 3) if math.isfinite(steps[s])]
+    out = ["| n | s | median steps to target | steps / steps(s=0) |", "|---|---|---|---|"]
+    pts = []
+    for n in sorted({r["n"] for r in rows}):
+        budgets = sorted({r["s"] for r in rows if r["n"] == n})
+        steps = {s: _median([r["steps_to_target"] for r in rows if r["n"] == n and r["s"] == s])
+                 for s in budgets}
+        base = steps.get(0)
+        for s in budgets:
+            ratio = steps[s] / base if base else None
+            out.append(f"| {n} | {s} | {_fmt(steps[s])} | {_fmt(ratio, 2)} |")
+            if s > 0 and ratio is not None and math.isfinite(ratio):
+                pts.append((s, ratio - 1.0))
     lam = sum(s * y for s, y in pts) / sum(s * s for s, _ in pts) if pts else None
-    out = ["| s | median steps to target | steps / steps(s=0) |", "|---|---|---|"]
-    out += [f"| {s} | {_fmt(steps[s])} | {_fmt(steps[s] / base, 2)} |" for s in range(4)]
     out.append("")
     out.append(f"lambda (least squares of steps(s)/steps(0) - 1 = lambda s): "
                f"{'-' if lam is None else f'{lam:.3f}'}")

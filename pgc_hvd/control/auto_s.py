@@ -13,13 +13,20 @@ The rule (docs/control.md, "s chosen online"):
   unknown, the smallest seconds / k seen (the shift estimate ``advise`` uses). The last
   ``window`` step times of the current s calibrate the model's fixed cost
   o = max(0, mean step time - T(current s) without o).
-* **Decide, at a safe boundary** (every ``every`` steps, once every rank has ``min_samples``
-  samples and ``every`` steps have passed since the last switch): predict every candidate
-  s in 0..s_max with :mod:`.progress_model` (time per step from the order statistics of the
-  observed delays plus k partitions' compute; progress per step from the staleness effect) and
-  switch to the best only if its expected progress per second beats the current s's by more
-  than ``min_gain`` (hysteresis; default 8%). s = 0 is a candidate: no redundancy when nothing
-  is slow.
+* **Decide, at a safe boundary** (step ``first``, then every ``every`` steps; once every
+  rank has ``min_samples`` samples and ``every`` steps have passed since the last switch):
+  predict every candidate s in 0..s_max with :mod:`.progress_model` (time per step from the
+  order statistics of the observed delays plus k partitions' compute; progress per step from
+  the staleness effect). A candidate other than the current s is charged its re-plan: the
+  first step of a new plan evaluates every slot of the new ring (c partitions for PGC), so
+  (c_warm - k) tau is spread over ``horizon`` steps. Then:
+
+  - **more redundancy** (best s > current) only if its expected progress per second beats
+    the current s's by more than ``min_gain`` (hysteresis; default 8%);
+  - **less redundancy** (best s < current) as soon as it is predicted at least as good: a
+    smaller s costs fewer evaluations and less staleness than the model charges (it is the
+    safe side), so s = 0 is reached when nothing is slow. Going back up needs the margin
+    again, so the rule does not oscillate between two budgets.
 * **Apply.** The engine re-plans at the boundary: code, c, ring and assignment of the new s
   (the simulator drops the old plan's messages still in flight, and the new ring's first step
   evaluates its c partitions, as a pipelined scheme's warm-up). Every switch is a
@@ -46,13 +53,15 @@ _SWITCHES_KEPT = 64
 
 @dataclasses.dataclass
 class AutoConfig:
-    every: int = 10          # steps between re-plan boundaries
-    window: int = 32         # samples kept per rank (and step times of the current s)
-    min_gain: float = 0.08   # switch only when the best predicted rate > (1 + min_gain) x current
+    every: int = 10          # steps between re-plan boundaries (after the first, at `first`)
+    first: int = 3           # the first boundary (a persistent straggler is plain at once)
+    window: int = 16         # samples kept per rank (and step times of the current s)
+    min_gain: float = 0.08   # raise s only when the best predicted rate > (1 + min_gain) x current
+    horizon: int = 50        # steps over which a re-plan's warm-up step is charged
     s_max: Optional[int] = None   # largest s considered (None: min(n - 1, max(3, n // 4)))
     s_start: Optional[int] = None  # s of the first steps (None: the scheme's default, 1)
     staleness_cost: float = DEFAULT_STALENESS_COST   # lambda of progress_model
-    min_samples: int = 4     # samples per rank before the first decision
+    min_samples: int = 2     # samples per rank before a decision
     tau: Optional[float] = None   # seconds per partition (None: estimated, min seconds / k)
     draws: int = 256         # Monte Carlo draws of the order statistic
 
@@ -67,7 +76,7 @@ class AutoConfig:
             raise ValueError(f"unknown stragglers='auto' options {sorted(bad)}; known: "
                              f"{sorted(names)}")
         cfg = cls(**opts)
-        for name in ("every", "window", "min_samples", "draws"):
+        for name in ("every", "first", "window", "min_samples", "draws", "horizon"):
             v = getattr(cfg, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"stragglers='auto': {name} must be an int >= 1, got {v!r}")
@@ -170,7 +179,8 @@ class AutoStragglers:
         self.stats = ArrivalStats(self.n, self.cfg.window, self.cfg.tau)
         self.options = dict(scheme_options or {})
         self._k: dict[int, int] = {}
-        self.last_switch = 0
+        self.last_switch: Optional[int] = None
+        self._warm: dict[int, int] = {}
         self.switches: collections.deque = collections.deque(maxlen=_SWITCHES_KEPT)
         self.n_switches = 0
         self.last_predictions: list = []
@@ -184,6 +194,17 @@ class AutoStragglers:
             k = self._k[s] = step_partitions(self.scheme, self.n, s)
         return k
 
+    def warmup_partitions(self, s: int) -> int:
+        """Partitions a rank evaluates at the first step of a fresh plan of budget s (every
+        slot of the new ring: c for PGC's pipelined schemes, k for the others)."""
+        w = self._warm.get(s)
+        if w is None:
+            from pgc_hvd.schemes import get_scheme
+            sch = get_scheme(self.scheme, self.n, s)
+            w = self._warm[s] = max(len(sch.supports()[r]) if sch.pipelined else
+                                    len(sch.work_plan(r, 1).evaluate) for r in range(self.n))
+        return w
+
     # -- what the engine sees ---------------------------------------------------------
     def observe(self, rank: int, seconds: float, partitions: int) -> None:
         self.stats.observe(rank, seconds, partitions)
@@ -194,7 +215,9 @@ class AutoStragglers:
     # -- the decision --------------------------------------------------------------------
     def ready(self, step: int) -> bool:
         c = self.cfg
-        return (step > 0 and step % c.every == 0 and step - self.last_switch >= c.every
+        if step < c.first or (step - c.first) % c.every:
+            return False
+        return ((self.last_switch is None or step - self.last_switch >= c.every)
                 and min(self.stats.counts()) >= c.min_samples)
 
     def predictions(self) -> tuple[list[Prediction], float]:
@@ -209,8 +232,11 @@ class AutoStragglers:
         preds = []
         for scheme, s in self.candidates():
             try:
-                preds.append(predict(scheme, s, delays, tau, o, self.cfg.staleness_cost,
-                                     k=self.partitions(s), draws=self.cfg.draws,
+                k = self.partitions(s)
+                replan = 0.0 if s == self.s else \
+                    max(0, self.warmup_partitions(s) - k) * tau / self.cfg.horizon
+                preds.append(predict(scheme, s, delays, tau, o + replan,
+                                     self.cfg.staleness_cost, k=k, draws=self.cfg.draws,
                                      seed=self.n_switches))
             except ValueError:     # no code for (n, s)
                 continue
@@ -227,13 +253,19 @@ class AutoStragglers:
             return None
         best = preds[0]
         gain = best.rate / cur.rate - 1.0 if cur.rate > 0 else math.inf
-        if best.s == self.s or gain <= self.cfg.min_gain:
+        if best.s == self.s:
             return None
-        reason = (f"predicted progress/s {best.rate:.4g} at s={best.s} (T {best.time_per_step:.3g} s,"
-                  f" progress/step {best.progress_per_step:.3g}) vs {cur.rate:.4g} at s={cur.s} "
-                  f"(T {cur.time_per_step:.3g} s, progress/step {cur.progress_per_step:.3g}): "
-                  f"+{gain:.0%} > min_gain {self.cfg.min_gain:.0%}; tau {self.stats.tau:.3g} s, "
-                  f"fixed cost {o:.3g} s, {min(self.stats.counts())}+ samples per rank")
+        if best.s > self.s and gain <= self.cfg.min_gain:
+            return None
+        if best.s < self.s and best.rate < cur.rate:
+            return None
+        why = (f"+{gain:.1%} > min_gain {self.cfg.min_gain:.0%}" if best.s > self.s else
+               f"less redundancy, predicted at least as good ({gain:+.1%})")
+        reason = (f"predicted progress/s {best.rate:.4g} at s={best.s} (T {best.time_per_step:.3g} s"
+                  f" incl. re-plan, progress/step {best.progress_per_step:.3g}) vs {cur.rate:.4g} "
+                  f"at s={cur.s} (T {cur.time_per_step:.3g} s, progress/step "
+                  f"{cur.progress_per_step:.3g}): {why}; tau {self.stats.tau:.3g} s, fixed cost "
+                  f"{o:.3g} s, {min(self.stats.counts())}+ samples per rank")
         sw = Switch(step, self.s, best.s, reason, float(gain), self.last_predictions)
         self.s = best.s
         self.last_switch = step

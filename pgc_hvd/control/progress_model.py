@@ -28,8 +28,10 @@ The model, with the design note's symbols (n workers, budget s, c partitions per
   lambda = ``staleness_cost``: the extra steps to a target per unit of ring depth. It is a
   property of the workload and the optimizer, not of the cluster: measured on MNIST-1D's
   ``cnn1d`` with SGD momentum 0.9 and the default remedy (docs/control.md, "s chosen online")
-  at lambda ~ 1.4; ``advise`` measures it per candidate from its simulations
-  (:func:`measured_staleness_cost`).
+  at lambda = -0.007 (no measurable cost up to s = 25 at n = 100: the remedy's ring decay
+  works there), so the default is a small 0.005, a tie-break towards less staleness; on a
+  workload where staleness costs steps set it (``advise`` measures it per candidate from its
+  simulations: :func:`measured_staleness_cost`).
 * **Expected progress per second** ``rate = gamma / T``; :func:`rank` orders candidates by it
   and the rule switches only when the best beats the current by a margin (hysteresis).
 
@@ -45,7 +47,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 # extra steps per unit of ring depth for the stale schemes (module doc; docs/control.md)
-DEFAULT_STALENESS_COST = 1.4
+DEFAULT_STALENESS_COST = 0.005
 
 
 @dataclasses.dataclass(frozen=True)

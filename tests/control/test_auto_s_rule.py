@@ -14,26 +14,39 @@ def feed(rule, delays_of, steps, start=0, tau=1.0):
 
 
 def test_switches_down_to_zero_without_stragglers_and_up_for_a_slow_rank():
-    rule = AutoStragglers("pgc-cr", 12, {"every": 10, "window": 16, "s_max": 3,
-                                         "staleness_cost": 1.0, "tau": 1.0})
+    rule = AutoStragglers("pgc-cr", 12, {"every": 10, "first": 10, "window": 16,
+                                         "s_max": 3, "staleness_cost": 1.0, "tau": 1.0})
     assert rule.s == 1
     feed(rule, lambda r, t: 0.0, 10)
     sw = rule.decide(10)
-    assert sw is not None and (sw.old, sw.new) == (1, 0) and "min_gain" in sw.reason
+    assert sw is not None and (sw.old, sw.new) == (1, 0) and "less redundancy" in sw.reason
     assert rule.decide(15) is None                # not a boundary
     feed(rule, lambda r, t: 3.0 if r == 2 else 0.0, 20, start=10)
     sw = rule.decide(30)
-    assert sw is not None and (sw.old, sw.new) == (0, 1)
+    assert sw is not None and (sw.old, sw.new) == (0, 1) and "min_gain" in sw.reason
     assert sw.as_dict()["predictions"][0]["s"] == 1
 
 
 def test_hysteresis_keeps_s_when_gain_is_small():
-    rule = AutoStragglers("gc-cr", 4, {"every": 5, "min_gain": 0.5, "tau": 1.0, "s_max": 2})
+    rule = AutoStragglers("gc-cr", 4, {"every": 5, "first": 5, "min_gain": 0.5, "tau": 1.0,
+                                       "s_max": 2})
     # one rank +1.2: s = 1 gives 2.0 per step against 2.2 at s = 0: +10% < 50%
     rule.s = 0
     feed(rule, lambda r, t: 1.2 if r == 0 else 0.0, 10)
     assert rule.decide(10) is None and rule.s == 0
     assert rule.last_predictions[0]["s"] == 1
+
+
+def test_a_replan_is_charged_its_warm_up():
+    # PGC at s evaluates s + 1 partitions at the first step of a new plan: charged over a
+    # horizon of 1 step that is s tau, at least the 1.0 a slow rank's delay costs s = 0
+    rule = AutoStragglers("pgc-cr", 8, {"every": 5, "first": 5, "tau": 1.0, "s_max": 3,
+                                        "s_start": 0, "horizon": 1, "min_gain": 0.0})
+    feed(rule, lambda r, t: 1.0 if r == 1 else 0.0, 10)
+    assert rule.decide(5) is None
+    assert rule.warmup_partitions(3) == 4 and rule.warmup_partitions(0) == 1
+    rule.cfg.horizon = 50
+    assert rule.decide(10).new >= 1
 
 
 def test_memory_is_bounded():

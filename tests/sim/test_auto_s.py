@@ -26,11 +26,12 @@ def run(digits, s, delay, steps=40, auto=None, scheme="pgc-cr", **kw):
 
 
 def test_no_stragglers_goes_to_s0_and_records_why(digits):
-    recs, summ = run(digits, "auto", "none", auto={"every": 10})
+    recs, summ = run(digits, "auto", "none", auto={"every": 10, "first": 10})
     assert [r.s for r in recs[:10]] == [1] * 10           # the default s until the first boundary
     assert recs[-1].s == 0 and summ["s"] == 0
     sw = recs[10].extra["auto_s"][0]
-    assert (sw["step"], sw["old_s"], sw["new_s"]) == (10, 1, 0) and "min_gain" in sw["reason"]
+    assert (sw["step"], sw["old_s"], sw["new_s"]) == (10, 1, 0)
+    assert "less redundancy" in sw["reason"]
     assert summ["auto_switches"][0]["new_s"] == 0 and summ["steps_at_s"] == {"0": 30, "1": 10}
     assert sum(1 for r in recs if "auto_s" in r.extra) == len(summ["auto_switches"]) == 1
     # at s = 0 every step waits for all n workers, none is late
@@ -39,9 +40,8 @@ def test_no_stragglers_goes_to_s0_and_records_why(digits):
 
 def test_a_persistent_slow_rank_keeps_redundancy_and_beats_s0(digits):
     slow = pattern_spec("slow-rank", N, compute=1.0, seed=2)
-    recs, summ = run(digits, "auto", slow, auto={"every": 10, "s_start": 0,
-                                                 "staleness_cost": 0.2})
-    assert recs[9].s == 0 and recs[-1].s == 1
+    recs, summ = run(digits, "auto", slow, auto={"every": 10, "first": 10, "s_start": 0})
+    assert recs[9].s == 0 and recs[-1].s >= 1
     _, fixed0 = run(digits, 0, slow)
     assert summ["time"] < 0.6 * fixed0["time"]
     assert all(2 not in r.workers_used for r in recs[12:])   # the slow rank left out
@@ -49,7 +49,8 @@ def test_a_persistent_slow_rank_keeps_redundancy_and_beats_s0(digits):
 
 def test_gc_cr_switch_changes_c(digits):
     # gc-cr computes c = s + 1 partitions per step: with nobody slow the rule drops to s = 0
-    recs, _ = run(digits, "auto", "none", auto={"every": 10, "s_start": 2}, scheme="gc-cr")
+    recs, _ = run(digits, "auto", "none", auto={"every": 10, "first": 10, "s_start": 2},
+                  scheme="gc-cr")
     assert recs[0].s == 2 and recs[-1].s == 0
     assert recs[-1].time - recs[-2].time == pytest.approx(1.0, rel=0.05)
 
