@@ -9,12 +9,16 @@ it evaluated; bounded memory, nothing grows with the run's length) and :class:`A
 The rule (docs/control.md, "s chosen online"):
 
 * **Observe.** Every finished step of rank r gives (seconds, k): D = seconds - k tau is its delay;
-  the last ``window`` per rank are kept. tau is the configured compute time of a partition or,
-  unknown, the smallest seconds / k seen (the shift estimate ``advise`` uses). The last
-  ``window`` step times of the current s calibrate the model's fixed cost
+  the last ``window`` per rank are kept, and a draw takes a sample of age a (0: the newest)
+  with weight 2^(-a/``half_life``), so a straggler that comes or goes counts as such after a
+  few of its steps; a step still being computed that has run longer than the rank's newest
+  sample counts as a (censored) sample at the boundary. tau is the configured compute time of
+  a partition or, unknown, the smallest seconds / k seen (the shift estimate ``advise``
+  uses). The last ``window`` step times of the current s calibrate the model's fixed cost
   o = max(0, mean step time - T(current s) without o).
-* **Decide, at a safe boundary** (step ``first``, then every ``every`` steps; once every
-  rank has ``min_samples`` samples and ``every`` steps have passed since the last switch):
+* **Decide, at a safe boundary** (step ``first``, then every ``every`` steps: by default
+  every step boundary, where the simulator's plan can change; once every rank has
+  ``min_samples`` samples and ``cooldown`` steps have passed since the last switch):
   predict every candidate s in 0..s_max with :mod:`.progress_model` (time per step from the
   order statistics of the observed delays plus k partitions' compute; progress per step from
   the staleness effect). A candidate other than the current s is charged its re-plan: the
@@ -53,11 +57,13 @@ _SWITCHES_KEPT = 64
 
 @dataclasses.dataclass
 class AutoConfig:
-    every: int = 10          # steps between re-plan boundaries (after the first, at `first`)
+    every: int = 1           # steps between re-plan boundaries (after the first, at `first`)
+    cooldown: int = 10       # steps after a switch before the next one
     first: int = 3           # the first boundary (a persistent straggler is plain at once)
     window: int = 16         # samples kept per rank (and step times of the current s)
     min_gain: float = 0.08   # raise s only when the best predicted rate > (1 + min_gain) x current
     horizon: int = 50        # steps over which a re-plan's warm-up step is charged
+    half_life: float = 4.0   # samples: recent steps weigh more (a straggler that comes or goes)
     s_max: Optional[int] = None   # largest s considered (None: min(n - 1, max(3, n // 4)))
     s_start: Optional[int] = None  # s of the first steps (None: the scheme's default, 1)
     staleness_cost: float = DEFAULT_STALENESS_COST   # lambda of progress_model
@@ -76,7 +82,7 @@ class AutoConfig:
             raise ValueError(f"unknown stragglers='auto' options {sorted(bad)}; known: "
                              f"{sorted(names)}")
         cfg = cls(**opts)
-        for name in ("every", "first", "window", "min_samples", "draws", "horizon"):
+        for name in ("every", "first", "cooldown", "window", "min_samples", "draws", "horizon"):
             v = getattr(cfg, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"stragglers='auto': {name} must be an int >= 1, got {v!r}")
@@ -85,6 +91,9 @@ class AutoConfig:
         if not cfg.staleness_cost >= 0:
             raise ValueError(f"stragglers='auto': staleness_cost must be >= 0, "
                              f"got {cfg.staleness_cost}")
+        if not cfg.half_life > 0:
+            raise ValueError(f"stragglers='auto': half_life must be > 0 samples, "
+                             f"got {cfg.half_life}")
         if cfg.tau is not None and not cfg.tau > 0:
             raise ValueError(f"stragglers='auto': tau must be seconds > 0, got {cfg.tau}")
         if cfg.min_samples > cfg.window:
@@ -161,10 +170,18 @@ class ArrivalStats:
     def counts(self) -> list[int]:
         return [len(d) for d in self.samples]
 
-    def delays(self) -> list[list[float]]:
-        """Each rank's delays D = seconds - k tau (>= 0) over its window."""
+    def delays(self, running=None) -> list[list[float]]:
+        """Each rank's delays D = seconds - k tau (>= 0) over its window, oldest first.
+        ``running``: {rank: (seconds so far, k)} of steps still being computed; one that has
+        already run longer than the rank's newest sample is appended as a (censored, lower)
+        sample, so a rank that just became slow counts before its slow step ends."""
         tau = self.tau
-        return [[max(0.0, sec - k * tau) for sec, k in d] for d in self.samples]
+        out = [[max(0.0, sec - k * tau) for sec, k in d] for d in self.samples]
+        for r, (sec, k) in (running or {}).items():
+            d = max(0.0, sec - max(1, int(k)) * tau)
+            if out[r] and d > out[r][-1]:
+                out[r].append(d)
+        return out
 
 
 class AutoStragglers:
@@ -217,17 +234,19 @@ class AutoStragglers:
         c = self.cfg
         if step < c.first or (step - c.first) % c.every:
             return False
-        return ((self.last_switch is None or step - self.last_switch >= c.every)
+        return ((self.last_switch is None or step - self.last_switch >= c.cooldown)
                 and min(self.stats.counts()) >= c.min_samples)
 
-    def predictions(self) -> tuple[list[Prediction], float]:
-        """The candidates ranked (best first) and the fixed cost o calibrated on the current s."""
+    def predictions(self, running=None) -> tuple[list[Prediction], float]:
+        """The candidates ranked (best first) and the fixed cost o calibrated on the current s;
+        ``running`` as :meth:`ArrivalStats.delays`."""
         st = self.stats
-        delays, tau = st.delays(), st.tau
+        delays, tau = st.delays(running), st.tau
+        hl = self.cfg.half_life
         o = 0.0
         if st.step_times:
             bare = time_per_step(delays, tau, self.partitions(self.s), self.s,
-                                 draws=self.cfg.draws, seed=self.n_switches)
+                                 draws=self.cfg.draws, seed=self.n_switches, half_life=hl)
             o = max(0.0, float(np.mean(st.step_times)) - bare)
         preds = []
         for scheme, s in self.candidates():
@@ -237,16 +256,18 @@ class AutoStragglers:
                     max(0, self.warmup_partitions(s) - k) * tau / self.cfg.horizon
                 preds.append(predict(scheme, s, delays, tau, o + replan,
                                      self.cfg.staleness_cost, k=k, draws=self.cfg.draws,
-                                     seed=self.n_switches))
+                                     seed=self.n_switches, half_life=hl))
             except ValueError:     # no code for (n, s)
                 continue
         preds.sort(key=lambda p: (-p.rate, p.s))
         return preds, o
 
-    def decide(self, step: int) -> Optional[Switch]:
+    def decide(self, step: int, running=None) -> Optional[Switch]:
+        """At a boundary (:meth:`ready`): the switch to make before step ``step``, or None.
+        ``running``: {rank: (seconds so far, partitions)} of the steps being computed now."""
         if not self.ready(step):
             return None
-        preds, o = self.predictions()
+        preds, o = self.predictions(running)
         self.last_predictions = [p.as_dict() for p in preds]
         cur = next((p for p in preds if p.s == self.s), None)
         if not preds or cur is None:

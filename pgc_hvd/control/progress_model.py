@@ -100,9 +100,12 @@ def progress_per_step(scheme: str, s: int,
 
 
 def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
-                  overhead: float = 0.0, draws: int = 256, seed: int = 0) -> float:
+                  overhead: float = 0.0, draws: int = 256, seed: int = 0,
+                  half_life: Optional[float] = None) -> float:
     """E[(n - s)-th smallest of k tau + D_r] + overhead, D_r drawn from rank r's samples
-    ``delays[r]`` (module doc). Deterministic for a given ``seed``."""
+    ``delays[r]`` (module doc), oldest first; with ``half_life`` h a sample of age a (0: the
+    newest) is drawn with weight 2^(-a/h), so a rank that became slow (or fast) counts as such
+    after about h samples. Deterministic for a given ``seed``."""
     n = len(delays)
     if not 0 <= s < n:
         raise ValueError(f"s = {s} must lie in [0, n - 1] for n = {n} ranks")
@@ -112,8 +115,13 @@ def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
     cols = []
     for d in delays:
         a = np.asarray(d, dtype=float)
-        cols.append(a[rng.integers(0, len(a), size=draws)] if len(a) > 1
-                    else np.full(draws, a[0]))
+        if len(a) == 1:
+            cols.append(np.full(draws, a[0]))
+        elif half_life:
+            w = 0.5 ** (np.arange(len(a) - 1, -1, -1) / float(half_life))
+            cols.append(a[rng.choice(len(a), size=draws, p=w / w.sum())])
+        else:
+            cols.append(a[rng.integers(0, len(a), size=draws)])
     X = k * float(tau) + np.stack(cols, axis=1)
     kth = np.partition(X, n - s - 1, axis=1)[:, n - s - 1]
     return float(kth.mean()) + float(overhead)
@@ -122,7 +130,7 @@ def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
 def predict(scheme: str, s: int, delays: Sequence[Sequence[float]], tau: float,
             overhead: float = 0.0, staleness_cost: float = DEFAULT_STALENESS_COST,
             k: Optional[int] = None, draws: int = 256, seed: int = 0,
-            progress: Optional[float] = None) -> Prediction:
+            progress: Optional[float] = None, half_life: Optional[float] = None) -> Prediction:
     """One candidate's :class:`Prediction`; ``k`` (partitions per step) from the scheme when
     None; ``progress`` (gamma) measured elsewhere (advise's simulations) instead of the
     staleness model when given."""
@@ -131,7 +139,7 @@ def predict(scheme: str, s: int, delays: Sequence[Sequence[float]], tau: float,
         k = step_partitions(scheme, n, s)
     g = progress_per_step(scheme, s, staleness_cost) if progress is None else float(progress)
     return Prediction(scheme, int(s), int(k),
-                      time_per_step(delays, tau, k, s, overhead, draws, seed), g)
+                      time_per_step(delays, tau, k, s, overhead, draws, seed, half_life), g)
 
 
 def rank(candidates, delays: Sequence[Sequence[float]], tau: float, overhead: float = 0.0,

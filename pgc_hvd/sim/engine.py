@@ -507,7 +507,9 @@ class Simulator:
         are dropped (those stored, in flight, and those of steps still being computed, whose
         workers then start the newest version), and the switch goes into the next record's
         ``extra["auto_s"]``."""
-        sw = self.cfg.auto.decide(step)
+        running = {w.id: (self.now - w.job.start, len(w.job.evaluate[1]))
+                   for w in self.workers if w.job is not None}
+        sw = self.cfg.auto.decide(step, running)
         if sw is None:
             return
         scheme = self.cfg.make_scheme(sw.new)

@@ -14,8 +14,8 @@ def feed(rule, delays_of, steps, start=0, tau=1.0):
 
 
 def test_switches_down_to_zero_without_stragglers_and_up_for_a_slow_rank():
-    rule = AutoStragglers("pgc-cr", 12, {"every": 10, "first": 10, "window": 16,
-                                         "s_max": 3, "staleness_cost": 1.0, "tau": 1.0})
+    rule = AutoStragglers("pgc-cr", 12, {"every": 10, "first": 10, "cooldown": 10,
+                                         "window": 16, "s_max": 3, "staleness_cost": 1.0, "tau": 1.0})
     assert rule.s == 1
     feed(rule, lambda r, t: 0.0, 10)
     sw = rule.decide(10)
@@ -28,7 +28,7 @@ def test_switches_down_to_zero_without_stragglers_and_up_for_a_slow_rank():
 
 
 def test_hysteresis_keeps_s_when_gain_is_small():
-    rule = AutoStragglers("gc-cr", 4, {"every": 5, "first": 5, "min_gain": 0.5, "tau": 1.0,
+    rule = AutoStragglers("gc-cr", 4, {"every": 5, "first": 5, "cooldown": 5, "min_gain": 0.5, "tau": 1.0,
                                        "s_max": 2})
     # one rank +1.2: s = 1 gives 2.0 per step against 2.2 at s = 0: +10% < 50%
     rule.s = 0
@@ -40,8 +40,9 @@ def test_hysteresis_keeps_s_when_gain_is_small():
 def test_a_replan_is_charged_its_warm_up():
     # PGC at s evaluates s + 1 partitions at the first step of a new plan: charged over a
     # horizon of 1 step that is s tau, at least the 1.0 a slow rank's delay costs s = 0
-    rule = AutoStragglers("pgc-cr", 8, {"every": 5, "first": 5, "tau": 1.0, "s_max": 3,
-                                        "s_start": 0, "horizon": 1, "min_gain": 0.0})
+    rule = AutoStragglers("pgc-cr", 8, {"every": 5, "first": 5, "cooldown": 5, "tau": 1.0,
+                                        "s_max": 3, "s_start": 0, "horizon": 1,
+                                        "min_gain": 0.0})
     feed(rule, lambda r, t: 1.0 if r == 1 else 0.0, 10)
     assert rule.decide(5) is None
     assert rule.warmup_partitions(3) == 4 and rule.warmup_partitions(0) == 1

@@ -26,7 +26,7 @@ def run(digits, s, delay, steps=40, auto=None, scheme="pgc-cr", **kw):
 
 
 def test_no_stragglers_goes_to_s0_and_records_why(digits):
-    recs, summ = run(digits, "auto", "none", auto={"every": 10, "first": 10})
+    recs, summ = run(digits, "auto", "none", auto={"every": 10, "first": 10, "cooldown": 10})
     assert [r.s for r in recs[:10]] == [1] * 10           # the default s until the first boundary
     assert recs[-1].s == 0 and summ["s"] == 0
     sw = recs[10].extra["auto_s"][0]
