@@ -41,6 +41,7 @@ from pathlib import Path
 
 OPTIMIZER = "sgd:lr=0.1,momentum=0.9"
 EVAL_EVERY = 5
+_DATA: dict = {}
 
 
 def fixed_budgets(n: int) -> list[int]:
@@ -53,7 +54,9 @@ def run_one(spec: dict) -> dict:
     from pgc_hvd.delays import pattern_spec
     from pgc_hvd.metrics.targets import first_at_least
     from pgc_hvd.sim.run import prepare_data, simulate
-    data = prepare_data("mnist1d")
+    if "mnist1d" not in _DATA:           # once per process (the pool's workers persist)
+        _DATA["mnist1d"] = prepare_data("mnist1d")
+    data = _DATA["mnist1d"]
     t0 = time.perf_counter()
     n, seed = spec["n"], spec["seed"]
     delay = (spec["delay"] if spec.get("delay") else

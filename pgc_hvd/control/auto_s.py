@@ -59,7 +59,7 @@ _SWITCHES_KEPT = 64
 class AutoConfig:
     every: int = 1           # steps between re-plan boundaries (after the first, at `first`)
     cooldown: int = 10       # steps after a switch before the next one
-    first: int = 3           # the first boundary (a persistent straggler is plain at once)
+    first: int = 1           # the first boundary (a persistent straggler is plain at once)
     window: int = 16         # samples kept per rank (and step times of the current s)
     min_gain: float = 0.08   # raise s only when the best predicted rate > (1 + min_gain) x current
     horizon: int = 50        # steps over which a re-plan's warm-up step is charged
@@ -67,7 +67,7 @@ class AutoConfig:
     s_max: Optional[int] = None   # largest s considered (None: min(n - 1, max(3, n // 4)))
     s_start: Optional[int] = None  # s of the first steps (None: the scheme's default, 1)
     staleness_cost: float = DEFAULT_STALENESS_COST   # lambda of progress_model
-    min_samples: int = 2     # samples per rank before a decision
+    min_samples: int = 1     # samples per rank before a decision
     tau: Optional[float] = None   # seconds per partition (None: estimated, min seconds / k)
     draws: int = 256         # Monte Carlo draws of the order statistic
 
