@@ -208,7 +208,7 @@ class AutoStragglers:
     def partitions(self, s: int) -> int:
         k = self._k.get(s)
         if k is None:
-            k = self._k[s] = step_partitions(self.scheme, self.n, s)
+            k = self._k[s] = step_partitions(self.scheme, self.n, s, **self.options)
         return k
 
     def warmup_partitions(self, s: int) -> int:
@@ -217,7 +217,7 @@ class AutoStragglers:
         w = self._warm.get(s)
         if w is None:
             from pgc_hvd.schemes import get_scheme
-            sch = get_scheme(self.scheme, self.n, s)
+            sch = get_scheme(self.scheme, self.n, s, **self.options)
             w = self._warm[s] = max(len(sch.supports()[r]) if sch.pipelined else
                                     len(sch.work_plan(r, 1).evaluate) for r in range(self.n))
         return w

@@ -106,7 +106,7 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
         if s != "auto":
             raise ValueError(f"s = {s!r}: give an int (the straggler budget) or 'auto'")
         from pgc_hvd.control.auto_s import AutoStragglers
-        rule = AutoStragglers(scheme, n, auto)
+        rule = AutoStragglers(scheme, n, auto, scheme_options)
         s = rule.s
     elif auto is not None:
         raise ValueError("auto options need s='auto' (stragglers='auto')")

@@ -93,3 +93,12 @@ def test_cli_auto(tmp_path, usage_error):
                  "none", "--batch-size", "16", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["auto_switches"][0]["new_s"] == 0 and summary["s"] == 0
+
+
+@pytest.mark.parametrize("scheme, options", [("bcgc", None), ("is-sgd", None), ("pgc-fr", None),
+                                             ("bounded-staleness", {"r": 2, "c": 2})])
+def test_other_schemes_replan(digits, scheme, options):
+    recs, summ = run(digits, "auto", pattern_spec("two-class", N, 1.0, seed=0), steps=20,
+                     auto={}, scheme=scheme, scheme_options=options)
+    assert len(recs) == 20 and all(0 <= r.s <= 3 for r in recs)
+    assert sum(summ["steps_at_s"].values()) == 20
