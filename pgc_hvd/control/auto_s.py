@@ -49,8 +49,8 @@ from typing import Optional
 
 import numpy as np
 
-from .progress_model import (DEFAULT_STALENESS_COST, Prediction, predict, step_partitions,
-                             time_per_step)
+from .progress_model import (DEFAULT_STALENESS_COST, Prediction, draw_delays,
+                             order_statistic_time, predict, step_partitions)
 
 _SWITCHES_KEPT = 64
 
@@ -243,10 +243,10 @@ class AutoStragglers:
         st = self.stats
         delays, tau = st.delays(running), st.tau
         hl = self.cfg.half_life
+        D = draw_delays(delays, self.cfg.draws, self.n_switches, hl)
         o = 0.0
         if st.step_times:
-            bare = time_per_step(delays, tau, self.partitions(self.s), self.s,
-                                 draws=self.cfg.draws, seed=self.n_switches, half_life=hl)
+            bare = order_statistic_time(D, tau, self.partitions(self.s), self.s)
             o = max(0.0, float(np.mean(st.step_times)) - bare)
         preds = []
         for scheme, s in self.candidates():
@@ -255,8 +255,7 @@ class AutoStragglers:
                 replan = 0.0 if s == self.s else \
                     max(0, self.warmup_partitions(s) - k) * tau / self.cfg.horizon
                 preds.append(predict(scheme, s, delays, tau, o + replan,
-                                     self.cfg.staleness_cost, k=k, draws=self.cfg.draws,
-                                     seed=self.n_switches, half_life=hl))
+                                     self.cfg.staleness_cost, k=k, drawn=D))
             except ValueError:     # no code for (n, s)
                 continue
         preds.sort(key=lambda p: (-p.rate, p.s))

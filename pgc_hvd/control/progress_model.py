@@ -1,8 +1,8 @@
 """Expected progress per second of a (scheme, s): the one model behind ``pgc-hvd advise`` and
 the online rule ``stragglers="auto"`` (:mod:`.auto_s`).
 
-Owns :func:`time_per_step`, :func:`progress_per_step`, :func:`predict` / :func:`rank` and
-:func:`step_partitions`; reads only per-rank delay samples (seconds a rank's step took beyond
+Owns :func:`time_per_step` (:func:`draw_delays`, :func:`order_statistic_time`),
+:func:`progress_per_step`, :func:`predict` / :func:`rank` and :func:`step_partitions`; reads only per-rank delay samples (seconds a rank's step took beyond
 its k partitions' compute), the compute time of one partition tau and a fixed cost per step.
 
 The model, with the design note's symbols (n workers, budget s, c partitions per step):
@@ -99,16 +99,13 @@ def progress_per_step(scheme: str, s: int,
     return 1.0 / (1.0 + float(staleness_cost) * s)
 
 
-def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
-                  overhead: float = 0.0, draws: int = 256, seed: int = 0,
-                  half_life: Optional[float] = None) -> float:
-    """E[(n - s)-th smallest of k tau + D_r] + overhead, D_r drawn from rank r's samples
-    ``delays[r]`` (module doc), oldest first; with ``half_life`` h a sample of age a (0: the
-    newest) is drawn with weight 2^(-a/h), so a rank that became slow (or fast) counts as such
-    after about h samples. Deterministic for a given ``seed``."""
-    n = len(delays)
-    if not 0 <= s < n:
-        raise ValueError(f"s = {s} must lie in [0, n - 1] for n = {n} ranks")
+def draw_delays(delays: Sequence[Sequence[float]], draws: int = 256, seed: int = 0,
+                half_life: Optional[float] = None) -> np.ndarray:
+    """(draws, n) joint draws of the ranks' delays, rank r's column from its samples
+    ``delays[r]`` (oldest first); with ``half_life`` h a sample of age a (0: the newest) is
+    drawn with weight 2^(-a/h), so a rank that became slow (or fast) counts as such after about
+    h samples. Deterministic for a given ``seed``; the same draws serve every candidate s
+    (common random numbers: the candidates' differences are not Monte Carlo noise)."""
     if any(len(d) == 0 for d in delays):
         raise ValueError("every rank needs at least one delay sample")
     rng = np.random.default_rng(seed)
@@ -122,24 +119,46 @@ def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
             cols.append(a[rng.choice(len(a), size=draws, p=w / w.sum())])
         else:
             cols.append(a[rng.integers(0, len(a), size=draws)])
-    X = k * float(tau) + np.stack(cols, axis=1)
-    kth = np.partition(X, n - s - 1, axis=1)[:, n - s - 1]
+    return np.stack(cols, axis=1)
+
+
+def order_statistic_time(D: np.ndarray, tau: float, k: int, s: int,
+                         overhead: float = 0.0) -> float:
+    """E[(n - s)-th smallest of k tau + D_r] + overhead over the rows of ``D``
+    (:func:`draw_delays`)."""
+    n = D.shape[1]
+    if not 0 <= s < n:
+        raise ValueError(f"s = {s} must lie in [0, n - 1] for n = {n} ranks")
+    kth = np.partition(k * float(tau) + D, n - s - 1, axis=1)[:, n - s - 1]
     return float(kth.mean()) + float(overhead)
+
+
+def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
+                  overhead: float = 0.0, draws: int = 256, seed: int = 0,
+                  half_life: Optional[float] = None) -> float:
+    """T(s) of the module doc: :func:`order_statistic_time` of :func:`draw_delays`."""
+    n = len(delays)
+    if not 0 <= s < n:
+        raise ValueError(f"s = {s} must lie in [0, n - 1] for n = {n} ranks")
+    return order_statistic_time(draw_delays(delays, draws, seed, half_life), tau, k, s,
+                                overhead)
 
 
 def predict(scheme: str, s: int, delays: Sequence[Sequence[float]], tau: float,
             overhead: float = 0.0, staleness_cost: float = DEFAULT_STALENESS_COST,
             k: Optional[int] = None, draws: int = 256, seed: int = 0,
-            progress: Optional[float] = None, half_life: Optional[float] = None) -> Prediction:
+            progress: Optional[float] = None, half_life: Optional[float] = None,
+            drawn: Optional[np.ndarray] = None) -> Prediction:
     """One candidate's :class:`Prediction`; ``k`` (partitions per step) from the scheme when
     None; ``progress`` (gamma) measured elsewhere (advise's simulations) instead of the
-    staleness model when given."""
+    staleness model when given; ``drawn``: :func:`draw_delays` made once for every candidate
+    (else drawn here with ``draws``, ``seed``, ``half_life``)."""
     n = len(delays)
     if k is None:
         k = step_partitions(scheme, n, s)
     g = progress_per_step(scheme, s, staleness_cost) if progress is None else float(progress)
-    return Prediction(scheme, int(s), int(k),
-                      time_per_step(delays, tau, k, s, overhead, draws, seed, half_life), g)
+    D = drawn if drawn is not None else draw_delays(delays, draws, seed, half_life)
+    return Prediction(scheme, int(s), int(k), order_statistic_time(D, tau, k, s, overhead), g)
 
 
 def rank(candidates, delays: Sequence[Sequence[float]], tau: float, overhead: float = 0.0,
@@ -180,5 +199,5 @@ def estimate_tau(busy: np.ndarray, k: np.ndarray) -> float:
 
 
 __all__ = ["DEFAULT_STALENESS_COST", "Prediction", "step_partitions", "progress_per_step",
-           "time_per_step", "predict", "rank", "measured_staleness_cost", "estimate_tau",
+           "time_per_step", "draw_delays", "order_statistic_time", "predict", "rank", "measured_staleness_cost", "estimate_tau",
            "uses_stale_gradients"]
