@@ -206,17 +206,19 @@ def main(argv=None) -> int:
                 done[r["label"]] = r
     specs = specs_of(a)
     todo = [sp for sp in specs if sp["label"] not in done]
+    finished = [len(specs) - len(todo)]
     t0 = time.perf_counter()
     print(f"[auto-s] {len(specs)} runs, {len(specs) - len(todo)} already in {path}",
           file=sys.stderr, flush=True)
     with open(path, "a") as f:
         def keep(row):
             done[row["label"]] = row
+            finished[0] += 1
             f.write(json.dumps(row) + "\n")
             f.flush()
             print(f"[auto-s] {row['label']}: {row['steps_to_target']} steps, "
                   f"{_fmt(row['time_to_target'], 1)} s ({row['wall_seconds']:.1f} s wall; "
-                  f"{len(done)}/{len(specs)})", file=sys.stderr, flush=True)
+                  f"{finished[0]}/{len(specs)})", file=sys.stderr, flush=True)
         if a.jobs > 1:
             import multiprocessing as mp
             with mp.get_context("spawn").Pool(a.jobs) as pool:
