@@ -210,6 +210,8 @@ def main(argv=None) -> int:
         if isinstance(comm, CollectiveModel):
             p.error("--stragglers auto runs on the master comm model (the default) only; "
                     "drop --comm-model")
+        if a.adaptive:
+            p.error("--stragglers auto and --adaptive are not combined yet; run one of them")
     try:
         if a.s is not None and a.s != "auto":
             scheme_cls.check_stragglers(a.s, a.n)

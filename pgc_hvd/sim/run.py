@@ -112,6 +112,10 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
         raise ValueError("auto options need s='auto' (stragglers='auto')")
     s = stragglers_for(scheme, n, s)
     from pgc_hvd.control.rule import ControlConfig, adaptive_default
+    if rule is not None and adaptive_default(scheme, adaptive):
+        raise ValueError("stragglers='auto' with adaptive=True: the staleness control rule "
+                         "binds its knob to one scheme, which a re-plan replaces; run one of "
+                         "the two (adaptive=False, or a fixed s)")
     if adaptive_default(scheme, adaptive):
         from pgc_hvd.control.sim import SimController
         ctl = SimController(ControlConfig.from_options(control))

@@ -74,6 +74,8 @@ def test_refused_before_anything_runs(digits, tmp_path):
         run(digits, 1, "none", auto={"every": 5})
     with pytest.raises(ValueError, match="an int .* or 'auto'"):
         run(digits, "sometimes", "none")
+    with pytest.raises(ValueError, match="adaptive=True"):
+        run(digits, "auto", "none", adaptive=True)
     with pytest.raises(ValueError, match="master model"):
         run(digits, "auto", "none", comm="ring:alpha=1e-5,gbps=10")
 
