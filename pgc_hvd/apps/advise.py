@@ -19,7 +19,12 @@
 4. **Ranking.** By predicted time to accuracy: simulated time to ``--target-accuracy``
    (validation accuracy, the simulator's 20% held-out split) when given, else to the target loss
    (the run's ``target_loss``; the simulator's loss is the full training loss), where reached,
-   else by time per step. Steps to a target depend on the optimizer: every candidate is
+   else by expected progress per second from :mod:`pgc_hvd.control.progress_model`, the model
+   the online rule ``stragglers="auto"`` uses: time per step from the order statistics of the
+   observed per-rank delays plus the compute of the k partitions a step evaluates and the
+   protocol cost, progress per step from the staleness effect (lambda measured by these
+   simulations where a stale candidate and DGD both reached the target, else the default).
+   Every candidate's row carries that model's figures (``model``). Steps to a target depend on the optimizer: every candidate is
    simulated with the user's optimizer (``--optimizer``, default SGD with the run's lr and
    momentum 0.9, as ``pgc-hvd train``) and the runtime's default staleness-aware momentum
    correction (``--momentum-correction off`` to predict without it), and the report says
@@ -151,6 +156,24 @@ def simulate_candidate(scheme, s, n, delay, tau, protocol, steps, model, dataset
     return recs, summ
 
 
+def attach_model(rows: list, obs: dict, seed: int = 0) -> float:
+    """Each row's ``model``: :func:`pgc_hvd.control.progress_model.predict` of its (scheme, s)
+    with the observed per-rank delays, tau and protocol cost; lambda (the staleness effect) is
+    the median of the values the simulations measured (steps to target of a stale candidate
+    against DGD's), else the default. Returns the lambda used."""
+    from pgc_hvd.control.progress_model import (DEFAULT_STALENESS_COST, measured_staleness_cost,
+                                                predict)
+    exact = next((r.get("steps_to_target") for r in rows if r["scheme"] == "dgd"), None)
+    measured = [m for m in (measured_staleness_cost(r["scheme"], r["s"], r.get("steps_to_target"),
+                                                    exact) for r in rows) if m is not None]
+    lam = float(np.median(measured)) if measured else DEFAULT_STALENESS_COST
+    for r in rows:
+        r["model"] = predict(r["scheme"], r["s"], obs["delays"], obs["tau"], obs["protocol"],
+                             staleness_cost=lam, seed=seed).as_dict()
+        r["model"]["staleness_cost"] = lam
+    return lam
+
+
 def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target=None,
            s_values=(1, 2), steps=None, partition_time=None, bootstrap=5, seed=0,
            progress=False, optimizer=None, momentum_correction=True,
@@ -192,6 +215,7 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
                      "time_to_target": tt, "steps_to_target": st, "final_loss": summ["final_loss"],
                      "tps_boot": []})
     ok = [r for r in rows if "error" not in r]
+    attach_model(ok, obs, seed)
     # bootstrap: resample every rank's delays, refit, fresh delay seed; timing only
     rng = np.random.default_rng(seed + 17)
     wins = []
@@ -216,7 +240,7 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
 
     def key(r):
         tt = r.get("time_to_target")
-        return (0, tt) if tt is not None else (1, r["time_per_step"])
+        return (0, tt) if tt is not None else (1, -r["model"]["rate"], r["time_per_step"])
     ok.sort(key=key)
     best = ok[0]
     # confidence: in how many replicates the recommended configuration is within 5% of the
@@ -239,6 +263,7 @@ def advise(run_dir, model="cnn", dataset="digits", batch_size=32, lr=0.5, target
                                "predicted_time_per_step": best["time_per_step"],
                                "predicted_tps_bootstrap": [best.get("tps_mean"), best.get("tps_sd")],
                                "predicted_time_to_target": best.get("time_to_target"),
+                               "model": best.get("model"),
                                "bootstrap_best_share": share, "bootstrap": int(bootstrap)}}
 
 
@@ -268,14 +293,18 @@ def format_report(res: dict) -> str:
                  f"(steps to a target depend on both; --optimizer, --momentum-correction)")
     lines.append("")
     lines.append(f"| rank | scheme | s | time/step (ms) | bootstrap mean +- sd (ms) | steps to "
-                 f"{target_name} | time to target (s) | final loss |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+                 f"{target_name} | time to target (s) | final loss | model: time/step (ms) | "
+                 f"progress/step | progress/s |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(res["ranked"], 1):
         bs = "-" if r.get("tps_mean") is None else (
             f"{r['tps_mean'] * 1e3:.1f} +- {(r['tps_sd'] or 0) * 1e3:.1f}")
         tt = "-" if r["time_to_target"] is None else f"{r['time_to_target']:.2f}"
+        m = r.get("model") or {}
+        mod = (f"{m['time_per_step'] * 1e3:.1f} | {m['progress_per_step']:.2f} | {m['rate']:.3g}"
+               if m else "- | - | -")
         lines.append(f"| {i} | {r['scheme']} | {r['s']} | {r['time_per_step'] * 1e3:.1f} | {bs} | "
-                     f"{r['steps_to_target'] or '-'} | {tt} | {r['final_loss']:.3f} |")
+                     f"{r['steps_to_target'] or '-'} | {tt} | {r['final_loss']:.3f} | {mod} |")
     for r in res["failed"]:
         lines.append(f"(not simulated: {r['scheme']} s={r['s']}: {r['error']})")
     rec = res["recommendation"]

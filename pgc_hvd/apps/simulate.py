@@ -39,15 +39,52 @@ def _with_log_control(p, comm: CollectiveModel, control: str, log_fit, measured_
         p.error(f"--control-plane {control}: {err}")
 
 
+def _budget(text: str):
+    """--stragglers: an int, or 'auto'."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give an int (the straggler budget s) or 'auto', "
+                                         f"got {text!r}") from None
+
+
+def _auto_options(p, items) -> dict:
+    """--auto KEY=VALUE -> AutoConfig's options (ints where the field is an int)."""
+    from pgc_hvd.control.auto_s import AutoConfig
+    try:
+        raw = parse_options(items, "--auto")
+    except ValueError as err:
+        p.error(str(err))
+    ints = {"every", "window", "s_max", "s_start", "min_samples", "draws"}
+    out = {}
+    for k, v in raw.items():
+        try:
+            out[k] = int(v) if k in ints else float(v)
+        except (TypeError, ValueError):
+            p.error(f"--auto {k}={v}: not a number")
+    try:
+        AutoConfig.from_options(out)
+    except ValueError as err:
+        p.error(f"--auto: {err}")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="pgc-hvd simulate",
                                 description="One simulated run: n virtual workers, real gradients, virtual time.")
     p.add_argument("--scheme", default="pgc-cr")
     p.add_argument("--n", type=int, default=12)
-    p.add_argument("--stragglers", "--straggler-budget", dest="s", type=int, default=None,
+    p.add_argument("--stragglers", "--straggler-budget", dest="s", type=_budget, default=None,
                    help="straggler budget s (default: the scheme's, 1; 0 for dgd, which waits "
-                        "for every worker and takes 0 only)")
-    p.add_argument("--s", dest="s", type=int, help=argparse.SUPPRESS)   # the old spelling
+                        "for every worker and takes 0 only), or 'auto': chosen online from the "
+                        "workers' delays (pgc_hvd.control.auto_s; options with --auto)")
+    p.add_argument("--s", dest="s", type=_budget, help=argparse.SUPPRESS)   # the old spelling
+    p.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
+                   help="--stragglers auto option: every (steps between re-plans, 10), window "
+                        "(samples per rank, 32), min_gain (0.08), s_max, s_start, "
+                        "staleness_cost, min_samples, tau")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option, e.g. c=2, r=2, decoder=min-error")
     p.add_argument("--dataset", default="digits")
@@ -69,7 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--comm-model", default=None, metavar="SPEC",
                    help="master[:alpha=..,bandwidth=..] (default), or the Horovod runtime's "
                         "collectives: ring:alpha=SECONDS,gbps=GBIT (or beta=, bandwidth=) or "
-                        "fitted:PATH (benchmarks/measure_collectives.py); see pgc_hvd.sim.comm")
+                        "fitted:PATH (benchmarks/data_plane/measure_collectives.py); see pgc_hvd.sim.comm")
     p.add_argument("--plane", default=None, choices=["allgather", "allgather-2phase", "allreduce"],
                    help="collective models: the runtime's data plane (default allreduce)")
     p.add_argument("--poll-interval", type=float, default=None,
@@ -160,8 +197,23 @@ def main(argv=None) -> int:
         scheme_cls = scheme_class(a.scheme)
     except ValueError as err:
         p.error(f"--scheme: {err}")
+    auto = None
+    if a.auto and a.s != "auto":
+        p.error("--auto sets options of --stragglers auto: it needs --stragglers auto")
+    if a.s == "auto":
+        from pgc_hvd.control.auto_s import AutoStragglers
+        auto = _auto_options(p, a.auto)
+        try:
+            AutoStragglers(a.scheme, a.n, auto)     # the budget range, before anything runs
+        except ValueError as err:
+            p.error(f"--stragglers auto: {err}")
+        if isinstance(comm, CollectiveModel):
+            p.error("--stragglers auto runs on the master comm model (the default) only; "
+                    "drop --comm-model")
+        if a.adaptive:
+            p.error("--stragglers auto and --adaptive are not combined yet; run one of them")
     try:
-        if a.s is not None:
+        if a.s is not None and a.s != "auto":
             scheme_cls.check_stragglers(a.s, a.n)
     except ValueError as err:
         p.error(f"--stragglers {a.s}: {err}")
@@ -180,7 +232,7 @@ def main(argv=None) -> int:
                              straggler_policy=a.policy,
                              momentum_correction=a.momentum_correction == "on",
                              batch_size=a.batch_size, adaptive=a.adaptive,
-                             control=control, overwrite=a.force,
+                             control=control, overwrite=a.force, auto=auto,
                              progress=True)
     if a.save_trace:
         delay.trace.save(a.save_trace)

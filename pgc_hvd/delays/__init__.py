@@ -33,10 +33,18 @@ class                                      sample                               
 ``FixedStragglers(n, count, delay, seed)``  ``delay`` for a seeded random set of exactly
                                             ``count`` of the n workers at each step, else 0  ``fixed:n=100,count=20,delay=5``
 ``SlowWorker(worker, delay)``               ``delay`` for worker ``worker``, else 0          ``slow:worker=2,delay=0.04``
+``SpeedClasses(n, count, delay, seed)``     ``delay`` for a seeded set of ``count`` of the
+                                            n workers, fixed for the run, else 0             ``classes:n=12,count=3,delay=1``
+``Transient(n, count, delay, start, stop)`` as ``SpeedClasses`` for steps in [start, stop),
+                                            0 before and after                              ``transient:n=12,count=2,delay=4,start=100,stop=240``
 ``Sum(m1, m2, ...)``                        m1 + m2 + ...                                   ``exp:mean=1+straggler:p=0.01``
 ``Heterogeneous(base, factors)``            factors[worker % len] * base(worker, step)      (dict spec only)
 ``Scaled(base, factor)``                    factor * base                                   (dict spec only)
 =========================================  =============================================  ==========
+
+Named production patterns (a persistently slow rank, two speed classes, heavy-tailed per-batch
+cost, stragglers that come and go, none): :func:`pattern_spec` (``name, n, compute, steps``) ->
+the text spec above, :data:`PATTERNS` their names (:mod:`.patterns`).
 
 Traces
 ------
@@ -55,11 +63,13 @@ scheme face the same straggler schedule, as the papers did with fixed seeds.
 
 from .models import (Constant, DelayModel, Exponential, FixedStragglers, Heterogeneous,
                      LogNormal, LongStraggler, Pareto, PerWorker, Scaled, SlowWorker, Sum, Zero)
+from .patterns import PATTERNS, SpeedClasses, Transient, pattern_model, pattern_spec
 from .spec import as_delay_model, check_trace_covers, check_workers, from_dict, parse_delay
 from .traces import TRACE_FORMAT, DelayTrace, Recording, Replay
 
 __all__ = ["DelayModel", "Zero", "Constant", "Exponential", "LogNormal", "Pareto", "LongStraggler",
-           "FixedStragglers", "SlowWorker", "Sum", "Scaled", "Heterogeneous", "PerWorker",
+           "FixedStragglers", "SlowWorker", "SpeedClasses", "Transient", "PATTERNS",
+           "pattern_spec", "pattern_model", "Sum", "Scaled", "Heterogeneous", "PerWorker",
            "DelayTrace",
            "Recording", "Replay", "TRACE_FORMAT", "as_delay_model", "check_trace_covers",
            "check_workers", "from_dict", "parse_delay"]

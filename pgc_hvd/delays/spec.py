@@ -11,11 +11,12 @@ from pgc_hvd.options import split_spec
 
 from .models import (Constant, DelayModel, Exponential, FixedStragglers, Heterogeneous,
                      LogNormal, LongStraggler, Pareto, PerWorker, Scaled, SlowWorker, Sum, Zero)
+from .patterns import SpeedClasses, Transient
 from .traces import DelayTrace, Replay
 
 _SIMPLE = {"none": Zero, "const": Constant, "exp": Exponential, "lognormal": LogNormal,
            "pareto": Pareto, "straggler": LongStraggler, "fixed": FixedStragglers,
-           "slow": SlowWorker}
+           "slow": SlowWorker, "classes": SpeedClasses, "transient": Transient}
 _ALIASES = {"exponential": "exp", "zero": "none", "constant": "const", "log-normal": "lognormal",
             "long_straggler": "straggler", "long-straggler": "straggler"}
 
@@ -53,6 +54,10 @@ def check_workers(model, n: int) -> None:
         if isinstance(m, FixedStragglers) and m.n != n:
             raise ValueError(f"delay model {m} picks its {m.count} stragglers among n={m.n} "
                              f"workers, but the run has n={n}; write fixed:n={n},count=...")
+        if isinstance(m, SpeedClasses) and m.n != n:
+            raise ValueError(f"delay model {m} picks its {m.count} slow workers among n={m.n} "
+                             f"workers, but the run has n={n}; write {m.type_name}:n={n},"
+                             f"count=... (or pgc_hvd.delays.pattern_spec(name, n={n}))")
 
 
 def check_trace_covers(model, n: int, steps: int) -> None:
@@ -106,7 +111,8 @@ def parse_delay(text: str) -> DelayModel:
             k, v = part.key, part.value
             if k is None:
                 k = {"const": "value", "exp": "mean", "lognormal": "mu", "pareto": "shape",
-                     "straggler": "p", "fixed": "n", "slow": "worker"}[name]
+                     "straggler": "p", "fixed": "n", "slow": "worker",
+                     "classes": "n", "transient": "n"}[name]
                 if i != 0:
                     raise ValueError(f"positional value only allowed first, in {comp!r}")
             try:
@@ -116,7 +122,7 @@ def parse_delay(text: str) -> DelayModel:
             if not math.isfinite(kwargs[k]) or (k != "mu" and kwargs[k] < 0):
                 raise ValueError(f"{k}={v.strip()} in delay spec {comp!r}: parameters must be "
                                  "finite, and >= 0 except a log-normal's mu")
-        for key in ("seed", "n", "count", "worker"):
+        for key in ("seed", "n", "count", "worker", "start", "stop"):
             if key in kwargs:
                 kwargs[key] = int(kwargs[key])
         try:

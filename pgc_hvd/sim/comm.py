@@ -335,8 +335,8 @@ def load_fit(path: os.PathLike, **options) -> CollectiveModel:
     """The :class:`CollectiveModel` of a JSON file written by ``benchmarks/
     measure_collectives.py``: per-n fits where measured, the fit over every n elsewhere, the
     measured local pass cost; ``options`` (plane, poll_interval, ...) override."""
-    p, doc = read_fit_file(path, "comm model", FIT_FORMAT, "benchmarks/measure_collectives.py",
-                           "measure one with `python benchmarks/measure_collectives.py "
+    p, doc = read_fit_file(path, "comm model", FIT_FORMAT, "benchmarks/data_plane/measure_collectives.py",
+                           "measure one with `python benchmarks/data_plane/measure_collectives.py "
                            "--np 2,3,4 --out {p}`")
     try:
         per_n = tuple(sorted((int(k), _network(v)) for k, v in doc["fits"].items()))

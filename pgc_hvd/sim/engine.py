@@ -141,6 +141,9 @@ class SimConfig:
     progress: bool = False
     label: str = ""
     compression: Any = None             # TopK | "topk:..." spec | None (dense messages)
+    auto: Any = None                    # stragglers="auto": a pgc_hvd.control.auto_s.AutoStragglers
+                                        # (master comm model; see Simulator._replan)
+    make_scheme: Optional[Callable] = None  # s -> the run's scheme at budget s (with auto)
 
     @property
     def uses_error_feedback(self) -> bool:
@@ -195,6 +198,12 @@ class SimConfig:
         if not isinstance(self.comm, (CommModel, CollectiveModel)):
             bad(f"comm = {self.comm!r}", "give a CommModel (master), a CollectiveModel or a spec "
                 "such as 'master', 'ring:alpha=10e-6,gbps=25' or 'fitted:comm.json'")
+        if self.auto is not None and isinstance(self.comm, CollectiveModel):
+            bad("stragglers='auto' with a collective comm model",
+                "use the master model (the default) for auto; re-planning under the runtime's "
+                "collectives is not simulated yet")
+        if self.auto is not None and self.make_scheme is None:
+            bad("auto without make_scheme", "give make_scheme (s -> scheme), as simulate() does")
 
 
 class Simulator:
@@ -269,6 +278,8 @@ class Simulator:
         self.last_fire = 0.0
         self.now = 0.0
         self.agents: Optional[AgentModel] = None
+        self.plan_start = 0                  # first step of the current plan (auto re-plans)
+        self._auto_pending: Optional[dict] = None
         if self.collective:
             model = AgentModel if self.comm.control == "allgather" else LogAgentModel
             self.agents = model(self.comm, scheme, self.workers, self.store,
@@ -342,6 +353,12 @@ class Simulator:
         w.job = None
         w.intervals.append((job.start, job.end))
         G, evaluate = job.evaluate
+        if self.cfg.auto is not None:
+            self.cfg.auto.observe(w.id, job.end - job.start, len(evaluate))
+            if job.step < self.plan_start:     # computed for a plan re-planned since: dropped
+                if w.latest > w.done_version:
+                    self._start(w, t)
+                return
         for p, slot in evaluate:
             w.ring.fill(slot, job.step, (G, p))
         plan = job.plan
@@ -450,6 +467,9 @@ class Simulator:
         used_bytes = sum(self.store[(u.worker, u.step)]["bytes"] for u in decision.uses)
         extra["bytes_used"] = used_bytes
         extra["n_late"] = sum(1 for u in decision.uses if u.step < step)
+        if self._auto_pending is not None:
+            extra["auto_s"] = [self._auto_pending]
+            self._auto_pending = None
         if self.collective:
             step_bytes, agent_extra = self.agents.fired()
             extra.update(agent_extra)
@@ -477,6 +497,35 @@ class Simulator:
         for key in [k for k in self.store if k[1] < keep]:
             del self.store[key]
         return rec
+
+    # ------------------------------------------------------------------ auto
+    def _replan(self, step: int) -> None:
+        """``stragglers="auto"`` (:mod:`pgc_hvd.control.auto_s`) at the boundary before step
+        ``step``: when the rule switches s, the run goes on with the scheme of the new s
+        (its code, c and ring): every worker gets a fresh ring (its first step under the new
+        plan evaluates every slot, as a pipelined scheme's warm-up), the old plan's messages
+        are dropped (those stored, in flight, and those of steps still being computed, whose
+        workers then start the newest version), and the switch goes into the next record's
+        ``extra["auto_s"]``."""
+        running = {w.id: (self.now - w.job.start, len(w.job.evaluate[1]))
+                   for w in self.workers if w.job is not None}
+        sw = self.cfg.auto.decide(step, running)
+        if sw is None:
+            return
+        scheme = self.cfg.make_scheme(sw.new)
+        if scheme.n != self.n:
+            raise ValueError(f"make_scheme({sw.new}) built a scheme of n={scheme.n}, "
+                             f"the run has n={self.n}")
+        self.scheme = scheme
+        for w in self.workers:
+            ring = Ring(scheme, w.id)
+            if ring.complex != w.ring.complex:
+                w.encoder = MessageEncoder(self.d, self.cfg.compression,
+                                           complex_messages=ring.complex, rows=False)
+            w.ring = ring
+        self.store.clear()
+        self.plan_start = step
+        self._auto_pending = sw.as_dict()
 
     # ------------------------------------------------------------------ run
     def _non_finite(self, decision) -> bool:
@@ -563,6 +612,8 @@ class Simulator:
                 self._on_done(t, payload)
             elif kind == "arrive":
                 arrival, pl, dense, nbytes = payload
+                if arrival.step < self.plan_start:
+                    continue                # a message of the plan before a re-plan: dropped
                 self.arrival_log.append((t, arrival.worker, arrival.step))
                 self.store[(arrival.worker, arrival.step)] = {
                     "payload": pl, "dense": dense, "arrival": arrival, "bytes": nbytes}
@@ -580,6 +631,9 @@ class Simulator:
                 if self._emit(rec, t, clock):
                     step = cfg.steps
                     break
+                if cfg.auto is not None:
+                    cfg.auto.observe_step(rec.step_time)
+                    self._replan(step)
                 rnd = self.scheme.open_round(step)
                 decision = rnd.poll()
         clock.close()

@@ -46,7 +46,7 @@ So a rank > 0 issues 4 control operations per step (add, set, the broadcast, del
 about m (its reader's gets) + 1 (the broadcast); rank 0's store serves about 4n operations a
 step, O(n) bytes.
 
-The constants are measured by ``benchmarks/measure_log_control.py`` (JSON format
+The constants are measured by ``benchmarks/control/measure_log_control.py`` (JSON format
 :data:`FORMAT`, read by :func:`load_log_fit`); :meth:`LogCosts.on_link` moves the network
 parts to a stated link (alpha, beta), keeping the measured CPU parts (the store's per-answer
 cost, the decision body); the broadcast's alpha and beta are the collectives model's
@@ -208,10 +208,10 @@ def read_fit_file(path: os.PathLike, what: str, fmt: str, writer: str,
 
 
 def load_log_fit(path: os.PathLike) -> LogCosts:
-    """:class:`LogCosts` from a JSON of ``benchmarks/measure_log_control.py``."""
+    """:class:`LogCosts` from a JSON of ``benchmarks/control/measure_log_control.py``."""
     p, doc = read_fit_file(path, "log control costs", FORMAT,
-                           "benchmarks/measure_log_control.py",
-                           "measure them with `python benchmarks/measure_log_control.py "
+                           "benchmarks/control/measure_log_control.py",
+                           "measure them with `python benchmarks/control/measure_log_control.py "
                            "--out {p}`")
     try:
         st, body = doc["store"], doc["body"]

@@ -85,7 +85,7 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
              records_path: Optional[Path] = None, zero_init: bool = False,
              dtype: torch.dtype = torch.float32, adaptive: bool = False,
              control: Optional[dict] = None, overwrite: bool = False,
-             **config) -> tuple[list, dict]:
+             auto: Optional[dict] = None, **config) -> tuple[list, dict]:
     """``adaptive=True``: the staleness control rule (:mod:`pgc_hvd.control`, options in
     ``control``, e.g. ``{"knob": "c", "high": 1.0, "every": 2}``) for schemes that use stale
     gradients (bounded staleness, PGC); exact schemes run without it. ``records_path``: where the
@@ -95,9 +95,27 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
     ``s``: the straggler budget, checked as the optimizer checks it, or None for the scheme's
     default (:func:`pgc_hvd.schemes.stragglers_for`: 0 for dgd, which refuses s > 0 here too;
     an experiment that runs DGD beside the schemes of budget s passes
-    :func:`pgc_hvd.schemes.setting_stragglers`)."""
+    :func:`pgc_hvd.schemes.setting_stragglers`).
+
+    ``s="auto"``: the budget is chosen online (:mod:`pgc_hvd.control.auto_s`, options in
+    ``auto``, e.g. ``{"every": 20, "s_max": 3, "min_gain": 0.08}``): the run starts at
+    ``s_start`` (default the scheme's, 1) and re-plans at boundaries; a budget n does not allow
+    (``s_max > n - 1``) is refused here, before anything runs. The master comm model only."""
+    rule = None
+    if isinstance(s, str):
+        if s != "auto":
+            raise ValueError(f"s = {s!r}: give an int (the straggler budget) or 'auto'")
+        from pgc_hvd.control.auto_s import AutoStragglers
+        rule = AutoStragglers(scheme, n, auto, scheme_options)
+        s = rule.s
+    elif auto is not None:
+        raise ValueError("auto options need s='auto' (stragglers='auto')")
     s = stragglers_for(scheme, n, s)
     from pgc_hvd.control.rule import ControlConfig, adaptive_default
+    if rule is not None and adaptive_default(scheme, adaptive):
+        raise ValueError("stragglers='auto' with adaptive=True: the staleness control rule "
+                         "binds its knob to one scheme, which a re-plan replaces; run one of "
+                         "the two (adaptive=False, or a fixed s)")
     if adaptive_default(scheme, adaptive):
         from pgc_hvd.control.sim import SimController
         ctl = SimController(ControlConfig.from_options(control))
@@ -107,9 +125,12 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
     tr, te = data if data is not None else prepare_data(dataset, seed=seed)
     task = build_task(model or default_model(tr), tr, seed=seed, zero_init=zero_init, dtype=dtype)
     make_opt = make_optimizer(optimizer)
-    sch = get_scheme(scheme, n, s,
-                     **remedy_scheme_options(scheme, scheme_options, param_groups_of(make_opt),
-                                             config.get("momentum_correction", True)))
+    sch_options = remedy_scheme_options(scheme, scheme_options, param_groups_of(make_opt),
+                                        config.get("momentum_correction", True))
+    sch = get_scheme(scheme, n, s, **sch_options)
+    if rule is not None:
+        config["auto"] = rule
+        config["make_scheme"] = lambda s_new: get_scheme(scheme, n, s_new, **sch_options)
     parts = partition(tr.y, n, iid=iid, sizes=sizes, seed=seed)
     cfg = SimConfig(steps=steps, delay=delay, seed=seed, **config)
     sim = Simulator(sch, task, tr, parts, make_opt, cfg, test=te)
@@ -154,6 +175,15 @@ def summarize(sim: Simulator, recs) -> dict:
         out[k + "_mean"] = float(np.mean(vals)) if vals else None
     acts = [a for r in recs for a in r.extra.get("control", [])]
     out["control_actions"] = len(acts)
+    switches = [a for r in recs for a in r.extra.get("auto_s", [])]
+    if sim.cfg.auto is not None:
+        # stragglers="auto": every switch (step, old s, new s, reason) and the steps run at each s
+        out["auto_switches"] = [{k: v for k, v in a.items() if k != "predictions"}
+                                for a in switches]
+        at_s: dict = {}
+        for r in recs:
+            at_s[r.s] = at_s.get(r.s, 0) + 1
+        out["steps_at_s"] = {str(k): v for k, v in sorted(at_s.items())}
     out["diag_seconds_total"] = float(sum(r.extra.get("diag_seconds", 0.0) for r in recs))
     out["err_compress_total"] = float(sum(r.extra.get("err_compress", 0.0) for r in recs))
     ce = [r.extra["class_error"] for r in recs if r.extra.get("class_error") is not None]

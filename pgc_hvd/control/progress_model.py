@@ -1,0 +1,203 @@
+"""Expected progress per second of a (scheme, s): the one model behind ``pgc-hvd advise`` and
+the online rule ``stragglers="auto"`` (:mod:`.auto_s`).
+
+Owns :func:`time_per_step` (:func:`draw_delays`, :func:`order_statistic_time`),
+:func:`progress_per_step`, :func:`predict` / :func:`rank` and :func:`step_partitions`; reads only per-rank delay samples (seconds a rank's step took beyond
+its k partitions' compute), the compute time of one partition tau and a fixed cost per step.
+
+The model, with the design note's symbols (n workers, budget s, c partitions per step):
+
+* **Time per step.** A step fires with the n - s fastest ranks, so its time is the
+  (n - s)-th order statistic of the n ranks' step durations X_r = k tau + D_r, plus a fixed
+  protocol cost o (decode, control, broadcast):
+
+      T(scheme, s) = E[ X_(n-s:n) ] + o,
+
+  k = :func:`step_partitions`: 1 for PGC's pipelined schemes, IS-SGD and DGD, c = s + 1 for the
+  gradient codes that evaluate every partition of their support each step (GC-CR, BCGC). The
+  expectation is a Monte Carlo over ``draws`` joint draws, each rank's D_r drawn from its own
+  observed samples (independent across ranks, a rank's persistent slowness kept). With s = 0
+  this is the slowest rank's time: Horovod's step.
+* **Progress per step** gamma relative to the exact gradient (DGD's step = 1): 1 for schemes
+  that use no stale gradient (DGD, IS-SGD, GC-CR, BCGC, and every scheme at s = 0); for
+  schemes that use stale gradients (PGC's ring of the last c - 1 = s versions, bounded
+  staleness) the measured staleness effect
+
+      gamma(s) = 1 / (1 + lambda * s),
+
+  lambda = ``staleness_cost``: the extra steps to a target per unit of ring depth. It is a
+  property of the workload and the optimizer, not of the cluster: measured on MNIST-1D's
+  ``cnn1d`` with SGD momentum 0.9 and the default remedy (docs/control.md, "s chosen online")
+  at lambda = -0.007 (no measurable cost up to s = 25 at n = 100: the remedy's ring decay
+  works there), so the default is a small 0.005, a tie-break towards less staleness; on a
+  workload where staleness costs steps set it (``advise`` measures it per candidate from its
+  simulations: :func:`measured_staleness_cost`).
+* **Expected progress per second** ``rate = gamma / T``; :func:`rank` orders candidates by it
+  and the rule switches only when the best beats the current by a margin (hysteresis).
+
+May import: numpy, ``schemes`` (layer 2); nothing of the engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+# extra steps per unit of ring depth for the stale schemes (module doc; docs/control.md)
+DEFAULT_STALENESS_COST = 0.005
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """One candidate's figures: ``k`` partitions per step, seconds per step, progress per step
+    (DGD = 1) and their ratio, the expected progress per second."""
+
+    scheme: str
+    s: int
+    k: int
+    time_per_step: float
+    progress_per_step: float
+
+    @property
+    def rate(self) -> float:
+        return self.progress_per_step / self.time_per_step if self.time_per_step > 0 else math.inf
+
+    def as_dict(self) -> dict:
+        return {"scheme": self.scheme, "s": self.s, "k": self.k,
+                "time_per_step": self.time_per_step,
+                "progress_per_step": self.progress_per_step, "rate": self.rate}
+
+
+def _cls(scheme: str):
+    from pgc_hvd.schemes import scheme_class
+    return scheme_class(scheme)
+
+
+def step_partitions(scheme: str, n: int, s: int, **options) -> int:
+    """Partitions a rank evaluates per step in steady state (after the pipelined schemes'
+    warm-up): the largest ``len(work_plan(w, t).evaluate)`` over the ranks at a step past the
+    ring's depth, read from the scheme itself."""
+    from pgc_hvd.schemes import get_scheme
+    sch = get_scheme(scheme, n, s, **options)
+    t = int(sch.lookback) + 2
+    return max(1, max(len(sch.work_plan(w, t).evaluate) for w in range(n)))
+
+
+def uses_stale_gradients(scheme: str) -> bool:
+    return bool(_cls(scheme).uses_stale_gradients)
+
+
+def progress_per_step(scheme: str, s: int,
+                      staleness_cost: float = DEFAULT_STALENESS_COST) -> float:
+    """gamma (module doc): 1 for a scheme without stale gradients or at s = 0, else
+    1 / (1 + staleness_cost * s)."""
+    if s <= 0 or not uses_stale_gradients(scheme):
+        return 1.0
+    return 1.0 / (1.0 + float(staleness_cost) * s)
+
+
+def draw_delays(delays: Sequence[Sequence[float]], draws: int = 256, seed: int = 0,
+                half_life: Optional[float] = None) -> np.ndarray:
+    """(draws, n) joint draws of the ranks' delays, rank r's column from its samples
+    ``delays[r]`` (oldest first); with ``half_life`` h a sample of age a (0: the newest) is
+    drawn with weight 2^(-a/h), so a rank that became slow (or fast) counts as such after about
+    h samples. Deterministic for a given ``seed``; the same draws serve every candidate s
+    (common random numbers: the candidates' differences are not Monte Carlo noise)."""
+    if any(len(d) == 0 for d in delays):
+        raise ValueError("every rank needs at least one delay sample")
+    rng = np.random.default_rng(seed)
+    cols = []
+    for d in delays:
+        a = np.asarray(d, dtype=float)
+        if len(a) == 1:
+            cols.append(np.full(draws, a[0]))
+        elif half_life:
+            w = 0.5 ** (np.arange(len(a) - 1, -1, -1) / float(half_life))
+            cols.append(a[rng.choice(len(a), size=draws, p=w / w.sum())])
+        else:
+            cols.append(a[rng.integers(0, len(a), size=draws)])
+    return np.stack(cols, axis=1)
+
+
+def order_statistic_time(D: np.ndarray, tau: float, k: int, s: int,
+                         overhead: float = 0.0) -> float:
+    """E[(n - s)-th smallest of k tau + D_r] + overhead over the rows of ``D``
+    (:func:`draw_delays`)."""
+    n = D.shape[1]
+    if not 0 <= s < n:
+        raise ValueError(f"s = {s} must lie in [0, n - 1] for n = {n} ranks")
+    kth = np.partition(k * float(tau) + D, n - s - 1, axis=1)[:, n - s - 1]
+    return float(kth.mean()) + float(overhead)
+
+
+def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
+                  overhead: float = 0.0, draws: int = 256, seed: int = 0,
+                  half_life: Optional[float] = None) -> float:
+    """T(s) of the module doc: :func:`order_statistic_time` of :func:`draw_delays`."""
+    n = len(delays)
+    if not 0 <= s < n:
+        raise ValueError(f"s = {s} must lie in [0, n - 1] for n = {n} ranks")
+    return order_statistic_time(draw_delays(delays, draws, seed, half_life), tau, k, s,
+                                overhead)
+
+
+def predict(scheme: str, s: int, delays: Sequence[Sequence[float]], tau: float,
+            overhead: float = 0.0, staleness_cost: float = DEFAULT_STALENESS_COST,
+            k: Optional[int] = None, draws: int = 256, seed: int = 0,
+            progress: Optional[float] = None, half_life: Optional[float] = None,
+            drawn: Optional[np.ndarray] = None) -> Prediction:
+    """One candidate's :class:`Prediction`; ``k`` (partitions per step) from the scheme when
+    None; ``progress`` (gamma) measured elsewhere (advise's simulations) instead of the
+    staleness model when given; ``drawn``: :func:`draw_delays` made once for every candidate
+    (else drawn here with ``draws``, ``seed``, ``half_life``)."""
+    n = len(delays)
+    if k is None:
+        k = step_partitions(scheme, n, s)
+    g = progress_per_step(scheme, s, staleness_cost) if progress is None else float(progress)
+    D = drawn if drawn is not None else draw_delays(delays, draws, seed, half_life)
+    return Prediction(scheme, int(s), int(k), order_statistic_time(D, tau, k, s, overhead), g)
+
+
+def rank(candidates, delays: Sequence[Sequence[float]], tau: float, overhead: float = 0.0,
+         staleness_cost: float = DEFAULT_STALENESS_COST, draws: int = 256,
+         seed: int = 0) -> list[Prediction]:
+    """Predictions of ``candidates`` ((scheme, s) pairs; one whose code does not exist for
+    (n, s) is left out), best expected progress per second first (ties: smaller s)."""
+    out = []
+    for scheme, s in candidates:
+        try:
+            out.append(predict(scheme, s, delays, tau, overhead, staleness_cost, draws=draws,
+                               seed=seed))
+        except ValueError:
+            continue
+    out.sort(key=lambda p: (-p.rate, p.s))
+    return out
+
+
+def measured_staleness_cost(scheme: str, s: int, steps: Optional[int],
+                            exact_steps: Optional[int]) -> Optional[float]:
+    """lambda from a pair of measured steps to one target: the stale candidate's and an exact
+    scheme's (gamma = exact / steps = 1 / (1 + lambda s)); None when either is unknown or the
+    scheme uses no stale gradients."""
+    if not steps or not exact_steps or s <= 0 or not uses_stale_gradients(scheme):
+        return None
+    return max(0.0, (steps / exact_steps - 1.0) / s)
+
+
+def estimate_tau(busy: np.ndarray, k: np.ndarray) -> float:
+    """Compute seconds of one partition from per-step busy seconds and partitions evaluated:
+    the smallest busy / k (the shift of a shifted exponential's MLE; ``advise`` and the online
+    rule both estimate tau so)."""
+    b = np.asarray(busy, dtype=float) / np.maximum(1, np.asarray(k, dtype=float))
+    b = b[np.isfinite(b)]
+    if b.size == 0:
+        raise ValueError("no busy seconds to estimate the compute time from")
+    return float(b.min())
+
+
+__all__ = ["DEFAULT_STALENESS_COST", "Prediction", "step_partitions", "progress_per_step",
+           "time_per_step", "draw_delays", "order_statistic_time", "predict", "rank", "measured_staleness_cost", "estimate_tau",
+           "uses_stale_gradients"]

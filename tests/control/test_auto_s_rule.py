@@ -1,0 +1,92 @@
+"""The online rule of stragglers='auto' on its own: bounded memory, boundaries, hysteresis,
+refusals before a run."""
+
+import pytest
+
+from pgc_hvd.control.auto_s import AutoConfig, AutoStragglers
+
+
+def feed(rule, delays_of, steps, start=0, tau=1.0):
+    for t in range(start, start + steps):
+        for r in range(rule.n):
+            rule.observe(r, tau * rule.partitions(rule.s) + delays_of(r, t), rule.partitions(rule.s))
+        rule.observe_step(tau + max(delays_of(r, t) for r in range(rule.n)))
+
+
+def test_switches_down_to_zero_without_stragglers_and_up_for_a_slow_rank():
+    rule = AutoStragglers("pgc-cr", 12, {"every": 10, "first": 10, "cooldown": 10,
+                                         "window": 16, "s_max": 3, "staleness_cost": 1.0, "tau": 1.0})
+    assert rule.s == 1
+    feed(rule, lambda r, t: 0.0, 10)
+    sw = rule.decide(10)
+    assert sw is not None and (sw.old, sw.new) == (1, 0) and "less redundancy" in sw.reason
+    assert rule.decide(15) is None                # not a boundary
+    feed(rule, lambda r, t: 3.0 if r == 2 else 0.0, 20, start=10)
+    sw = rule.decide(30)
+    assert sw is not None and (sw.old, sw.new) == (0, 1) and "min_gain" in sw.reason
+    assert sw.as_dict()["predictions"][0]["s"] == 1
+
+
+def test_hysteresis_keeps_s_when_gain_is_small():
+    rule = AutoStragglers("gc-cr", 4, {"every": 5, "first": 5, "cooldown": 5, "min_gain": 0.5, "tau": 1.0,
+                                       "s_max": 2})
+    # one rank +1.2: s = 1 gives 2.0 per step against 2.2 at s = 0: +10% < 50%
+    rule.s = 0
+    feed(rule, lambda r, t: 1.2 if r == 0 else 0.0, 10)
+    assert rule.decide(10) is None and rule.s == 0
+    assert rule.last_predictions[0]["s"] == 1
+
+
+def test_a_replan_is_charged_its_warm_up():
+    # PGC at s evaluates s + 1 partitions at the first step of a new plan: charged over a
+    # horizon of 1 step that is s tau, at least the 1.0 a slow rank's delay costs s = 0
+    rule = AutoStragglers("pgc-cr", 8, {"every": 5, "first": 5, "cooldown": 5, "tau": 1.0,
+                                        "s_max": 3, "s_start": 0, "horizon": 1,
+                                        "min_gain": 0.0})
+    feed(rule, lambda r, t: 1.0 if r == 1 else 0.0, 10)
+    assert rule.decide(5) is None
+    assert rule.warmup_partitions(3) == 4 and rule.warmup_partitions(0) == 1
+    rule.cfg.horizon = 50
+    assert rule.decide(10).new >= 1
+
+
+def test_memory_is_bounded():
+    rule = AutoStragglers("pgc-cr", 4, {"every": 5, "window": 8, "tau": 1.0})
+    feed(rule, lambda r, t: 0.0, 500)
+    assert rule.stats.counts() == [8] * 4 and len(rule.stats.step_times) == 8
+    for t in range(5, 5000, 5):
+        rule.decide(t)
+    assert len(rule.switches) <= 64
+
+
+def test_tau_estimated_from_the_smallest_step():
+    rule = AutoStragglers("pgc-cr", 3, {"every": 2, "min_samples": 2})
+    for r, secs in enumerate([0.5, 0.7, 0.9]):
+        rule.observe(r, secs, 1)
+        rule.observe(r, secs + 0.1, 1)
+    assert rule.stats.tau == pytest.approx(0.5)
+    assert rule.stats.delays()[2] == pytest.approx([0.4, 0.5])
+
+
+@pytest.mark.parametrize("n, opts, message", [
+    (12, {"s_max": 12}, "s_max <= 11"),
+    (4, {"s_max": 7}, "s <= n - 1 = 3"),
+    (4, {"s_start": 3, "s_max": 2}, "s_start"),
+    (4, {"every": 0}, "every must be an int >= 1"),
+    (4, {"bogus": 1}, "unknown stragglers='auto' options"),
+    (4, {"min_samples": 40, "window": 8}, "exceeds"),
+])
+def test_refused_before_anything_runs(n, opts, message):
+    with pytest.raises(ValueError, match=message):
+        AutoStragglers("pgc-cr", n, opts)
+
+
+def test_refused_for_a_scheme_that_waits_for_all():
+    with pytest.raises(ValueError, match="tolerates no stragglers"):
+        AutoStragglers("dgd", 4)
+
+
+def test_default_budget_range():
+    assert AutoConfig().budget_range("pgc-cr", 100) == (1, 25)
+    assert AutoConfig().budget_range("pgc-cr", 2) == (1, 1)
+    assert AutoConfig(s_start=0).budget_range("bcgc", 12) == (0, 3)

@@ -1,0 +1,60 @@
+"""The expected-progress-per-second model that advise and stragglers='auto' share."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pgc_hvd.control.progress_model import (measured_staleness_cost, predict, progress_per_step,
+                                            rank, step_partitions, time_per_step)
+
+
+def test_partitions_per_step_from_the_scheme():
+    assert step_partitions("pgc-cr", 12, 3) == 1          # one new partition, ring of c = 4
+    assert step_partitions("gc-cr", 12, 3) == 4           # c = s + 1 partitions every step
+    assert step_partitions("bcgc", 12, 1) == 2
+    assert step_partitions("is-sgd", 12, 2) == 1
+    assert step_partitions("pgc-cr", 12, 0) == 1
+
+
+def test_progress_per_step_staleness_effect():
+    assert progress_per_step("gc-cr", 3) == 1.0
+    assert progress_per_step("pgc-cr", 0) == 1.0
+    assert progress_per_step("pgc-cr", 2, staleness_cost=0.5) == pytest.approx(0.5)
+    assert measured_staleness_cost("pgc-cr", 2, 300, 100) == pytest.approx(1.0)
+    assert measured_staleness_cost("gc-cr", 2, 300, 100) is None
+
+
+def test_order_statistic_matches_exponential_closed_form():
+    # n ranks, D ~ Exp(1): E[max] = H_n, E[(n-1)-th] = H_n - 1
+    rng = np.random.default_rng(0)
+    n = 8
+    delays = [rng.exponential(1.0, 4000) for _ in range(n)]
+    H = sum(1 / i for i in range(1, n + 1))
+    assert time_per_step(delays, 1.0, 1, 0, draws=4000) == pytest.approx(1 + H, rel=0.04)
+    assert time_per_step(delays, 1.0, 1, 1, draws=4000) == pytest.approx(H, rel=0.04)
+    assert time_per_step(delays, 1.0, 2, 1, overhead=0.5, draws=4000) == \
+        pytest.approx(2 + H - 1 + 0.5, rel=0.04)
+    with pytest.raises(ValueError, match=r"\[0, n - 1\]"):
+        time_per_step(delays, 1.0, 1, 8)
+
+
+def test_deterministic_for_a_seed():
+    delays = [[0.1, 0.5, 2.0]] * 5
+    assert time_per_step(delays, 1, 1, 1, seed=3) == time_per_step(delays, 1, 1, 1, seed=3)
+
+
+def test_ranking_persistent_slow_rank_against_none():
+    n = 12
+    slow = [[0.0] * 16 for _ in range(n)]
+    slow[4] = [3.0] * 16                       # one rank 4x slow
+    best = rank([("pgc-cr", s) for s in range(4)], slow, tau=1.0, staleness_cost=1.0)[0]
+    assert best.s == 1 and best.time_per_step == pytest.approx(1.0)
+    exact = rank([("gc-cr", s) for s in range(4)], slow, tau=1.0)
+    assert exact[0].s == 1 and exact[0].time_per_step == pytest.approx(2.0)
+    none = [[0.0] * 16 for _ in range(n)]
+    assert rank([("pgc-cr", s) for s in range(4)], none, tau=1.0)[0].s == 0
+    assert rank([("gc-cr", s) for s in range(4)], none, tau=1.0)[0].s == 0
+    p = predict("pgc-cr", 0, slow, 1.0)
+    assert p.rate == pytest.approx(1 / 4.0) and p.as_dict()["k"] == 1
+    assert math.isinf(predict("pgc-cr", 0, none, 0.0).rate)
