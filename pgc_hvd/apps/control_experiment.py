@@ -66,7 +66,7 @@ def run(out: Path, quick: bool = False, budget: float | None = None, target: flo
         recs, summ = simulate(scheme, 8, s, data=data, model="softmax", optimizer=f"sgd:lr={lr}",
                               delay=control_delay(), steps=100000, max_time=budget,
                               scheme_options=opts, partition_time=1.0, adaptive=adaptive,
-                              control=control, overwrite=True, records_path=out / "records" / f"{tag}.jsonl")
+                              rule=control, overwrite=True, records_path=out / "records" / f"{tag}.jsonl")
         tl = [r.extra.get("test_loss") for r in recs]
         st, tt = first_reaching(recs, target, key="test_loss")
         acts = [a for r in recs for a in r.extra.get("control", [])]

@@ -116,7 +116,7 @@ def run_stale_one(spec: dict, out: str, data_dir=None) -> dict:
                           scheme_options=spec["opts"], partition_time=1.0,
                           batch_size=wl["batch"], seed=seed, eval_every=2, eval_train=False,
                           overwrite=True, adaptive=spec.get("adaptive", False),
-                          **({"control": {"knob": "auto"}} if spec.get("adaptive") else
+                          **({"rule": {"knob": "auto"}} if spec.get("adaptive") else
                              {"diagnostics": seed == 0, "diag_every": 4}),
                           records_path=Path(out) / "records" / f"{spec['label']}.jsonl",
                           label=spec["label"])

@@ -36,7 +36,7 @@ def _with_log_control(p, comm: CollectiveModel, control: str, log_fit, measured_
             costs = costs.on_link(link.alpha, link.beta)
         return comm.replace(control=control, log=costs)
     except ValueError as err:
-        p.error(f"--control-plane {control}: {err}")
+        p.error(f"--control {control}: {err}")
 
 
 def _budget(text: str):
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
                    help="collective models: the runtime's data plane (default allreduce)")
     p.add_argument("--poll-interval", type=float, default=None,
                    help="collective models: seconds between control rounds (default 0.002)")
-    p.add_argument("--control-plane", default=None,
+    p.add_argument("--control", default=None,
                    choices=["allgather", "log", "log-bcast", "log-store"],
                    help="collective models: how a step's decision is reached (the optimizer's "
                         "control=; default here allgather, polled rounds; log: the runtime's "
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
                         "from rank 0 (log-bcast: the same); log-store: the outcome served from "
                         "the store instead, the delivery before issue 38); pgc_hvd.sim.comm")
     p.add_argument("--log-fit", default=None, metavar="PATH",
-                   help="--control-plane log / log-bcast / log-store: the log's measured costs "
+                   help="--control log / log-bcast / log-store: the log's measured costs "
                         "(default docs/figures/log_control_fit.json, from benchmarks/"
                         "measure_log_control.py)")
     p.add_argument("--compression", default=None, metavar="SPEC",
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     p.add_argument("--adaptive", action="store_true",
                    help="staleness control rule (bounded staleness, PGC): lower lr or c when "
                         "L_hat^2*disp/||g_hat||^2 is large (pgc_hvd.control)")
-    p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--rule", action="append", default=[], metavar="KEY=VALUE",
                    help="control rule option: high, low, window, patience, factor, knob (lr|c|auto), every")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -146,8 +146,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.threads < 1:
         p.error(f"--threads must be >= 1, got {a.threads}")
-    if a.control and not a.adaptive:
-        p.error("--control sets options of the control rule: it needs --adaptive")
+    if a.rule and not a.adaptive:
+        p.error("--rule sets options of the control rule: it needs --adaptive")
     if a.steps < 1:
         p.error(f"--steps must be >= 1, got {a.steps}")
     from pgc_hvd.compress import parse_compression
@@ -169,16 +169,16 @@ def main(argv=None) -> int:
             comm = comm.replace(**{k: v for k, v in (("plane", a.plane),
                                                      ("poll_interval", a.poll_interval))
                                    if v is not None})
-        elif (a.plane, a.poll_interval, a.control_plane) != (None, None, None):
-            p.error("--plane, --poll-interval and --control-plane apply to collective comm "
+        elif (a.plane, a.poll_interval, a.control) != (None, None, None):
+            p.error("--plane, --poll-interval and --control apply to collective comm "
                     "models (--comm-model ring:... or fitted:PATH), not to the master model")
     except ValueError as err:
         p.error(f"--comm-model: {err}")
-    if a.log_fit is not None and a.control_plane in (None, "allgather"):
-        p.error("--log-fit gives the log control's costs: it needs --control-plane log, "
+    if a.log_fit is not None and a.control in (None, "allgather"):
+        p.error("--log-fit gives the log control's costs: it needs --control log, "
                 "log-bcast or log-store")
-    if a.control_plane not in (None, "allgather"):
-        comm = _with_log_control(p, comm, a.control_plane, a.log_fit,
+    if a.control not in (None, "allgather"):
+        comm = _with_log_control(p, comm, a.control, a.log_fit,
                                  measured_here=a.comm_model.startswith("fitted:"))
     try:
         check_run_folder(a.out, overwrite=a.force)
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     try:
         opts = parse_options(a.option, "--option")
-        control = parse_options(a.control, "--control")
+        rule = parse_options(a.rule, "--rule")
     except ValueError as err:
         p.error(str(err))
     from pgc_hvd.schemes import scheme_class
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
                              straggler_policy=a.policy,
                              momentum_correction=a.momentum_correction == "on",
                              batch_size=a.batch_size, adaptive=a.adaptive,
-                             control=control, overwrite=a.force, auto=auto,
+                             rule=rule, overwrite=a.force, auto=auto,
                              progress=True)
     if a.save_trace:
         delay.trace.save(a.save_trace)

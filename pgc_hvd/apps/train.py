@@ -87,12 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option (repeatable, or comma-separated), e.g. c=4,r=2 for "
                         "bounded-staleness, decoder=n-s for bcgc")
-    p.add_argument("--channel", choices=("allgather", "store", "log"), default=None,
+    p.add_argument("--control", choices=("allgather", "store", "log"), default=None,
                    help="how ranks exchange control rows (default: the optimizer's, log): an "
                         "ordered log in a TCPStore served by rank 0 with rank 0 deciding, no "
                         "polling (pgc_hvd.runtime.control_log), the polled Horovod allgather, or "
                         "the store's rows polled (pgc_hvd.runtime.control_store)")
-    p.add_argument("--control", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--rule", action="append", default=[], metavar="KEY=VALUE",
                    help="control rule options KEY=VAL,... (ControlConfig fields: high, low, window, "
                         "patience, factor, growth, trend_window, every, knob=lr|c|auto, ...)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         scheme_options = parse_options(args.option, "--option")
-        control_options = parse_options(args.control, "--control")
+        control_options = parse_options(args.rule, "--rule")
     except ValueError as err:
         parser.error(str(err))
     if args.steps < 1:
@@ -221,13 +221,13 @@ def main(argv=None) -> int:
 
     ctl = None
     opt_kwargs = {"records": writer, "on_record": progress}
-    if args.adaptive or args.control:
+    if args.adaptive or args.rule:
         from pgc_hvd.control.rule import ControlConfig, adaptive_default
         from pgc_hvd.control.runtime import AdaptiveController
 
         cfg = ControlConfig.from_options(control_options)
-        if args.control and not args.adaptive:
-            raise SystemExit("--control needs --adaptive")
+        if args.rule and not args.adaptive:
+            raise SystemExit("--rule needs --adaptive")
         if not adaptive_default(args.scheme, True):
             if rank == 0:
                 print(f"[{args.scheme}] --adaptive ignored: exact scheme, no stale gradients", flush=True)
@@ -238,8 +238,8 @@ def main(argv=None) -> int:
             ctl = AdaptiveController(model, task.loss, val, cfg, max_age=None, writer=writer,
                                      on_record=progress)
             opt_kwargs = {"records": None, "on_update": ctl.on_update, "on_record": ctl.on_record}
-    if args.channel is not None:        # else the optimizer's default control plane
-        opt_kwargs["control"] = args.channel
+    if args.control is not None:        # else the optimizer's default control plane
+        opt_kwargs["control"] = args.control
     opt = DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
         model.named_parameters(), scheme=args.scheme, stragglers=args.s,
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
         summary = {
             "scheme": args.scheme, "n": n, "s": opt.scheme.s, "scheme_options": scheme_options,
             "device": device.type,
-            "channel": opt.config.control,
+            "control": opt.config.control,
             "steps": args.steps,
             "dataset": args.dataset, "model": args.model, "delay": str(delays),
             "batch_size": args.batch_size, "lr": args.lr, "wall_time_s": wall,

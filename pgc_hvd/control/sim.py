@@ -4,7 +4,7 @@
     ctl = SimController(ControlConfig(high=1.0, knob="c"))
     simulate("bounded-staleness", 8, 1, ..., step_hook=ctl, diag_every=ctl.cfg.every)
 
-or simply ``simulate(..., adaptive=True, control={"knob": "c"})`` / ``pgc-hvd simulate --adaptive``.
+or simply ``simulate(..., adaptive=True, rule={"knob": "c"})`` / ``pgc-hvd simulate --adaptive``.
 Every K-th step (the engine computes the staleness diagnostics only then; their CPU cost is
 ``extra["diag_seconds"]``) the hook feeds ``lhat_ratio`` and the last loss to the rule; a change
 is applied before the step's update (so the offending step already uses the lowered eta, or the

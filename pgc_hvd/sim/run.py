@@ -84,10 +84,10 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
              scheme_options: Optional[dict] = None, data=None,
              records_path: Optional[Path] = None, zero_init: bool = False,
              dtype: torch.dtype = torch.float32, adaptive: bool = False,
-             control: Optional[dict] = None, overwrite: bool = False,
+             rule: Optional[dict] = None, overwrite: bool = False,
              auto: Optional[dict] = None, **config) -> tuple[list, dict]:
     """``adaptive=True``: the staleness control rule (:mod:`pgc_hvd.control`, options in
-    ``control``, e.g. ``{"knob": "c", "high": 1.0, "every": 2}``) for schemes that use stale
+    ``rule``, e.g. ``{"knob": "c", "high": 1.0, "every": 2}``) for schemes that use stale
     gradients (bounded staleness, PGC); exact schemes run without it. ``records_path``: where the
     records go (one JSON line per step); an existing non-empty file there is refused unless
     ``overwrite=True``. Every argument is checked before that file is opened.
@@ -118,7 +118,7 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
                          "the two (adaptive=False, or a fixed s)")
     if adaptive_default(scheme, adaptive):
         from pgc_hvd.control.sim import SimController
-        ctl = SimController(ControlConfig.from_options(control))
+        ctl = SimController(ControlConfig.from_options(rule))
         config["step_hook"] = ctl
         config.setdefault("diag_every", ctl.cfg.every)
         config.setdefault("diag_cost", True)

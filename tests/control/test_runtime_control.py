@@ -18,14 +18,14 @@ RUNS = [(f"rule-{lr}", "test_runtime_rule", SCRIPT, [".", lr, 24]) for lr, _ in 
      [".", 50.0, 24, "bounded-staleness", "c"]),
     ("cli-lr", "test_train_cli_adaptive_uses_actual_ages", TRAIN,
      ["--scheme", "pgc-cr", "--stragglers", "1", "--model", "softmax", "--steps", "24",
-      "--lr", "50", "--momentum", "0", "--adaptive", "--control", "window=3,patience=1000",
+      "--lr", "50", "--momentum", "0", "--adaptive", "--rule", "window=3,patience=1000",
       "--timeout", "60", "--out", "run"]),
     ("cli-c", "test_train_cli_passes_scheme_options_and_lowers_c", TRAIN,
      ["--scheme", "bounded-staleness", "--stragglers", "1", "--option", "c=3", "--option", "r=2",
       "--option", "replay=mean",
       "--model", "softmax", "--steps", "20", "--lr", "50", "--momentum", "0", "--adaptive",
-      "--control", "knob=c,window=3", "--control", "patience=1000", "--timeout", "60",
-      "--channel", "store", "--out", "run"])]
+      "--rule", "knob=c,window=3", "--rule", "patience=1000", "--timeout", "60",
+      "--control", "store", "--out", "run"])]
 LAUNCH_GROUPS = [("horovodrun", 2, RUNS)]
 
 
@@ -70,7 +70,7 @@ def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(runs):
 
 @pytest.mark.multirank
 def test_train_cli_adaptive_uses_actual_ages(runs):
-    """``pgc-hvd train --adaptive --control ...`` (2 gloo ranks, PGC-CR, too-large lr): the
+    """``pgc-hvd train --adaptive --rule ...`` (2 gloo ranks, PGC-CR, too-large lr): the
     controller gets each step's decision (on_update(step, flat, decision)), so the recorded ages
     are the ones used, bounded by c - 1; the rule lowers lr; the summary reports it."""
     out = runs.ran("cli-lr").cwd / "run"
@@ -91,14 +91,14 @@ def test_train_cli_adaptive_uses_actual_ages(runs):
 @pytest.mark.multirank
 def test_train_cli_passes_scheme_options_and_lowers_c(runs):
     """``pgc-hvd train --scheme bounded-staleness --option c=3 --option replay=mean --adaptive
-    --control knob=c --channel store`` (the note's rule, as above): the scheme gets its
+    --rule knob=c --control store`` (the note's rule, as above): the scheme gets its
     options, the rule lowers c on every rank (the request
     travels in the TCPStore control rows), the summary says so."""
     out = runs.ran("cli-c").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert summ["scheme_options"] == {"c": 3, "r": 2, "replay": "mean"}
-    assert summ["channel"] == "store"
+    assert summ["control"] == "store"
     assert recs[0]["extra"]["c"] == 3 and summ["final_c"] == 1 == recs[-1]["extra"]["c"]
     acts = [a for r in recs for a in r["extra"].get("control", [])]
     assert acts[0]["knob"] == "c" and (acts[0]["old"], acts[0]["new"]) == (3, 1)

@@ -26,7 +26,7 @@ def run(data, lr, c, adaptive, control=None, scheme="bounded-staleness", **kw):
                           optimizer=f"sgd:lr={lr}",
                           delay=control_delay(), steps=100000, max_time=BUDGET,
                           scheme_options=opts, partition_time=1.0, adaptive=adaptive,
-                          control=control, **kw)
+                          rule=control, **kw)
     return recs, summ
 
 

@@ -97,7 +97,7 @@ def test_experiment_refuses_to_replace_results(tmp_path, usage_error):
 
 def test_simulate_control_needs_adaptive(tmp_path, usage_error):
     assert "needs --adaptive" in usage_error(
-        main, ["simulate", "--control", "knob=c", "--out", str(tmp_path)])
+        main, ["simulate", "--rule", "knob=c", "--out", str(tmp_path)])
 
 
 def test_simulate_reads_cifar10_from_data_dir(tmp_path):

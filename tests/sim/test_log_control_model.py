@@ -200,7 +200,7 @@ def test_log_and_polled_paths_take_the_same_decisions_with_free_control():
 
 
 def test_simulate_command_runs_the_log_control_path(tmp_path, capsys):
-    """``pgc-hvd simulate --control-plane log`` prices the log path (its operation counts in
+    """``pgc-hvd simulate --control log`` prices the log path (its operation counts in
     the records, as the runtime's); options that cannot go with it are refused by name."""
     from pgc_hvd.apps.simulate import main
     doc = {"format": FORMAT, "store": {"rtt": 1e-4, "beta": 1e-9, "fan_latency": 2e-4,
@@ -213,18 +213,18 @@ def test_simulate_command_runs_the_log_control_path(tmp_path, capsys):
             "0.2", "--delay", "exp:mean=0.2,seed=1", "--comm-model", "ring:alpha=1e-5,gbps=25"]
     for control in ("allgather", "log"):
         out = tmp_path / control
-        assert main([*base, "--control-plane", control, "--out", str(out)]
+        assert main([*base, "--control", control, "--out", str(out)]
                     + (["--log-fit", str(fit)] if control == "log" else [])) == 0
         recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
         ops = [r["extra"]["control_ops_others"] for r in recs[1:]] if control == "log" else []
         assert all(o <= 7 for o in ops)
         assert ("log_batches" in recs[-1]["extra"]) == (control == "log")
-    for argv, msg in [(["--log-fit", str(fit)], "needs --control-plane log"),
-                      (["--control-plane", "log", "--log-fit", str(tmp_path / "none.json")],
+    for argv, msg in [(["--log-fit", str(fit)], "needs --control log"),
+                      (["--control", "log", "--log-fit", str(tmp_path / "none.json")],
                        "measure_log_control"),
-                      (["--control-plane", "log", "--log-fit", str(fit), "--plane", "allgather"],
+                      (["--control", "log", "--log-fit", str(fit), "--plane", "allgather"],
                        "carries no payloads"),
-                      (["--comm-model", "master", "--control-plane", "log"],
+                      (["--comm-model", "master", "--control", "log"],
                        "collective comm models")]:
         with pytest.raises(SystemExit) as e:
             main([*base, "--out", str(tmp_path / "bad"), *argv])
