@@ -57,6 +57,7 @@ May import: torch, ``data.coded_sampler``, ``runtime.distributed``, ``runtime.st
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -85,21 +86,27 @@ def _first_tensor(tree):
     return None
 
 
+class _TensorSpec(NamedTuple):
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
 class _Placeholder:
     """The last output's structure: zeros of its shapes for a step this rank does not compute."""
 
     def __init__(self, output):
         leaves, self.spec = tree_flatten(output)
-        self.leaves = [(x.shape, x.dtype, x.device, x.requires_grad)
+        self.leaves = [_TensorSpec(x.shape, x.dtype, x.device, x.requires_grad)
                        if isinstance(x, torch.Tensor) else x for x in leaves]
 
     def make(self):
         out = []
         for x in self.leaves:
-            if isinstance(x, tuple) and len(x) == 4 and isinstance(x[1], torch.dtype):
-                shape, dtype, device, grad = x
-                z = torch.zeros(shape, dtype=dtype, device=device)
-                out.append(z.requires_grad_() if grad and z.is_floating_point() else z)
+            if isinstance(x, _TensorSpec):
+                z = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+                out.append(z.requires_grad_() if x.requires_grad and z.is_floating_point() else z)
             else:
                 out.append(x)
         return tree_unflatten(out, self.spec)
