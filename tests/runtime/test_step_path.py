@@ -35,3 +35,16 @@ def test_one_step_enters_few_modules(horovodrun):
     assert len(mods) <= MAX_MODULES, (
         f"one step enters {len(mods)} pgc_hvd modules (at most {MAX_MODULES}): merge a small "
         f"part into the part it serves (docs/architecture.md, 'The path of one step'):\n{listing}")
+
+
+@pytest.mark.multirank
+def test_one_ddp_door_step_enters_few_modules(torchrun):
+    proc = torchrun(2, SCRIPT, "ddp", timeout=240)
+    assert proc.stdout.count("ALL OK rank=") == 2, proc.stdout + proc.stderr
+    mods = entered(proc.stdout)
+    listing = "\n".join(f"  {threads:12s} {mod}" for mod, threads in mods.items())
+    print(f"one step of the DDP door (pgc-cr) enters {len(mods)} pgc_hvd modules:\n{listing}")
+    assert "runtime/ddp.py" in mods and "runtime/agent.py" in mods, listing
+    assert len(mods) <= MAX_DDP_MODULES, (
+        f"one DDP-door step enters {len(mods)} pgc_hvd modules (at most {MAX_DDP_MODULES}):\n"
+        f"{listing}")
