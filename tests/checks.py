@@ -13,9 +13,12 @@ and the ``ALL OK rank=<r>`` lines of a script that got to its end with :func:`al
     assert "resume_is_exact" in passed_everywhere(proc.stdout, 2)
 
 :func:`on_loopback` reads the ``LOOPBACK`` lines of tests/multirank/scripts/loopback_checks.py.
+:func:`params_digest` and :func:`same_on_every_rank` end a torchrun script the DDP way: a digest
+of the parameters, compared across the ranks on torch's default process group.
 
 May import: the standard library; the collective module the script already initialised
-(``horovod.torch`` or ``pgc_hvd.torch``), only to ask its rank.
+(``horovod.torch`` or ``pgc_hvd.torch``), only to ask its rank; torch (in the two functions
+that need it).
 """
 
 from __future__ import annotations
@@ -76,3 +79,22 @@ def on_loopback(out: str, n: int, pinned: str) -> None:
         assert int(established) >= 1, f"rank {rank} saw no connection at all: {out}"
         assert outside == "-", f"rank {rank} talked outside loopback: {outside}"
         assert pin == pinned, f"rank {rank}: gloo pinned to {pin!r}, not {pinned!r}"
+
+
+def params_digest(module) -> str:
+    """A short digest of ``module``'s parameters (fp32 bytes, in order)."""
+    import hashlib
+    h = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes()
+                                for p in module.parameters()))
+    return h.hexdigest()[:16]
+
+
+def same_on_every_rank(value, what: str):
+    """``value`` (picklable), which must be the same on every rank of torch's default process
+    group (one ``all_gather_object``); else SystemExit naming ``what`` and every rank's."""
+    import torch.distributed as dist
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, value)
+    if len(set(got)) != 1:
+        raise SystemExit(f"{what} differs across ranks: {got}")
+    return got[0]

@@ -12,7 +12,6 @@
   every other rank raises AgentError naming it (``CLEAR-ERROR``) within the timeout.
 """
 
-import hashlib
 import os
 import sys
 import time
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import pgc_hvd
-from checks import ok
+from checks import ok, params_digest, same_on_every_rank
 from pgc_hvd.runtime.errors import AgentError
 
 
@@ -37,19 +36,6 @@ def data(n=512):
 def net():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-
-
-def digest(model) -> str:
-    h = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes() for p in model.parameters()))
-    return h.hexdigest()[:16]
-
-
-def same_everywhere(value, what):
-    got = [None] * dist.get_world_size()
-    dist.all_gather_object(got, value)
-    if len(set(got)) != 1:
-        raise SystemExit(f"{what} differs across ranks: {got}")
-    return got[0]
 
 
 def refused(fn, *needles):
@@ -97,7 +83,7 @@ def check_refusals(rank):
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
     opt.close()
-    same_everywhere(digest(model), "parameters")
+    same_on_every_rank(params_digest(model), "parameters")
     ok("trains_after_refusals", rank)
 
     rs = pgc_hvd.DistributedDataParallel(net(), scheme="rs", name="rs", timeout=30)
@@ -141,7 +127,7 @@ def check_habits(rank, out_dir):
         torch.save({"model": model.state_dict(), "opt": opt.state_dict()},
                    os.path.join(out_dir, "ckpt.pt"))
     dist.barrier()
-    before = same_everywhere(digest(model), "parameters before the resume")
+    before = same_on_every_rank(params_digest(model), "parameters before the resume")
     opt.close()
 
     ckpt = torch.load(os.path.join(out_dir, "ckpt.pt"), weights_only=False)
@@ -150,7 +136,7 @@ def check_habits(rank, out_dir):
     opt2 = model2.distributed_optimizer(torch.optim.SGD(model2.parameters(), lr=0.05,
                                                         momentum=0.9))
     opt2.load_state_dict(ckpt["opt"])
-    assert opt2.version == steps and digest(model2) == before
+    assert opt2.version == steps and params_digest(model2) == before
     sampler2 = pgc_hvd.CodedSampler(ds, batch_size=16).bind(model2)
     for xb, yb in DataLoader(ds, batch_size=16, sampler=sampler2):
         opt2.zero_grad()
@@ -158,7 +144,8 @@ def check_habits(rank, out_dir):
         opt2.step()
     assert opt2.version == steps + len(loader)
     opt2.close()
-    print(f"PARAMS {same_everywhere(digest(model2), 'parameters after the resume')}", flush=True)
+    final = same_on_every_rank(params_digest(model2), "parameters after the resume")
+    print(f"PARAMS {final}", flush=True)
     ok("checkpoint_resume", rank)
 
 

@@ -1,8 +1,8 @@
 """A LightningModule trained unchanged with ``PGCStrategy`` under torchrun (np 2, CPU): fit with
 validation and a checkpoint, then a second Trainer (``strategy="pgc"``) resumed from it; each
-phase ends with a cross-rank digest of the parameters. The last rank is slowed during the fit. Prints ``CHECK <name> ok rank=<r>``."""
+phase ends with a cross-rank digest of the parameters. The last rank is slowed during the fit.
+Prints ``CHECK <name> ok rank=<r>``."""
 
-import hashlib
 import sys
 import time
 
@@ -17,7 +17,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import pgc_hvd
 import pgc_hvd.lightning
-from checks import ok
+from checks import ok, params_digest, same_on_every_rank
 
 
 class Digits(L.LightningModule):
@@ -64,19 +64,6 @@ class SlowRank(L.Callback):
             time.sleep(0.03)
 
 
-def digest(module) -> str:
-    h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in module.parameters()))
-    return h.hexdigest()[:16]
-
-
-def same_everywhere(value, what):
-    got = [None] * dist.get_world_size()
-    dist.all_gather_object(got, value)
-    if len(set(got)) != 1:
-        raise SystemExit(f"{what} differs across ranks: {got}")
-    return got[0]
-
-
 def main(out_dir):
     torch.manual_seed(0)
     X, y = load_digits(return_X_y=True)
@@ -102,7 +89,7 @@ def main(out_dir):
     acc = float(trainer.callback_metrics["val_acc"])
     assert acc > 0.6, acc
     print(f"FIT version={opt.version} val_acc={acc:.3f} PARAMS "
-          f"{same_everywhere(digest(model), 'parameters after fit')}", flush=True)
+          f"{same_on_every_rank(params_digest(model), 'parameters after fit')}", flush=True)
     ok("fit", rank)
 
     resumed = Digits()
@@ -114,7 +101,7 @@ def main(out_dir):
     assert isinstance(trainer2.strategy, pgc_hvd.lightning.PGCStrategy)
     assert opt2.version == trainer2.global_step == 3 * steps, (opt2.version, trainer2.global_step)
     print(f"RESUMED version={opt2.version} PARAMS "
-          f"{same_everywhere(digest(resumed), 'parameters after the resume')}", flush=True)
+          f"{same_on_every_rank(params_digest(resumed), 'parameters after the resume')}", flush=True)
     ok("resume", rank)
 
 
