@@ -36,8 +36,8 @@ DDP habit); the batches follow the step, so a resumed run continues where its ve
 
 The source is the process's :class:`pgc_hvd.DistributedDataParallel` (it registers itself,
 :func:`register_source`; :meth:`bind` names another): anything with ``n``, ``version``,
-``closed``, ``loop_partitions(step)``, ``loop_width`` and ``expect_batch_size(B)`` (told at each ``__iter__``, so the
-forward can refuse a DataLoader whose batch_size differs).
+``closed``, ``loop_partitions(step)``, ``loop_width`` and ``expect_batch_size(B)`` (told at
+each ``__iter__``, so the forward can refuse a DataLoader whose batch_size differs).
 
 May import: numpy, torch, ``data.partition``, ``data.coded_loader`` (``BatchRule``),
 ``options``.

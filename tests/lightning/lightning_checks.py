@@ -75,7 +75,8 @@ def main(out_dir):
     seen = Seen()
     trainer = L.Trainer(strategy=pgc_hvd.lightning.PGCStrategy(scheme="pgc-cr", stragglers=1,
                                                                timeout=60),
-                        accelerator="cpu", devices=2, max_epochs=2, callbacks=[ckpt, seen, SlowRank()],
+                        accelerator="cpu", devices=2, max_epochs=2,
+                        callbacks=[ckpt, seen, SlowRank()],
                         logger=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, train, val)
     rank = trainer.global_rank
@@ -101,7 +102,8 @@ def main(out_dir):
     assert isinstance(trainer2.strategy, pgc_hvd.lightning.PGCStrategy)
     assert opt2.version == trainer2.global_step == 3 * steps, (opt2.version, trainer2.global_step)
     print(f"RESUMED version={opt2.version} PARAMS "
-          f"{same_on_every_rank(params_digest(resumed), 'parameters after the resume')}", flush=True)
+          f"{same_on_every_rank(params_digest(resumed), 'parameters after the resume')}",
+          flush=True)
     ok("resume", rank)
 
 
