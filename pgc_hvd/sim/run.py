@@ -101,18 +101,18 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
     ``auto``, e.g. ``{"every": 20, "s_max": 3, "min_gain": 0.08}``): the run starts at
     ``s_start`` (default the scheme's, 1) and re-plans at boundaries; a budget n does not allow
     (``s_max > n - 1``) is refused here, before anything runs. The master comm model only."""
-    rule = None
+    auto_rule = None
     if isinstance(s, str):
         if s != "auto":
             raise ValueError(f"s = {s!r}: give an int (the straggler budget) or 'auto'")
         from pgc_hvd.control.auto_s import AutoStragglers
-        rule = AutoStragglers(scheme, n, auto, scheme_options)
-        s = rule.s
+        auto_rule = AutoStragglers(scheme, n, auto, scheme_options)
+        s = auto_rule.s
     elif auto is not None:
         raise ValueError("auto options need s='auto' (stragglers='auto')")
     s = stragglers_for(scheme, n, s)
     from pgc_hvd.control.rule import ControlConfig, adaptive_default
-    if rule is not None and adaptive_default(scheme, adaptive):
+    if auto_rule is not None and adaptive_default(scheme, adaptive):
         raise ValueError("stragglers='auto' with adaptive=True: the staleness control rule "
                          "binds its knob to one scheme, which a re-plan replaces; run one of "
                          "the two (adaptive=False, or a fixed s)")
@@ -128,8 +128,8 @@ def simulate(scheme: str, n: int, s: Optional[int] = None, dataset: str = "digit
     sch_options = remedy_scheme_options(scheme, scheme_options, param_groups_of(make_opt),
                                         config.get("momentum_correction", True))
     sch = get_scheme(scheme, n, s, **sch_options)
-    if rule is not None:
-        config["auto"] = rule
+    if auto_rule is not None:
+        config["auto"] = auto_rule
         config["make_scheme"] = lambda s_new: get_scheme(scheme, n, s_new, **sch_options)
     parts = partition(tr.y, n, iid=iid, sizes=sizes, seed=seed)
     cfg = SimConfig(steps=steps, delay=delay, seed=seed, **config)
