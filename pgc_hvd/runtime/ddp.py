@@ -50,8 +50,8 @@ rank's message, not the decoded update (clip that with ``synchronize()`` /
 hold the gradients computed so far); dropout masks and augmentations come from each rank's own
 generators.
 
-May import: torch, ``data.coded_sampler``, ``runtime.distributed``, ``runtime.step``
-(``loop_evaluate``), ``torchdist`` (the engine).
+May import: torch, ``data.coded_sampler``, ``runtime.distributed``, ``torchdist`` (the
+engine).
 """
 
 from __future__ import annotations
@@ -172,10 +172,6 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         return engine.size()
 
     @property
-    def rank(self) -> int:
-        return engine.rank()
-
-    @property
     def version(self) -> int:
         """The model version: updates applied (0 before the optimizer is wrapped)."""
         return 0 if self._pgc_opt is None else int(self._pgc_opt.version)
@@ -185,21 +181,23 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         """The optimizer :meth:`distributed_optimizer` built (None before)."""
         return self._pgc_opt
 
-    def loop_partitions(self, step: int) -> tuple:
-        """``((partition, weight), ...)`` of the batch of ``step`` (the sampler asks)."""
+    def _wrapped(self):
+        """The optimizer, which the sampler's questions need (else the error with the fix)."""
         if self._pgc_opt is None:
             raise RuntimeError(
                 "pgc_hvd.DistributedDataParallel: wrap the optimizer before iterating the "
                 "loader: optimizer = model.distributed_optimizer(torch.optim.SGD(...))")
-        return self._pgc_opt.loop_partitions(step)
+        return self._pgc_opt
+
+    def loop_partitions(self, step: int) -> tuple:
+        """``((partition, weight), ...)`` of the batch of ``step`` (the sampler asks)."""
+        return self._wrapped().loop_partitions(step)
 
     @property
     def loop_width(self) -> int:
         """The most partitions any rank's batch holds at a step (the sampler gives each
         partition B // width rows on every rank)."""
-        if self._pgc_opt is None:
-            self.loop_partitions(0)      # raises with the fix
-        return self._pgc_opt.loop_width
+        return self._wrapped().loop_width
 
     def expect_batch_size(self, batch_size: int) -> None:
         """The sampler's B: every training batch must have B rows (the sampler tells it)."""

@@ -70,7 +70,7 @@ from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     parameter_names)
 from pgc_hvd.runtime.step import (FaultMonitor, GradientCapture, ReplicaDataCheck, ReplicaRNG,
-                                  Step, agree_seed, declared_metrics, loop_evaluate)
+                                  Step, agree_seed, declared_metrics, loop_plan)
 from pgc_hvd.runtime.step_records import StepRecorder
 
 
@@ -377,19 +377,19 @@ class PGCOptimizer(_StateDicts):
                 f"scheme {self.scheme.name} has complex coefficients, which a batch's row "
                 f"weights cannot carry: use it through optimizer.batches(loader), or another "
                 f"scheme (pgc-cr, bcgc, gc-cr, ...) with pgc_hvd.DistributedDataParallel")
-        self._pgc_step.loop_fed_start()
+        self._pgc_capture.feed_from_loop(self._pgc_step.version)
 
     def loop_partitions(self, step: int) -> tuple:
         """``((partition, weight), ...)``: what the loop's batch of ``step`` holds (the
-        partitions this rank evaluates there, :func:`~pgc_hvd.runtime.step.loop_evaluate`) and
+        partitions this rank evaluates there, :func:`~pgc_hvd.runtime.step.loop_plan`) and
         the weight of each one's gradient in the message (1 where the ring applies the
         coefficients; a pipelined scheme's). Nothing changes."""
-        cap = self._pgc_capture
-        evaluate = loop_evaluate(self.scheme, self.rank, int(step), cap.ring_mode)
-        if cap.ring_mode:
-            return tuple((int(q), 1.0) for q, _ in evaluate)
-        coef = dict(self.scheme.work_plan(self.rank, int(step)).combine)
-        return tuple((int(q), float(coef[sl])) for q, sl in evaluate)
+        ring = self._pgc_capture.ring_mode
+        plan = loop_plan(self.scheme, self.rank, int(step), ring)
+        if ring:
+            return tuple((int(q), 1.0) for q, _ in plan.evaluate)
+        coef = dict(plan.combine)
+        return tuple((int(q), float(coef[sl])) for q, sl in plan.evaluate)
 
     @property
     def loop_width(self) -> int:
@@ -401,7 +401,7 @@ class PGCOptimizer(_StateDicts):
             ring = self._pgc_capture.ring_mode
             span = 2 * (self._pgc_capture.worker_ring.size + self.n) + 1
             width = self._pgc_loop_width = max(
-                len(loop_evaluate(self.scheme, r, t, ring))
+                len(loop_plan(self.scheme, r, t, ring).evaluate)
                 for r in range(self.n) for t in range(span))
         return width
 

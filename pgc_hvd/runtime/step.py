@@ -231,15 +231,15 @@ class GradientCapture:
             self._sentinel = p
         if p is self._sentinel:
             self._passes += 1
-            if self._passes > self.passes_per_step and self.loop_fed:
-                raise RuntimeError(
-                    f"pgc_hvd.DistributedDataParallel: a second backward pass at step "
-                    f"{self.current()[1]} before optimizer.step(): one DataLoader batch is one "
-                    f"step (the CodedSampler cuts the data by steps), so accumulating the "
-                    f"gradients of several batches (no_sync) would mix steps. Take a batch k "
-                    f"times larger instead (the same batch_size in the CodedSampler and the "
-                    f"DataLoader), or call optimizer.step() after every backward")
             if self._passes > self.passes_per_step:
+                if self.loop_fed:
+                    raise RuntimeError(
+                        f"pgc_hvd.DistributedDataParallel: a second backward pass at step "
+                        f"{self.current()[1]} before optimizer.step(): one DataLoader batch is "
+                        f"one step (the CodedSampler cuts the data by steps), so accumulating "
+                        f"the gradients of several batches (no_sync) would mix steps. Take a "
+                        f"batch k times larger instead (the same batch_size in the CodedSampler "
+                        f"and the DataLoader), or call optimizer.step() after every backward")
                 raise RuntimeError(
                     f"pgc_hvd: {self._passes} backward passes for one partition at step "
                     f"{self.current()[1]}, more than backward_passes_per_step="
@@ -362,12 +362,14 @@ class GradientCapture:
         for p, v in lay.views(self._zero_flat):
             p.grad = v if p.dtype == v.dtype else v.to(p.dtype)
 
-    def reset(self) -> None:
-        """An empty ring (a run continued from another version): every slot is evaluated afresh
-        at its first use."""
+    def reset(self, version: int) -> None:
+        """An empty ring (a run continued from model ``version``): every slot is evaluated
+        afresh at its first use; a loop-fed ring starts with zeros (:meth:`zero_start`)."""
         for b in self.ring:
             b.zero_()
         self.worker_ring.reset()
+        if self.loop_fed and self.ring_mode:
+            self.zero_start(version)
 
     def feed_from_loop(self, version: int) -> None:
         """From now on a backward is the plan's evaluation (:attr:`loop_fed`); a ring starts
@@ -386,24 +388,25 @@ class GradientCapture:
             self.worker_ring.fill(sl, version)
 
 
-def loop_evaluate(scheme, rank: int, step: int, ring_mode: bool) -> tuple:
-    """``((partition, slot), ...)`` a loop that runs ONE batch per step evaluates at ``step``
-    (the DDP door): the scheme's plan, except that a pipelined scheme's warm-up (every slot at
-    step 0) evaluates the one slot its rotation gives (that of step ``step + L``, L the ring
-    size; the other slots start as zeros, :meth:`GradientCapture.zero_start`). Several
-    partitions of a non-pipelined plan (GC, BCGC: c per step) share the batch, rows weighted
-    by their coefficients (:mod:`pgc_hvd.runtime.ddp`)."""
-    evaluate = scheme.work_plan(rank, step).evaluate
-    if ring_mode and len(evaluate) > 1:
-        size = len(scheme.work_plan(rank, step).slot_partitions)
-        later = scheme.work_plan(rank, step + size).evaluate
+def loop_plan(scheme, rank: int, step: int, ring_mode: bool):
+    """The work plan of worker ``rank`` at ``step`` for a loop that runs ONE batch per step (the
+    DDP door): the scheme's plan, except that a pipelined scheme's warm-up (every slot at step
+    0) evaluates the one slot its rotation gives (that of step ``step + L``, L the ring size;
+    the other slots start as zeros, :meth:`GradientCapture.zero_start`). Several partitions of
+    a non-pipelined plan (GC, BCGC: c per step) share the batch, rows weighted by their
+    coefficients (:mod:`pgc_hvd.runtime.ddp`). A function of (scheme, rank, step) only, so the
+    sampler predicts the steps to come with it."""
+    plan = scheme.work_plan(rank, step)
+    if ring_mode and len(plan.evaluate) > 1:
+        later = scheme.work_plan(rank, step + plan.ring_size).evaluate
         if len(later) != 1:
             raise ValueError(
                 f"scheme {scheme.name} evaluates {len(later)} ring slots at step "
-                f"{step + size}: a loop that runs one batch per step cannot feed it; use "
-                f"optimizer.batches(loader) (pgc_hvd.DistributedOptimizer) or another scheme")
-        return later
-    return evaluate
+                f"{step + plan.ring_size}: a loop that runs one batch per step cannot feed it; "
+                f"use optimizer.batches(loader) (pgc_hvd.DistributedOptimizer) or another "
+                f"scheme")
+        plan = dataclasses.replace(plan, evaluate=later)
+    return plan
 
 
 def declared_metrics(names: tuple, metrics) -> tuple:
@@ -482,9 +485,6 @@ class Step:
         self.started = False
         self.plan = None              # the current step's WorkPlan (None: not begun)
         self.computes = True          # this rank sends a message at the current step
-        #: the user's loop feeds the partitions (the DDP door): one batch per step, plans from
-        #: :func:`loop_evaluate`
-        self.loop_fed = False
         self.cancelled = False        # the current step fired without this rank (cancel)
         #: seconds this rank has computed (forward, backward, forming messages), all steps
         self.busy = 0.0
@@ -508,9 +508,7 @@ class Step:
     def restart_at(self, version: int) -> None:
         """Continue from model version ``version`` with an empty ring and a fresh residual."""
         self.version = int(version)
-        self.capture.reset()
-        if self.loop_fed and self.capture.ring_mode:
-            self.capture.zero_start(self.version)
+        self.capture.reset(self.version)
         self.encoder.reset()
         self.agent.restart_at(self.version)
         self.next()
@@ -528,19 +526,11 @@ class Step:
         return self.plan
 
     def plan_at(self, version: int):
-        """The plan of step ``version`` (the ring's; a loop-fed step evaluates
-        :func:`loop_evaluate`'s partitions)."""
-        plan = self.worker_ring.plan(version)
-        if self.loop_fed:
-            plan = dataclasses.replace(plan, evaluate=loop_evaluate(
-                self.scheme, self.rank, version, self.capture.ring_mode))
-        return plan
-
-    def loop_fed_start(self) -> None:
-        """The user's loop feeds the partitions from now on (before the first step): the
-        capture takes a backward as the plan's evaluation and the ring starts with zeros."""
-        self.loop_fed = True
-        self.capture.feed_from_loop(self.version)
+        """The plan of step ``version``: the ring's, or :func:`loop_plan` when the user's loop
+        feeds the partitions (:attr:`GradientCapture.loop_fed`)."""
+        if self.capture.loop_fed:
+            return loop_plan(self.scheme, self.rank, version, self.capture.ring_mode)
+        return self.worker_ring.plan(version)
 
     def current(self) -> tuple:
         """``(plan, version)`` of the step, begun if needed (a backward pass outside

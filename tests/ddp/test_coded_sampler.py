@@ -1,6 +1,6 @@
 """``CodedSampler`` and ``batch_layout`` in one process, against the real schemes' plans (the
 source is the smallest object with the DDP door's four members, fed by the real
-``loop_evaluate`` rule)."""
+``loop_plan`` rule)."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from pgc_hvd.data.coded_sampler import CodedSampler, batch_layout
-from pgc_hvd.runtime.step import loop_evaluate
+from pgc_hvd.runtime.step import loop_plan
 from pgc_hvd.schemes import Ring, get_scheme
 
 
@@ -19,15 +19,15 @@ class Source:
         self.scheme, self.rank, self.n, self.version = scheme, rank, scheme.n, 0
         self.ring_mode = scheme.pipelined
         self.batch = None
-        self.loop_width = max(len(loop_evaluate(scheme, r, t, self.ring_mode))
+        self.loop_width = max(len(loop_plan(scheme, r, t, self.ring_mode).evaluate)
                               for r in range(self.n) for t in range(8))
 
     def loop_partitions(self, step):
-        ev = loop_evaluate(self.scheme, self.rank, step, self.ring_mode)
+        plan = loop_plan(self.scheme, self.rank, step, self.ring_mode)
         if self.ring_mode:
-            return tuple((q, 1.0) for q, _ in ev)
-        coef = dict(self.scheme.work_plan(self.rank, step).combine)
-        return tuple((q, float(coef[sl])) for q, sl in ev)
+            return tuple((q, 1.0) for q, _ in plan.evaluate)
+        coef = dict(plan.combine)
+        return tuple((q, float(coef[sl])) for q, sl in plan.evaluate)
 
     def expect_batch_size(self, b):
         self.batch = b
@@ -83,7 +83,7 @@ def test_sampler_batches_are_the_plans_partitions_replicas_agree(name, n):
 def test_pipelined_warmup_evaluates_one_slot_of_the_rotation():
     scheme = get_scheme("pgc-cr", 4, 1)
     assert len(scheme.work_plan(0, 0).evaluate) == 2           # the scheme's warm-up
-    ev0 = loop_evaluate(scheme, 0, 0, ring_mode=True)
+    ev0 = loop_plan(scheme, 0, 0, ring_mode=True).evaluate
     assert ev0 == scheme.work_plan(0, 2).evaluate and len(ev0) == 1
     assert Ring(scheme, 0).size == 2
 
