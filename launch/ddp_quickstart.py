@@ -13,7 +13,7 @@ loader = DataLoader(dataset, batch_size=32, sampler=sampler)
 model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 model = pgc_hvd.DistributedDataParallel(model, scheme="pgc-cr", stragglers=1)   # was DDP(model)
 optimizer = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-for epoch in range(3):
+for epoch in range(5):
     sampler.set_epoch(epoch)
     for xb, yb in loader:                       # one batch = one step of this rank
         optimizer.zero_grad()
