@@ -5,6 +5,11 @@
         [--model lenet|resnet18] [--compute 0.0] [--steps 60] [--warmup 10] [--doors ddp,dgd,pgc-cr]
         [--control log] [--profile]
 
+A door ``SCHEME+serial`` runs the door with ``overlap=False`` (the message formed and sent at
+``step()``, the data collective after it), for the overlap's before/after in one launch; the
+profile's ``step()`` column is the exposed communication (from the end of ``backward()`` to the
+update applied).
+
 One launch: each door in turn (a fresh model, the same seed) runs ``--warmup`` + ``--steps`` steps
 of the DDP tutorial's loop on random data (LeNet-5 on 28x28 inputs, batch 32, d = 61,706; or
 torchvision's ResNet-18 on 2 images of 32x32, d = 11,689,512), sleeping ``--compute`` seconds
@@ -72,7 +77,9 @@ def main() -> None:
         else:
             sampler = pgc_hvd.CodedSampler(ds, batch_size=batch)
             opts = {"control": args.control} if args.control else {}
-            model = pgc_hvd.DistributedDataParallel(model, scheme=door, name=f"cost{k}",
+            scheme, _, serial = door.partition("+")   # pgc-cr+serial: overlap=False
+            opts["overlap"] = serial != "serial"
+            model = pgc_hvd.DistributedDataParallel(model, scheme=scheme, name=f"cost{k}",
                                                     timeout=120, **opts)
             sampler.bind(model)
             opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.01,

@@ -141,6 +141,9 @@ class Outgoing:
     metrics: tuple = ()            # the agent's k user metrics (floats; () = none reported)
     sent: bool = False             # its payload already went out with a control row
     consumed: bool = False         # its buffer became a decoded update (in-place contribution)
+    #: the overlap (runtime.overlap.Stream): the payload's buckets are still being formed by
+    #: the training thread; the buffer is the step's, never the pool's
+    stream: Optional[object] = None
 
 
 @dataclass
@@ -426,7 +429,7 @@ class CommAgent(DecisionBody):
                  reports: bool = False, name: str = "pgc",
                  replay: Optional[list] = None, optimistic: bool = False,
                  control: str = "allgather", channel=None,
-                 metrics: int = 0, narrow_reduce: str = "auto"):
+                 metrics: int = 0, narrow_reduce: str = "auto", buckets=None):
         self.hvd = hvd
         self.scheme = scheme
         self.rank = int(rank)
@@ -483,6 +486,10 @@ class CommAgent(DecisionBody):
         self.comm = Communicator(self.coll, codec, n=self.n, d=self.d, rank=self.rank,
                                  device=device, own=self._own, narrow_reduce=narrow_reduce)
         self.pool = self.comm.pool
+        # the overlap (runtime.overlap): sums bucket by bucket; a wait for a bucket of this
+        # rank's streamed message ends when its training thread fails
+        self.comm.buckets = buckets
+        self.comm.stop = lambda: self._failed
         if channel is None:   # the one builder of control channels (channel.control_channel)
             channel = control_channel(control, self.coll, n=self.n, length=self.ctrl_len,
                                       width=self.width, optimistic=optimistic, device=device)
@@ -811,7 +818,9 @@ class CommAgent(DecisionBody):
         used = self.book.used_info(uses)     # loss, user metrics: from the control rows
         info = {"loss": used.pop("loss"), "step_time": now - step_start, "control_rounds": self.control_rounds,
                 "data_rounds": comm.data_rounds, "bytes": comm.take_bytes(),
-                "collective": kind, "control_ops": self._control_ops()}
+                "collective": kind, "control_ops": self._control_ops(),
+                "buckets": len(comm.buckets) if comm.buckets is not None and kind == "allreduce"
+                else None}
         if self.codec.wire_dtype != torch.float32:
             info["fp16_fallback"] = fallback
             info["fp16_reduce"] = comm.narrow_reduce if kind == "allreduce" else None

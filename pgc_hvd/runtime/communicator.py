@@ -78,6 +78,10 @@ class Communicator:
         self.width = int(codec.width)
         self._own = own
         self.pool = BufferPool(device)
+        #: the overlap (:mod:`pgc_hvd.runtime.overlap`): dense fp32 sums move bucket by bucket
+        #: (None: in one allreduce); ``stop()`` ends a wait for a streamed bucket (the agent's)
+        self.buckets = None
+        self.stop: Optional[Callable[[], bool]] = None
         #: (worker, step) -> payload row received with its control row, or kept for reuse
         self.cache: dict = {}
         self.bytes_since = 0          # bytes received since the last update
@@ -116,7 +120,10 @@ class Communicator:
         fallback = False
         if kind == "allreduce":
             mine = [u for u in missing if u.worker == self.rank]
-            if codec.wire_dtype == torch.float32:
+            if self.buckets is not None and codec.wire_dtype == torch.float32:
+                flat = self._bucketed(mine)
+                self.bytes_since += int(allreduce_bytes(self.n, self.d))
+            elif codec.wire_dtype == torch.float32:
                 flat = self._contribution(mine, keep)
                 self.coll.allreduce_sum_(flat, "sum")
                 self.bytes_since += int(allreduce_bytes(self.n, self.d))
@@ -156,6 +163,29 @@ class Communicator:
         """Bytes received since the last call (reset)."""
         out, self.bytes_since = int(self.bytes_since), 0
         return out
+
+    def _bucketed(self, mine: list) -> torch.Tensor:
+        """The sum of the contributions bucket by bucket (:mod:`pgc_hvd.runtime.overlap`): one
+        allreduce per bucket in bucket order, this rank's bucket k = sum_{u owned} a_u times
+        bucket k of its message, waited for while the training thread still forms it (a
+        streamed message), zeros when it owns no use."""
+        flat = self.pool.get(self.d)
+        outs = [self._own(u.step) for u in mine]
+        for k, (lo, hi) in enumerate(self.buckets.ranges):
+            seg = flat[lo:hi]
+            if not mine:
+                seg.zero_()
+            for i, (u, out) in enumerate(zip(mine, outs)):
+                if out.stream is not None:
+                    out.stream.wait(k, self.coll.timeout, rank=self.rank, step=u.step,
+                                    stop=self.stop)
+                src = out.payload[lo:hi]
+                if i == 0:
+                    torch.mul(src, float(u.weight), out=seg)
+                else:
+                    seg.add_(src, alpha=float(u.weight))
+            self.coll.allreduce_sum_(seg, "sum")
+        return flat
 
     def _contribution(self, mine: list, keep: set) -> torch.Tensor:
         """This rank's sum_{u owned} a_u D(p_u) as a dense fp32 d-vector (zeros when it owns

@@ -185,6 +185,8 @@ class RuntimeConfig:
     wire_dtype: Optional[torch.dtype] = None   # checked: torch.float32, or float16 (fp16 wire)
     metrics: tuple = ()                  # names of the user metrics step(metrics=) carries
     momentum_correction: bool = True     # pgc_hvd.control.momentum (stale gradients' momentum)
+    overlap: bool = True                 # the data collective overlapped with backward
+    bucket_cap_mb: float = 25.0          # its buckets' size (DDP's name and default)
 
     def checked(self, n: int) -> "RuntimeConfig":
         """This config checked for n ranks, with typed fields (class doc); TypeError or
@@ -203,6 +205,14 @@ class RuntimeConfig:
         if self.control not in CONTROLS:
             raise ValueError(f"control must be 'allgather', 'store' or 'log', "
                              f"got {self.control!r}")
+        if not isinstance(self.overlap, bool):
+            raise TypeError(f"overlap must be True (default: the data collective overlapped "
+                            f"with backward) or False, got {self.overlap!r}")
+        cap = self.bucket_cap_mb
+        if not (isinstance(cap, (int, float)) and not isinstance(cap, bool)
+                and math.isfinite(cap) and cap > 0):
+            raise ValueError(f"bucket_cap_mb must be a size in MiB > 0 (default 25, as DDP's), "
+                             f"got {cap!r}")
         if self.straggler_policy not in POLICIES:
             raise ValueError(f"straggler_policy must be 'continue' or 'cancel', "
                              f"got {self.straggler_policy!r}")
@@ -219,7 +229,19 @@ class RuntimeConfig:
                                    wire_dtype=wire_dtype, delays=delays, name=str(self.name),
                                    momentum_correction=correction,
                                    scheme_options=dict(self.scheme_options or {}),
-                                   timeout=float(self.timeout), replay_arrivals=replay)
+                                   timeout=float(self.timeout), replay_arrivals=replay,
+                                   bucket_cap_mb=float(cap))
+
+    def overlaps(self, scheme, codec, *, optimistic: bool, complex_code: bool) -> bool:
+        """Whether the data collective moves bucket by bucket, overlapped with backward
+        (:mod:`pgc_hvd.runtime.overlap`): ``overlap`` and dense fp32 rows summed by an
+        allreduce (no top-kappa, no fp16 wire, no payload riding with the control rows), a
+        scheme that uses each step's own messages only (not bounded staleness's table) with
+        real coefficients, and no replayed schedule or ``straggler_policy="cancel"``. The same
+        on every rank (these fields are compared at construction)."""
+        return (self.overlap and not codec.sparse and codec.wire_dtype == torch.float32
+                and not optimistic and not scheme.late_usable and not self.cancel
+                and not self.replay_arrivals and not complex_code)
 
     @property
     def cancel(self) -> bool:
@@ -273,6 +295,7 @@ def cross_rank_fields(config: RuntimeConfig) -> dict:
             "control": config.control, "name": config.name, "optimistic": optimistic_field,
             "replay": config.replay_arrivals,
             "extra": {"wire dtype": str(config.wire_dtype).replace("torch.", ""),
+                      "overlap": config.overlap, "bucket_cap_mb": config.bucket_cap_mb,
                       "op (update factor)": config.op_scale,
                       "backward_passes_per_step": config.backward_passes_per_step,
                       "metrics (names)": list(config.metrics),

@@ -71,7 +71,7 @@ __all__ = ["DistributedDataParallel", "RUNTIME_OPTIONS"]
 #: names); the others go to torch's DDP
 RUNTIME_OPTIONS = ("scheme", "stragglers", "compression", "delays", "records", "scheme_options",
                    "timeout", "poll_interval", "on_record", "on_update", "straggler_policy",
-                   "control", "name", "metrics", "momentum_correction", "op")
+                   "control", "name", "metrics", "momentum_correction", "op", "overlap")
 
 
 def _scale_hook(door, output):
@@ -210,8 +210,10 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             raise RuntimeError("pgc_hvd.DistributedDataParallel: distributed_optimizer() was "
                                "called twice; one optimizer per model")
         from pgc_hvd.runtime.distributed import DistributedOptimizer
+        # the overlap's buckets are DDP's: its bucket_cap_mb (default 25 MiB)
         opt = DistributedOptimizer(optimizer, named_parameters=self.module.named_parameters(),
-                                   hvd=engine, **self._pgc_options)
+                                   hvd=engine, bucket_cap_mb=self.bucket_bytes_cap / 2 ** 20,
+                                   **self._pgc_options)
         try:
             opt.feed_from_loop()
         except BaseException:

@@ -32,6 +32,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = DEFAULT_CONTROL,
                          name: str = "pgc", metrics=(), momentum_correction: bool = True,
+                         overlap: bool = True, bucket_cap_mb: float = 25.0,
                          hvd=None, engine=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
@@ -137,6 +138,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             rows arrive and publishes each step's outcome, every rank reads it with one blocking
             ``get``: about 3 store operations per rank per step whatever the compute time
             (records: ``control_ops``); no payloads with the rows (``optimistic`` unset).
+        overlap: True (default): the data collective overlaps the backward pass
+            (:mod:`pgc_hvd.runtime.overlap`): from the second step on, a rank's message is
+            declared ready when its backward begins, and once the step is decided it is summed
+            bucket by bucket while the backward still computes. Dense fp32 messages and schemes
+            that use each step's own messages (not bounded staleness, compression or fp16: they
+            keep the one collective after ``step()``). A loop whose first ``step()`` passes a
+            loss, metrics or a GradScaler's scale, or changes ``p.grad`` after the backward
+            (clipping), is not overlapped; one that starts doing so later is refused with the fix.
+            False: the message is formed and sent at ``step()``.
+        bucket_cap_mb: the overlap's bucket size in MiB (default 25, the first bucket 1 MiB, as
+            DDP's; ``pgc_hvd.DistributedDataParallel`` takes DDP's own ``bucket_cap_mb``).
         engine: whose collectives: ``"horovod"`` (``horovod.torch``), ``"torch"``
             (torch.distributed, :mod:`pgc_hvd.torch`) or None: from the launcher's environment
             (:func:`pgc_hvd.runtime.channel.resolve`); ``hvd``, when given, is used as it is.
@@ -161,5 +173,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         scheme_options=scheme_options, timeout=timeout, poll_interval=poll_interval, name=name,
         on_record=on_record, on_update=on_update, replay_arrivals=replay_arrivals,
         straggler_policy=straggler_policy, optimistic=optimistic, control=control,
-        momentum_correction=momentum_correction, **horovod)
+        momentum_correction=momentum_correction, overlap=overlap, bucket_cap_mb=bucket_cap_mb,
+        **horovod)
     return cls(optimizer, named_parameters, config, hvd)

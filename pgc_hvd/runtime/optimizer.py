@@ -66,6 +66,7 @@ from pgc_hvd.control.momentum import applies_to, remedy_scheme_options
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime import consistency, interop, lifecycle, optim_state
 from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.runtime.overlap import Buckets
 from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     parameter_names)
@@ -183,15 +184,20 @@ class PGCOptimizer(_StateDicts):
             s=self.scheme.s, param_groups=self.param_groups,
             momentum_correction=self._pgc_corrects_momentum)
         self._pgc_records = self._pgc_recorder.active   # rank 0's records drained per update
+        optimistic = config.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n)
+        # the data collective overlapped with backward: the buckets (runtime.overlap)
+        buckets = (Buckets(lay, config.bucket_cap_mb)
+                   if config.overlaps(self.scheme, self._pgc_encoder.codec,
+                                      optimistic=optimistic, complex_code=worker_ring.complex)
+                   else None)
+        self._pgc_capture.buckets = buckets
         self._pgc_agent = CommAgent(
             hvd, self.scheme, self.rank, lay.numel, self.scheme.lookback,
             codec=self._pgc_encoder.codec, device=lay.device, timeout=config.timeout,
             poll_interval=config.poll_interval,
             reports=self.rank == 0 and self._pgc_recorder.active, name=config.name,
-            replay=config.replay_arrivals,
-            optimistic=config.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n),
-            control=config.control,
-            metrics=len(config.metrics))
+            replay=config.replay_arrivals, optimistic=optimistic, control=config.control,
+            metrics=len(config.metrics), buckets=buckets)
         # the step: version, plan, clock, message, update (the capture asks it for the plan)
         self._pgc_step = Step(self._pgc_capture, self._pgc_encoder, self._pgc_agent,
                               self.scheme, self.rank, param_groups=self.param_groups,

@@ -93,6 +93,7 @@ from pgc_hvd.runtime.agreement import allgather_polled, gather_versions, tensors
 from pgc_hvd.runtime.config import takes_three
 from pgc_hvd.runtime.consistency import NonFiniteParameters
 from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.runtime.overlap import Stream
 
 
 class GradientCapture:
@@ -129,6 +130,13 @@ class GradientCapture:
         self._grad_version = -1                   # its p.grad._version after the last backward
         self._zero_flat = None                    # zeros for p.grad in a catch-up under AMP
         self._hooks: list = []                    # attach() registers them
+        #: the overlap (:mod:`pgc_hvd.runtime.overlap`): the buckets (None: no overlap) and
+        #: the step's ``open_stream(slot)`` (:meth:`Step.open_stream`, set by the Step), asked at
+        #: the step's first gradient; it returns the bucket callback while the step streams
+        self.buckets = None
+        self.open_stream: Optional[Callable] = None
+        self._bucket_done: Optional[Callable] = None   # this step streams: bucket k formed
+        self._left: Optional[list] = None              # parameters each bucket still waits for
         #: the user's own loop feeds the plan's partitions (the DDP door's sampler): a backward
         #: outside ``batches()`` is the plan's evaluation, where several partitions are
         #: evaluated it holds their message already (rows weighted by the coefficients), and
@@ -145,6 +153,7 @@ class GradientCapture:
     def new_step(self) -> None:
         """A new plan: no slot evaluated yet (GC: the message restarts from zero)."""
         self.done_slots = set()
+        self._left = self._bucket_done = None
         if not self.ring_mode:
             self.msg.zero_()
 
@@ -200,6 +209,12 @@ class GradientCapture:
         if self._sentinel is not None and self._sentinel.grad is not None:
             self._grad_version = self._sentinel.grad._version
 
+    def touched(self) -> bool:
+        """Whether ``p.grad`` changed after the last backward (clipping, ``unscale_``)."""
+        sentinel = self._sentinel
+        return (sentinel is not None and sentinel.grad is not None
+                and sentinel.grad._version != self._grad_version)
+
     def missing(self, plan) -> list:
         """Slots of ``plan`` that got no gradient."""
         return [sl for _, sl in plan.evaluate if sl not in self.done_slots]
@@ -248,6 +263,62 @@ class GradientCapture:
                     f"backward_passes_per_step")
             self._grad_version = p.grad._version
         self.got_grad = True
+        if self.buckets is not None:
+            self._stream(p)
+
+    # -- the overlap ----------------------------------------------------------------------
+    def _stream(self, p: torch.Tensor) -> None:
+        """A streamed step (:mod:`pgc_hvd.runtime.overlap`): ``p.grad`` goes into the slot at
+        once, and a bucket whose parameters all have their gradient is handed to the step."""
+        if self._left is None:          # the step's first gradient: does it stream?
+            self._left = list(self.buckets.counts)
+            self._bucket_done = self.open_stream(self.target_slot)
+            if self._bucket_done is not None:
+                self._slot().zero_()     # parameters that get no gradient stay zero
+        if self._bucket_done is None:
+            return
+        self.layout.view(self._slot(), p).copy_(p.grad)
+        k = self.buckets.of_param[id(p)]
+        self._left[k] -= 1
+        if self._left[k] == 0:
+            self._bucket_done(k)
+
+    def _slot(self) -> torch.Tensor:
+        return self.ring[self.target_slot if self.ring_mode else 0]
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the current step's message is streaming (its buckets leave during backward)."""
+        return self._bucket_done is not None
+
+    def end_stream(self, plan, version: int) -> list:
+        """``step()`` of a streamed step: the buckets no hook completed (parameters with no
+        gradient: their zeros are in the slot), returned for the step to form; ``p.grad``
+        cleared and the slot filled, as :meth:`end` does, without moving it again. A change to
+        ``p.grad`` after the backward (clipping, ``GradScaler.unscale_``) came too late: the
+        message left during the backward; refused with the fix."""
+        sentinel = self._sentinel
+        if sentinel is not None and sentinel.grad is not None \
+                and sentinel.grad._version != self._grad_version:
+            raise RuntimeError(
+                f"pgc_hvd: p.grad was changed after loss.backward() at step {version} "
+                f"(clip_grad_norm_, GradScaler.unscale_, ...), but this rank's message left "
+                f"during the backward (the overlap, overlap=True). Clip the decoded update "
+                f"instead: optimizer.synchronize(); clip_grad_norm_(...); with "
+                f"optimizer.skip_synchronize(): optimizer.step(); or build the optimizer with "
+                f"overlap=False (the message is then formed at step())")
+        left = [k for k, m in enumerate(self._left) if m > 0]
+        for p in self.layout.params:
+            p.grad = None
+        slot = self.target_slot
+        slots = [sl for _, sl in plan.evaluate] if self.loop_fed else [slot]
+        for sl in slots:
+            self.worker_ring.fill(sl, version)
+            self.done_slots.add(sl)
+        self.target_slot = None
+        self._sentinel = None
+        self._bucket_done = None
+        return left
 
     def _begin_implicit(self) -> None:
         """A backward pass outside ``batches()``: the gradient is taken as the one of the
@@ -495,6 +566,15 @@ class Step:
         #: the last update loaded (its decision and info), None before the first
         self.last = None
         capture.current = self.current
+        # the overlap (module pgc_hvd.runtime.overlap): None until the first send() has shown
+        # the loop's habits (True: later steps may stream), the streamed message's buffer and
+        # the step's Outgoing while it streams
+        self.may_stream: Optional[bool] = None
+        self._stream_buf: Optional[torch.Tensor] = None
+        self._streamed: Optional[Outgoing] = None
+        #: steps whose message streamed (left during the backward)
+        self.streamed_steps = 0
+        capture.open_stream = self.open_stream
 
     # -- the plan ------------------------------------------------------------------------------
     def adopt(self) -> None:
@@ -584,11 +664,83 @@ class Step:
         self.busy += time.monotonic() - self._since
 
     # -- the message -----------------------------------------------------------------------------
+    def open_stream(self, slot: int):
+        """The step's first gradient (the capture's hook): stream the message
+        (:mod:`pgc_hvd.runtime.overlap`) when the step evaluates one slot by one backward, the
+        first ``send()`` showed no habit that needs the whole message at ``step()`` (a loss or
+        metrics for the control row, a GradScaler, ``p.grad`` changed after the backward) and
+        the step is not overtaken. Then the message is submitted now, its buckets to come
+        (the configured delay, a straggler's, is slept first), and the bucket callback is
+        returned; else None."""
+        plan, t, cap = self.plan, self.version, self.capture
+        if (not self.may_stream or not self.computes or self.overtaken()
+                or cap.passes_per_step != 1
+                or (len(plan.evaluate) != 1 and not cap.loop_fed)):
+            return None
+        self._delay(t)
+        if self._stream_buf is None:
+            self._stream_buf = self.layout.zeros()
+        buf = self._stream_buf
+        for sl in ([sl for _, sl in plan.evaluate] if cap.loop_fed else [slot]):
+            self.worker_ring.fill(sl, t)     # its gradient is on the way
+        out = Outgoing(t, t, buf, time.time(), math.nan, self.worker_ring.message_versions(plan),
+                       stream=Stream(len(cap.buckets)))
+        self._streamed = out
+        self.streamed_steps += 1
+        self.agent.submit(out, self.busy)
+        if cap.ring_mode:
+            slots, coeffs = cap.slots(plan)
+        else:   # GC's one slot: the loop's rows carried the coefficients (loop-fed) or b_l
+            slots = [cap.ring[0]]
+            coeffs = [1.0 if cap.loop_fed else float(dict(plan.combine)[slot])]
+        ranges, enc = cap.buckets.ranges, self.encoder
+
+        def bucket_done(k: int) -> None:
+            lo, hi = ranges[k]
+            enc.form([s[lo:hi] for s in slots], coeffs, out=buf[lo:hi])
+            out.stream.mark(k)
+        self._bucket_done = bucket_done
+        return bucket_done
+
+    def close_stream(self) -> None:
+        """The training thread failed: an agent waiting for a bucket stops."""
+        if self._streamed is not None:
+            self._streamed.stream.close()
+
+    def _end_stream(self, loss, metrics: tuple, grad_scale) -> None:
+        """``send()`` of a streamed step: the buckets no gradient completed are formed now.
+        A loss, metrics or a loss scale handed to this ``step()`` came after the message left;
+        refused with the fix (the first ``step()`` shows whether the loop passes them)."""
+        cap, out = self.capture, self._streamed
+        for k in cap.end_stream(self.plan, self.version):
+            self._bucket_done(k)
+        self._streamed = None
+        self.stop_clock()
+        late = [what for what, given in (("loss", loss is not None),
+                                         ("metrics", any(not math.isnan(v) for v in metrics)),
+                                         ("a GradScaler's scale", grad_scale is not None))
+                if given]
+        if late:
+            raise RuntimeError(
+                f"pgc_hvd: step {out.step} got {' and '.join(late)} at optimizer.step(), but "
+                f"this rank's message had left during the backward (the overlap): the first "
+                f"step() had none, so later steps stream. Pass them from the first step on, "
+                f"or build the optimizer with overlap=False")
+
     def send(self, *, loss=None, metrics: tuple = (), grad_scale=None) -> None:
         """Form, check, encode and submit the message of the current (begun) step (module
-        doc); nothing is sent once the step fired without this rank (:meth:`overtaken`)."""
+        doc); nothing is sent once the step fired without this rank (:meth:`overtaken`). A
+        streamed step's message went at its first gradient (:meth:`open_stream`); here its
+        last buckets are formed."""
         plan = self.plan
         cap, enc, agent, t = self.capture, self.encoder, self.agent, self.version
+        if self._streamed is not None:
+            return self._end_stream(loss, metrics, grad_scale)
+        if self.may_stream is None and cap.buckets is not None:   # the first send: habits
+            self.may_stream = (loss is None and all(math.isnan(v) for v in metrics)
+                               and grad_scale is None
+                               and not cap.amp and not (cap.target_slot is not None
+                                                        and cap.touched()))
         if cap.target_slot is not None:   # the last partition's gradient is in p.grad
             cap.check_untouched(plan, t, grad_scale)
             cap.end_pending(plan, t)

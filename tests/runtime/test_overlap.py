@@ -1,0 +1,257 @@
+"""The overlap on its own (:mod:`pgc_hvd.runtime.overlap`), in one process: the buckets a layout
+is cut into, the stream's handoff between the training thread and the agent, the
+communicator's sum bucket by bucket on thread ranks (a bucket waited for while another thread
+still forms it; a rank that owns no use waits for nothing), and one rank's step with a real
+model, real gradients and the real agent on a gloo group of one: the first step shows the
+loop's habits, later ones stream, the update is the gradient, and a habit that comes too late
+is refused with the fix."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pgc_hvd.compress.codecs import MessageEncoder, make_codec
+from pgc_hvd.flat_layout import FlatLayout
+from pgc_hvd.runtime.agent import CommAgent, Outgoing
+from pgc_hvd.runtime.channel import Collectives
+from pgc_hvd.runtime.communicator import Communicator
+from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.runtime.overlap import Buckets, Stream
+from pgc_hvd.runtime.step import GradientCapture, Step
+from pgc_hvd.schemes import Arrival, Ring, get_scheme
+from thread_world import in_world  # tests/runtime/thread_world.py
+
+MIB = 2 ** 20
+
+
+def mlp(widths=(5, 7, 6, 3)):
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
+
+
+# -- the buckets -------------------------------------------------------------------------------
+@pytest.mark.parametrize("cap_floats", [1, 20, 50, 10 ** 6])
+def test_buckets_cover_the_vector_backwards_in_contiguous_ranges(cap_floats):
+    lay = FlatLayout(list(mlp().parameters()))
+    b = Buckets(lay, cap_floats * 4 / MIB)
+    hi = lay.numel
+    for lo_k, hi_k in b.ranges:          # last parameters first, no gap, no overlap
+        assert hi_k == hi and lo_k < hi_k
+        hi = lo_k
+    assert hi == 0
+    assert sum(b.counts) == len(lay.params)
+    for p in lay.params:
+        off, k = lay.offsets[id(p)]
+        lo_k, hi_k = b.ranges[b.of_param[id(p)]]
+        assert lo_k <= off and off + k <= hi_k
+    for k, (lo_k, hi_k) in enumerate(b.ranges):   # only a single parameter overflows a bucket
+        if hi_k - lo_k > max(cap_floats, 1):
+            assert b.counts[k] == 1
+    if cap_floats == 1:
+        assert len(b) == len(lay.params)
+    if cap_floats == 10 ** 6:
+        assert len(b) == 1
+
+
+def test_the_first_bucket_is_one_mib_as_ddps():
+    big = [torch.zeros(2 ** 18, requires_grad=True) for _ in range(6)]   # 1 MiB each
+    b = Buckets(FlatLayout(big), 25.0)
+    assert b.ranges[0] == (5 * 2 ** 18, 6 * 2 ** 18)      # the last parameter alone
+    assert len(b) == 2 and b.counts == [1, 5]
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, float("nan")])
+def test_a_bucket_size_that_is_no_size_is_refused(cap):
+    with pytest.raises(ValueError, match="bucket_cap_mb"):
+        Buckets(FlatLayout(list(mlp().parameters())), cap)
+
+
+# -- the stream --------------------------------------------------------------------------------
+def test_a_wait_ends_when_the_bucket_is_marked_from_another_thread():
+    s = Stream(3)
+    threading.Timer(0.05, s.mark, args=(1,)).start()
+    t0 = time.monotonic()
+    s.wait(1, 5.0, rank=0, step=4)
+    assert 0.03 < time.monotonic() - t0 < 2.0
+    assert s.ready == [False, True, False] and not s.complete
+
+
+def test_a_wait_ends_with_agent_error_on_close_stop_or_timeout():
+    s = Stream(2)
+    threading.Timer(0.05, s.close).start()
+    with pytest.raises(AgentError, match="training thread stopped during the backward of step 7"):
+        s.wait(0, 5.0, rank=2, step=7)
+    with pytest.raises(AgentError, match="training thread stopped"):
+        Stream(1).wait(0, 5.0, rank=0, step=0, stop=lambda: True)
+    with pytest.raises(AgentError, match="formed no bucket 0 of it within 0s"):
+        Stream(1).wait(0, 0.1, rank=0, step=3)
+
+
+# -- the communicator's sum bucket by bucket ---------------------------------------------------
+def test_the_bucketed_sum_is_the_decisions_weighted_sum_while_buckets_still_form():
+    """gc-cr at n = 3, s = 1 fires on ranks 2 and 0: each forms its message's buckets on
+    another thread, slowly, while the agent's sum waits for them; rank 1 owns no use and never
+    forms anything. Every rank gets the weighted sum of the two messages, the same bits."""
+    params = list(mlp((5, 9, 8, 3)).parameters())
+    lay = FlatLayout(params)
+    d = lay.numel
+    buckets = Buckets(lay, 30 * 4 / MIB)
+    assert len(buckets) >= 3
+    codec = make_codec(d, None, complex_messages=False)
+    scheme = get_scheme("gc-cr", 3, 1)
+    decision = scheme.decide(0, [Arrival(w, 0) for w in (2, 0, 1)])
+    assert sorted(decision.workers) == [0, 2]
+    msgs = {w: torch.randn(d, generator=torch.Generator().manual_seed(w)) for w in range(3)}
+
+    def body(rank, ops):
+        coll = Collectives(ops, rank, f"{ops.label}.data", 30.0)
+        buf = torch.zeros(d)
+        out = Outgoing(0, 0, buf, time.time(), stream=Stream(len(buckets)))
+
+        def form():
+            for k, (lo, hi) in enumerate(buckets.ranges):
+                time.sleep(0.02)
+                buf[lo:hi] = msgs[rank][lo:hi]
+                out.stream.mark(k)
+        if rank != 1:
+            threading.Thread(target=form, daemon=True).start()
+        comm = Communicator(coll, codec, n=3, d=d, rank=rank, device="cpu", own=lambda s: out)
+        comm.buckets = buckets
+        flat, kind, _, _ = comm.combine(decision, keep=set(), offered=set())
+        return kind, flat.clone(), comm.take_bytes()
+
+    results = in_world(3, body)
+    want = sum(u.weight * msgs[u.worker] for u in decision.uses)
+    for kind, flat, nbytes in results:
+        assert kind == "allreduce"
+        torch.testing.assert_close(flat, want, rtol=1e-6, atol=1e-6)
+        assert torch.equal(flat, results[0][1])
+        assert nbytes == int(2 * 2 / 3 * 4 * d)        # the ring allreduce's bytes, 1.00x
+
+
+# -- one rank's streamed steps ----------------------------------------------------------------
+class Rank:
+    """One rank's capture, step and agent over a real model (dgd, n = 1) on a gloo group of
+    one, with the overlap's buckets."""
+
+    def __init__(self, ops, *, unused=False):
+        torch.manual_seed(3)
+        self.model = mlp((5, 9, 8, 3))
+        self.spare = nn.Linear(3, 3) if unused else None   # a parameter with no gradient
+        params = list(self.model.parameters()) + (list(self.spare.parameters()) if unused
+                                                    else [])
+        self.opt = torch.optim.SGD(params, lr=0.1)
+        self.layout = lay = FlatLayout(params)
+        self.buckets = Buckets(lay, 30 * 4 / MIB)
+        self.scheme = get_scheme("dgd", 1, 0)
+        ring = Ring(self.scheme, 0)
+        enc = MessageEncoder(lay.numel, None, complex_messages=False, device="cpu")
+        self.seen = []
+        self.agent = CommAgent(ops, self.scheme, 0, lay.numel, self.scheme.lookback,
+                               codec=enc.codec, device="cpu", poll_interval=0.001, timeout=30,
+                               optimistic=False, control="allgather", buckets=self.buckets)
+        self.capture = GradientCapture(lay, ring, ring_mode=False, passes_per_step=1,
+                                       scheme=self.scheme, rank=0)
+        self.capture.buckets = self.buckets
+        self.step = Step(self.capture, enc, self.agent, self.scheme, 0,
+                         param_groups=self.opt.param_groups,
+                         on_update=lambda t, flat: self.seen.append((t, flat.clone())))
+        self.capture.attach()
+        self.agent.start()
+        self.step.started = True
+
+    def loss(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        X, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
+        return F.cross_entropy(self.model(X), y)
+
+    def true_grad(self, seed):
+        self.capture.remove_hooks()
+        for p in self.layout.params:
+            p.grad = None
+        self.loss(seed).backward()
+        g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                       for p in self.layout.params])
+        for p in self.layout.params:
+            p.grad = None
+        self.capture.attach()
+        return g
+
+    def one(self, seed, *, loss=None, clip=False):
+        self.step.begin()
+        self.loss(seed).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e-3)
+        self.step.send(loss=loss)
+        self.agent.wait_for(self.step.version)
+        self.step.load(self.agent.take(self.step.version))
+        info = self.step.last.info
+        self.step.apply(self.opt.step, correct_momentum=False)
+        return info
+
+    def close(self):
+        self.capture.remove_hooks()
+        self.agent.finish()
+
+
+def test_later_steps_stream_and_the_update_is_the_gradient():
+    def body(rank, ops):
+        r = Rank(ops, unused=True)
+        try:
+            for t in range(4):
+                g = r.true_grad(t)
+                info = r.one(t)
+                assert info["buckets"] == len(r.buckets) >= 3
+                torch.testing.assert_close(r.seen[-1][1], g, rtol=1e-6, atol=1e-7)
+            assert r.step.streamed_steps == 3            # not the first: it shows the habits
+            assert r.step.may_stream is True
+            spare = r.layout.view(r.seen[-1][1], r.spare.weight)
+            assert torch.equal(spare, torch.zeros_like(spare))   # no gradient: zeros, flushed
+        finally:
+            r.close()
+    in_world(1, body)
+
+
+def test_a_loop_that_passes_a_loss_at_its_first_step_never_streams():
+    def body(rank, ops):
+        r = Rank(ops)
+        try:
+            for t in range(3):
+                r.one(t, loss=1.0)
+            assert r.step.may_stream is False and r.step.streamed_steps == 0
+        finally:
+            r.close()
+    in_world(1, body)
+
+
+def test_habits_that_come_after_the_message_left_are_refused_with_the_fix():
+    def body(rank, ops):
+        r = Rank(ops)
+        try:
+            r.one(0)
+            with pytest.raises(RuntimeError, match=r"p.grad was changed after loss.backward\(\)"
+                                                   r".*overlap=False"):
+                r.one(1, clip=True)
+        finally:
+            r.capture.remove_hooks()
+            r.agent.fail()
+    in_world(1, body)
+
+    def body2(rank, ops):
+        r = Rank(ops)
+        try:
+            r.one(0)
+            with pytest.raises(RuntimeError, match="got loss at optimizer.step.*overlap=False"):
+                r.one(1, loss=2.0)
+        finally:
+            r.capture.remove_hooks()
+            r.agent.fail()
+    in_world(1, body2)
