@@ -41,8 +41,9 @@ CONTROLS = ("allgather", "store", "log")
 DEFAULT_CONTROL = "log"
 #: ``stragglers="auto"`` (:mod:`pgc_hvd.runtime.auto_s`): the runtime's defaults for the rule's
 #: options the user did not set (a switch costs the runtime a barrier and a new control
-#: channel, so boundaries are sparser than the simulator's); the others are AutoConfig's
-AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20}
+#: channel, so boundaries are sparser than the simulator's); the others are AutoConfig's.
+#: s starts at 0 (Horovod's and DDP's step: no redundancy until the delays show it pays)
+AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20, "s_start": 0}
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
 

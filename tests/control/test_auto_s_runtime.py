@@ -22,11 +22,11 @@ LAUNCH_GROUPS = [("horovodrun", 3, ENTRY), ("torchrun", 3, ENTRY)]
 # -- the setting, checked once -----------------------------------------------------------------
 def test_auto_setting_resolves_the_rules_settings_with_runtime_defaults():
     c = RuntimeConfig(scheme="pgc-cr", stragglers="auto", auto={"s_max": 2}).checked(4)
-    assert c.stragglers == 1 == c.auto.s_start and c.auto.s_max == 2
+    assert c.stragglers == 0 == c.auto.s_start and c.auto.s_max == 2
     assert (c.auto.every, c.auto.first, c.auto.cooldown) == tuple(
         AUTO_DEFAULTS[k] for k in ("every", "first", "cooldown"))
     again = c.checked(4)
-    assert again.auto == c.auto and again.stragglers == 1      # checking twice changes nothing
+    assert again.auto == c.auto and again.stragglers == 0      # checking twice changes nothing
     assert cross_rank_fields(c)["extra"]["auto (stragglers='auto' options)"]["s_max"] == 2
     assert cross_rank_fields(RuntimeConfig().checked(4))["extra"][
         "auto (stragglers='auto' options)"] is None
