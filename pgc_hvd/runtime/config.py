@@ -280,7 +280,7 @@ def auto_setting(stragglers, options, scheme: str, n: int) -> tuple:
     from pgc_hvd.control.auto_s import AutoConfig
     if isinstance(stragglers, str):
         if stragglers != "auto":
-            raise ValueError(f"stragglers must be an int >= 0, None (the scheme's default) or "
+            raise TypeError(f"stragglers must be an int >= 0, None (the scheme's default) or "
                              f"'auto' (chosen while training), got {stragglers!r}")
         if options is not None and not isinstance(options, (dict, AutoConfig)):
             raise TypeError(f"auto must be a dict of stragglers='auto' options (e.g. "

@@ -44,7 +44,7 @@ def test_auto_setting_resolves_the_rules_settings_with_runtime_defaults():
 def test_auto_refusals_name_the_fix(kw, words):
     """Refused by RuntimeConfig.checked, which the optimizer runs before its first collective
     (the multi-rank entry checks that no rank hangs)."""
-    with pytest.raises(ValueError, match=None) as err:
+    with pytest.raises((ValueError, TypeError)) as err:
         RuntimeConfig(**kw).checked(3)
     assert words in str(err.value), err.value
 
