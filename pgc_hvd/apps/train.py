@@ -36,13 +36,29 @@ from pgc_hvd.metrics.targets import RUNTIME_WINDOW, first_reaching
 from pgc_hvd.options import parse_options
 
 
+def _budget(text: str):
+    """--stragglers: an int, or 'auto'."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give an int (the straggler budget s) or 'auto', "
+                                         f"got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pgc-hvd train", description=__doc__.split("\n\n")[0])
     p.add_argument("--scheme", default="pgc-cr")
-    p.add_argument("--stragglers", "--straggler-budget", dest="s", type=int, default=None,
+    p.add_argument("--stragglers", "--straggler-budget", dest="s", type=_budget, default=None,
                    help="straggler budget s (default: the scheme's, 1; 0 for dgd, which waits "
                         "for every rank and takes 0 only, and on one rank; not `--s`: "
-                        "horovodrun would take it for its own)")
+                        "horovodrun would take it for its own), or 'auto': chosen while "
+                        "training from the ranks' delays (docs/control.md)")
+    p.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
+                   help="--stragglers auto option (repeat, or comma-separated): s_start, s_max, "
+                        "every (20), first (10), cooldown (20), window (16), min_gain (0.08), "
+                        "staleness_cost, tau, ...")
     p.add_argument("--dataset", default="digits",
                    help="digits, breast_cancer, wine, iris, generated (in memory), or cifar10 / "
                         "imagefolder: torchvision's CIFAR10 / ImageFolder from --data-dir, fed "
@@ -144,10 +160,19 @@ def main(argv=None) -> int:
     except ValueError as err:
         parser.error(f"--scheme: {err}")
     try:   # the scheme's check of s; its range in n = hvd.size() is the optimizer's, the same
-        if args.s is not None:
+        if args.s is not None and args.s != "auto":
             scheme_cls.check_stragglers(args.s)
     except ValueError as err:
         parser.error(f"--stragglers {args.s}: {err}")
+    try:   # stragglers="auto": its options, checked with n by the optimizer before any collective
+        auto_options = parse_options(args.auto, "--auto") if args.auto else None
+    except ValueError as err:
+        parser.error(str(err))
+    if auto_options is not None and args.s != "auto":
+        parser.error("--auto sets options of --stragglers auto: it needs --stragglers auto")
+    if args.s == "auto" and (args.adaptive or args.rule):
+        parser.error("--stragglers auto and --adaptive are not combined yet (the control rule "
+                     "binds its knob to the scheme a re-plan replaces); run one of them")
     if args.workers < 0:
         parser.error(f"--workers is a number of DataLoader processes and must be >= 0, got "
                      f"{args.workers}")
@@ -243,7 +268,7 @@ def main(argv=None) -> int:
     opt = DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
         model.named_parameters(), scheme=args.scheme, stragglers=args.s,
-        scheme_options=scheme_options,
+        scheme_options=scheme_options, auto=auto_options,
         compression=compression, delays=delays, timeout=args.timeout, name=f"pgc-{args.scheme}",
         momentum_correction=args.momentum_correction == "on", **opt_kwargs)
     if ctl is not None:
@@ -286,6 +311,8 @@ def main(argv=None) -> int:
             "busy_s_rank0": opt.busy_seconds,
             "loader_stats_rank0": dict(getattr(loader, "stats", {})) or None,
         }
+        if opt.auto_stragglers is not None:     # stragglers="auto": every switch and why
+            summary.update({"stragglers": "auto", **opt.auto_stragglers.summary()})
         if ctl is not None:
             acts = [a for r in recs for a in r.get("extra", {}).get("control", [])]
             summary.update({"adaptive": True, "control_actions": len(acts),

@@ -255,6 +255,10 @@ class DecisionBody:
     _ended_at: Optional[int] = None
     _last_rows = None
     _last_round_at = 0.0
+    #: ``on_decided(update, ctl)``: called on the agent thread with each decided update and the
+    #: rows that decided it, before the training thread gets it (stragglers="auto",
+    #: :mod:`pgc_hvd.runtime.auto_s`, may add ``update.info["auto_s"]``); None: nothing
+    on_decided: Optional[Callable] = None
 
     def open_round(self) -> None:
         """Open the round of the current step (at the start of the decision loop)."""
@@ -347,6 +351,8 @@ class DecisionBody:
             # control='log': a dead or frozen rank stops the data collective first; the
             # control store's census names it
             raise self.channel.census(self.step, err) from err
+        if self.on_decided is not None:
+            self.on_decided(update, ctl)
         busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
         self._busy_prev = busy
         with self.cond:

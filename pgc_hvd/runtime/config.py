@@ -39,6 +39,11 @@ CONTROLS = ("allgather", "store", "log")
 #: Horovod ops on every rank whatever the arrival order (the user's unnamed collectives keep
 #: matching; docs/architecture.md "The control plane and the user's collectives")
 DEFAULT_CONTROL = "log"
+#: ``stragglers="auto"`` (:mod:`pgc_hvd.runtime.auto_s`): the runtime's defaults for the rule's
+#: options the user did not set (a switch costs the runtime a barrier and a new control
+#: channel, so boundaries are sparser than the simulator's); the others are AutoConfig's.
+#: s starts at 0 (Horovod's and DDP's step: no redundancy until the delays show it pays)
+AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20, "s_start": 0}
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
 
@@ -166,7 +171,7 @@ class RuntimeConfig:
     model or None, the replayed arrivals as int pairs."""
 
     scheme: str = "pgc-cr"
-    stragglers: Optional[int] = None     # None: the scheme's default (checked: an int)
+    stragglers: Any = None     # None: the scheme's default; an int; "auto" (checked: an int)
     compression: Any = None              # checked: TopK or None (Horovod's mapped)
     delays: Any = None
     records: Any = None
@@ -187,6 +192,9 @@ class RuntimeConfig:
     momentum_correction: bool = True     # pgc_hvd.control.momentum (stale gradients' momentum)
     overlap: bool = True                 # the data collective overlapped with backward
     bucket_cap_mb: float = 25.0          # its buckets' size (DDP's name and default)
+    #: stragglers="auto": the rule's options (a dict of pgc_hvd.control.auto_s.AutoConfig
+    #: fields); checked: the AutoConfig with s_start and s_max resolved, None for a fixed s
+    auto: Any = None
 
     def checked(self, n: int) -> "RuntimeConfig":
         """This config checked for n ranks, with typed fields (class doc); TypeError or
@@ -194,8 +202,12 @@ class RuntimeConfig:
         default (:func:`pgc_hvd.schemes.stragglers_for`); one rank (n = 1, e.g. ``python
         train.py`` to debug) has no straggler to tolerate, so the default is then s = 0, and a
         warning says so (once per optimizer), while an explicit ``stragglers`` >= 1 is refused
-        there like any s > n - 1, with the fix. Checking a checked config changes nothing."""
-        s = stragglers_for(self.scheme, n, self.stragglers)
+        there like any s > n - 1, with the fix. Checking a checked config changes nothing.
+        ``stragglers="auto"``: s starts at the rule's ``s_start``, and ``auto`` becomes the
+        checked rule settings (:func:`auto_setting`: ``s_max > n - 1`` is refused here, with
+        the fix)."""
+        auto, stragglers = auto_setting(self.stragglers, self.auto, self.scheme, n)
+        s = stragglers_for(self.scheme, n, stragglers)
         compression, wire_dtype = wire_format(self.compression, self.wire_dtype)
         delays = _check_arguments(
             n, delays=self.delays, records=self.records,
@@ -225,7 +237,7 @@ class RuntimeConfig:
             log.warning("pgc_hvd: %s runs with s = 0 stragglers on %d rank (the default s = %d "
                         "needs n >= 2 ranks); pass stragglers=0 to say so, or start more ranks",
                         self.scheme, n, default_stragglers(self.scheme))
-        return dataclasses.replace(self, stragglers=s, compression=compression,
+        return dataclasses.replace(self, stragglers=s, auto=auto, compression=compression,
                                    wire_dtype=wire_dtype, delays=delays, name=str(self.name),
                                    momentum_correction=correction,
                                    scheme_options=dict(self.scheme_options or {}),
@@ -280,6 +292,39 @@ class RuntimeConfig:
             codec.payload_bytes, torch.device(device).type == "cpu", n)
 
 
+def auto_setting(stragglers, options, scheme: str, n: int) -> tuple:
+    """``(auto, stragglers)`` checked for n ranks: ``stragglers="auto"`` gives the rule's
+    settings (:class:`pgc_hvd.control.auto_s.AutoConfig` from ``options`` over
+    :data:`AUTO_DEFAULTS`, with s_start and s_max resolved) and s_start; a fixed budget gives
+    ``(None, stragglers)`` and refuses auto options. ValueError naming the fix before any
+    collective: ``s_max > n - 1``, ``s_start`` outside [0, s_max], a scheme that waits for
+    every rank, fewer than 2 ranks, unknown options."""
+    from pgc_hvd.control.auto_s import AutoConfig
+    if isinstance(stragglers, str):
+        if stragglers != "auto":
+            raise TypeError(f"stragglers must be an int >= 0, None (the scheme's default) or "
+                             f"'auto' (chosen while training), got {stragglers!r}")
+        if options is not None and not isinstance(options, (dict, AutoConfig)):
+            raise TypeError(f"auto must be a dict of stragglers='auto' options (e.g. "
+                            f"{{'s_max': 2, 'every': 20}}), got {options!r}")
+        if isinstance(options, AutoConfig):
+            cfg = options
+        else:
+            cfg = AutoConfig.from_options({**AUTO_DEFAULTS, **dict(options or {})})
+        s0, s_max = cfg.budget_range(scheme, n)
+        return dataclasses.replace(cfg, s_start=s0, s_max=s_max), s0
+    if isinstance(options, AutoConfig):     # a checked auto config, checked again
+        s0, s_max = options.budget_range(scheme, n)
+        if stragglers is not None and not 0 <= int(stragglers) <= s_max:
+            raise ValueError(f"stragglers = {stragglers} lies outside the auto range [0, "
+                             f"s_max = {s_max}]")
+        return options, stragglers
+    if options is not None:
+        raise ValueError(f"auto={options!r} sets options of stragglers='auto'; pass "
+                         f"stragglers='auto' with it, or drop auto for a fixed budget")
+    return None, stragglers
+
+
 def cross_rank_fields(config: RuntimeConfig) -> dict:
     """The configuration fields every rank compares at construction
     (:func:`pgc_hvd.runtime.consistency.optimizer_fingerprint`'s keywords; it adds the
@@ -299,7 +344,9 @@ def cross_rank_fields(config: RuntimeConfig) -> dict:
                       "op (update factor)": config.op_scale,
                       "backward_passes_per_step": config.backward_passes_per_step,
                       "metrics (names)": list(config.metrics),
-                      "momentum_correction": config.momentum_correction}}
+                      "momentum_correction": config.momentum_correction,
+                      "auto (stragglers='auto' options)": (
+                          None if config.auto is None else dataclasses.asdict(config.auto))}}
 
 
 def check_parameters(params, names: dict) -> None:

@@ -71,7 +71,8 @@ __all__ = ["DistributedDataParallel", "RUNTIME_OPTIONS"]
 #: names); the others go to torch's DDP
 RUNTIME_OPTIONS = ("scheme", "stragglers", "compression", "delays", "records", "scheme_options",
                    "timeout", "poll_interval", "on_record", "on_update", "straggler_policy",
-                   "control", "name", "metrics", "momentum_correction", "op", "overlap")
+                   "control", "name", "metrics", "momentum_correction", "op", "overlap",
+                   "auto")
 
 
 def _scale_hook(door, output):

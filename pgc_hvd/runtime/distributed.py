@@ -26,14 +26,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          compression: Any = None, backward_passes_per_step: int = 1, op=None,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups=None, sparse_as_dense: bool = False, process_set=None, *,
-                         scheme: str = "pgc-cr", stragglers: Optional[int] = None,
+                         scheme: str = "pgc-cr", stragglers: Any = None,
                          delays=None, records=None, scheme_options: Optional[dict] = None,
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = DEFAULT_CONTROL,
                          name: str = "pgc", metrics=(), momentum_correction: bool = True,
                          overlap: bool = True, bucket_cap_mb: float = 25.0,
-                         hvd=None, engine=None):
+                         hvd=None, engine=None, auto: Optional[dict] = None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     The positional arguments are Horovod's, in Horovod's order (``optimizer,
@@ -48,6 +48,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         stragglers: the straggler budget s; default (None): 0 for ``dgd`` (it waits for every
             rank), 1 for every other scheme, and 0 on a single rank (``python train.py``: a
             warning says so once; :meth:`~pgc_hvd.schemes.protocol.Scheme.default_stragglers`).
+            ``"auto"``: chosen while training from the ranks' own delays, re-planned at
+            boundaries (:mod:`pgc_hvd.runtime.auto_s`, docs/control.md "s chosen online");
+            ``auto`` takes the rule's options (``{"s_max": 2, "every": 20, ...}``).
         compression: None (dense messages) or :class:`TopK` (sparse top-kappa, error feedback);
             Horovod's ``hvd.Compression.none`` (dense) and ``hvd.Compression.fp16`` (dense
             messages travel as float16: half the bytes) are accepted.
@@ -174,5 +177,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         on_record=on_record, on_update=on_update, replay_arrivals=replay_arrivals,
         straggler_policy=straggler_policy, optimistic=optimistic, control=control,
         momentum_correction=momentum_correction, overlap=overlap, bucket_cap_mb=bucket_cap_mb,
-        **horovod)
+        auto=auto, **horovod)
     return cls(optimizer, named_parameters, config, hvd)

@@ -198,6 +198,12 @@ class PGCOptimizer(_StateDicts):
             reports=self.rank == 0 and self._pgc_recorder.active, name=config.name,
             replay=config.replay_arrivals, optimistic=optimistic, control=config.control,
             metrics=len(config.metrics), buckets=buckets)
+        self._pgc_auto = None   # stragglers="auto": the rule on this rank (runtime.auto_s)
+        if config.auto is not None:
+            from pgc_hvd.runtime.auto_s import RuntimeAutoS
+            self._pgc_auto = RuntimeAutoS(config.auto, config.scheme, self.n,
+                                          config.scheme_options)
+            self._pgc_agent.on_decided = self._pgc_auto.on_decided
         # the step: version, plan, clock, message, update (the capture asks it for the plan)
         self._pgc_step = Step(self._pgc_capture, self._pgc_encoder, self._pgc_agent,
                               self.scheme, self.rank, param_groups=self.param_groups,
@@ -460,6 +466,8 @@ class PGCOptimizer(_StateDicts):
                     "update in p.grad), then step() under skip_synchronize()")
             self._pgc_sync(loss, metrics, closure_loss)
         self._pgc_apply_grads()
+        if self._pgc_auto is not None:
+            self._pgc_auto_boundary()
         return ret
 
     def synchronize(self, loss=None, metrics=None) -> None:
@@ -641,6 +649,92 @@ class PGCOptimizer(_StateDicts):
         finally:
             if ends:
                 self.loop_end_versions = ends
+
+    # -- stragglers="auto" (runtime.auto_s) ------------------------------------------------------
+    @property
+    def auto_stragglers(self):
+        """The ``stragglers="auto"`` rule on this rank (:class:`~pgc_hvd.runtime.auto_s.
+        RuntimeAutoS`: ``s``, ``switches``, ``summary()``), None for a fixed s."""
+        return self._pgc_auto
+
+    def _pgc_auto_boundary(self) -> None:
+        """After update V - 1 was applied: re-plan when it carries a switch (every rank reads
+        the same one at the same version V)."""
+        from pgc_hvd.runtime.auto_s import switch_of
+        last = self._pgc_step.last
+        sw = switch_of(last)
+        if sw is not None and last.step + 1 == self._pgc_step.version:
+            self._pgc_replan(int(sw["new_s"]))
+
+    def _pgc_replan(self, s: int) -> None:
+        """The re-plan of a switch to budget ``s`` at version V (:mod:`pgc_hvd.runtime.auto_s`):
+        leave the old agent at V (it serves collectives until every rank has left; updates it
+        decided meanwhile, the same on every rank, are applied), then the scheme of ``s``, a
+        fresh ring and capture, encoder, agent (a channel of its own name) and step at the
+        version reached; the loader re-bound; the model and the user's optimizer carry over."""
+        from pgc_hvd.runtime.auto_s import agent_name, replanned_config
+        from pgc_hvd.schemes import Ring, get_scheme
+        old_step, old_agent, old_cap = self._pgc_step, self._pgc_agent, self._pgc_capture
+        if self._pgc_records:
+            self._pgc_recorder.drain(old_agent)
+        try:
+            old_agent.finish()
+            self._pgc_apply_decided()
+        except AgentError as err:
+            self._pgc_failed = True
+            self._pgc_faults.raise_explained(err)
+        if self._pgc_records:
+            self._pgc_recorder.drain(old_agent)
+        old_cap.remove_hooks()
+        cfg = self._pgc_config = replanned_config(self._pgc_config, s)
+        lay = self._pgc_layout
+        self.scheme = get_scheme(cfg.scheme, self.n, cfg.stragglers,
+                                 **remedy_scheme_options(cfg.scheme, cfg.scheme_options,
+                                                         self.param_groups,
+                                                         cfg.momentum_correction))
+        cfg.check_scheme(self.scheme)
+        worker_ring = Ring(self.scheme, self.rank)
+        self._pgc_encoder = MessageEncoder(lay.numel, cfg.compression,
+                                           complex_messages=worker_ring.complex,
+                                           device=lay.device, wire_dtype=cfg.wire_dtype)
+        cap = self._pgc_capture = GradientCapture(
+            lay, worker_ring, ring_mode=bool(self.scheme.pipelined or worker_ring.complex),
+            passes_per_step=cfg.backward_passes_per_step,
+            scheme=self.scheme, rank=self.rank, names=self._pgc_names)
+        cap.loop_fed, cap.amp = old_cap.loop_fed, old_cap.amp
+        self._pgc_corrects_momentum = cfg.momentum_correction and applies_to(self.scheme)
+        self._pgc_recorder.s = self.scheme.s
+        self._pgc_recorder.momentum_correction = self._pgc_corrects_momentum
+        optimistic = cfg.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n)
+        buckets = cap.buckets = (Buckets(lay, cfg.bucket_cap_mb)
+                                 if cfg.overlaps(self.scheme, self._pgc_encoder.codec,
+                                                 optimistic=optimistic,
+                                                 complex_code=worker_ring.complex) else None)
+        agent = self._pgc_agent = CommAgent(
+            self._pgc_hvd, self.scheme, self.rank, lay.numel, self.scheme.lookback,
+            codec=self._pgc_encoder.codec, device=lay.device, timeout=cfg.timeout,
+            poll_interval=cfg.poll_interval, reports=self._pgc_records,
+            name=agent_name(cfg, self._pgc_auto.rule.n_switches),
+            optimistic=optimistic, control=cfg.control, metrics=len(cfg.metrics),
+            buckets=buckets)
+        agent.on_decided = self._pgc_auto.on_decided
+        step = self._pgc_step = Step(cap, self._pgc_encoder, agent, self.scheme, self.rank,
+                                     param_groups=self.param_groups, delays=cfg.delays,
+                                     cancel=cfg.cancel, op_scale=cfg.op_scale,
+                                     on_update=cfg.on_update)
+        step.busy, step.hyper_digest, step.last = old_step.busy, old_step.hyper_digest, \
+            old_step.last
+        step.may_stream = old_step.may_stream      # the loop's habits, seen at its first step
+        step.restart_at(old_step.version)
+        self._pgc_faults = FaultMonitor(agent, self.rank, lay.params, names=self._pgc_names,
+                                        timeout=cfg.timeout)
+        self._pgc_loop_width = None
+        bind = getattr(self._pgc_loader_seen, "bind", None)
+        if bind is not None:
+            bind(self.scheme, self.rank)
+        self._pgc_auto.restarted()
+        cap.attach()
+        self._pgc_start_agent()
 
     # -- the staleness knob ----------------------------------------------------------------------
     @property

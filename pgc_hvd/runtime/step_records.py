@@ -51,6 +51,8 @@ class StepRecorder:
                  "arrived": list(dec.arrived),
                  "nonfinite_ranks": list(rep.nonfinite_ranks),
                  "gpu": gpu_stats()}
+        if rep.info.get("auto_s") is not None:   # stragglers="auto": the switch after it
+            extra["auto_s"] = [rep.info["auto_s"]]
         if rep.c is not None:
             extra["c"] = rep.c  # the bound this decision was taken with
         if self.param_groups is not None:

@@ -1,0 +1,101 @@
+"""Runs on every rank (horovodrun or torchrun, ``pgc_hvd.engine()`` picks the engine):
+``stragglers="auto"`` in the runtime.
+
+    python auto_s_checks.py [STEPS]
+
+1. refusals before any collective: ``stragglers="auto"`` with ``s_max`` above n - 1, and a
+   fixed s above n - 1, raise ValueError naming the fix on every rank (no collective runs:
+   the ranks go on to the next check without a hang);
+2. a switch: pgc-cr from s = 0, one rank persistently slow (``slow:worker=n-1``): the rule
+   raises s at its first boundary (step 4) on every rank at the same version, the optimizer
+   re-plans (code, ring, agent) and trains on; every rank saw the same switches, every loop
+   ends at the same version with identical parameters (cross-rank hash).
+
+Checks print "CHECK <name> ok rank=<r>".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import pgc_hvd
+
+hvd = pgc_hvd.engine()
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from consistency_fault_checks import data, model, same_on_all_ranks, same_version_on_all_ranks  # noqa: E402
+from checks import ok  # noqa: E402
+
+
+def refusals(n: int) -> None:
+    m = model()
+    for kw, words in ((dict(stragglers="auto", auto={"s_max": n}), "s_max <="),
+                      (dict(stragglers=n), "s in [0")):
+        try:
+            pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                         named_parameters=m.named_parameters(), scheme="pgc-cr",
+                                         timeout=30, **kw)
+        except ValueError as err:
+            assert words in str(err), err
+            print(f"CLEAR-ERROR rank={hvd.rank()}: {err}", flush=True)
+        else:
+            raise SystemExit(f"{kw} was not refused at n = {n}")
+    try:
+        pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                     named_parameters=m.named_parameters(), scheme="pgc-cr",
+                                     stragglers=1, auto={"s_max": 1})
+    except ValueError as err:
+        assert "stragglers='auto'" in str(err), err
+    else:
+        raise SystemExit("auto options with a fixed s were not refused")
+    ok("auto_refused_before_any_collective")
+
+
+def switch(n: int, steps: int) -> None:
+    m = model()
+    loader = data(n)
+    records = []
+    opt = pgc_hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+        named_parameters=m.named_parameters(), scheme="pgc-cr", stragglers="auto",
+        auto={"s_start": 0, "s_max": 1, "first": 4, "every": 4, "cooldown": 4, "window": 6},
+        delays=f"slow:worker={n - 1},delay=0.05", timeout=60, name="autos",
+        on_record=records.append if hvd.rank() == 0 else None)
+    assert opt.config.stragglers == 0 and opt.scheme.s == 0
+    while opt.version < steps:
+        for xb, yb in opt.batches(loader):
+            F.cross_entropy(m(xb), yb).backward()
+        opt.step()
+    auto = opt.auto_stragglers
+    sw = [(d["step"], d["old_s"], d["new_s"]) for d in auto.switches]
+    assert sw and sw[0] == (4, 0, 1), sw
+    assert opt.scheme.s == auto.s == 1, (opt.scheme.s, auto.s)
+    v = same_version_on_all_ranks(opt, "auto")
+    assert v == steps, v
+    allsw = hvd.allgather(torch.tensor([hash(tuple(sw)) & 0xFFFFFFFF], dtype=torch.int64),
+                          name="audit.auto.switches")
+    assert len(set(allsw.tolist())) == 1, f"switches differ across ranks: {allsw.tolist()}"
+    opt.close()
+    same_on_all_ranks(m, "auto")
+    if hvd.rank() == 0:
+        got = [r.extra["auto_s"][0]["new_s"] for r in records if r.extra.get("auto_s")]
+        assert got[:1] == [1], got
+        assert records[3].s == 0 and records[4].s == 1, [r.s for r in records[:6]]
+        assert "predicted progress/s" in records[3].extra["auto_s"][0]["reason"]
+    ok("auto_switch_identical_parameters")
+
+
+def main() -> None:
+    if not hvd.is_initialized():
+        hvd.init()
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    refusals(hvd.size())
+    switch(hvd.size(), steps)
+
+
+if __name__ == "__main__":
+    main()
