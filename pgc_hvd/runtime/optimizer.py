@@ -445,15 +445,11 @@ class PGCOptimizer(_StateDicts):
         ``metrics`` (``{name: float}``, names declared at construction) travel in the control
         row; :attr:`metrics` shows the decided step's means on every rank."""
         ret = None
-        closure_loss = False      # the loss is the closure's (Lightning's), not the loop's own
         if closure is not None:
             with torch.enable_grad():
                 ret = closure()
             if loss is None and ret is not None:
-                # a streamed step's message left during the closure's backward: its loss
-                # cannot join it (the overlap), and it is no habit of the loop's
-                closure_loss = True
-                loss = None if self._pgc_step.streaming else float(ret)
+                loss = float(ret)
         if self._pgc_closed:
             raise RuntimeError("pgc_hvd optimizer is closed")
         if self._pgc_init_from_horovod():
@@ -464,7 +460,7 @@ class PGCOptimizer(_StateDicts):
                     "pgc_hvd: step() under skip_synchronize() without synchronize() first: call "
                     "optimizer.synchronize() (it sends this rank's message and puts the decoded "
                     "update in p.grad), then step() under skip_synchronize()")
-            self._pgc_sync(loss, metrics, closure_loss)
+            self.synchronize(loss, metrics)
         self._pgc_apply_grads()
         if self._pgc_auto is not None:
             self._pgc_auto_boundary()
@@ -476,9 +472,6 @@ class PGCOptimizer(_StateDicts):
         step applies, the same bits on every rank -- into ``p.grad`` (in each parameter's dtype).
         The user may then inspect or clip it and apply it with ``with
         optimizer.skip_synchronize(): optimizer.step()``. Idempotent until that ``step()``."""
-        self._pgc_sync(loss, metrics, False)
-
-    def _pgc_sync(self, loss, metrics, closure_loss: bool) -> None:
         if self._pgc_closed:
             raise RuntimeError("pgc_hvd optimizer is closed")
         if self._pgc_capture.update_in_grad:
@@ -490,8 +483,7 @@ class PGCOptimizer(_StateDicts):
             step.begin()
             values = declared_metrics(self._pgc_config.metrics, metrics)
             if step.computes:
-                step.send(loss=loss, metrics=values, grad_scale=getattr(self, "grad_scale", None),
-                          loss_habit=not closure_loss)
+                step.send(loss=loss, metrics=values, grad_scale=getattr(self, "grad_scale", None))
             else:
                 self.catch_up_steps += 1
                 step.skip()

@@ -702,10 +702,10 @@ class Step:
         self._bucket_done = bucket_done
         return bucket_done
 
-    @property
-    def streaming(self) -> bool:
-        """Whether the current step's message left during its backward (not sent yet)."""
-        return self._streamed is not None
+    def close_stream(self) -> None:
+        """The training thread failed: an agent waiting for a bucket stops."""
+        if self._streamed is not None:
+            self._streamed.stream.close()
 
     def _end_stream(self, loss, metrics: tuple, grad_scale) -> None:
         """``send()`` of a streamed step: the buckets no gradient completed are formed now.
@@ -727,20 +727,17 @@ class Step:
                 f"step() had none, so later steps stream. Pass them from the first step on, "
                 f"or build the optimizer with overlap=False")
 
-    def send(self, *, loss=None, metrics: tuple = (), grad_scale=None,
-             loss_habit: bool = True) -> None:
+    def send(self, *, loss=None, metrics: tuple = (), grad_scale=None) -> None:
         """Form, check, encode and submit the message of the current (begun) step (module
         doc); nothing is sent once the step fired without this rank (:meth:`overtaken`). A
         streamed step's message went at its first gradient (:meth:`open_stream`); here its
-        last buckets are formed. ``loss_habit`` False: the loss is a closure's (Lightning's),
-        which a streamed step leaves out rather than refuses."""
+        last buckets are formed."""
         plan = self.plan
         cap, enc, agent, t = self.capture, self.encoder, self.agent, self.version
         if self._streamed is not None:
-            return self._end_stream(loss if loss_habit else None, metrics, grad_scale)
+            return self._end_stream(loss, metrics, grad_scale)
         if self.may_stream is None and cap.buckets is not None:   # the first send: habits
-            self.may_stream = ((loss is None or not loss_habit)
-                               and all(math.isnan(v) for v in metrics)
+            self.may_stream = (loss is None and all(math.isnan(v) for v in metrics)
                                and grad_scale is None
                                and not cap.amp and not (cap.target_slot is not None
                                                         and cap.touched()))
