@@ -9,7 +9,7 @@ the optimizer: it queues a :class:`Report` of each decided step, which the train
 turns into records; what the control rows have shown (offered arrivals, their losses and
 metrics, non-finite messages, the replayed order) is :class:`~pgc_hvd.runtime.rows.
 ArrivalBook`'s. May import: ``compress``, ``schemes``, ``runtime.channel``,
-``runtime.communicator``, ``runtime.errors``, ``runtime.rows``, ``runtime.control_log``
+``runtime.communicator`` (``Collectives`` and the data plane), ``runtime.errors``, ``runtime.rows``, ``runtime.control_log``
 (``control="log"``).
 
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
@@ -115,15 +115,15 @@ import numpy as np
 import torch
 
 from pgc_hvd.compress.codecs import Codec
-from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
+from pgc_hvd.runtime.channel import control_channel
+from pgc_hvd.runtime.communicator import Collectives, Communicator
 from pgc_hvd.runtime.rows import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_DONE, CTRL_FAILED,
                                   CTRL_READY_STEP, CTRL_STALENESS_BOUND, END, IDLE, WAIT,
                                   ArrivalBook, ctrl_len, metrics_at, not_decided_message, pack_row)
 from pgc_hvd.schemes import Decision, Scheme
 
-__all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
+__all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update"]
 
 log = logging.getLogger("pgc_hvd.runtime")
 

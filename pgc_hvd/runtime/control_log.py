@@ -254,7 +254,7 @@ class FaultNotice(AgentError):
 
 class LogChannel:
     """One run's ordered control log (module doc). ``rank == 0`` is the decider; outcomes go
-    out by one broadcast from it (``coll``: the agent's :class:`~pgc_hvd.runtime.channel.
+    out by one broadcast from it (``coll``: the agent's :class:`~pgc_hvd.runtime.communicator.
     Collectives`)."""
 
     carries_payloads = False
