@@ -55,11 +55,11 @@ _SUBPACKAGES = ("apps", "codes", "compress", "control", "data", "delays", "metri
 def _engine(name=None):
     """The engine module a launcher-agnostic script uses as ``hvd``: ``horovod.torch`` under
     ``horovodrun``, :mod:`pgc_hvd.torch` (torch.distributed) under ``torchrun``
-    (:func:`pgc_hvd.runtime.channel.from_environment`); ``name``: ``"horovod"`` or ``"torch"``.
+    (:func:`pgc_hvd.runtime.engine.from_environment`); ``name``: ``"horovod"`` or ``"torch"``.
     Not initialised: call its ``init()``."""
     import importlib
 
-    from pgc_hvd.runtime.channel import from_environment
+    from pgc_hvd.runtime.engine import from_environment
     chosen = name or from_environment()
     if chosen not in ("horovod", "torch"):
         raise ValueError(f"engine must be 'horovod' or 'torch', got {name!r}")

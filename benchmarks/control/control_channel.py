@@ -12,7 +12,7 @@ keys that are missing). A round is over on a rank when it holds all n rows.
 Launches ``horovodrun --gloo`` once per ``--np`` on this machine and prints, from that one
 invocation, per channel the median and 90th percentile of one round (rank 0, after 20 warm-up
 rounds), and the ratio TCPStore / allgather. Also timed: the agent's way of issuing the
-allgather (``allgather_async`` polled by ``pgc_hvd.runtime.agent.wait_for_handle``). All
+allgather (``allgather_async`` polled by ``pgc_hvd.runtime.communicator.wait_for_handle``). All
 ranks run the rounds back to back, so this is the latency of one round, not a straggler test.
 """
 
@@ -38,7 +38,7 @@ def worker(args) -> None:
     import horovod.torch as hvd
     import torch
 
-    from pgc_hvd.runtime.agent import wait_for_handle
+    from pgc_hvd.runtime.communicator import wait_for_handle
     from pgc_hvd.runtime.control_store import StoreChannel
 
     torch.set_num_threads(1)

@@ -23,7 +23,7 @@ runtime opens it (:mod:`pgc_hvd.runtime.control_log`):
   the body on a batch of rows (the decider runs it once per batch of the rows queued since its
   last run; each follower replays the same batches): the runtime's
   :func:`pgc_hvd.runtime.control_log.log_loop` (decider and follower branches, the real
-  :class:`~pgc_hvd.runtime.agent.DecisionBody`, ``LogView``, ``ArrivalBook``, the outcome's
+  :class:`~pgc_hvd.runtime.rows.Decider`, ``LogView``, ``ArrivalBook``, the outcome's
   encoding and decoding) on an in-memory channel over rows of ``pgc-cr`` with
   s = max(1, n // 16) (``--s``: one s at every n; each step every rank shows its message, in
   random order; no row of step t + 1 before step t is decided), at each n in ``--ns``, in
@@ -209,30 +209,20 @@ class _Channel:
         return LogRecord(batches=decode_batches(self.published[step], self.length))
 
 
-def _agent_class():
-    from pgc_hvd.runtime.agent import DecisionBody
-    from pgc_hvd.runtime.rows import ArrivalBook
-    from pgc_hvd.runtime.rows import ctrl_len
+def _body(scheme, rank: int, channel):
+    """The decision body log_loop runs (a real Decider and ArrivalBook) and its ``fire``
+    without the data phase (its cost is the data plane's, modelled apart): (decider, fire,
+    the count of fired steps)."""
+    from pgc_hvd.runtime.rows import ArrivalBook, Decider, ctrl_len
+    dec = Decider(scheme, rank, ArrivalBook(scheme.n, scheme.lookback, 0))
+    fired = [0]
+    channel.agent, channel.length = dec, ctrl_len(scheme.lookback, 0)
 
-    class Agent(DecisionBody):
-        """The agent's state that log_loop and the decision body read; ``fire`` without the
-        data phase (its cost is the data plane's, modelled apart)."""
+    def fire(decision, ctl):
+        fired[0] += 1
+        dec.next_round()
 
-        def __init__(self, scheme, rank: int, channel):
-            self.scheme, self.n, self.rank = scheme, scheme.n, rank
-            self.ring_size, self.metrics = scheme.lookback, 0
-            self.ctrl_len = ctrl_len(self.ring_size, 0)
-            self.book = ArrivalBook(self.n, self.ring_size, 0)
-            self.step, self.control_rounds, self.staleness_changes = 0, 0, []
-            self.timeout, self.channel = 3600.0, channel
-            self.fired = 0
-            channel.agent, channel.length = self, self.ctrl_len
-
-        def fire(self, decision, ctl):
-            self.fired += 1
-            self.next_round()
-
-    return Agent
+    return dec, fire, fired
 
 
 def log_lines(n: int, lookback: int, steps: int, seed: int) -> list:
@@ -264,15 +254,15 @@ def _run_roles(n: int, s: int, lines: list, batch: int) -> dict:
     """Thread seconds, body runs and rows of log_loop's decider, then follower, branches."""
     from pgc_hvd.runtime.control_log import log_loop
     from pgc_hvd.schemes import get_scheme
-    Agent = _agent_class()
     published: dict = {}
     out = {}
     for role, rank in (("decider", 0), ("follower", 1)):
-        agent = Agent(get_scheme("pgc-cr", n, s), rank, _Channel(lines, batch, published))
+        chan = _Channel(lines, batch, published)
+        dec, fire, fired = _body(get_scheme("pgc-cr", n, s), rank, chan)
         t0 = time.thread_time()
-        log_loop(agent)
-        out[role] = {"seconds": time.thread_time() - t0, "runs": agent.control_rounds,
-                     "rows": len(lines), "fired": agent.fired}
+        log_loop(dec, chan, fire, timeout=3600.0)
+        out[role] = {"seconds": time.thread_time() - t0, "runs": dec.control_rounds,
+                     "rows": len(lines), "fired": fired[0]}
     return out
 
 

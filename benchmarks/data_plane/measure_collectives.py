@@ -6,7 +6,7 @@
 For each n it launches ``horovodrun --gloo -np N -H localhost:N`` and times, on every rank, the
 collectives the runtime's agent issues (``hvd.allreduce_async`` / ``hvd.allgather_async`` of
 1-D float32 tensors, each with a new name, polled with the agent's own
-:func:`pgc_hvd.runtime.agent.wait_for_handle`) at sizes from 1 float to ``--max-floats``:
+:func:`pgc_hvd.runtime.communicator.wait_for_handle`) at sizes from 1 float to ``--max-floats``:
 
 * ``allreduce``: every rank B bytes;
 * ``allgather`` "all": every rank B bytes (the rank receiving most receives (n-1) B);
@@ -56,7 +56,7 @@ def worker(args) -> None:
     import horovod.torch as hvd
     import torch
 
-    from pgc_hvd.runtime.agent import wait_for_handle
+    from pgc_hvd.runtime.communicator import wait_for_handle
 
     torch.set_num_threads(1)
     hvd.init()

@@ -4,7 +4,7 @@
         --dataset digits --model cnn --steps 80 --delay exp:mean=0.1,seed=1 --out runs/x
     GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 -m pgc_hvd train ... # no Horovod
 
-The engine follows the launcher (:func:`pgc_hvd.runtime.channel.from_environment`): Horovod's
+The engine follows the launcher (:func:`pgc_hvd.runtime.engine.from_environment`): Horovod's
 collectives under ``horovodrun``, torch.distributed's (:mod:`pgc_hvd.torch`) under ``torchrun``
 (its backend: ``PGC_HVD_TORCH_BACKEND=gloo|nccl``, default NCCL for CUDA tensors; ``gloo`` lets
 several ranks share one GPU).
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
         parser.error(f"--compression: {err}")
     import torch
 
-    from pgc_hvd.runtime.channel import resolve
+    from pgc_hvd.runtime.engine import resolve
     hvd = resolve()        # horovod.torch under horovodrun, pgc_hvd.torchdist under torchrun
 
     from pgc_hvd.metrics.records import RecordWriter

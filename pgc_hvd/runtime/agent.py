@@ -1,7 +1,8 @@
 """The communication agent: one thread per rank that takes part in every collective on time.
 
 Owns the handoff with the training thread (the outbox of messages, the decided updates, the
-condition variable) and the decision loop (control rounds, the scheme's ``Round``). The data
+condition variable) and the agent thread's loop (control rounds, each decided step's data
+phase); the decision body it runs on the rows is its :class:`~pgc_hvd.runtime.rows.Decider`. The data
 plane -- one decision in, one update out -- is :class:`~pgc_hvd.runtime.communicator.
 Communicator`; the control row's packing is :func:`pgc_hvd.runtime.rows.pack_row`; the control
 channel is built by :func:`pgc_hvd.runtime.channel.control_channel`. The agent never calls into
@@ -9,7 +10,7 @@ the optimizer: it queues a :class:`Report` of each decided step, which the train
 turns into records; what the control rows have shown (offered arrivals, their losses and
 metrics, non-finite messages, the replayed order) is :class:`~pgc_hvd.runtime.rows.
 ArrivalBook`'s. May import: ``compress``, ``schemes``, ``runtime.channel``,
-``runtime.communicator``, ``runtime.errors``, ``runtime.rows``, ``runtime.control_log``
+``runtime.communicator`` (``Collectives`` and the data plane), ``runtime.errors``, ``runtime.rows``, ``runtime.control_log``
 (``control="log"``).
 
 Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
@@ -91,8 +92,8 @@ timeout names the ranks it waits for and whether their control rows kept coming.
 
 ``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds. A rank appends its
 row to an ordered log when an event happens (message submitted, non-finite, done, failed), rank
-0's agent runs the same decision body (:meth:`CommAgent.decide`, on the rows that changed:
-:class:`RowState`) on the rows in log order and broadcasts the rows of each outcome, and every
+0's agent runs the same decision body (:meth:`Decider.decide <pgc_hvd.runtime.rows.Decider>`,
+on the rows that changed) on the rows in log order and broadcasts the rows of each outcome, and every
 other agent runs the same body on them (:func:`pgc_hvd.runtime.control_log.log_loop`): the same
 decisions, 4 control operations per follower per step.
 
@@ -115,15 +116,14 @@ import numpy as np
 import torch
 
 from pgc_hvd.compress.codecs import Codec
-from pgc_hvd.runtime.communicator import Communicator
 from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.runtime.channel import Collectives, control_channel, wait_for_handle
-from pgc_hvd.runtime.rows import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_DONE, CTRL_FAILED,
-                                  CTRL_READY_STEP, CTRL_STALENESS_BOUND, END, IDLE, WAIT,
-                                  ArrivalBook, ctrl_len, metrics_at, not_decided_message, pack_row)
-from pgc_hvd.schemes import Decision, Scheme
+from pgc_hvd.runtime.channel import control_channel
+from pgc_hvd.runtime.communicator import Collectives, Communicator
+from pgc_hvd.runtime.rows import (CTRL_BUSY, END, IDLE, WAIT, ArrivalBook, Decider, ctrl_len,
+                                  metrics_at, not_decided_message, pack_row)
+from pgc_hvd.schemes import Decision
 
-__all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update", "wait_for_handle"]
+__all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update"]
 
 log = logging.getLogger("pgc_hvd.runtime")
 
@@ -178,257 +178,14 @@ class Report:
     c: Optional[int] = None
 
 
-class RowState:
-    """What the decision body keeps of the rows it has read, so that a run reads only the rows
-    that changed since the previous one (O(1) per row, not O(n) per run): the failed and
-    finished ranks, the version each finished rank's loop ended at and how many ranks show
-    each, each rank's non-finite step and how many ranks show each, how many ranks still
-    training show each newest step, and the ranks whose row shows a message not yet offered
-    (``carried``: a decision fired before it was offered)."""
-
-    def __init__(self, n: int):
-        self.n = int(n)
-        self.failed: set = set()
-        self.done: set = set()
-        self.ended = [None] * self.n     # the version a finished rank's loop ended at
-        self.ended_count: dict = {}      # ended version -> how many finished ranks show it
-        self.bad = [None] * self.n       # the newest step a rank's message was non-finite at
-        self.bad_count: dict = {}        # non-finite step -> how many ranks show it
-        self.live = [None] * self.n      # the newest step a rank still training has shown
-        self.live_count: dict = {}       # newest step -> how many ranks still training show it
-        self.carried: set = set()
-        #: the next run reads every row (the first one; after the book forgot old steps, whose
-        #: messages a row may show again)
-        self.full = True
-
-    def see(self, ctl, ranks) -> None:
-        for w in ranks:
-            row = ctl[w]
-            (self.failed.add if row[CTRL_FAILED] > 0 else self.failed.discard)(w)
-            done = row[CTRL_DONE] > 0
-            (self.done.add if done else self.done.discard)(w)
-            self.ended[w] = _recount(self.ended_count, self.ended[w],
-                                     int(row[CTRL_DONE]) - 1 if done else None)
-            b = int(row[CTRL_BAD_STEP])
-            self.bad[w] = _recount(self.bad_count, self.bad[w], b if b >= 0 else None)
-
-    def carry(self, ctl, candidates, offered) -> None:
-        """Keep, of ``candidates`` (the rows a run could offer), the ranks whose row shows a
-        message not yet ``offered``: the next run offers them, changed or not."""
-        self.carried = {w for w in candidates if int(ctl[w][CTRL_READY_STEP]) >= 0
-                        and (w, int(ctl[w][CTRL_READY_STEP])) not in offered}
-
-    def see_newest(self, newest, ranks) -> None:
-        """Count the ranks still training by the newest step they have shown (``newest``: the
-        book's, already updated for ``ranks``)."""
-        for w in ranks:
-            self.live[w] = _recount(self.live_count, self.live[w],
-                                    None if w in self.done else newest[w])
-
-    def computed_by_live(self, step: int) -> bool:
-        """Whether a rank still training has shown a message for ``step`` or later (O(the
-        distinct newest steps shown), a few: the ranks train within a few steps of each
-        other)."""
-        return any(k >= step for k in self.live_count)
-
-
-def _recount(count: dict, old, new):
-    """Move one rank from key ``old`` to key ``new`` of ``count`` (None: not counted; a key
-    whose count drops to 0 goes); returns ``new``."""
-    if old != new:
-        if old is not None:
-            count[old] -= 1
-            if not count[old]:
-                del count[old]
-        if new is not None:
-            count[new] = count.get(new, 0) + 1
-    return new
-
-
-class DecisionBody:
-    """The decision body of :class:`CommAgent`, on one view of every rank's control row (the
-    same on every rank): shared by the polled control rounds (:meth:`CommAgent._loop`) and
-    ``control="log"`` (:func:`pgc_hvd.runtime.control_log.log_loop`)."""
-
-    #: the step at which a finished rank's loop ended (IDLE), the rows of the last run and when
-    #: it ran (for the not-decided message): none before the first run
-    _ended_at: Optional[int] = None
-    _last_rows = None
-    _last_round_at = 0.0
-    #: ``on_decided(update, ctl)``: called on the agent thread with each decided update and the
-    #: rows that decided it, before the training thread gets it (stragglers="auto",
-    #: :mod:`pgc_hvd.runtime.auto_s`, may add ``update.info["auto_s"]``); None: nothing
-    on_decided: Optional[Callable] = None
-
-    def open_round(self) -> None:
-        """Open the round of the current step (at the start of the decision loop)."""
-        self._round = self.scheme.open_round(self.step)
-        self._step_start = time.time()
-        self._rows_state = RowState(self.n)
-
-    @property
-    def current_round(self):
-        """The scheme's open ``Round`` (read only; for error messages)."""
-        return self._round
-
-    def decide(self, ctl, changed=None) -> object:
-        """The decision body on one view of every rank's control row (the same on every rank):
-        raises on a failed rank or a round that cannot fire; returns ``END`` (every rank is
-        done), ``IDLE`` (a rank's loop ended before the open step: nothing to decide),
-        ``WAIT`` (the open round needs more arrivals) or the scheme's Decision. A pure function
-        of the rows seen so far (the control plane calls it: the polled loop below, the
-        control log's decider and followers). ``changed``: the ranks whose row differs from
-        the previous call's (the control log's view knows them), so a run costs O(1) per
-        changed row; None: every row may have changed (a polled round)."""
-        self.control_rounds += 1
-        self._last_rows, self._last_round_at = ctl, time.monotonic()
-        n, book, rnd, st = self.n, self.book, self._round, self._rows_state
-        full = changed is None or st.full
-        ranks = range(n) if full else sorted(changed)
-        st.full = False
-        st.see(ctl, ranks)
-        if st.failed:
-            failed = sorted(st.failed)
-            raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
-                             f"stopping rank {self.rank}", failed_ranks=failed)
-        if len(st.done) == n:
-            return END
-        self._apply_staleness_bound(int(ctl[0][CTRL_STALENESS_BOUND]))
-        book.see_ready(ctl, ranks)
-        st.see_newest(book.newest, ranks)
-        book.see_bad(ctl, warn=self.rank == 0, ranks=ranks)
-        # the rows that may show a message not yet offered: the changed ones, and those
-        # whose message a decision fired before (or a replay held back, or an IDLE run did
-        # not offer)
-        candidates = ranks if full else sorted(set(ranks) | st.carried)
-        if st.done:
-            ended = min(st.ended_count)
-            if self.step >= ended and not st.computed_by_live(self.step):
-                # a rank's loop ended at or before this step, and no rank still training has
-                # computed it: it is not needed (every rank loops on `optimizer.version <
-                # steps`), and deciding it (a bounded-staleness round can fire from its
-                # table, or on a late message) would move every rank past the version its
-                # loop stopped at. A rank still training that computes it makes it needed
-                # again (a rank that left its loop early catches up at close()).
-                self._ended_at = ended
-                st.carry(ctl, candidates, book.offered)
-                return IDLE
-        decision = None
-        for arr in book.arrivals(ctl, candidates):
-            decision = rnd.offer(arr)
-            if decision is not None:
-                break  # later arrivals of this batch are offered to the next round
-        st.carry(ctl, candidates, book.offered)
-        if decision is None:
-            decision = rnd.poll()
-        if decision is None:
-            if self._may_be_stuck(rnd):
-                self._check_stuck(ctl, rnd)
-            return WAIT
-        return decision
-
-    def _may_be_stuck(self, rnd) -> bool:
-        """Whether the open round might no longer be able to fire: with the schemes' rule
-        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`: while anyone is pending) only when the
-        ranks that arrived, sent a non-finite message for it or finished may be all n (a
-        count, O(1)); any other rule: always (the O(n) check)."""
-        if type(self.scheme).can_fire is not Scheme.can_fire:
-            return True
-        st = self._rows_state
-        return (len(rnd.arrived) + st.bad_count.get(self.step, 0) + len(st.done)) >= self.n
-
-    def fire(self, decision: Decision, ctl) -> None:
-        """A decided step: the data phase, its report and update handed over, the next round
-        opened (the control plane calls it with the rows that decided)."""
-        n = self.n
-        busy = [ctl[w][CTRL_BUSY] for w in range(n)]
-        self.coll.step = self.step
-        try:
-            update = self._data_phase(decision, self._step_start)
-        except AgentError as err:
-            if not self._log or not self.census:
-                raise
-            # control='log': a dead or frozen rank stops the data collective first; the
-            # control store's census names it
-            raise self.channel.census(self.step, err) from err
-        if self.on_decided is not None:
-            self.on_decided(update, ctl)
-        busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
-        self._busy_prev = busy
-        with self.cond:
-            if self.reports:
-                self._reports.append(self._report(update, busy_step))
-            self._updates[update.step] = update
-            self._decided += 1
-            self.cond.notify_all()
-        self._step_start = update.time
-        self.next_round()
-
-    def next_round(self) -> None:
-        """After a decided step: step + 1, the bookkeeping of long-gone steps forgotten every
-        64 steps, the next step's round opened (:meth:`fire` calls it after the data phase)."""
-        self.step += 1
-        if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
-            self.book.forget_before(self.step - 32)
-            self._rows_state.full = True   # a row may show a forgotten message again
-        self._round = self.scheme.open_round(self.step)
-
-    @property
-    def staleness_bound(self) -> Optional[int]:
-        """The bound c the decisions currently use (None for schemes whose c is the code's)."""
-        c = self.scheme.staleness_bound
-        return None if c is None or not self.scheme.staleness_bound_adjustable else int(c)
-
-    def check_staleness_bound(self, c) -> None:
-        """ValueError unless ``c`` is a bound the agent can request: an integer in [1, c_0]
-        for a scheme whose c can change."""
-        if self.staleness_c0 is None:
-            raise ValueError(f"{self.scheme.name}: its pipeline depth c is fixed by the code; "
-                             f"only bounded-staleness has a staleness bound that can change "
-                             f"(lower the learning rate instead)")
-        if (isinstance(c, bool) or not isinstance(c, (int, np.integer))
-                or not 1 <= c <= self.staleness_c0):
-            raise ValueError(f"staleness bound c must be an integer in [1, "
-                             f"{self.staleness_c0}] (the c this optimizer was built with), "
-                             f"got {c!r}")
-
-    def restore_staleness_bound(self, c: Optional[int]) -> None:
-        """Before the first step: a checkpoint's bound (None: none saved). Every rank restores
-        its own value; rank 0's request makes them agree at once."""
-        if c is not None and self.staleness_c0 is not None:
-            self.scheme.staleness_bound = int(c)
-            self.request_staleness_bound(int(c))
-
-    def _apply_staleness_bound(self, c: int) -> None:
-        """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
-        sch = self.scheme
-        if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
-            sch.staleness_bound = c
-            self.staleness_changes.append((self.step, c))
-
-    def _check_stuck(self, ctl, rnd) -> None:
-        """Raise when the scheme says the open round can no longer fire
-        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`): the ranks still pending are those that
-        have not arrived, sent no non-finite message for this step and have not finished."""
-        t = self.step
-        gone = set(rnd.arrived)
-        gone |= {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
-        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
-        if not self.scheme.can_fire(rnd, set(range(self.n)) - gone - done):
-            bad = sorted(w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t)
-            raise AgentError(
-                f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
-                f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
-                f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
-                f"(give every rank the same number of step() calls)")
-
-
-class CommAgent(DecisionBody):
+class CommAgent:
     """Runs the control/data protocol for one rank in a background thread (see module doc).
 
     ``codec`` (:mod:`pgc_hvd.compress.codecs`) says how payload rows look and how weighted rows
     become the dense update; the agent hands decided :class:`Update` objects back to the
-    training thread (:meth:`take`), it never calls into the optimizer."""
+    training thread (:meth:`take`), it never calls into the optimizer. It has a
+    :class:`~pgc_hvd.runtime.rows.Decider` (:attr:`decider`), the decision body on the rows;
+    the data phase of a decided step and the handoff are its own (:meth:`fire`)."""
 
     def __init__(self, hvd, scheme, rank: int, d: int, ring_size: int, *, codec: Codec, device,
                  start_step: int = 0, poll_interval: float = 0.002, timeout: float = 60.0,
@@ -452,7 +209,6 @@ class CommAgent(DecisionBody):
         self.reports = bool(reports)
         self._reports: list = []
         self.name = name
-        self.step = int(start_step)          # the round being decided
         self._decided = int(start_step)      # number of steps decided (the next round's step)
         self._updates: dict[int, Update] = {}  # decided, not yet released by the training thread
         self._applied = int(start_step)      # the training thread's version (release_before)
@@ -470,13 +226,8 @@ class CommAgent(DecisionBody):
         self._busy_total = 0.0
         self._done = False
         self._failed = False
-        self.control_rounds = 0
         self._busy_prev = [0.0] * self.n
         self._c_request: Optional[int] = None   # rank 0: staleness bound to request
-        #: the staleness bound c_0 the agent was built with (None: c is the code's)
-        self.staleness_c0: Optional[int] = (int(scheme.staleness_bound)
-                                            if scheme.staleness_bound_adjustable else None)
-        self.staleness_changes: list[tuple[int, int]] = []
         if isinstance(metrics, bool) or not isinstance(metrics, int) or metrics < 0:
             raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
                              f"values each message carries in its control row (default 0)")
@@ -485,6 +236,8 @@ class CommAgent(DecisionBody):
         # what the control rows showed: offered arrivals, their losses and metrics, non-finite
         # messages, the replayed order (a message ready early waits for its turn)
         self.book = ArrivalBook(self.n, self.ring_size, self.metrics, replay)
+        #: the decision body on the rows (the round being decided is ``decider.step``)
+        self.decider = Decider(scheme, self.rank, self.book, step=start_step)
         self.ctrl_len = ctrl_len(self.ring_size, self.metrics)  # float64 words per control row
         self._row = torch.empty(self.ctrl_len, dtype=torch.float64)
         self.coll = Collectives(hvd, self.rank, name, self.timeout, device=device)
@@ -496,6 +249,10 @@ class CommAgent(DecisionBody):
         # rank's streamed message ends when its training thread fails
         self.comm.buckets = buckets
         self.comm.stop = lambda: self._failed
+        #: ``on_decided(update, ctl)``: called on the agent thread with each decided update and
+        #: the rows that decided it, before the training thread gets it (stragglers="auto",
+        #: :mod:`pgc_hvd.runtime.auto_s`, may add ``update.info["auto_s"]``); None: nothing
+        self.on_decided: Optional[Callable] = None
         if channel is None:   # the one builder of control channels (channel.control_channel)
             channel = control_channel(control, self.coll, n=self.n, length=self.ctrl_len,
                                       width=self.width, optimistic=optimistic, device=device)
@@ -510,9 +267,6 @@ class CommAgent(DecisionBody):
         # can a message for a past step still be used (bounded staleness table)?
         self._late_usable = scheme.late_usable
         self._wake = False
-        # when the last control round ran (timeout errors say how long ago): from the start
-        self._last_round_at = time.monotonic()
-        self._round = None
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
@@ -521,7 +275,7 @@ class CommAgent(DecisionBody):
         the bound the agent was built with: buffers and control rows are sized for it) from
         the next control round on (module doc); only rank 0's request is sent. A scheme whose
         c is the code's, or a c out of range, raises ValueError naming the fix."""
-        self.check_staleness_bound(c)
+        self.decider.check_staleness_bound(c)
         with self.cond:
             self._c_request = int(c)
             self._wake = True
@@ -536,7 +290,7 @@ class CommAgent(DecisionBody):
         """Before :meth:`start`: decide from ``step`` on (a restored checkpoint's version)."""
         if self._thread.is_alive():
             raise RuntimeError("restart_at must be called before the agent starts")
-        self.step = self._decided = self._applied = int(step)
+        self.decider.step = self._decided = self._applied = int(step)
         self._updates.clear()
 
     def payload_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -587,11 +341,12 @@ class CommAgent(DecisionBody):
     def _not_decided(self, step: int, limit: float) -> str:
         """Why ``step`` is not decided after ``limit`` seconds (:func:`~pgc_hvd.runtime.rows.
         not_decided_message`), naming the ranks it waits for."""
-        rnd = self._round
+        dec = self.decider
+        rnd = dec.current_round
         return not_decided_message(
-            self.rank, step, limit, rows=self._last_rows, n=self.n,
-            quiet=time.monotonic() - self._last_round_at, ended_at=self._ended_at,
-            open_step=self.step, arrived=set(rnd.arrived) if rnd is not None else set(),
+            self.rank, step, limit, rows=dec.last_rows, n=self.n,
+            quiet=time.monotonic() - dec.last_round_at, ended_at=dec.ended_at,
+            open_step=dec.step, arrived=set(rnd.arrived) if rnd is not None else set(),
             poll_interval=self.poll_interval)
 
     def wait_decided_beyond(self, step: int, seconds: float) -> bool:
@@ -702,7 +457,69 @@ class CommAgent(DecisionBody):
         """(rank, step) of every message that held NaN/Inf (:attr:`ArrivalBook.bad_log`)."""
         return self.book.bad_log
 
+    # -- the decider's state, read here ------------------------------------------
+    @property
+    def step(self) -> int:
+        """The round being decided (:attr:`Decider.step <pgc_hvd.runtime.rows.Decider>`)."""
+        return self.decider.step
+
+    @property
+    def control_rounds(self) -> int:
+        """Runs of the decision body so far."""
+        return self.decider.control_rounds
+
+    @property
+    def staleness_c0(self) -> Optional[int]:
+        """The staleness bound c_0 the agent was built with (None: c is the code's)."""
+        return self.decider.staleness_c0
+
+    @property
+    def staleness_changes(self) -> list:
+        """``(step, c)`` of every change of the staleness bound the rows showed."""
+        return self.decider.staleness_changes
+
+    @property
+    def staleness_bound(self) -> Optional[int]:
+        """The bound c the decisions currently use (None for schemes whose c is the code's)."""
+        return self.decider.staleness_bound
+
+    def restore_staleness_bound(self, c: Optional[int]) -> None:
+        """Before the first step: a checkpoint's bound (None: none saved). Every rank restores
+        its own value; rank 0's request makes them agree at once."""
+        if c is not None and self.staleness_c0 is not None:
+            self.scheme.staleness_bound = int(c)
+            self.request_staleness_bound(int(c))
+
     # -- agent thread --------------------------------------------------------
+    def fire(self, decision: Decision, ctl) -> None:
+        """A decided step: the data phase, its report and update handed over, the next round
+        opened (the control plane calls it with the rows that decided: the polled loop,
+        :func:`~pgc_hvd.runtime.control_log.log_loop`)."""
+        n, dec = self.n, self.decider
+        busy = [ctl[w][CTRL_BUSY] for w in range(n)]
+        self.coll.step = self.step
+        try:
+            update = self._data_phase(decision, dec.step_start)
+        except AgentError as err:
+            if not self._log or not self.census:
+                raise
+            # control='log': a dead or frozen rank stops the data collective first; the
+            # control store's census names it
+            raise self.channel.census(self.step, err) from err
+        if self.on_decided is not None:
+            self.on_decided(update, ctl)
+        busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
+        self._busy_prev = busy
+        with self.cond:
+            if self.reports:
+                self._reports.append(self._report(update, busy_step))
+            self._updates[update.step] = update
+            self._decided += 1
+            self.cond.notify_all()
+        dec.step_start = update.time
+        dec.next_round()
+
+
     def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
         """This rank's control row (:func:`~pgc_hvd.runtime.rows.pack_row`) and, when its
         payload rides along, the message."""
@@ -784,18 +601,20 @@ class CommAgent(DecisionBody):
     def _loop(self) -> None:
         if self._log:   # one decider, every other rank follows its published rows
             from pgc_hvd.runtime.control_log import log_loop
-            return log_loop(self)
-        self.open_round()
+            return log_loop(self.decider, self.channel, self.fire, timeout=self.timeout,
+                            census=lambda: self.census)
+        dec = self.decider
+        dec.open_round()
         while True:
             ctl, payloads = self._control_round()
             self.comm.received(payloads)
-            got = self.decide(ctl)
+            got = dec.decide(ctl)
             if got is END:
                 return
             if got is IDLE:
                 self._idle(hurry=False)
             elif got is WAIT:
-                self._idle(hurry=bool(self._round.arrived))
+                self._idle(hurry=bool(dec.current_round.arrived))
             else:
                 self.fire(got, ctl)
 

@@ -77,7 +77,7 @@ import torch
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.rows import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_DONE, CTRL_FAILED,
                                   CTRL_READY_STEP, CTRL_STALENESS_BOUND, CTRL_VERSION, END,
-                                  pack_row)
+                                  ctrl_len, pack_row)
 from pgc_hvd.schemes import Decision
 
 log = logging.getLogger("pgc_hvd.runtime")
@@ -254,7 +254,7 @@ class FaultNotice(AgentError):
 
 class LogChannel:
     """One run's ordered control log (module doc). ``rank == 0`` is the decider; outcomes go
-    out by one broadcast from it (``coll``: the agent's :class:`~pgc_hvd.runtime.channel.
+    out by one broadcast from it (``coll``: the agent's :class:`~pgc_hvd.runtime.communicator.
     Collectives`)."""
 
     carries_payloads = False
@@ -542,59 +542,64 @@ class LogChannel:
 
 
 # -- the agent's side (CommAgent under control="log"; the agent is passed in) -----------
-def log_loop(agent) -> None:
+def log_loop(decider, chan, fire, *, timeout: float, census=lambda: True) -> None:
     """The agent's loop under ``control="log"`` (module doc): rank 0 takes the rows in log
-    order, runs the agent's ``decide`` once per batch of rows (every row queued since its last
-    run), once more after each outcome and once more when an offer uncovered a rank's next
-    message (as a polled rank's next row would show it), and publishes each outcome's batches;
-    every other rank runs ``decide`` on the same batches by the same rule, so it reaches the
-    same outcomes."""
+    order, runs the decision body (``decider``, a :class:`~pgc_hvd.runtime.rows.Decider`)
+    once per batch of rows (every row queued since its last run), once more after each outcome
+    and once more when an offer uncovered a rank's next message (as a polled rank's next row
+    would show it), and publishes each outcome's batches; every other rank runs it on the same
+    batches by the same rule, so it reaches the same outcomes. ``chan``: the
+    :class:`LogChannel`; ``fire(decision, rows)``: a decided step's data phase (the agent's,
+    which opens the next round); ``timeout``: seconds the decider waits for a row;
+    ``census()``: whether a failed broadcast asks the store who is gone (the agent's
+    ``census``, turned off in elastic mode)."""
 
-    chan = agent.channel
-    view = LogView(agent.n, agent.ctrl_len, agent.ring_size, agent.metrics)
-    agent.open_round()
-    if agent.rank == 0:
+    book = decider.book
+    view = LogView(decider.n, ctrl_len(book.ring_size, book.metrics), book.ring_size,
+                   book.metrics)
+    decider.open_round()
+    if decider.rank == 0:
         taken: list = []
         queued: list = []     # batches of the rows read, not yet run
-        last_seen = [time.monotonic()] * agent.n
-        deadline = time.monotonic() + agent.timeout
+        last_seen = [time.monotonic()] * decider.n
+        deadline = time.monotonic() + timeout
         while True:
-            changed = view.refresh(agent.book.offered)
+            changed = view.refresh(decider.book.offered)
             ctl = view.ctl
             try:
-                got = agent.decide(ctl, changed)
+                got = decider.decide(ctl, changed)
                 if isinstance(got, Decision) or got is END:
                     pass
-                elif view.moved(agent.book.offered):
+                elif view.moved(decider.book.offered):
                     continue   # an offer uncovered a rank's next message: see it first
                 elif not queued:
                     got_rows = chan.next_rows(deadline)
                     if got_rows is None:
-                        raise AgentError(_timeout_message(agent, ctl, last_seen))
+                        raise AgentError(_timeout_message(decider, ctl, last_seen, timeout))
                     queued = one_row_per_rank(got_rows)
             except FaultNotice as err:   # a follower's collective failed: to the census
-                raise _named(agent, err) from err
+                raise _named(chan, decider.step, census(), err) from err
             except Exception as err:   # every rank stops with the decider's text
                 try:
-                    chan.publish(agent.step, taken, error=err,
+                    chan.publish(decider.step, taken, error=err,
                                  wait=deadline + chan.slack - time.monotonic())
                 except AgentError as lost:   # a rank is gone too: the census names it
-                    raise _named(agent, lost) from err
+                    raise _named(chan, decider.step, census(), lost) from err
                 raise
             if got is END or isinstance(got, Decision):
                 # the followers wait in the broadcast from the end of the previous step on, up
                 # to timeout + slack: the decider's broadcast ends at the same time
                 try:
-                    chan.publish(agent.step, taken, wait=deadline + chan.slack - time.monotonic())
+                    chan.publish(decider.step, taken, wait=deadline + chan.slack - time.monotonic())
                 except AgentError as err:   # a rank died or hung: the census names it
-                    raise _named(agent, err) from err
+                    raise _named(chan, decider.step, census(), err) from err
                 if got is END:
                     return
                 taken = []
                 # published: every follower runs the same data collective, so a failure there
                 # (a dead rank) stops each of them on its own; nothing more to publish
-                agent.fire(got, ctl)
-                deadline = time.monotonic() + agent.timeout
+                fire(got, ctl)
+                deadline = time.monotonic() + timeout
                 continue
             batch = queued.pop(0)   # not empty: refilled above when it was
             now = time.monotonic()
@@ -604,9 +609,9 @@ def log_loop(agent) -> None:
             taken.append(batch)
     while True:
         try:
-            rec = chan.decision(agent.step)
+            rec = chan.decision(decider.step)
         except AgentError as err:   # a rank (rank 0 included) died or hung: the census
-            raise _named(agent, err) from err
+            raise _named(chan, decider.step, census(), err) from err
         if rec.error is not None:
             # the rows the decider took before its error (a non-finite report, say) reach this
             # rank's book too, so its explanation of the error is the decider's
@@ -614,37 +619,37 @@ def log_loop(agent) -> None:
                 for w, r in batch:
                     view.add(w, r)
                 try:
-                    agent.decide(view.ctl, view.refresh(agent.book.offered))
+                    decider.decide(view.ctl, view.refresh(decider.book.offered))
                 except AgentError:
                     break
-            raise AgentError(f"rank {agent.rank}: stopping: {rec.error}", **rec.fields)
+            raise AgentError(f"rank {decider.rank}: stopping: {rec.error}", **rec.fields)
         batches = iter(rec.batches)
         while True:
-            changed = view.refresh(agent.book.offered)
+            changed = view.refresh(decider.book.offered)
             ctl = view.ctl
-            got = agent.decide(ctl, changed)
+            got = decider.decide(ctl, changed)
             if got is END:
                 return
             if isinstance(got, Decision):
-                agent.fire(got, ctl)
+                fire(got, ctl)
                 break
-            if view.moved(agent.book.offered):
+            if view.moved(decider.book.offered):
                 continue
             batch = next(batches, None)
             if batch is None:
-                raise AgentError(f"rank {agent.rank}: control log, step {agent.step}: the "
+                raise AgentError(f"rank {decider.rank}: control log, step {decider.step}: the "
                                  f"decider's rows do not decide it here (a bug)")
             for w, r in batch:
                 view.add(w, r)
 
 
-def _named(agent, err: AgentError) -> AgentError:
+def _named(chan, step: int, census: bool, err: AgentError) -> AgentError:
     """The outcome's broadcast failed or timed out (a rank died or froze, rank 0 included):
     the census over the control store names who (unless the agent turned it off: elastic
     mode re-forms the world without asking)."""
-    if getattr(agent, "census", True):
-        return agent.channel.census(agent.step, err)
-    agent.channel.notify_fault()
+    if census:
+        return chan.census(step, err)
+    chan.notify_fault()
     return err
 
 
@@ -664,17 +669,18 @@ def one_row_per_rank(rows: list) -> list:
     return out
 
 
-def _timeout_message(agent, ctl, last_seen: list) -> str:
+def _timeout_message(decider, ctl, last_seen: list, timeout: float) -> str:
     """The decider's error when no row came within ``timeout``: the ranks the open step
-    waits for, and how long since each one's last row."""
-    t, rnd, now = agent.step, agent.current_round, time.monotonic()
-    done = {w for w in range(agent.n) if ctl[w][CTRL_DONE] > 0}
-    bad = {w for w in range(agent.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
-    waiting = [w for w in range(agent.n) if w not in set(rnd.arrived) | done | bad]
+    waits for, and how long since each one's last row (``decider``: the
+    :class:`~pgc_hvd.runtime.rows.Decider`)."""
+    t, rnd, now = decider.step, decider.current_round, time.monotonic()
+    done = {w for w in range(decider.n) if ctl[w][CTRL_DONE] > 0}
+    bad = {w for w in range(decider.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
+    waiting = [w for w in range(decider.n) if w not in set(rnd.arrived) | done | bad]
     if not waiting:
-        waiting = [w for w in range(agent.n) if w not in done]
+        waiting = [w for w in range(decider.n) if w not in done]
     quiet = ", ".join(f"rank {w}: {now - last_seen[w]:.1f}s" for w in waiting)
     return (f"rank 0 (control log decider): step {t} was not decided within "
-            f"{agent.timeout:.0f}s: it waits for rank(s) {waiting} (their last control row: "
+            f"{timeout:.0f}s: it waits for rank(s) {waiting} (their last control row: "
             f"{quiet}): a rank has died or hung, or computes longer than the timeout; "
             f"stopping instead of hanging")

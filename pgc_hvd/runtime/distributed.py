@@ -8,8 +8,9 @@ class that carries the facade's methods (:class:`~pgc_hvd.runtime.optimizer.PGCO
 ``isinstance(opt, torch.optim.SGD)`` still holds. Checks and defaults are the config's; what
 the optimizer does per step is the facade's (:mod:`pgc_hvd.runtime.optimizer`).
 
-May import: torch, ``runtime.config``, ``runtime.optimizer`` and ``runtime.channel`` (which
-imports the engine, Horovod or ``pgc_hvd.torchdist``, only when ``hvd`` is not given).
+May import: torch, ``runtime.config``, ``runtime.optimizer``, ``runtime.communicator``
+(``name_unnamed_ops``) and ``runtime.engine`` (which imports the engine, Horovod or
+``pgc_hvd.torchdist``, only when ``hvd`` is not given).
 """
 
 from __future__ import annotations
@@ -154,12 +155,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             DDP's; ``pgc_hvd.DistributedDataParallel`` takes DDP's own ``bucket_cap_mb``).
         engine: whose collectives: ``"horovod"`` (``horovod.torch``), ``"torch"``
             (torch.distributed, :mod:`pgc_hvd.torch`) or None: from the launcher's environment
-            (:func:`pgc_hvd.runtime.channel.resolve`); ``hvd``, when given, is used as it is.
+            (:func:`pgc_hvd.runtime.engine.resolve`); ``hvd``, when given, is used as it is.
 
     Every argument is checked (type and range) before any collective; a bad one raises
     TypeError or ValueError naming it.
     """
-    from pgc_hvd.runtime.channel import name_unnamed_ops, resolve
+    from pgc_hvd.runtime.communicator import name_unnamed_ops
+    from pgc_hvd.runtime.engine import resolve
     if hvd is None:
         hvd = resolve(engine)
     # the user's unnamed Horovod collectives are named by their own count, never by Horovod's

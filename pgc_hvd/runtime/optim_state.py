@@ -3,7 +3,7 @@
 Owns the layout of the ``"pgc"`` part of ``state_dict()`` / of ``pgc_state_dict()`` (version,
 scheme, n, s, rank, ring buffers, slot versions, error-feedback residual, busy seconds,
 staleness bound, RNG states, delay-trace position), its restore into the parts that hold it
-(:class:`~pgc_hvd.runtime.step.GradientCapture`, the message encoder), and torch's
+(:class:`~pgc_hvd.runtime.capture.GradientCapture`, the message encoder), and torch's
 ``load_state_dict`` done so that the param-group dicts a scheduler holds stay the optimizer's.
 The checks of a saved state are :mod:`pgc_hvd.runtime.checkpoint`'s.
 

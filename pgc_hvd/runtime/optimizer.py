@@ -24,13 +24,13 @@ This module is the facade (:class:`PGCOptimizer`): Horovod's step API (``step``,
 :class:`~pgc_hvd.runtime.step.Step` (the version, the plan, the clock, the message, the update;
 docs/architecture.md, "The runtime's parts"). The other parts: :mod:`~pgc_hvd.runtime.config`
 (Horovod's keywords, defaults, local checks), :mod:`~pgc_hvd.runtime.consistency` (the
-cross-rank checks), :mod:`~pgc_hvd.runtime.step` (also the gradient capture into ring slots and
-the fault monitor),
+cross-rank checks), :mod:`~pgc_hvd.runtime.step` (also the fault monitor),
+:mod:`~pgc_hvd.runtime.capture` (the gradient capture into ring slots, the replicas'
+forward-pass randomness),
 :mod:`pgc_hvd.compress.codecs` (message formation and encoding),
 :mod:`~pgc_hvd.runtime.lifecycle` (the order of ``close()`` / ``abandon()``; closed at exit
 when ``close()`` is not called),
-:mod:`~pgc_hvd.runtime.step` (the replicas' forward-pass randomness and first-step
-data),
+:mod:`~pgc_hvd.runtime.replicas` (the replicas' seed and first-step data),
 :mod:`~pgc_hvd.runtime.agent` (the decision), :mod:`~pgc_hvd.runtime.step_records`,
 :mod:`~pgc_hvd.runtime.interop` (Horovod's broadcast of the optimizer state) and
 :mod:`~pgc_hvd.runtime.optim_state` (state-dict parts). fp16, bf16 and fp64 parameters train
@@ -70,8 +70,9 @@ from pgc_hvd.runtime.overlap import Buckets
 from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     parameter_names)
-from pgc_hvd.runtime.step import (FaultMonitor, GradientCapture, ReplicaDataCheck, ReplicaRNG,
-                                  Step, agree_seed, declared_metrics, loop_plan)
+from pgc_hvd.runtime.capture import GradientCapture, ReplicaRNG, loop_plan
+from pgc_hvd.runtime.replicas import ReplicaDataCheck, agree_seed
+from pgc_hvd.runtime.step import FaultMonitor, Step, declared_metrics
 from pgc_hvd.runtime.step_records import StepRecorder
 
 
@@ -393,7 +394,7 @@ class PGCOptimizer(_StateDicts):
 
     def loop_partitions(self, step: int) -> tuple:
         """``((partition, weight), ...)``: what the loop's batch of ``step`` holds (the
-        partitions this rank evaluates there, :func:`~pgc_hvd.runtime.step.loop_plan`) and
+        partitions this rank evaluates there, :func:`~pgc_hvd.runtime.capture.loop_plan`) and
         the weight of each one's gradient in the message (1 where the ring applies the
         coefficients; a pipelined scheme's). Nothing changes."""
         ring = self._pgc_capture.ring_mode

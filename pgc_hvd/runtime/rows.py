@@ -1,8 +1,10 @@
-"""The control rows: what every rank tells the others (float64 words), and what they have shown.
+"""The control rows: what every rank tells the others (float64 words), what they have shown, and
+what is decided from them.
 
 Owns the row's layout, its packing (:func:`pack_row`) and parsing, what is read back from the
-rows alone (:func:`used_metrics`, :func:`not_decided_message`), and :class:`ArrivalBook`, the
-agent's record of the arrivals the rows have shown (below).
+rows alone (:func:`used_metrics`, :func:`not_decided_message`), :class:`ArrivalBook`, the
+agent's record of the arrivals the rows have shown, and :class:`Decider`, the decision body on
+them (below). Runs on the agent thread (:func:`pack_row`: also the training thread).
 
 ========================  ==========================================================================
 field                     meaning
@@ -41,18 +43,30 @@ round's rows into :class:`~pgc_hvd.schemes.Arrival` objects in offer order ((rea
 or the replay's) and forgets the bookkeeping of long-gone steps. It never calls a collective
 and holds no lock: the agent thread owns it (the training thread reads ``bad_log`` only).
 
-May import: torch and ``schemes``.
+The decision on the rows (at the end of this module): :class:`Decider`, the decision body on
+one view of every rank's row (the same on every rank, so the same decisions everywhere),
+offers the new arrivals to the scheme's ``Round`` until it fires, reading only the rows that
+changed since its last run (:class:`RowState`); it raises on a failed rank or a round that can
+no longer fire, finds a step no rank still training needs (``IDLE``), and sets the staleness
+bound rank 0's row requests. It is built on its own (scheme, rank, book) and holds no lock and
+calls no collective: the agent (:class:`~pgc_hvd.runtime.agent.CommAgent`) has one and runs it
+on its thread, polled or under :func:`~pgc_hvd.runtime.control_log.log_loop`.
+
+May import: numpy, torch, ``runtime.errors`` and ``schemes``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
 
-from pgc_hvd.schemes import Arrival
+from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.schemes import Arrival, Scheme
 
 CTRL_READY_STEP = 0
 CTRL_VERSION = 1
@@ -295,3 +309,236 @@ class ArrivalBook:
         """Sizes of its containers (``CommAgent.bookkeeping``)."""
         return {"offered": len(self.offered), "meta": len(self._loss),
                 "bad_log": len(self.bad_log)}
+
+
+# ---- the decision on the rows --------------------------------------------------------------
+
+
+class RowState:
+    """What the decision body keeps of the rows it has read, so that a run reads only the rows
+    that changed since the previous one (O(1) per row, not O(n) per run): the failed and
+    finished ranks, the version each finished rank's loop ended at and how many ranks show
+    each, each rank's non-finite step and how many ranks show each, how many ranks still
+    training show each newest step, and the ranks whose row shows a message not yet offered
+    (``carried``: a decision fired before it was offered)."""
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self.failed: set = set()
+        self.done: set = set()
+        self.ended = [None] * self.n     # the version a finished rank's loop ended at
+        self.ended_count: dict = {}      # ended version -> how many finished ranks show it
+        self.bad = [None] * self.n       # the newest step a rank's message was non-finite at
+        self.bad_count: dict = {}        # non-finite step -> how many ranks show it
+        self.live = [None] * self.n      # the newest step a rank still training has shown
+        self.live_count: dict = {}       # newest step -> how many ranks still training show it
+        self.carried: set = set()
+        #: the next run reads every row (the first one; after the book forgot old steps, whose
+        #: messages a row may show again)
+        self.full = True
+
+    def see(self, ctl, ranks) -> None:
+        for w in ranks:
+            row = ctl[w]
+            (self.failed.add if row[CTRL_FAILED] > 0 else self.failed.discard)(w)
+            done = row[CTRL_DONE] > 0
+            (self.done.add if done else self.done.discard)(w)
+            self.ended[w] = _recount(self.ended_count, self.ended[w],
+                                     int(row[CTRL_DONE]) - 1 if done else None)
+            b = int(row[CTRL_BAD_STEP])
+            self.bad[w] = _recount(self.bad_count, self.bad[w], b if b >= 0 else None)
+
+    def carry(self, ctl, candidates, offered) -> None:
+        """Keep, of ``candidates`` (the rows a run could offer), the ranks whose row shows a
+        message not yet ``offered``: the next run offers them, changed or not."""
+        self.carried = {w for w in candidates if int(ctl[w][CTRL_READY_STEP]) >= 0
+                        and (w, int(ctl[w][CTRL_READY_STEP])) not in offered}
+
+    def see_newest(self, newest, ranks) -> None:
+        """Count the ranks still training by the newest step they have shown (``newest``: the
+        book's, already updated for ``ranks``)."""
+        for w in ranks:
+            self.live[w] = _recount(self.live_count, self.live[w],
+                                    None if w in self.done else newest[w])
+
+    def computed_by_live(self, step: int) -> bool:
+        """Whether a rank still training has shown a message for ``step`` or later (O(the
+        distinct newest steps shown), a few: the ranks train within a few steps of each
+        other)."""
+        return any(k >= step for k in self.live_count)
+
+
+def _recount(count: dict, old, new):
+    """Move one rank from key ``old`` to key ``new`` of ``count`` (None: not counted; a key
+    whose count drops to 0 goes); returns ``new``."""
+    if old != new:
+        if old is not None:
+            count[old] -= 1
+            if not count[old]:
+                del count[old]
+        if new is not None:
+            count[new] = count.get(new, 0) + 1
+    return new
+
+
+class Decider:
+    """The decision body, on one view of every rank's control row (the same on every rank): a
+    pure function of the rows seen so far (module doc). The agent has one
+    (:attr:`~pgc_hvd.runtime.agent.CommAgent.decider`) and runs it in the polled control rounds
+    (:meth:`~pgc_hvd.runtime.agent.CommAgent._loop`) or under ``control="log"``
+    (:func:`pgc_hvd.runtime.control_log.log_loop`); a decided step's data phase is the
+    agent's (its ``fire``), which then calls :meth:`next_round`.
+
+    ``scheme``: this rank's copy of the scheme (its ``Round`` decides); ``book``: the
+    :class:`ArrivalBook` the rows are recorded in; ``step``: the first step to decide;
+    ``every_row``: see :attr:`every_row`."""
+
+    def __init__(self, scheme, rank: int, book: "ArrivalBook", *, step: int = 0,
+                 every_row: bool = False):
+        self.scheme, self.n, self.rank, self.book = scheme, scheme.n, int(rank), book
+        #: read all n rows at every run, changed or not (as a polled round does): the
+        #: reference that reading only the changed rows is tested against
+        self.every_row = bool(every_row)
+        self.step = int(step)              # the round being decided
+        self.control_rounds = 0            # runs of the body (control rounds when polled)
+        #: the staleness bound c_0 the agent was built with (None: c is the code's)
+        self.staleness_c0: Optional[int] = (int(scheme.staleness_bound)
+                                            if scheme.staleness_bound_adjustable else None)
+        self.staleness_changes: list[tuple[int, int]] = []
+        #: the step at which a finished rank's loop ended (IDLE), the rows of the last run and
+        #: when it ran (for the not-decided message): none before the first run
+        self.ended_at: Optional[int] = None
+        self.last_rows = None
+        self.last_round_at = time.monotonic()
+        self.step_start = time.time()      # when the open step's round opened (step_time)
+        self._round = None
+        self._rows_state = RowState(self.n)
+
+    def open_round(self) -> None:
+        """Open the round of the current step (at the start of the decision loop)."""
+        self._round = self.scheme.open_round(self.step)
+        self.step_start = time.time()
+        self._rows_state = RowState(self.n)
+
+    @property
+    def current_round(self):
+        """The scheme's open ``Round`` (read only; for error messages)."""
+        return self._round
+
+    def decide(self, ctl, changed=None) -> object:
+        """The decision body on one view of every rank's control row (the same on every rank):
+        raises on a failed rank or a round that cannot fire; returns ``END`` (every rank is
+        done), ``IDLE`` (a rank's loop ended before the open step: nothing to decide),
+        ``WAIT`` (the open round needs more arrivals) or the scheme's Decision. A pure function
+        of the rows seen so far (the control plane calls it: the polled loop below, the
+        control log's decider and followers). ``changed``: the ranks whose row differs from
+        the previous call's (the control log's view knows them), so a run costs O(1) per
+        changed row; None: every row may have changed (a polled round)."""
+        self.control_rounds += 1
+        self.last_rows, self.last_round_at = ctl, time.monotonic()
+        n, book, rnd, st = self.n, self.book, self._round, self._rows_state
+        full = changed is None or st.full or self.every_row
+        ranks = range(n) if full else sorted(changed)
+        st.full = False
+        st.see(ctl, ranks)
+        if st.failed:
+            failed = sorted(st.failed)
+            raise AgentError(f"rank(s) {failed} failed (their training thread raised); "
+                             f"stopping rank {self.rank}", failed_ranks=failed)
+        if len(st.done) == n:
+            return END
+        self._apply_staleness_bound(int(ctl[0][CTRL_STALENESS_BOUND]))
+        book.see_ready(ctl, ranks)
+        st.see_newest(book.newest, ranks)
+        book.see_bad(ctl, warn=self.rank == 0, ranks=ranks)
+        # the rows that may show a message not yet offered: the changed ones, and those
+        # whose message a decision fired before (or a replay held back, or an IDLE run did
+        # not offer)
+        candidates = ranks if full else sorted(set(ranks) | st.carried)
+        if st.done:
+            ended = min(st.ended_count)
+            if self.step >= ended and not st.computed_by_live(self.step):
+                # a rank's loop ended at or before this step, and no rank still training has
+                # computed it: it is not needed (every rank loops on `optimizer.version <
+                # steps`), and deciding it (a bounded-staleness round can fire from its
+                # table, or on a late message) would move every rank past the version its
+                # loop stopped at. A rank still training that computes it makes it needed
+                # again (a rank that left its loop early catches up at close()).
+                self.ended_at = ended
+                st.carry(ctl, candidates, book.offered)
+                return IDLE
+        decision = None
+        for arr in book.arrivals(ctl, candidates):
+            decision = rnd.offer(arr)
+            if decision is not None:
+                break  # later arrivals of this batch are offered to the next round
+        st.carry(ctl, candidates, book.offered)
+        if decision is None:
+            decision = rnd.poll()
+        if decision is None:
+            if self._may_be_stuck(rnd):
+                self._check_stuck(ctl, rnd)
+            return WAIT
+        return decision
+
+    def _may_be_stuck(self, rnd) -> bool:
+        """Whether the open round might no longer be able to fire: with the schemes' rule
+        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`: while anyone is pending) only when the
+        ranks that arrived, sent a non-finite message for it or finished may be all n (a
+        count, O(1)); any other rule: always (the O(n) check)."""
+        if type(self.scheme).can_fire is not Scheme.can_fire:
+            return True
+        st = self._rows_state
+        return (len(rnd.arrived) + st.bad_count.get(self.step, 0) + len(st.done)) >= self.n
+
+    def next_round(self) -> None:
+        """After a decided step: step + 1, the bookkeeping of long-gone steps forgotten every
+        64 steps, the next step's round opened (the agent's ``fire`` calls it after the data
+        phase)."""
+        self.step += 1
+        if self.step % 64 == 0:  # forget bookkeeping of long-gone steps
+            self.book.forget_before(self.step - 32)
+            self._rows_state.full = True   # a row may show a forgotten message again
+        self._round = self.scheme.open_round(self.step)
+
+    @property
+    def staleness_bound(self) -> Optional[int]:
+        """The bound c the decisions currently use (None for schemes whose c is the code's)."""
+        c = self.scheme.staleness_bound
+        return None if c is None or not self.scheme.staleness_bound_adjustable else int(c)
+
+    def check_staleness_bound(self, c) -> None:
+        """ValueError unless ``c`` is a bound the agent can request: an integer in [1, c_0]
+        for a scheme whose c can change."""
+        if self.staleness_c0 is None:
+            raise ValueError(f"{self.scheme.name}: its pipeline depth c is fixed by the code; "
+                             f"only bounded-staleness has a staleness bound that can change "
+                             f"(lower the learning rate instead)")
+        if (isinstance(c, bool) or not isinstance(c, (int, np.integer))
+                or not 1 <= c <= self.staleness_c0):
+            raise ValueError(f"staleness bound c must be an integer in [1, "
+                             f"{self.staleness_c0}] (the c this optimizer was built with), "
+                             f"got {c!r}")
+
+    def _apply_staleness_bound(self, c: int) -> None:
+        """Set the scheme's staleness bound to rank 0's request c (>= 1) when it differs."""
+        sch = self.scheme
+        if c >= 1 and sch.staleness_bound_adjustable and sch.staleness_bound != c:
+            sch.staleness_bound = c
+            self.staleness_changes.append((self.step, c))
+
+    def _check_stuck(self, ctl, rnd) -> None:
+        """Raise when the scheme says the open round can no longer fire
+        (:meth:`~pgc_hvd.schemes.Scheme.can_fire`): the ranks still pending are those that
+        have not arrived, sent no non-finite message for this step and have not finished."""
+        t = self.step
+        gone = set(rnd.arrived)
+        gone |= {w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
+        done = {w for w in range(self.n) if ctl[w][CTRL_DONE] > 0}
+        if not self.scheme.can_fire(rnd, set(range(self.n)) - gone - done):
+            bad = sorted(w for w in range(self.n) if int(ctl[w][CTRL_BAD_STEP]) == t)
+            raise AgentError(
+                f"step {t} cannot be decoded by {self.scheme.name} (n={self.n}, s={self.scheme.s}): "
+                f"arrived {sorted(rnd.arrived)}, non-finite messages from {bad}, finished ranks "
+                f"{sorted(done)}. Too many stragglers for s, or ranks finished at different steps "
+                f"(give every rank the same number of step() calls)")

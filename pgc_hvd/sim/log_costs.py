@@ -17,7 +17,7 @@ The runtime's ordered control log (:mod:`pgc_hvd.runtime.control_log`) exchanges
 
   ``run`` stays about constant in n since issue 38 (the body reads only the rows that
   changed: :class:`~pgc_hvd.runtime.control_log.LogView` refreshes them,
-  :class:`~pgc_hvd.runtime.agent.RowState` keeps the failed / done / non-finite counts);
+  :class:`~pgc_hvd.runtime.rows.RowState` keeps the failed / done / non-finite counts);
   ``row`` is each row's own part (decoding, the view, the offer). While a run lasts the next
   rows queue, so batches grow with the load (self-balancing). Both are measured at several n
   (``decider``: ``((n, run, row), ...)``) and read piecewise-linearly between the points,

@@ -15,7 +15,7 @@ ones), so the runtime runs unchanged on either engine.
   ``broadcast_object``.
 
 The module-level collectives below run on the training thread's group. The runtime's agent
-gets its own groups through :func:`agent_ops` (``runtime.channel.Collectives`` asks for them).
+gets its own groups through :func:`agent_ops` (``runtime.communicator.Collectives`` asks for them).
 Users import :mod:`pgc_hvd.torch` (this API plus ``DistributedOptimizer`` and ``CodedLoader``).
 
 May import: the standard library and torch; nothing of the package above it.

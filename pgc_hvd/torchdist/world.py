@@ -206,7 +206,7 @@ def agent_ops(name: str, timeout: float, device=None) -> "AgentOps":
 class AgentOps:
     """The Horovod-shaped collectives one agent thread calls: the control rows
     (``{name}.ctl``, the runtime's name for them) on the control group, everything else on the
-    data group (:class:`~pgc_hvd.runtime.channel.Collectives` names its collectives
+    data group (:class:`~pgc_hvd.runtime.communicator.Collectives` names its collectives
     ``{name}.{kind}``)."""
 
     ENGINE = "torch.distributed"

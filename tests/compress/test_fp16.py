@@ -203,7 +203,7 @@ def test_output_taking_entry_points_are_found_by_signature():
     """The fp16 sum's alltoall/allgather write into recycled buffers through Horovod's
     output-taking entry points when they have the expected parameters; otherwise (another
     Horovod, or none) the public calls are used."""
-    from pgc_hvd.runtime.channel import _output_entry_points
+    from pgc_hvd.runtime.communicator import _output_entry_points
     assert _output_entry_points(None) is None
     assert _output_entry_points(math) is None
     hvd = pytest.importorskip("horovod.torch")

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from pgc_hvd.data.coded_sampler import CodedSampler, batch_layout
-from pgc_hvd.runtime.step import loop_plan
+from pgc_hvd.runtime.capture import loop_plan
 from pgc_hvd.schemes import Ring, get_scheme
 
 

@@ -5,7 +5,7 @@
 n ranks run as n threads of the pytest process, each with its own real gloo process group
 (``torch.distributed.ProcessGroupGloo`` over one ``HashStore``) behind the torch engine's
 :class:`~pgc_hvd.torchdist.ops.GroupOps` and the agent's
-:class:`~pgc_hvd.runtime.channel.Collectives`, as the agent thread holds them under torchrun (no
+:class:`~pgc_hvd.runtime.communicator.Collectives`, as the agent thread holds them under torchrun (no
 launcher). Decisions come from real schemes (:func:`pgc_hvd.schemes.get_scheme`), payload rows
 from the real codecs (:func:`pgc_hvd.compress.codecs.make_codec`, the compiled extension's
 decode): dense, top-kappa (both collectives), fp16 (both narrow reductions and the fp32 repeat
@@ -28,7 +28,7 @@ from pgc_hvd.compress.codecs import (allreduce_bytes, alltoall_reduce_bytes, cho
                                      make_codec)
 from pgc_hvd.compress.topk import TopK
 from pgc_hvd.runtime.agent import Outgoing
-from pgc_hvd.runtime.channel import Collectives
+from pgc_hvd.runtime.communicator import Collectives
 from pgc_hvd.runtime.communicator import BufferPool, Communicator
 from pgc_hvd.schemes import Arrival, Ring, get_scheme
 from thread_world import in_world as world  # tests/runtime/thread_world.py

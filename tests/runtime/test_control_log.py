@@ -116,33 +116,27 @@ class _MemoryLog:
         return LogRecord(batches=decode_batches(self.published[step], self.length))
 
 
-def _body_agent(scheme, rank, channel, full):
-    """The decision body (the real DecisionBody and ArrivalBook) with ``fire`` recording the
-    decisions instead of a data phase; ``full``: every run reads all n rows (as a polled round
-    does), else only the rows that changed."""
-    from pgc_hvd.runtime.agent import DecisionBody
-    from pgc_hvd.runtime.rows import ArrivalBook
+class _Body:
+    """The decision body (a real :class:`~pgc_hvd.runtime.rows.Decider` and ArrivalBook) run by
+    log_loop, with ``fire`` recording the decisions instead of a data phase; ``full``: every
+    run reads all n rows (as a polled round does), else only the rows that changed."""
 
-    class Agent(DecisionBody):
-        def __init__(self):
-            self.scheme, self.n, self.rank = scheme, scheme.n, rank
-            self.ring_size, self.metrics = scheme.lookback, 0
-            self.ctrl_len = ctrl_len(self.ring_size, 0)
-            self.book = ArrivalBook(self.n, self.ring_size, 0)
-            self.step, self.control_rounds, self.staleness_changes = 0, 0, []
-            self.timeout, self.channel, self.census = 3600.0, channel, False
-            self.decisions = []
-            channel.agent = self
+    def __init__(self, scheme, rank, channel, full):
+        from pgc_hvd.runtime.rows import ArrivalBook, Decider
+        self.decider = Decider(scheme, rank, ArrivalBook(scheme.n, scheme.lookback, 0),
+                               every_row=full)
+        self.channel, self.decisions = channel, []
+        channel.agent = self.decider     # the channel holds back rows of later steps
 
-        def decide(self, ctl, changed=None):
-            return super().decide(ctl, None if full else changed)
+    def fire(self, decision, ctl):
+        self.decisions.append((decision.step, tuple((u.worker, u.step, float(u.weight))
+                                                    for u in decision.uses)))
+        self.decider.next_round()
 
-        def fire(self, decision, ctl):
-            self.decisions.append((decision.step, tuple((u.worker, u.step, float(u.weight))
-                                                         for u in decision.uses)))
-            self.next_round()
-
-    return Agent()
+    def run(self):
+        from pgc_hvd.runtime.control_log import log_loop
+        log_loop(self.decider, self.channel, self.fire, timeout=3600.0, census=lambda: False)
+        return self
 
 
 def _lines(n, lookback, steps, seed, early=None):
@@ -184,7 +178,6 @@ def test_body_reading_only_changed_rows_decides_as_reading_all():
     only the rows that changed, take decision for decision what the body reading all n rows
     every run takes (pgc-cr, bcgc, bounded staleness; batches of 1 to 5 rows; past step 64,
     where the book forgets old steps)."""
-    from pgc_hvd.runtime.control_log import log_loop
     from pgc_hvd.schemes import get_scheme
     for name, n, s in (("pgc-cr", 6, 1), ("bcgc", 6, 2), ("bounded-staleness", 5, 1)):
         for batch in (1, 3, 5):
@@ -194,11 +187,9 @@ def test_body_reading_only_changed_rows_decides_as_reading_all():
                 lines = _lines(n, sch.lookback, 70, seed=batch)
                 published = {}
                 length = ctrl_len(sch.lookback, 0)
-                dec = _body_agent(sch, 0, _MemoryLog(lines, batch, published, length), full)
-                log_loop(dec)
-                fol = _body_agent(get_scheme(name, n, s), 1,
-                                  _MemoryLog(lines, batch, published, length), full)
-                log_loop(fol)
+                dec = _Body(sch, 0, _MemoryLog(lines, batch, published, length), full).run()
+                fol = _Body(get_scheme(name, n, s), 1,
+                            _MemoryLog(lines, batch, published, length), full).run()
                 assert dec.decisions == fol.decisions
                 got[full] = dec.decisions
             assert len(got[True]) >= 60, (name, batch, len(got[True]))
@@ -210,7 +201,6 @@ def test_body_reading_only_changed_rows_decides_as_reading_all_when_a_rank_ends_
     finds step 5 not needed (IDLE) until a rank still training shows a message for it, and
     offers later the messages a row showed during such a run (bcgc read only the changed rows
     never offered them before), on the changed rows as on all n rows."""
-    from pgc_hvd.runtime.control_log import log_loop
     from pgc_hvd.schemes import get_scheme
     for name, n, s, steps in (("pgc-cr", 6, 1, 20), ("bcgc", 6, 2, 20),
                               ("bounded-staleness", 5, 1, 6)):
@@ -220,9 +210,8 @@ def test_body_reading_only_changed_rows_decides_as_reading_all_when_a_rank_ends_
                 sch = get_scheme(name, n, s)
                 lines = _lines(n, sch.lookback, 20, seed=batch, early=(n - 1, 5))
                 length = ctrl_len(sch.lookback, 0)
-                dec = _body_agent(sch, 0, _MemoryLog(lines, batch, {}, length), full)
-                log_loop(dec)
-                got[full] = (dec.decisions, dec.book.bad_log, dec._ended_at)
+                dec = _Body(sch, 0, _MemoryLog(lines, batch, {}, length), full).run()
+                got[full] = (dec.decisions, dec.decider.book.bad_log, dec.decider.ended_at)
             assert len(got[True][0]) == steps, (name, batch, len(got[True][0]))
             assert got[True] == got[False], (name, batch)
             assert got[True][2] == 5, (name, batch)

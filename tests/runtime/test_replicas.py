@@ -1,7 +1,7 @@
-"""The replicas on their own, in one process: :class:`~pgc_hvd.runtime.step.
+"""The replicas on their own, in one process: :class:`~pgc_hvd.runtime.capture.
 ReplicaRNG` (the forward pass's randomness as a function of (seed, partition, step), the user's
 generator restored after the scope) and the first step's batch digests of
-:class:`~pgc_hvd.runtime.step.ReplicaDataCheck` (their comparison across ranks is
+:class:`~pgc_hvd.runtime.replicas.ReplicaDataCheck` (their comparison across ranks is
 tested under horovodrun: test_lifecycle.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from pgc_hvd.runtime.step import ReplicaDataCheck, ReplicaRNG, batch_digest, replica_seed
+from pgc_hvd.runtime.capture import ReplicaRNG, replica_seed
+from pgc_hvd.runtime.replicas import ReplicaDataCheck, batch_digest
 
 
 def masks(rng, partition, step):

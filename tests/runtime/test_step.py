@@ -1,5 +1,5 @@
 """The step on its own, in one process: :class:`~pgc_hvd.runtime.step.Step`,
-:class:`~pgc_hvd.runtime.step.GradientCapture` and :class:`~pgc_hvd.runtime.step.FaultMonitor`
+:class:`~pgc_hvd.runtime.capture.GradientCapture` and :class:`~pgc_hvd.runtime.step.FaultMonitor`
 with a real model, real gradients, the compiled extension and the real
 :class:`~pgc_hvd.runtime.agent.CommAgent` on a world of one rank (``LoopbackChannel``: the agent
 decides every step from this rank's message alone; it is not what is tested here). What the
@@ -25,8 +25,8 @@ from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.channel import LoopbackChannel
 from pgc_hvd.runtime.consistency import NonFiniteParameters
 from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.runtime.step import (FaultMonitor, GradientCapture, Step, all_finite,
-                                  declared_metrics, hyper_digest)
+from pgc_hvd.runtime.capture import GradientCapture
+from pgc_hvd.runtime.step import FaultMonitor, Step, all_finite, declared_metrics, hyper_digest
 from pgc_hvd.runtime.rows import ctrl_len
 from pgc_hvd.schemes import Ring, get_scheme
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pgc_hvd.runtime.channel import from_environment, resolve
+from pgc_hvd.runtime.engine import from_environment, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 
