@@ -644,7 +644,7 @@ class CommAgent:
         info = {"loss": used.pop("loss"), "step_time": now - step_start, "control_rounds": self.control_rounds,
                 "data_rounds": comm.data_rounds, "bytes": comm.take_bytes(),
                 "collective": kind, "control_ops": self._control_ops(),
-                "buckets": len(comm.buckets) if comm.buckets is not None and kind == "allreduce"
+                "buckets": len(comm.buckets.ranges) if comm.buckets is not None and kind == "allreduce"
                 else None}
         if self.codec.wire_dtype != torch.float32:
             info["fp16_fallback"] = fallback
