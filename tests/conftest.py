@@ -105,10 +105,17 @@ _GLOO_BUILT: list = []
 
 def gloo_built_once() -> bool:
     """Horovod's "was it built with Gloo" check (``horovod.common.util.gloo_built``), made once
-    per session for every horovodrun launch (tests/hvdrun.py: horovodrun less that check)."""
+    per session for every horovodrun launch (tests/hvdrun.py: horovodrun less that check), in a
+    fresh interpreter: Horovod's check forks the calling process, and a pytest process whose
+    earlier tests left threads and gloo groups behind (the thread-rank unit tests) crashes in
+    the forked child."""
     if not _GLOO_BUILT:
-        from horovod.common.util import gloo_built
-        _GLOO_BUILT.append(bool(gloo_built()))
+        import subprocess
+        import sys
+        out = subprocess.run([sys.executable, "-c", "from horovod.common.util import gloo_built; "
+                              "print(bool(gloo_built()))"], capture_output=True, text=True,
+                             timeout=120)
+        _GLOO_BUILT.append(out.stdout.strip().endswith("True"))
     return _GLOO_BUILT[0]
 
 

@@ -34,6 +34,10 @@ b) exponential delays with mean = compute time (seeded; the same schedule for ev
 Horovod's step they are compared with; parts a and b also print the control exchanges a rank
 made per step (``control_ops`` of the records, rank 0; at most 5 at np = 4).
 
+``--serial``: dgd and pgc-cr also run with ``overlap=False`` (``dgd@serial``,
+``pgc-cr@serial``: the message formed and sent at ``step()``, the data collective after it), in
+the same launch: the overlap's before and after.
+
 ``--crossover``: time per step of PGC-CR with ``optimistic=True`` (payloads ride with control
 rows: one collective, n payloads) and ``optimistic=False`` (control rows, then one allreduce) at
 np = 2 and 4 over message sizes 1 KB .. 4 MB, emulated compute 20 ms: where the second becomes
@@ -127,7 +131,8 @@ def worker(args) -> None:
         label, _, control = label.partition("/")
         label, _, opt_mode = label.partition("@")
         scheme, _, policy = label.partition(":")
-        kw = {} if not opt_mode else {"optimistic": opt_mode == "opt"}
+        kw = ({} if not opt_mode else {"overlap": False} if opt_mode == "serial"
+              else {"optimistic": opt_mode == "opt"})
         if control:
             kw["control"] = control
         return time_pgc(pgc_hvd.DistributedOptimizer, build_model(kind, args.width), loader,
@@ -138,9 +143,9 @@ def worker(args) -> None:
     out = {"n": n, "part": args.part, "model": kind, "d": d, "compute": compute,
            "steps": steps, "warmup": warm}
     if args.part == "a":
-        runs = with_controls(SCHEMES_A, args.controls)
+        runs = with_controls(SCHEMES_A, args.controls) + serial_runs(SCHEMES_A, args.serial)
     elif args.part == "b":
-        runs = with_controls(RUNS_B, args.controls)
+        runs = with_controls(RUNS_B, args.controls) + serial_runs(RUNS_B, args.serial)
     else:
         runs = ("pgc-cr@opt", "pgc-cr@two")
     each: dict = {}
@@ -165,6 +170,12 @@ def worker(args) -> None:
         out["drawn_max"] = float(D.max(axis=1).mean())
     if rank == 0:
         print_result(out)
+
+
+def serial_runs(labels, serial: bool) -> tuple:
+    """``--serial``: dgd and pgc-cr once more with ``overlap=False`` (label ``@serial``), the
+    overlap's before/after in the same launch."""
+    return tuple(f"{lab}@serial" for lab in labels if serial and lab in ("dgd", "pgc-cr"))
 
 
 def with_controls(labels, controls: str) -> tuple:
@@ -222,7 +233,8 @@ def launch(np_, part, model, args, steps=None, width=0, compute=None) -> dict:
                                      args.compute if compute is None else compute,
                                      "--steps", steps or args.steps, "--warmup", args.warmup,
                                      "--seed", args.seed, "--model", model, "--width", width,
-                                     "--controls", args.controls, "--repeat", args.repeat],
+                                     "--controls", args.controls, "--repeat", args.repeat]
+                     + (["--serial"] if args.serial else []),
                      args.timeout, on_line=echo)
 
 
@@ -250,7 +262,7 @@ def report(a: dict, b, c: float, seconds: float) -> None:
     print("\na) no stragglers: time per step / hvd.DistributedOptimizer's; bytes received per "
           "rank per step / the ring allreduce's 2(n-1)/n 4d")
     cols = [k for k in next(iter(a.values()))
-            if "." not in k and k.split("/")[0] in SCHEMES_A[1:]]
+            if "." not in k and k.split("/")[0].split("@")[0] in SCHEMES_A[1:]]
     print(f"{'model':>9} {'d':>10} {'np':>3} {'hvd ms':>7} " + " ".join(f"{s:>28}" for s in cols))
     for (m, k), r in a.items():
         rb = allreduce_bytes(k, r["d"])
@@ -269,9 +281,11 @@ def report(a: dict, b, c: float, seconds: float) -> None:
           f"{b['hvd'] / hvd_floor:.2f}x ({hvd_floor * 1e3:.0f} ms)")
     dgd = b.get("dgd") or next(v for k, v in b.items() if k.startswith("dgd/") and "." not in k)
     print(f"  dgd (pgc_hvd)            {dgd * 1e3:6.0f} ms")
-    for key in [k for k in b if "." not in k and k.split("/")[0] in ("pgc-cr", "pgc-cr:cancel")]:
+    for key in [k for k in b if "." not in k
+                and k.split("/")[0] in ("pgc-cr", "pgc-cr:cancel", "pgc-cr@serial")]:
         plane = key.partition("/")[2]
-        base = f"pgc-cr/{plane}" if plane else "pgc-cr"
+        base = (f"pgc-cr/{plane}" if plane else
+                "pgc-cr@serial" if key == "pgc-cr@serial" else "pgc-cr")
         floor = (ar.get(base, float("nan")) if ar else float("nan")) + b["drawn_kth"]
         print(f"  {key:<24} {b[key] * 1e3:6.0f} ms   / hvd {b[key] / b['hvd']:.2f}x, / dgd "
               f"{b[key] / dgd:.2f}x, / floor {b[key] / floor:.2f}x ({floor * 1e3:.0f} ms; "
@@ -298,6 +312,8 @@ def main(argv=None) -> int:
                    help="control planes each pgc_hvd run uses, e.g. log,allgather (the plain "
                         "label is the default plane, log)")
     p.add_argument("--crossover", action="store_true", help="measure the optimistic threshold")
+    p.add_argument("--serial", action="store_true",
+                   help="also dgd and pgc-cr with overlap=False (the overlap's before/after)")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--report", default=None, metavar="JSON",
                    help="print the tables of an earlier run's --json file instead of running")

@@ -646,6 +646,12 @@ class CommAgent:
                 "collective": kind, "control_ops": self._control_ops(),
                 "buckets": len(comm.buckets.ranges) if comm.buckets is not None and kind == "allreduce"
                 else None}
+        if comm.nonfinite_sum:
+            info["nonfinite_sum"] = True
+            if self.rank == 0:
+                log.warning("step %d: a message used by the decision held NaN/Inf (it left "
+                            "during the backward, before its check): the step applies no "
+                            "update; its rank reports it and stops overlapping", decision.step)
         if self.codec.wire_dtype != torch.float32:
             info["fp16_fallback"] = fallback
             info["fp16_reduce"] = comm.narrow_reduce if kind == "allreduce" else None

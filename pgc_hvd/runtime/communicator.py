@@ -37,6 +37,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import math
 import threading
 import time
 from typing import Callable, Optional
@@ -368,6 +369,7 @@ class Communicator:
         #: (None: in one allreduce); ``stop()`` ends a wait for a streamed bucket (the agent's)
         self.buckets = None
         self.stop: Optional[Callable[[], bool]] = None
+        self.nonfinite_sum = False     # the last bucketed sum held NaN/Inf
         #: (worker, step) -> payload row received with its control row, or kept for reuse
         self.cache: dict = {}
         self.bytes_since = 0          # bytes received since the last update
@@ -404,6 +406,7 @@ class Communicator:
                                  needed=len(missing), itemsize=codec.wire_itemsize)
         received: dict = {}
         fallback = False
+        self.nonfinite_sum = False
         if kind == "allreduce":
             mine = [u for u in missing if u.worker == self.rank]
             if self.buckets is not None and codec.wire_dtype == torch.float32:
@@ -471,6 +474,10 @@ class Communicator:
                 else:
                     seg.add_(src, alpha=float(u.weight))
             self.coll.allreduce_sum_(seg, "sum")
+        # a used message that held NaN/Inf left before its check: the sum shows it, the same
+        # bits on every rank (the step then applies nothing: runtime.overlap)
+        total = float(flat.sum())
+        self.nonfinite_sum = not (math.isfinite(total) or bool(torch.isfinite(flat).all()))
         return flat
 
     def _contribution(self, mine: list, keep: set) -> torch.Tensor:

@@ -249,9 +249,11 @@ class RuntimeConfig:
         (:mod:`pgc_hvd.runtime.overlap`): ``overlap`` and dense fp32 rows summed by an
         allreduce (no top-kappa, no fp16 wire, no payload riding with the control rows), a
         scheme that uses each step's own messages only (not bounded staleness's table) with
-        real coefficients, and no replayed schedule or ``straggler_policy="cancel"``. The same
-        on every rank (these fields are compared at construction)."""
-        return (self.overlap and not codec.sparse and codec.wire_dtype == torch.float32
+        real coefficients, no declared user metrics (a step's values must ride with its own
+        message), and no replayed schedule or ``straggler_policy="cancel"``. The same on every
+        rank (these fields are compared at construction)."""
+        return (self.overlap and not self.metrics and not codec.sparse
+                and codec.wire_dtype == torch.float32
                 and not optimistic and not scheme.late_usable and not self.cancel
                 and not self.replay_arrivals and not complex_code)
 

@@ -147,10 +147,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             declared ready when its backward begins, and once the step is decided it is summed
             bucket by bucket while the backward still computes. Dense fp32 messages and schemes
             that use each step's own messages (not bounded staleness, compression or fp16: they
-            keep the one collective after ``step()``). A loop whose first ``step()`` passes a
-            loss, metrics or a GradScaler's scale, or changes ``p.grad`` after the backward
-            (clipping), is not overlapped; one that starts doing so later is refused with the fix.
-            False: the message is formed and sent at ``step()``.
+            keep the one collective after ``step()``). The ``loss`` and ``metrics`` handed to
+            ``step()`` then ride with the rank's next message (a decided step reports its used
+            ranks' previous batches). A loop whose first ``step()`` gets a GradScaler's scale,
+            or that changes ``p.grad`` after the backward (clipping), is not overlapped; one
+            that starts doing so later is refused with the fix. False: the message is formed
+            and sent at ``step()``.
         bucket_cap_mb: the overlap's bucket size in MiB (default 25, the first bucket 1 MiB, as
             DDP's; ``pgc_hvd.DistributedDataParallel`` takes DDP's own ``bucket_cap_mb``).
         engine: whose collectives: ``"horovod"`` (``horovod.torch``), ``"torch"``

@@ -299,9 +299,15 @@ class Step:
                 f"step())")
         for k in cap.end_stream(self.plan, t):
             self._bucket_done(k)
-        self._streamed = self._bucket_done = None
+        out, self._streamed, self._bucket_done = self._streamed, None, None
         self._lagged = (math.nan if loss is None else float(loss), tuple(metrics))
         self.stop_clock()
+        if not all_finite(out.payload):
+            # it left before this check: a decision that used it applies nothing (the sum
+            # shows it on every rank); reported as the checked path does, and this rank's
+            # later messages are checked before they leave
+            self.may_stream = False
+            self.agent.report_bad(t, self.busy)
 
     def send(self, *, loss=None, metrics: tuple = (), grad_scale=None) -> None:
         """Form, check, encode and submit the message of the current (begun) step (module
@@ -384,6 +390,10 @@ class Step:
         ``on_update`` sees it first."""
         self.last = update
         flat = update.flat
+        if update.info.get("nonfinite_sum"):   # a streamed message held NaN/Inf: no update
+            for p in self.layout.params:
+                p.grad = None
+            return
         if self.on_update is not None:
             if self._with_decision:
                 self.on_update(self.version, flat, update.decision)

@@ -48,9 +48,12 @@ class StepRecorder:
         extra = {"control_rounds": rep.info.get("control_rounds"),
                  "control_ops": rep.info.get("control_ops"),
                  "collective": rep.info.get("collective"),
+                 "buckets": rep.info.get("buckets"),    # the overlap's bucket allreduces
                  "arrived": list(dec.arrived),
                  "nonfinite_ranks": list(rep.nonfinite_ranks),
                  "gpu": gpu_stats()}
+        if rep.info.get("nonfinite_sum"):   # the overlap: a used message held NaN/Inf
+            extra["nonfinite_sum"] = True
         if rep.info.get("auto_s") is not None:   # stragglers="auto": the switch after it
             extra["auto_s"] = [rep.info["auto_s"]]
         if rep.c is not None:

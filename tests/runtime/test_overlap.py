@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.overlap import Buckets
 from pgc_hvd.runtime.step import Step
 from pgc_hvd.schemes import Arrival, Ring, get_scheme
+from checks import passed
 from thread_world import in_world  # tests/runtime/thread_world.py
 
 MIB = 2 ** 20
@@ -262,3 +264,35 @@ def test_clipping_that_comes_after_the_message_left_is_refused_with_the_fix():
             r.capture.remove_hooks()
             r.agent.fail()
     in_world(1, body)
+
+
+# -- under both engines ------------------------------------------------------------------------
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "overlap_checks.py"
+ENTRY = [("overlap", "test_overlap_under_both_engines_identical_parameters", SCRIPT, ["20"])]
+LAUNCH_GROUPS = [("horovodrun", 3, ENTRY), ("torchrun", 3, ENTRY)]
+
+
+@pytest.fixture(scope="module")
+def hvd3(launch_group, request):
+    return launch_group(request, "horovodrun", 3)
+
+
+@pytest.fixture(scope="module")
+def torch3(launch_group, request):
+    return launch_group(request, "torchrun", 3)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("engine", ["horovodrun", "torchrun"])
+def test_overlap_under_both_engines_identical_parameters(engine, request):
+    """pgc-cr at np 3 with a slowed rank and several buckets: later steps stream on every
+    computing rank, every step's sum moves bucket by bucket, the loss the records report is
+    the previous batches', the run learns and ends with identical parameters; with
+    overlap=False nothing streams and the sum is one allreduce (rank script:
+    tests/runtime/scripts/overlap_checks.py)."""
+    proc = request.getfixturevalue("hvd3" if engine == "horovodrun" else "torch3").ran(
+        "overlap")
+    got = passed(proc.stdout)
+    for name in ("overlap_streams_buckets_identical_parameters",
+                 "overlap_off_one_collective_identical_parameters"):
+        assert got.get(name) == [0, 1, 2], (name, proc.stdout[-3000:], proc.stderr[-3000:])

@@ -194,9 +194,10 @@ def check_nan(scheme="pgc-cr", steps=5):
         return loss
 
     # rank 1's poisoned message must arrive before step 2 is decided, or it is an ordinary
-    # straggler and the record has nothing to say about it (a race that failed once in CI)
+    # straggler and the record has nothing to say about it (a race that failed once in CI).
+    # The message is checked before it leaves: without the overlap (overlap=False)
     m, opt = train(scheme, steps, loss_hook=poison, records=recs.append, name="nan",
-                   delays=OthersWait(1, 0.5, step=2))
+                   delays=OthersWait(1, 0.5, step=2), opt_kwargs={"overlap": False})
     assert (1, 2) in opt.nonfinite_log, opt.nonfinite_log
     assert torch.isfinite(flat_params(m)).all()
     same_on_all_ranks(m, "nan")
@@ -204,6 +205,20 @@ def check_nan(scheme="pgc-cr", steps=5):
         rec = [r for r in recs if r.step == 2][0]
         assert 1 not in rec.workers_used and rec.extra["nonfinite_ranks"] == [1], rec
     ok("nan_message_is_a_straggler")
+    # with the overlap (the default) rank 1's message of step 2 left during its backward: the
+    # decision that used it applies nothing (every rank sees the sum's NaN), rank 1 reports it
+    # and checks its later messages before they leave
+    recs.clear()
+    m, opt = train(scheme, steps, loss_hook=poison, records=recs.append, name="nan-ovl",
+                   delays=OthersWait(1, 0.5, step=2))
+    assert (1, 2) in opt.nonfinite_log, opt.nonfinite_log
+    assert torch.isfinite(flat_params(m)).all()
+    same_on_all_ranks(m, "nan-ovl")
+    if hvd.rank() == 0:
+        rec = [r for r in recs if r.step == 2][0]
+        assert 1 in rec.workers_used and rec.extra.get("nonfinite_sum"), rec
+        assert not any(r.extra.get("nonfinite_sum") for r in recs if r.step != 2), recs
+    ok("nan_message_overlapped_step_applies_nothing")
 
 
 def check_identical_under_jitter(scheme, steps=10):
