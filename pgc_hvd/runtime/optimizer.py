@@ -187,7 +187,7 @@ class PGCOptimizer(_StateDicts):
         self._pgc_records = self._pgc_recorder.active   # rank 0's records drained per update
         optimistic = config.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n)
         # the data collective overlapped with backward: the buckets (runtime.overlap)
-        buckets = (Buckets(lay, config.bucket_cap_mb)
+        buckets = (Buckets.worth_it(lay, config.bucket_cap_mb)
                    if config.overlaps(self.scheme, self._pgc_encoder.codec,
                                       optimistic=optimistic, complex_code=worker_ring.complex)
                    else None)
@@ -699,7 +699,7 @@ class PGCOptimizer(_StateDicts):
         self._pgc_recorder.s = self.scheme.s
         self._pgc_recorder.momentum_correction = self._pgc_corrects_momentum
         optimistic = cfg.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n)
-        buckets = cap.buckets = (Buckets(lay, cfg.bucket_cap_mb)
+        buckets = cap.buckets = (Buckets.worth_it(lay, cfg.bucket_cap_mb)
                                  if cfg.overlaps(self.scheme, self._pgc_encoder.codec,
                                                  optimistic=optimistic,
                                                  complex_code=worker_ring.complex) else None)

@@ -151,16 +151,23 @@ def check_habits(rank, out_dir):
 
 def check_sequential(rank):
     """Two models trained one after the other in one process, each with an unbound sampler:
-    the first, closed and dropped, no longer feeds samplers."""
+    the first, closed and dropped, no longer feeds samplers. The second has DDP's
+    ``bucket_cap_mb`` small enough for several buckets: its messages stream (the overlap, from
+    the second step on, on every rank that computes) and the parameters end identical."""
     ds = data()
     for i in range(2):
-        model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", name=f"seq{i}", timeout=30)
+        caps = {"bucket_cap_mb": 0.0005} if i else {}      # ~130 floats a bucket
+        model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", name=f"seq{i}",
+                                                timeout=30, **caps)
         opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
         for xb, yb in DataLoader(ds, batch_size=16, sampler=pgc_hvd.CodedSampler(ds, 16)):
             opt.zero_grad()
             F.cross_entropy(model(xb), yb).backward()
             opt.step()
+        streamed = opt.current_step.streamed_steps
         opt.close()
+        assert (streamed > opt.version // 2) if i else streamed == 0, (i, streamed, opt.version)
+        same_on_every_rank(params_digest(model), f"parameters of model {i}")
         del model, opt
     ok("sequential_models", rank)
 

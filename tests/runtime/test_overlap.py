@@ -296,3 +296,9 @@ def test_overlap_under_both_engines_identical_parameters(engine, request):
     for name in ("overlap_streams_buckets_identical_parameters",
                  "overlap_off_one_collective_identical_parameters"):
         assert got.get(name) == [0, 1, 2], (name, proc.stdout[-3000:], proc.stderr[-3000:])
+
+
+def test_a_gradient_that_fits_one_bucket_is_not_overlapped():
+    lay = FlatLayout(list(mlp().parameters()))
+    assert Buckets.worth_it(lay) is None                       # d = 137: one 1 MiB bucket
+    assert len(Buckets.worth_it(lay, 20 * 4 / MIB).ranges) > 1
