@@ -170,6 +170,24 @@ def check_sequential(rank):
         same_on_every_rank(params_digest(model), f"parameters of model {i}")
         del model, opt
     ok("sequential_models", rank)
+    # stragglers="auto" through the door: the last rank slowed, s goes 0 -> 1 at step 4 on
+    # every rank, the re-plan keeps feeding the sampler (it asks the optimizer every step)
+    model = pgc_hvd.DistributedDataParallel(
+        net(), scheme="pgc-cr", name="seq-auto", timeout=30, stragglers="auto",
+        auto={"s_start": 0, "s_max": 1, "first": 4, "every": 4, "cooldown": 4, "window": 6})
+    opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    world = dist.get_world_size()
+    for xb, yb in DataLoader(ds, batch_size=16, sampler=pgc_hvd.CodedSampler(ds, 16)):
+        if rank == world - 1:
+            time.sleep(0.05)
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    switches = [(d["step"], d["old_s"], d["new_s"]) for d in opt.auto_stragglers.switches]
+    opt.close()
+    assert switches and switches[0] == (4, 0, 1), switches
+    same_on_every_rank(params_digest(model), "parameters after an auto switch")
+    ok("auto_switch_through_the_door", rank)
 
 
 def check_dead(rank, first: bool):
