@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
     "agent", "capture", "channel", "communicator", "config", "ddp", "distributed", "engine",
     "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle", "optim_state",
-    "replicas", "rows", "step", "step_records")] + [f"pgc_hvd/sim/{m}.py" for m in (
+    "optimizer", "replicas", "rows", "step", "step_records", "wiring")] + [f"pgc_hvd/sim/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
     "pgc_hvd/compress/codecs.py"]
 

@@ -181,6 +181,16 @@ class Step:
             self.clock()
         return self.plan
 
+    def begin_loop(self) -> bool:
+        """A training forward of the user's loop (the DDP door) begins the step (:meth:`begin`);
+        returns whether this rank computes at it (False: the step was decided without it; the
+        loop's gradient is dropped and ``step()`` applies the decided update; under a
+        GradScaler p.grad then holds zeros for its inf check)."""
+        self.begin()
+        if not self.computes and self.capture.amp:
+            self.capture.zero_grads()
+        return self.computes
+
     def plan_at(self, version: int):
         """The plan of step ``version``: the ring's, or :func:`loop_plan` when the user's loop
         feeds the partitions (:attr:`GradientCapture.loop_fed`)."""
