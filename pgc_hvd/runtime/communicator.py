@@ -13,6 +13,15 @@ overlap`) a dense fp32 sum moves bucket by bucket (:meth:`Communicator._bucketed
 message still being formed by the training thread is a :class:`Stream` (which of its buckets
 are ready: the one object both threads touch for it, through its condition variable).
 
+fp16 messages (``codec.wire_dtype`` float16: :class:`~pgc_hvd.compress.codecs.Fp16Codec`,
+``Fp16SparseCodec``): payload rows hold fp16 entries (2d + 4 bytes dense; 6 kappa + 4 top-kappa),
+so riding payloads and the data allgather move half the bytes (three quarters for top-kappa),
+and the sum of contributions moves in fp16 (``narrow_reduce``: an alltoall of fp16 chunks summed
+in fp32 by their owner + an allgather of the sums on CPU, where Gloo's fp16 sum is slow;
+Horovod's fp16 ring allreduce on GPU), widened back to fp32; a sum that overflows fp16 (seen
+identically on every rank as a non-finite result) is repeated in fp32 for that step, never
+applied (``info["fp16_fallback"]``). ``Update.info["bytes"]`` counts what really moved.
+
 The collectives it runs on (:class:`Collectives`, the first part of this module): asynchronous
 engine ops polled with a deadline (:func:`wait_for_handle`; a dead or hung rank raises
 :class:`~pgc_hvd.runtime.errors.AgentError` instead of hanging), under stable names
