@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: encoder): each module's docstring says what it owns and what it may import
 PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
     "agent", "agent_life", "capture", "channel", "communicator", "config", "ddp", "distributed",
-    "engine", "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle", "optim_state",
-    "optimizer", "replicas", "rows", "step", "step_records", "wiring")] + [
+    "control_log", "engine", "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle",
+    "log_life", "optim_state", "optimizer", "replicas", "rows", "step", "step_records",
+    "wiring")] + [
     f"pgc_hvd/sim/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
     "pgc_hvd/compress/codecs.py"]
