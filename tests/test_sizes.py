@@ -23,7 +23,7 @@ PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
     "wiring")] + [
     f"pgc_hvd/sim/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
-    "pgc_hvd/compress/codecs.py"]
+    "pgc_hvd/compress/codecs.py", "pgc_hvd/compress/encoder.py"]
 
 #: runtime modules still without a unit test of their own, each with who adds it (the
 #: agent thread's parts and the modules being moved out of runtime/); empty this list,

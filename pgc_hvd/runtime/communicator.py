@@ -13,7 +13,7 @@ overlap`) a dense fp32 sum moves bucket by bucket (:meth:`Communicator._bucketed
 message still being formed by the training thread is a :class:`Stream` (which of its buckets
 are ready: the one object both threads touch for it, through its condition variable).
 
-fp16 messages (``codec.wire_dtype`` float16: :class:`~pgc_hvd.compress.codecs.Fp16Codec`,
+fp16 messages (``codec.wire_dtype`` float16: :class:`~pgc_hvd.compress.encoder.Fp16Codec`,
 ``Fp16SparseCodec``): payload rows hold fp16 entries (2d + 4 bytes dense; 6 kappa + 4 top-kappa),
 so riding payloads and the data allgather move half the bytes (three quarters for top-kappa),
 and the sum of contributions moves in fp16 (``narrow_reduce``: an alltoall of fp16 chunks summed
@@ -52,7 +52,8 @@ from typing import Callable, Optional
 
 import torch
 
-from pgc_hvd.compress.codecs import Codec, DenseCodec, fp16_finite
+from pgc_hvd.compress.codecs import Codec, DenseCodec
+from pgc_hvd.compress.encoder import fp16_finite
 from pgc_hvd.compress.codecs import allreduce_bytes, alltoall_reduce_bytes, choose_collective
 from pgc_hvd.runtime.errors import AgentError
 
@@ -502,7 +503,7 @@ class Communicator:
     def _allreduce_narrow(self, mine: list, keep: set) -> tuple[torch.Tensor, bool, int]:
         """The sum over ranks of the contributions with the bytes in the codec's narrow
         ``wire_dtype`` (fp16: half the bytes), c_r = this rank's sum_{u owned} a_u D(p_u),
-        rounded once to fp16 (:meth:`~pgc_hvd.compress.codecs.Fp16Codec.add_weighted_narrow`).
+        rounded once to fp16 (:meth:`~pgc_hvd.compress.encoder.Fp16Codec.add_weighted_narrow`).
         Two ways, both 2 (n-1)/n * 2d bytes received (``narrow_reduce``):
 
         * ``"alltoall"`` (default on CPU): the n fp16 vectors are cut into n chunks of

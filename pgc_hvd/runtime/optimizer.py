@@ -322,7 +322,7 @@ class PGCOptimizer(Lifecycle):
 
     @property
     def encoder(self):
-        """The :class:`~pgc_hvd.compress.codecs.MessageEncoder` of this rank's messages."""
+        """The :class:`~pgc_hvd.compress.encoder.MessageEncoder` of this rank's messages."""
         return self._pgc_encoder
 
     @property

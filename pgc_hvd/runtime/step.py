@@ -11,7 +11,7 @@ checks :mod:`pgc_hvd.runtime.replicas`':
   decided without it catches up -- and whether the step was overtaken under
   ``straggler_policy="cancel"``), the compute clock (busy seconds, sent in the control rows),
   the path of the message (end the partition still in ``p.grad``, refuse slots that got no
-  gradient, unscale under AMP, form it -- :class:`~pgc_hvd.compress.codecs.MessageEncoder`,
+  gradient, unscale under AMP, form it -- :class:`~pgc_hvd.compress.encoder.MessageEncoder`,
   straight into the payload row when rows are dense --, inject the configured delay, check it
   is finite, encode it, hand it to the agent) and the update (the decided update into
   ``p.grad`` in each parameter's dtype: ``on_update``, Horovod's ``op`` factor, the user's rule
@@ -103,7 +103,7 @@ class Step:
     """This rank's current step: version, plan, clock, message and update (module doc).
 
     ``capture`` (a :class:`GradientCapture`), ``encoder`` (a
-    :class:`~pgc_hvd.compress.codecs.MessageEncoder`) and ``agent`` (a
+    :class:`~pgc_hvd.compress.encoder.MessageEncoder`) and ``agent`` (a
     :class:`~pgc_hvd.runtime.agent.CommAgent`, or any object with its training-thread members)
     are used through their public members; ``param_groups`` are the optimizer's (a version
     ``hvd.broadcast_optimizer_state`` wrote there is adopted at the first use,

@@ -12,7 +12,7 @@ attached by the caller, last (a construction that fails leaves no hook on the mo
 
 Owns: :class:`Parts`, :func:`build_parts`, :func:`carry_over`. Thread: training, at
 construction and at a re-plan; never in a step.
-May import: ``compress.codecs``, ``control.momentum``, ``schemes``, ``runtime.agent``,
+May import: ``compress.encoder``, ``control.momentum``, ``schemes``, ``runtime.agent``,
 ``runtime.capture``, ``runtime.overlap``, ``runtime.step``.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from pgc_hvd.compress.codecs import MessageEncoder
+from pgc_hvd.compress.encoder import MessageEncoder
 from pgc_hvd.control.momentum import applies_to, remedy_scheme_options
 from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.capture import GradientCapture

@@ -11,7 +11,7 @@ Model of one run (all times virtual seconds):
   partitions of ``scheme.work_plan(worker, v)`` at beta_v (real gradients), which takes
   ``len(plan.evaluate) * partition_time + delay.sample(worker, v)`` seconds, writes them into
   its ring, forms its coded message from the ring and compresses it (top-kappa, optionally with
-  error feedback) with the runtime's :class:`~pgc_hvd.compress.codecs.MessageEncoder`
+  error feedback) with the runtime's :class:`~pgc_hvd.compress.encoder.MessageEncoder`
   (:mod:`.workers`) and sends it: it reaches the decoder alpha + bytes / b later. ``straggler_policy="continue"`` (default, as the Horovod
   runtime): a worker busy when a new version arrives finishes its step, sends its (late)
   message, then starts the newest version it holds; skipped steps leave older evaluations in its
@@ -80,7 +80,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from pgc_hvd.compress.codecs import MessageEncoder, decode_real, dense_payload
+from pgc_hvd.compress.codecs import decode_real, dense_payload
+from pgc_hvd.compress.encoder import MessageEncoder
 from pgc_hvd.compress.topk import TopK, parse_compression
 from pgc_hvd.control.momentum import applies_to, compensated
 from pgc_hvd.delays import DelayModel, as_delay_model, check_trace_covers, check_workers

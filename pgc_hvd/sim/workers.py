@@ -3,7 +3,7 @@
 Owns :class:`Worker` (its ring of gradient evaluations, the model versions it has received and
 computed, its running :class:`Job`, its compute intervals and, under the collective model, its
 outbox) and the worker's side of a message: the ring slots' rows summed with the plan's
-coefficients and compressed by its :class:`~pgc_hvd.compress.codecs.MessageEncoder` (the
+coefficients and compressed by its :class:`~pgc_hvd.compress.encoder.MessageEncoder` (the
 runtime's encoder, which owns the error-feedback residual), so the simulator has no message code
 of its own. When a worker starts and finishes a step (virtual time) is the engine's
 (:mod:`pgc_hvd.sim.engine`).
@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from pgc_hvd.compress.codecs import MessageEncoder
+from pgc_hvd.compress.encoder import MessageEncoder
 from pgc_hvd.schemes import Ring
 
 
