@@ -1,5 +1,7 @@
-"""Parts a newcomer can find and trust (docs/architecture.md, "The runtime's parts"):
-every part opens with what it owns and what it may import, and every runtime part
+"""Parts a newcomer can find, read in one sitting and trust (docs/architecture.md, "The
+runtime's parts"): no module of ``pgc_hvd/`` over :data:`MAX_MODULE_LINES` lines and no class
+over :data:`MAX_CLASS_LINES` (every module and class, no exceptions list); every part opens
+with what it owns and what it may import, and every runtime part
 (``pgc_hvd/runtime/*.py``) is imported by a unit test of its own -- a ``tests/**/test_*.py``
 that runs in the pytest process, not only through a horovodrun script -- so a part is never
 covered only indirectly. (No import circle: tests/test_layers.py; no cross-module private read:
@@ -25,10 +27,54 @@ PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
     "pgc_hvd/compress/codecs.py", "pgc_hvd/compress/encoder.py"]
 
+#: a module a newcomer reads in one sitting: at most this many lines, every module of pgc_hvd/
+MAX_MODULE_LINES = 600
+#: and at most this many lines a class (nested classes included)
+MAX_CLASS_LINES = 400
+
 #: runtime modules still without a unit test of their own, each with who adds it (the
 #: agent thread's parts and the modules being moved out of runtime/); empty this list,
 #: never extend it
 NOT_YET_UNIT_TESTED: dict[str, str] = {}
+
+
+def oversized(root: Path = ROOT) -> list[str]:
+    """Every module of ``root/pgc_hvd`` over :data:`MAX_MODULE_LINES` lines and every class
+    over :data:`MAX_CLASS_LINES` (its ``class`` line to its last line), as readable lines."""
+    out = []
+    for path in sorted((root / "pgc_hvd").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(root)
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            out.append(f"{rel}: {lines} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.ClassDef):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_CLASS_LINES:
+                    out.append(f"{rel}:{node.lineno}: class {node.name} is {size} lines (at "
+                               f"most {MAX_CLASS_LINES})")
+    return out
+
+
+def test_every_module_and_class_reads_in_one_sitting():
+    big = oversized()
+    assert not big, (
+        "split by responsibility, not by line count, and move what a steady-state step does "
+        "not run (tests/runtime/test_step_path.py pins the modules a step enters):\n"
+        + "\n".join(big))
+
+
+def test_the_size_check_sees_a_long_module_and_a_long_class(tmp_path):
+    pkg = tmp_path / "pgc_hvd" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg / "short.py").write_text('"""x"""\n\n\nclass A:\n    x = 1\n')
+    (pkg / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    inner = "".join(f"        x{i} = {i}\n" for i in range(MAX_CLASS_LINES))
+    (pkg / "wide.py").write_text("class Outer:\n    class Inner:\n" + inner)
+    big = oversized(tmp_path)
+    assert len(big) == 3 and "long.py: 601 lines" in big[0], big
+    assert "class Outer" in big[1] and "class Inner" in big[2], big
 
 
 def runtime_parts(root: Path = ROOT) -> list[str]:
