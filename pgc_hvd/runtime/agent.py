@@ -36,9 +36,9 @@ it queues a :class:`Report` of each decided step, which the training thread turn
 
 Threads: the agent thread (its loop, :meth:`CommAgent.fire`); the training thread calls the
 handoff's members (``submit``, ``wait_for``, ``take``, ``release_before``, ``leave``, ...).
-May import: ``compress``, ``schemes``, ``runtime.channel``, ``runtime.communicator``
-(``Collectives`` and the data plane), ``runtime.errors``, ``runtime.rows``,
-``runtime.control_log`` (``control="log"``).
+May import: ``compress``, ``schemes``, ``runtime.agent_life`` (its base class),
+``runtime.channel``, ``runtime.communicator`` (``Collectives`` and the data plane),
+``runtime.errors``, ``runtime.rows``, ``runtime.control_log`` (``control="log"``).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ engine runs them is :mod:`pgc_hvd.runtime.engine`'s.
 
 Runs on the agent thread (:func:`name_unnamed_ops`: once, at the optimizer's construction;
 :meth:`Stream.mark`: on the training thread).
-May import: ``compress`` (codecs, transport), ``runtime.errors``, torch and the standard
+May import: ``compress`` (codecs, encoder), ``runtime.errors``, torch and the standard
 library.
 """
 

@@ -29,7 +29,8 @@ outside ``batches()``), never by a getter; reading it (:meth:`Step.peek_plan`,
 :meth:`Step.would_compute`) changes nothing.
 
 Runs on the training thread only. May import: ``control.momentum``, ``runtime.agent``
-(``Outgoing``), ``runtime.capture`` (``GradientCapture``, ``loop_plan``), ``runtime.config``
+(``Outgoing``), ``runtime.capture`` (``GradientCapture``, ``loop_plan``),
+``runtime.communicator`` (``Stream``: the overlap's handoff), ``runtime.config``
 (``takes_three``), ``runtime.consistency`` (``NonFiniteParameters``), ``runtime.errors``,
 ``runtime.interop`` and torch.
 """
