@@ -257,7 +257,7 @@ class PGCOptimizer(Lifecycle):
             param_groups=self.param_groups, recorder=self._pgc_recorder,
             reports=self.rank == 0 and self._pgc_records, name=config.name,
             replay=config.replay_arrivals, replay_steps=config.replay_steps(self.rank),
-            on_decided=self._pgc_auto and self._pgc_auto.on_decided))
+            on_decided=None if self._pgc_auto is None else self._pgc_auto.on_decided))
         self._pgc_loader_seen = None   # the loader LoaderCheck saw last (checked at first sight)
         self._pgc_check_loader = consistency.LoaderCheck(
             hvd, n=self.n, rank=self.rank, name=config.name, timeout=config.timeout,
