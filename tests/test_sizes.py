@@ -1,5 +1,7 @@
-"""Parts a newcomer can find and trust (docs/architecture.md, "The runtime's parts"):
-every part opens with what it owns and what it may import, and every runtime part
+"""Parts a newcomer can find, read in one sitting and trust (docs/architecture.md, "The
+runtime's parts"): no module of ``pgc_hvd/`` over :data:`MAX_MODULE_LINES` lines and no class
+over :data:`MAX_CLASS_LINES` (every module and class, no exceptions list); every part opens
+with what it owns and what it may import, and every runtime part
 (``pgc_hvd/runtime/*.py``) is imported by a unit test of its own -- a ``tests/**/test_*.py``
 that runs in the pytest process, not only through a horovodrun script -- so a part is never
 covered only indirectly. (No import circle: tests/test_layers.py; no cross-module private read:
@@ -8,6 +10,7 @@ tests/test_private_state.py.) Pure Python: reads the sources with ast."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,16 +20,62 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the parts of the runtime's two threads (and the simulator's, and the shared message
 #: encoder): each module's docstring says what it owns and what it may import
 PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
-    "agent", "capture", "channel", "communicator", "config", "ddp", "distributed", "engine",
-    "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle", "optim_state",
-    "replicas", "rows", "step", "step_records")] + [f"pgc_hvd/sim/{m}.py" for m in (
+    "agent", "agent_life", "capture", "channel", "communicator", "config", "ddp", "distributed",
+    "control_log", "engine", "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle",
+    "log_life", "optim_state", "optimizer", "replicas", "rows", "step", "step_records",
+    "wiring")] + [
+    f"pgc_hvd/sim/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
-    "pgc_hvd/compress/codecs.py"]
+    "pgc_hvd/compress/codecs.py", "pgc_hvd/compress/encoder.py"]
+
+#: a module a newcomer reads in one sitting: at most this many lines, every module of pgc_hvd/
+MAX_MODULE_LINES = 600
+#: and at most this many lines a class (nested classes included)
+MAX_CLASS_LINES = 400
 
 #: runtime modules still without a unit test of their own, each with who adds it (the
 #: agent thread's parts and the modules being moved out of runtime/); empty this list,
 #: never extend it
 NOT_YET_UNIT_TESTED: dict[str, str] = {}
+
+
+def oversized(root: Path = ROOT) -> list[str]:
+    """Every module of ``root/pgc_hvd`` over :data:`MAX_MODULE_LINES` lines and every class
+    over :data:`MAX_CLASS_LINES` (its ``class`` line to its last line), as readable lines."""
+    out = []
+    for path in sorted((root / "pgc_hvd").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(root)
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            out.append(f"{rel}: {lines} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.ClassDef):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_CLASS_LINES:
+                    out.append(f"{rel}:{node.lineno}: class {node.name} is {size} lines (at "
+                               f"most {MAX_CLASS_LINES})")
+    return out
+
+
+def test_every_module_and_class_reads_in_one_sitting():
+    big = oversized()
+    assert not big, (
+        "split by responsibility, not by line count, and move what a steady-state step does "
+        "not run (tests/runtime/test_step_path.py pins the modules a step enters):\n"
+        + "\n".join(big))
+
+
+def test_the_size_check_sees_a_long_module_and_a_long_class(tmp_path):
+    pkg = tmp_path / "pgc_hvd" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg / "short.py").write_text('"""x"""\n\n\nclass A:\n    x = 1\n')
+    (pkg / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    inner = "".join(f"        x{i} = {i}\n" for i in range(MAX_CLASS_LINES))
+    (pkg / "wide.py").write_text("class Outer:\n    class Inner:\n" + inner)
+    big = oversized(tmp_path)
+    assert len(big) == 3 and "long.py: 601 lines" in big[0], big
+    assert "class Outer" in big[1] and "class Inner" in big[2], big
 
 
 def runtime_parts(root: Path = ROOT) -> list[str]:
@@ -86,3 +135,109 @@ def test_the_checker_sees_a_part_without_a_unit_test(tmp_path):
         "import pgc_hvd.runtime.c\n")   # a horovodrun script is no unit test
     assert runtime_parts(tmp_path) == ["a", "b", "c"]
     assert sorted(unit_tested(tmp_path)) == ["a", "b"]
+
+
+# -- "May import:" against the real imports, for every runtime module ----------------------
+def _is_module(root: Path, dotted: str) -> bool:
+    """Whether ``dotted`` (relative to pgc_hvd, ``runtime.agent``) is a module or package."""
+    path = root.joinpath("pgc_hvd", *dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _package(root: Path, path: Path) -> list[str]:
+    """The package a module's relative imports start from, as parts below pgc_hvd."""
+    parts = list(path.relative_to(root / "pgc_hvd").with_suffix("").parts)
+    return parts[:-1]
+
+
+def real_imports(root: Path, path: Path) -> set[str]:
+    """The pgc_hvd modules and packages ``path`` imports anywhere (lazily too), relative to
+    pgc_hvd: ``from pgc_hvd.runtime import consistency`` is ``runtime.consistency``, ``from
+    pgc_hvd.schemes import Ring`` is ``schemes``."""
+    out: set[str] = set()
+    pkg = _package(root, path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name[len("pgc_hvd."):] for a in node.names
+                    if a.name.startswith("pgc_hvd.")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[:len(pkg) - node.level + 1] + (node.module or "").split(".")
+            elif node.module and node.module.split(".")[0] == "pgc_hvd":
+                base = node.module.split(".")[1:]
+            else:
+                continue
+            base = [b for b in base if b]
+            for a in node.names:
+                sub = ".".join(base + [a.name])
+                out.add(sub if _is_module(root, sub) else ".".join(base))
+    return {m for m in out if m}
+
+
+def may_import(root: Path, path: Path):
+    """The pgc_hvd modules and packages the docstring's "May import:" paragraph names
+    (````x````, ``:mod:`x```, ``:mod:`pgc_hvd.x```, ``:mod:`.x```; other words -- torch, the
+    standard library, a class in passing -- are not modules and are left out); None when the
+    docstring has no such paragraph."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    m = re.search(r"May import:?(.*?)(?:\n\s*\n|\Z)", doc, re.S)
+    if m is None:
+        return None
+    names = set()
+    for a, b in re.findall(r"``([^`]+)``|:mod:`~?([^`]+)`", m.group(1)):
+        name = (a or b).strip()
+        if name.startswith("pgc_hvd."):
+            name = name[len("pgc_hvd."):]
+        elif name.startswith("."):
+            name = ".".join(_package(root, path)) + name
+        if _is_module(root, name):
+            names.add(name)
+    return names
+
+
+def import_mismatches(root: Path = ROOT) -> list[str]:
+    """Every runtime module whose "May import:" is missing, leaves out a pgc_hvd module it
+    imports, or names one it does not import (a name covers its submodules)."""
+    bad = []
+    for path in sorted((root / "pgc_hvd" / "runtime").rglob("*.py")):
+        rel = path.relative_to(root)
+        may = may_import(root, path)
+        if may is None:
+            bad.append(f"{rel}: no 'May import:' in its docstring")
+            continue
+        real = real_imports(root, path)
+        covers = lambda e, i: i == e or i.startswith(e + ".")   # noqa: E731
+        missing = sorted(i for i in real if not any(covers(e, i) for e in may))
+        stale = sorted(e for e in may if not any(covers(e, i) for i in real))
+        if missing:
+            bad.append(f"{rel}: imports {missing}, which its 'May import:' does not name")
+        if stale:
+            bad.append(f"{rel}: its 'May import:' names {stale}, which it does not import")
+    return bad
+
+
+def test_every_runtime_modules_may_import_is_what_it_imports():
+    bad = import_mismatches()
+    assert not bad, "\n".join(bad)
+
+
+def test_the_may_import_check_sees_a_missing_and_a_stale_name(tmp_path):
+    run = tmp_path / "pgc_hvd" / "runtime"
+    run.mkdir(parents=True)
+    for m in ("__init__", "errors", "rows", "agent"):
+        (run / f"{m}.py").write_text('"""x.\n\nMay import: the standard library."""\n')
+    (tmp_path / "pgc_hvd" / "__init__.py").write_text("")
+    (run / "agent.py").write_text(
+        '"""The agent.\n\nMay import: ``runtime.rows``, :mod:`pgc_hvd.runtime.errors` '
+        '(``AgentError``), torch."""\n'
+        "from pgc_hvd.runtime import rows\n\n\ndef f():\n    from . import errors\n")
+    assert import_mismatches(tmp_path) == []
+    (run / "agent.py").write_text('"""The agent.\n\nMay import: ``runtime.rows``."""\n'
+                                  "from pgc_hvd.runtime.errors import AgentError\n")
+    (run / "rows.py").write_text('"""Rows."""\n')
+    assert import_mismatches(tmp_path) == [
+        "pgc_hvd/runtime/agent.py: imports ['runtime.errors'], which its 'May import:' does "
+        "not name",
+        "pgc_hvd/runtime/agent.py: its 'May import:' names ['runtime.rows'], which it does not "
+        "import",
+        "pgc_hvd/runtime/rows.py: no 'May import:' in its docstring"]

@@ -8,13 +8,14 @@
   and which collective carries a step's messages, from the bytes (the communicator's choice).
 """
 
-from pgc_hvd.compress.codecs import (Codec, ComplexCodec, DenseCodec, Fp16Codec, Fp16SparseCodec,
-                                     ResidualMemory, SparseCodec, SparseComplexCodec, WIRE_DTYPES,
+from pgc_hvd.compress.codecs import (Codec, ComplexCodec, DenseCodec, ResidualMemory, WIRE_DTYPES,
                                      allreduce_bytes, alltoall_reduce_bytes, choose_collective,
-                                     make_codec, optimistic_default)
+                                     optimistic_default)
+from pgc_hvd.compress.encoder import (Fp16Codec, Fp16SparseCodec, MessageEncoder, SparseCodec,
+                                      SparseComplexCodec, make_codec)
 from pgc_hvd.compress.topk import TopK, parse_compression
 
 __all__ = ["TopK", "parse_compression", "Codec", "DenseCodec", "ComplexCodec", "SparseCodec",
            "SparseComplexCodec", "Fp16Codec", "Fp16SparseCodec", "ResidualMemory", "make_codec",
            "WIRE_DTYPES", "choose_collective", "optimistic_default", "allreduce_bytes",
-           "alltoall_reduce_bytes"]
+           "alltoall_reduce_bytes", "MessageEncoder"]

@@ -9,6 +9,9 @@
 * :class:`TopK` -- top-kappa compression of the coded messages (:mod:`pgc_hvd.compress`).
 * :func:`save_checkpoint` / :func:`load_checkpoint` -- model, optimizer, ring, step, RNG, trace;
   a restore is checked in full and agreed by every rank, or refused with :class:`CheckpointError`.
+
+May import: ``runtime.checkpoint``, ``runtime.distributed``, ``runtime.errors``,
+``data.partition_loader``, ``compress`` (the names it re-exports).
 """
 
 from pgc_hvd.runtime.errors import AgentError

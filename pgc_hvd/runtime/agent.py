@@ -1,106 +1,44 @@
 """The communication agent: one thread per rank that takes part in every collective on time.
 
-Owns the handoff with the training thread (the outbox of messages, the decided updates, the
-condition variable) and the agent thread's loop (control rounds, each decided step's data
-phase); the decision body it runs on the rows is its :class:`~pgc_hvd.runtime.rows.Decider`. The data
-plane -- one decision in, one update out -- is :class:`~pgc_hvd.runtime.communicator.
-Communicator`; the control row's packing is :func:`pgc_hvd.runtime.rows.pack_row`; the control
-channel is built by :func:`pgc_hvd.runtime.channel.control_channel`. The agent never calls into
-the optimizer: it queues a :class:`Report` of each decided step, which the training thread
-turns into records; what the control rows have shown (offered arrivals, their losses and
-metrics, non-finite messages, the replayed order) is :class:`~pgc_hvd.runtime.rows.
-ArrivalBook`'s. May import: ``compress``, ``schemes``, ``runtime.channel``,
-``runtime.communicator`` (``Collectives`` and the data plane), ``runtime.errors``, ``runtime.rows``, ``runtime.control_log``
-(``control="log"``).
+Owns the agent thread's loop (control rounds, or the control log's ``log_loop``, running its
+:class:`~pgc_hvd.runtime.rows.Decider`; each decided step's data phase, :meth:`CommAgent.fire`)
+and, in :class:`Handoff`, the handoff with the training thread under one condition variable:
+the outbox of messages, the decided updates (kept until the training thread releases them, so
+the bookkeeping is bounded by how far the slowest local step lags, never by the run's length),
+the rank's flags and the wake-up of the agent's wait. The protocol -- why every rank runs an
+agent (Horovod's collectives are all-or-nothing), the control rows every rank offers in
+(ready time, rank) order to its own copy of the scheme's ``Round``, the data plane's one
+allreduce, the optimistic payloads, the poll intervals -- is docs/architecture.md's "Runtime
+step protocol"; the data plane is :class:`~pgc_hvd.runtime.communicator.Communicator`, the
+control row :func:`~pgc_hvd.runtime.rows.pack_row`, what the rows have shown
+:class:`~pgc_hvd.runtime.rows.ArrivalBook`, the control channel
+:func:`~pgc_hvd.runtime.channel.control_channel`'s. The agent never calls into the optimizer:
+it queues a :class:`Report` of each decided step, which the training thread turns into records.
 
-Horovod collectives are all-or-nothing (DESIGN.md): a rank whose training thread is busy
-computing (or straggling) cannot be left out of a collective. So every rank runs this agent,
-which is never blocked by its rank's compute. A step is decided in two phases:
+* User metrics (``metrics=k``): every message carries k floats in its control row; each
+  decided :class:`Update` has ``info["metrics"]`` (per slot the mean of the finite values over
+  the used messages), ``metrics_count``, ``metrics_from`` and ``loss``, the same on every rank
+  with no extra collective (:meth:`~pgc_hvd.runtime.rows.ArrivalBook.used_info`).
+* Staleness bound (bounded staleness, docs/control.md): rank 0 may request a bound c in
+  [1, c_0] (:meth:`CommAgent.request_staleness_bound`; a checkpoint's:
+  :meth:`CommAgent.restore_staleness_bound`); it travels in rank 0's rows and every rank sets
+  it when a round shows it, so it lands at the same point of the decisions everywhere
+  (``staleness_changes``).
+* Faults: every collective is polled with a deadline (``timeout``): a dead or hung rank makes
+  the others raise :class:`AgentError` instead of hanging; a failed training thread, or a round
+  that cannot fire any more, raises on every rank; a step not decided in time names the ranks
+  it waits for.
+* ``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds; a rank appends its
+  row where an event happens, rank 0 decides on the log and broadcasts each outcome's rows,
+  the others run the same decision body on them (4 control operations per follower per step).
+* Replay (``replay=[(worker, step), ...]``, a simulator's arrival log): arrivals are offered in
+  that order while it lasts, so a real run takes the simulated run's decisions (the twin test).
 
-1. **control**: every rank's control row (:mod:`pgc_hvd.runtime.rows`: the step of the message
-   the rank has ready, the model version it used, when it became ready, its loss, busy seconds,
-   non-finite, done and failed flags, the compression error ||C(u) - u|| for the minimum-error
-   class decoder, slot versions) reaches every rank identically through the control channel
-   (:mod:`pgc_hvd.runtime.channel`: a Horovod allgather, or a TCPStore). Every rank offers the
-   new arrivals, ordered by ``(ready time, rank)``, to its own copy of the scheme's
-   :class:`~pgc_hvd.schemes.Round` with ``message=None``, so every rank computes the same
-   :class:`~pgc_hvd.schemes.Decision`. Repeated until the scheme's rule fires:
-   ``poll_interval`` seconds apart while no message of the open round is known,
-   ``poll_interval / 4`` once one is (the same on every rank), and at once after a local event
-   (message submitted, rank finished or failed: condition-variable handoff).
-2. **data**: the decided update g_hat = Re sum_{u in uses} a_u D(p_u) is linear in the messages
-   and each use is owned by its sender, so the collective is chosen from the bytes
-   (:func:`pgc_hvd.compress.codecs.choose_collective`, the same choice on every rank):
-
-   * dense rows: each rank adds its own uses, sum_{u owned} a_u m_u (zeros when it owns none),
-     into a d-vector, and ONE in-place ``hvd.allreduce`` (sum) hands every rank the same update
-     at 2 (n-1)/n * 4d bytes, like ``hvd.DistributedOptimizer``;
-   * sparse top-kappa rows: an allgather of the chosen ranks' rows when that is fewer bytes,
-     else densified into the allreduce;
-   * small rows (optimistic one-collective rounds, :func:`~pgc_hvd.compress.optimistic_default`):
-     a rank's payload rides in the same allgather as the control row that first shows it ready;
-     every rank caches the payloads it received, identically, and a step whose used payloads
-     are all cached decodes with no second collective. A message that is already too late to
-     be used (its step has fired, and the scheme ignores past steps) goes without its payload.
-
-   Either way the decision depends only on the control rows (arrival order), never on payloads;
-   cached and gathered payloads are decoded in (worker, step) order, so every rank forms the
-   same floating-point sum, and the allreduce gives every rank the same bits.
-
-fp16 messages (:class:`~pgc_hvd.compress.codecs.Fp16Codec`, ``codec.wire_dtype`` float16):
-payload rows hold fp16 entries (2d + 4 bytes for dense rows; 6 kappa + 4 for top-kappa rows,
-:class:`~pgc_hvd.compress.codecs.Fp16SparseCodec`), so payloads riding with the control rows and
-the data allgather move half the bytes (three quarters for top-kappa rows), and the sum of the
-contributions moves in fp16 (2 (n-1)/n * 2d bytes; ``narrow_reduce``: an alltoall of fp16 chunks
-summed in fp32 by their owner + an allgather of the sums on CPU, where Gloo's own fp16 sum is
-slow; Horovod's fp16 ring allreduce on GPU) and is widened back to fp32; a sum that overflows
-fp16 (> 65504, seen identically on every rank as a non-finite result) is repeated in
-fp32 for that step, never applied (``info["fp16_fallback"]``). ``Update.info["bytes"]`` counts
-what really moved.
-
-User metrics (``metrics=k``, default 0): every message carries k float64 values in its control
-row (``Outgoing(..., metrics=(x_1, ..., x_k))``, e.g. accuracy, a loss term), beside its loss.
-Each decided step's :class:`Update` then has ``info["metrics"]``, per slot the mean of the finite
-values over the messages the decision used (NaN where none), ``info["metrics_count"]`` (how many
-per slot) and ``info["metrics_from"]`` (the used ``(worker, step)``); ``info["loss"]`` is the
-same mean of their losses (None where none). They come from the control rows, identical on every
-rank, so every rank gets the same numbers with no extra collective: a per-batch
-``hvd.allreduce`` of the loss would put the ranks back in lockstep and lose the straggler
-tolerance. A row costs 8 k more bytes per rank per control round.
-
-Decoded updates are kept per step until the training thread has applied them
-(:meth:`CommAgent.take`, :meth:`CommAgent.release_before`): the agent's bookkeeping is bounded
-by how far the slowest local step lags, never by the run's length. Messages the decision did not
-use are dropped (exact and pipelined schemes; a pipelined worker's ring keeps its partition
-gradients) or stay with their owner while they sit in the scheme's staleness table (bounded
-staleness: the owner contributes them when a later decision uses them).
-
-Staleness bound (bounded staleness, docs/control.md): rank 0 may request another bound c in
-[1, c_0] (:meth:`CommAgent.request_staleness_bound`, checked there, e.g. from the control rule;
-c_0 = ``staleness_c0``, the bound the agent was built with; a checkpoint's bound:
-:meth:`CommAgent.restore_staleness_bound`). The request travels in rank 0's
-control rows; every rank sets ``scheme.staleness_bound`` when a control round shows a value that differs
-from its own, before offering that round's arrivals. The rows are the same on every rank, so the
-change takes effect at the same point of the decision sequence everywhere (``staleness_changes`` logs
-``(step, c)``), whatever the ranks' timing.
-
-Faults: every collective runs asynchronously and is polled with a deadline (``timeout``): a rank
-that died or hung makes the others raise :class:`AgentError` instead of hanging; a rank whose
-training thread failed, or a round that cannot fire any more (every rank either arrived,
-sent a non-finite message, or finished), raises on every rank; a step not decided within the
-timeout names the ranks it waits for and whether their control rows kept coming.
-
-``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds. A rank appends its
-row to an ordered log when an event happens (message submitted, non-finite, done, failed), rank
-0's agent runs the same decision body (:meth:`Decider.decide <pgc_hvd.runtime.rows.Decider>`,
-on the rows that changed) on the rows in log order and broadcasts the rows of each outcome, and every
-other agent runs the same body on them (:func:`pgc_hvd.runtime.control_log.log_loop`): the same
-decisions, 4 control operations per follower per step.
-
-Replay (``replay=[(worker, step), ...]``, e.g. a simulator's arrival log): arrivals are offered
-in exactly that order while it lasts, whatever the ranks' real timing; with the optimizer's
-matching rule for which model version a rank computes next, a real run then takes the same
-decisions as the simulated run it replays (the twin test).
+Threads: the agent thread (its loop, :meth:`CommAgent.fire`); the training thread calls the
+handoff's members (``submit``, ``wait_for``, ``take``, ``release_before``, ``leave``, ...).
+May import: ``compress``, ``schemes``, ``runtime.agent_life`` (its base class),
+``runtime.channel``, ``runtime.communicator`` (``Collectives`` and the data plane),
+``runtime.errors``, ``runtime.rows``, ``runtime.control_log`` (``control="log"``).
 """
 
 from __future__ import annotations
@@ -112,15 +50,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 
 from pgc_hvd.compress.codecs import Codec
+from pgc_hvd.runtime.agent_life import AgentLife
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.channel import control_channel
 from pgc_hvd.runtime.communicator import Collectives, Communicator
 from pgc_hvd.runtime.rows import (CTRL_BUSY, END, IDLE, WAIT, ArrivalBook, Decider, ctrl_len,
-                                  metrics_at, not_decided_message, pack_row)
+                                  metrics_at, pack_row)
 from pgc_hvd.schemes import Decision
 
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update"]
@@ -178,7 +116,155 @@ class Report:
     c: Optional[int] = None
 
 
-class CommAgent:
+class Handoff:
+    """The two threads' meeting point (module doc), under one condition variable (:attr:`cond`):
+    the outbox of this rank's messages by step, the decided updates until released, how many
+    steps are decided and applied, the rank's flags (busy seconds, the newest non-finite step,
+    done, failed, a requested staleness bound), the queued reports, the agent's error and the
+    wake-up of its wait. Every method takes the lock itself; the rows packed from it are
+    :func:`~pgc_hvd.runtime.rows.pack_row`'s."""
+
+    def __init__(self, pool, *, start_step: int, ring_size: int, metrics: int, reports: bool,
+                 sends_c: bool):
+        self.cond = threading.Condition()
+        self.pool = pool                       # the data plane's buffers (recycled here)
+        self.ring_size, self.metrics = int(ring_size), int(metrics)
+        self.sends_c = bool(sends_c)           # rank 0: its rows carry the requested bound
+        self.error: Optional[BaseException] = None   # what stopped the agent thread
+        self.outbox: dict[int, Outgoing] = {}
+        self.updates: dict[int, Update] = {}   # decided, not yet released by the training thread
+        self.decided = int(start_step)         # number of steps decided (the next round's step)
+        self.applied = int(start_step)         # the training thread's version (release_before)
+        self.busy_total = 0.0
+        self.bad_step = -1
+        self.done = self.failed = False
+        self.c_request: Optional[int] = None   # the staleness bound to request (rank 0's counts)
+        self.wake = False
+        # every decided step's Report is queued for the training thread (take_reports), which
+        # writes the records; the agent never calls into the optimizer
+        self.reports = bool(reports)
+        self.queued: list = []
+
+    def _event(self) -> None:
+        """Under the lock: a local event ends the agent's wait at once."""
+        self.wake = True
+        self.cond.notify_all()
+
+    # -- training thread ---------------------------------------------------------------------
+    def submit(self, out: Outgoing, busy_total: float) -> None:
+        if len(out.metrics) not in (0, self.metrics):
+            raise ValueError(f"Outgoing(step={out.step}).metrics has {len(out.metrics)} values "
+                             f"but this agent was built with metrics={self.metrics}: pass "
+                             f"exactly {self.metrics} floats (or none), or build the agent with "
+                             f"metrics={len(out.metrics)}")
+        with self.cond:
+            self.outbox[out.step] = out
+            self.busy_total = busy_total
+            self._event()
+
+    def report_bad(self, step: int, busy_total: float) -> None:
+        with self.cond:
+            self.bad_step = max(self.bad_step, int(step))
+            self.busy_total = busy_total
+            self._event()
+
+    def request(self, c: int) -> None:
+        with self.cond:
+            self.c_request = int(c)
+            self._event()
+
+    def mark(self, flag: str) -> bool:
+        """Set ``done`` or ``failed``; whether it was set already."""
+        with self.cond:
+            again = getattr(self, flag)
+            setattr(self, flag, True)
+            self._event()
+        return again
+
+    def wait_decided(self, step: int, deadline: float) -> bool:
+        """Block until ``step`` is decided or the agent stopped (True), or until the monotonic
+        ``deadline`` (False)."""
+        with self.cond:
+            while self.error is None and self.decided <= step:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 1.0))
+        return True
+
+    def take(self, step: int) -> Update:
+        with self.cond:
+            try:
+                return self.updates[step]
+            except KeyError:
+                raise KeyError(f"step {step} is not held: decided {self.decided}, held "
+                               f"{sorted(self.updates)[:3]}...") from None
+
+    def release_before(self, step: int) -> None:
+        with self.cond:
+            for k in [k for k in self.updates if k < step]:
+                self.pool.put(self.updates.pop(k).flat)
+            self.applied = max(self.applied, int(step))
+
+    def take_reports(self) -> list:
+        with self.cond:
+            out, self.queued = self.queued, []
+        return out
+
+    def restart_at(self, step: int) -> None:
+        self.decided = self.applied = int(step)
+        self.updates.clear()
+
+    # -- agent thread ------------------------------------------------------------------------
+    def pack(self, row: torch.Tensor, pick: Callable) -> Optional[Outgoing]:
+        """This rank's control row into ``row``, showing the message ``pick(outbox)`` returns as
+        ``(out, rides)``; ``out`` when its payload rides along (``rides``), else None."""
+        with self.cond:
+            out, rides = pick(self.outbox)
+            # done: 1 + the version the rank's loop ended at (no step at or past it is decided)
+            pack_row(row, out, ring_size=self.ring_size, metrics=self.metrics,
+                     busy=self.busy_total, bad_step=self.bad_step,
+                     done=1.0 + self.applied if self.done else 0.0, failed=self.failed,
+                     payload=rides, c_request=self.c_request if self.sends_c else None)
+        return out if rides else None
+
+    def hand_over(self, update: Update, report: Optional[Report]) -> None:
+        """A decided step's update (and its report) to the training thread."""
+        with self.cond:
+            if report is not None:
+                self.queued.append(report)
+            self.updates[update.step] = update
+            self.decided += 1
+            self.cond.notify_all()
+
+    def idle(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds unless a local event came since the last wait."""
+        with self.cond:
+            if not self.wake:
+                self.cond.wait(wait)
+            self.wake = False
+
+    def own(self, step: int) -> Outgoing:
+        with self.cond:
+            return self.outbox[step]
+
+    def prune(self, rank: int, offered, keep) -> None:
+        """Drop the messages a decision offered that the scheme does not keep; the buffers
+        not consumed by an update are recycled."""
+        with self.cond:
+            for k in list(self.outbox):
+                if (rank, k) in offered and (rank, k) not in keep:
+                    gone = self.outbox.pop(k)
+                    if not gone.consumed:
+                        self.pool.put(gone.packed)
+
+    def stop(self, err: BaseException) -> None:
+        with self.cond:
+            self.error = err
+            self.cond.notify_all()
+
+
+class CommAgent(AgentLife):
     """Runs the control/data protocol for one rank in a background thread (see module doc).
 
     ``codec`` (:mod:`pgc_hvd.compress.codecs`) says how payload rows look and how weighted rows
@@ -204,16 +290,7 @@ class CommAgent:
         self.device = device
         self.poll_interval = float(poll_interval)
         self.timeout = float(timeout)
-        # reports: every decided step's Report is queued for the training thread
-        # (take_reports), which writes the records; the agent never calls into the optimizer
-        self.reports = bool(reports)
-        self._reports: list = []
         self.name = name
-        self._decided = int(start_step)      # number of steps decided (the next round's step)
-        self._updates: dict[int, Update] = {}  # decided, not yet released by the training thread
-        self._applied = int(start_step)      # the training thread's version (release_before)
-        self.cond = threading.Condition()
-        self.error: Optional[BaseException] = None
         # called on the agent thread with the error that stopped it, before the training
         # thread is told (the elastic state leaves a broken world from here: gloo_cascade)
         self.on_stop: Optional[Callable[[BaseException], None]] = None
@@ -221,13 +298,7 @@ class CommAgent:
         # census over the control store (up to timeout + 1 s, failure path only); elastic mode
         # turns it off: Horovod re-forms the world without asking who
         self.census = True
-        self._outbox: dict[int, Outgoing] = {}
-        self._bad_step = -1
-        self._busy_total = 0.0
-        self._done = False
-        self._failed = False
         self._busy_prev = [0.0] * self.n
-        self._c_request: Optional[int] = None   # rank 0: staleness bound to request
         if isinstance(metrics, bool) or not isinstance(metrics, int) or metrics < 0:
             raise ValueError(f"metrics={metrics!r}: give the number k >= 0 of user metric "
                              f"values each message carries in its control row (default 0)")
@@ -245,10 +316,15 @@ class CommAgent:
         self.comm = Communicator(self.coll, codec, n=self.n, d=self.d, rank=self.rank,
                                  device=device, own=self._own, narrow_reduce=narrow_reduce)
         self.pool = self.comm.pool
+        #: the handoff with the training thread (its condition variable: :attr:`cond`)
+        self.handoff = hand = Handoff(self.pool, start_step=start_step,
+                                      ring_size=self.ring_size, metrics=self.metrics,
+                                      reports=reports, sends_c=self.rank == 0)
+        self.cond = hand.cond
         # the overlap (runtime.overlap): sums bucket by bucket; a wait for a bucket of this
         # rank's streamed message ends when its training thread fails
         self.comm.buckets = buckets
-        self.comm.stop = lambda: self._failed
+        self.comm.stop = lambda: hand.failed
         #: ``on_decided(update, ctl)``: called on the agent thread with each decided update and
         #: the rows that decided it, before the training thread gets it (stragglers="auto",
         #: :mod:`pgc_hvd.runtime.auto_s`, may add ``update.info["auto_s"]``); None: nothing
@@ -266,32 +342,11 @@ class CommAgent:
         self.optimistic = bool(channel.carries_payloads)
         # can a message for a past step still be used (bounded staleness table)?
         self._late_usable = scheme.late_usable
-        self._wake = False
         self._thread = threading.Thread(target=self._run, name=f"{name}-agent", daemon=True)
 
     # -- training-thread side ------------------------------------------------
-    def request_staleness_bound(self, c: int) -> None:
-        """Ask every rank to decide with staleness bound ``c`` in [1, c_0] (``staleness_c0``,
-        the bound the agent was built with: buffers and control rows are sized for it) from
-        the next control round on (module doc); only rank 0's request is sent. A scheme whose
-        c is the code's, or a c out of range, raises ValueError naming the fix."""
-        self.decider.check_staleness_bound(c)
-        with self.cond:
-            self._c_request = int(c)
-            self._wake = True
-            self.cond.notify_all()
-        if self._log and self.rank == 0:
-            self._append_row()
-
     def start(self) -> None:
         self._thread.start()
-
-    def restart_at(self, step: int) -> None:
-        """Before :meth:`start`: decide from ``step`` on (a restored checkpoint's version)."""
-        if self._thread.is_alive():
-            raise RuntimeError("restart_at must be called before the agent starts")
-        self.decider.step = self._decided = self._applied = int(step)
-        self._updates.clear()
 
     def payload_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A fresh ``(packed, payload)`` pair for one message: the training thread writes the
@@ -302,26 +357,15 @@ class CommAgent:
         return packed, (packed[head:] if head else packed)
 
     def submit(self, out: Outgoing, busy_total: float) -> None:
-        if len(out.metrics) not in (0, self.metrics):
-            raise ValueError(f"Outgoing(step={out.step}).metrics has {len(out.metrics)} values "
-                             f"but this agent was built with metrics={self.metrics}: pass "
-                             f"exactly {self.metrics} floats (or none), or build the agent with "
-                             f"metrics={len(out.metrics)}")
-        with self.cond:
-            self._outbox[out.step] = out
-            self._busy_total = busy_total
-            self._wake = True
-            self.cond.notify_all()
+        """This rank's message (into the outbox; control='log': its row appended)."""
+        self.handoff.submit(out, busy_total)
         if self._log:
             self._append_row()
         self._raise_if_failed()
 
     def report_bad(self, step: int, busy_total: float) -> None:
-        with self.cond:
-            self._bad_step = max(self._bad_step, int(step))
-            self._busy_total = busy_total
-            self._wake = True
-            self.cond.notify_all()
+        """This rank's message of ``step`` was not finite (a straggler for the decision)."""
+        self.handoff.report_bad(step, busy_total)
         if self._log:
             self._append_row()
 
@@ -330,122 +374,42 @@ class CommAgent:
         limit = self.timeout if timeout is None else timeout
         # control='log': the decider's verdict on a missing rank comes first (it names it)
         deadline = time.monotonic() + limit + (self.channel.grace if self._log else 0.0)
-        with self.cond:
-            while self.error is None and self._decided <= step:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AgentError(self._not_decided(step, limit))
-                self.cond.wait(min(left, 1.0))
+        if not self.handoff.wait_decided(step, deadline):
+            raise AgentError(self._not_decided(step, limit))
         self._raise_if_failed()
-
-    def _not_decided(self, step: int, limit: float) -> str:
-        """Why ``step`` is not decided after ``limit`` seconds (:func:`~pgc_hvd.runtime.rows.
-        not_decided_message`), naming the ranks it waits for."""
-        dec = self.decider
-        rnd = dec.current_round
-        return not_decided_message(
-            self.rank, step, limit, rows=dec.last_rows, n=self.n,
-            quiet=time.monotonic() - dec.last_round_at, ended_at=dec.ended_at,
-            open_step=dec.step, arrived=set(rnd.arrived) if rnd is not None else set(),
-            poll_interval=self.poll_interval)
 
     def wait_decided_beyond(self, step: int, seconds: float) -> bool:
         """Sleep up to ``seconds``, returning early (True) once ``step`` is decided."""
-        deadline = time.monotonic() + seconds
-        with self.cond:
-            while self.error is None and self._decided <= step:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-        return True
+        return self.handoff.wait_decided(step, time.monotonic() + seconds)
 
     def decided(self) -> int:
         """Number of steps decided so far (the next round's step)."""
-        return self._decided
+        return self.handoff.decided
 
     def take(self, step: int) -> Update:
         """The decided update of ``step`` (kept until :meth:`release_before` passes it)."""
-        with self.cond:
-            try:
-                return self._updates[step]
-            except KeyError:
-                raise KeyError(f"step {step} is not held: decided {self._decided}, held "
-                               f"{sorted(self._updates)[:3]}...") from None
+        return self.handoff.take(step)
 
     def release_before(self, step: int) -> None:
         """Forget the updates of steps before ``step`` (the training thread applied them); their
         buffers are recycled, so an ``on_update`` callback that keeps one must clone it."""
-        with self.cond:
-            for k in [k for k in self._updates if k < step]:
-                self.pool.put(self._updates.pop(k).flat)
-            self._applied = max(self._applied, int(step))
+        self.handoff.release_before(step)
 
     def take_reports(self) -> list:
         """The :class:`Report` of every step decided since the last call, in step order (empty
         unless the agent was built with ``reports=True``)."""
-        with self.cond:
-            out, self._reports = self._reports, []
-        return out
+        return self.handoff.take_reports()
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        """What stopped the agent thread (None while it runs or after a clean end)."""
+        return self.handoff.error
 
     def _report(self, update: Update, busy_step: list) -> "Report":
         sch = self.scheme
         return Report(update.step, update.decision, update.time, dict(update.info), busy_step,
                       [w for w, k in self.book.bad_log if k == update.step],
                       int(sch.staleness_bound) if sch.staleness_bound_adjustable else None)
-
-    @property
-    def held_updates(self) -> int:
-        """Decided updates not yet released (bounded by how far this rank lags)."""
-        return len(self._updates)
-
-    def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the agent thread to stop; whether it has."""
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def cut_off(self) -> None:
-        """Make every later collective of this agent fail (:meth:`Collectives.cut_off`), and
-        stop its control channel's threads (an abandoned world's log reader)."""
-        self.coll.cut_off()
-        self.channel.stop()
-
-    @property
-    def running(self) -> bool:
-        """Whether the agent thread is alive."""
-        return self._thread.is_alive()
-
-    def leave(self) -> None:
-        """This rank's loop is done (at the version the training thread has applied): the
-        agent serves collectives until every rank is done, then stops; no wait (safe from a
-        finaliser, :mod:`pgc_hvd.runtime.lifecycle`)."""
-        with self.cond:
-            again = self._done
-            self._done = True
-            self._wake = True
-            self.cond.notify_all()
-        if self._log and not again:
-            self._append_row()
-
-    def finish(self, timeout: Optional[float] = None) -> None:
-        """This rank's loop is done: keep serving collectives until every rank is done."""
-        self.leave()
-        self._thread.join(self.timeout if timeout is None else timeout)
-        if self._thread.is_alive():
-            raise AgentError(f"rank {self.rank}: the other ranks did not finish within "
-                             f"{self.timeout:.0f}s")
-        self._raise_if_failed()
-
-    def fail(self) -> None:
-        """The training thread raised: tell the other ranks (they stop with a clear error)."""
-        with self.cond:
-            again = self._failed
-            self._failed = True
-            self._wake = True
-            self.cond.notify_all()
-        if self._log and not again:
-            self._append_row()
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -457,7 +421,7 @@ class CommAgent:
         """(rank, step) of every message that held NaN/Inf (:attr:`ArrivalBook.bad_log`)."""
         return self.book.bad_log
 
-    # -- the decider's state, read here ------------------------------------------
+    # -- the decider's state, read here (the others: AgentLife) ---------------------------------
     @property
     def step(self) -> int:
         """The round being decided (:attr:`Decider.step <pgc_hvd.runtime.rows.Decider>`)."""
@@ -467,28 +431,6 @@ class CommAgent:
     def control_rounds(self) -> int:
         """Runs of the decision body so far."""
         return self.decider.control_rounds
-
-    @property
-    def staleness_c0(self) -> Optional[int]:
-        """The staleness bound c_0 the agent was built with (None: c is the code's)."""
-        return self.decider.staleness_c0
-
-    @property
-    def staleness_changes(self) -> list:
-        """``(step, c)`` of every change of the staleness bound the rows showed."""
-        return self.decider.staleness_changes
-
-    @property
-    def staleness_bound(self) -> Optional[int]:
-        """The bound c the decisions currently use (None for schemes whose c is the code's)."""
-        return self.decider.staleness_bound
-
-    def restore_staleness_bound(self, c: Optional[int]) -> None:
-        """Before the first step: a checkpoint's bound (None: none saved). Every rank restores
-        its own value; rank 0's request makes them agree at once."""
-        if c is not None and self.staleness_c0 is not None:
-            self.scheme.staleness_bound = int(c)
-            self.request_staleness_bound(int(c))
 
     # -- agent thread --------------------------------------------------------
     def fire(self, decision: Decision, ctl) -> None:
@@ -510,12 +452,8 @@ class CommAgent:
             self.on_decided(update, ctl)
         busy_step = [b - p for b, p in zip(busy, self._busy_prev)]
         self._busy_prev = busy
-        with self.cond:
-            if self.reports:
-                self._reports.append(self._report(update, busy_step))
-            self._updates[update.step] = update
-            self._decided += 1
-            self.cond.notify_all()
+        self.handoff.hand_over(update, self._report(update, busy_step)
+                               if self.handoff.reports else None)
         dec.step_start = update.time
         dec.next_round()
 
@@ -523,24 +461,18 @@ class CommAgent:
     def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
         """This rank's control row (:func:`~pgc_hvd.runtime.rows.pack_row`) and, when its
         payload rides along, the message."""
-        out_with_payload = None
-        with self.cond:
-            pending = sorted(k for k in self._outbox if (self.rank, k) not in self.book.offered)
-            out = self._outbox[pending[0]] if pending else None
+        def pick(outbox: dict) -> tuple:   # under the handoff's lock
+            pending = sorted(k for k in outbox if (self.rank, k) not in self.book.offered)
+            out = outbox[pending[0]] if pending else None
             # optimistic: the payload goes with the first control row that shows the message,
             # unless no decision can use it any more (a late message of an exact/pipelined
             # scheme, which ignores arrivals for past steps)
-            if (out is not None and self.optimistic and not out.sent and out.packed is not None
-                    and (out.step >= self.step or self._late_usable)):
+            rides = (out is not None and self.optimistic and not out.sent
+                     and out.packed is not None and (out.step >= self.step or self._late_usable))
+            if rides:
                 out.sent = True
-                out_with_payload = out
-            # done: 1 + the version the rank's loop ended at (no step at or past it is decided)
-            pack_row(self._row, out, ring_size=self.ring_size, metrics=self.metrics,
-                     busy=self._busy_total, bad_step=self._bad_step,
-                     done=1.0 + self._applied if self._done else 0.0, failed=self._failed,
-                     payload=out_with_payload is not None,
-                     c_request=self._c_request if self.rank == 0 else None)
-        return self._row, out_with_payload
+            return out, rides
+        return self._row, self.handoff.pack(self._row, pick)
 
     def _control_round(self) -> tuple[list, dict]:
         """One control exchange: every rank's control row (as lists of floats) and the payloads
@@ -567,20 +499,14 @@ class CommAgent:
                 except Exception as hook_err:   # never hides the agent's own error
                     log.warning("pgc_hvd agent on rank %d: on_stop failed: %s", self.rank,
                                 hook_err)
-            with self.cond:
-                self.error = err
-                self.cond.notify_all()
+            self.handoff.stop(err)
 
     def _idle(self, hurry: bool) -> None:
         """Wait before the next control round. ``hurry`` (the same on every rank: some message
         of the open round is already known) shortens the wait to ``poll_interval / 4``, so the
         arrival that completes the round is seen soon; a local event (message submitted,
         finished, failed) ends the wait at once."""
-        wait = self.poll_interval / 4 if hurry else self.poll_interval
-        with self.cond:
-            if not self._wake:
-                self.cond.wait(wait)
-            self._wake = False
+        self.handoff.idle(self.poll_interval / 4 if hurry else self.poll_interval)
 
     def _append_row(self) -> None:
         """control='log': this rank's row joins the log (called where the event happens)."""
@@ -590,12 +516,7 @@ class CommAgent:
         """This rank's control row now (:func:`~pgc_hvd.runtime.rows.pack_row`), showing its
         newest message: what the control log appends when something happens to the rank."""
         row = torch.empty(self.ctrl_len, dtype=torch.float64)
-        with self.cond:
-            out = self._outbox[max(self._outbox)] if self._outbox else None
-            pack_row(row, out, ring_size=self.ring_size, metrics=self.metrics,
-                     busy=self._busy_total, bad_step=self._bad_step,
-                     done=1.0 + self._applied if self._done else 0.0, failed=self._failed,
-                     c_request=self._c_request if self.rank == 0 else None)
+        self.handoff.pack(row, lambda outbox: (outbox[max(outbox)] if outbox else None, False))
         return row
 
     def _loop(self) -> None:
@@ -620,8 +541,7 @@ class CommAgent:
 
     def _own(self, step: int) -> Outgoing:
         """This rank's message of ``step`` (the communicator reads own payloads here)."""
-        with self.cond:
-            return self._outbox[step]
+        return self.handoff.own(step)
 
     def _data_phase(self, decision: Decision, step_start: float) -> Update:
         """The decision's update through the data plane (:class:`~pgc_hvd.runtime.
@@ -634,12 +554,7 @@ class CommAgent:
         offered = self.book.offered
         flat, kind, fallback, uses = comm.combine(decision, keep, offered)
         now = time.time()
-        with self.cond:
-            for k in list(self._outbox):
-                if (self.rank, k) in offered and (self.rank, k) not in keep:
-                    gone = self._outbox.pop(k)
-                    if not gone.consumed:
-                        self.pool.put(gone.packed)
+        self.handoff.prune(self.rank, offered, keep)
         used = self.book.used_info(uses)     # loss, user metrics: from the control rows
         info = {"loss": used.pop("loss"), "step_time": now - step_start, "control_rounds": self.control_rounds,
                 "data_rounds": comm.data_rounds, "bytes": comm.take_bytes(),
@@ -666,23 +581,3 @@ class CommAgent:
             return None
         n, self._ops_prev = ops - self._ops_prev, ops
         return int(n)
-
-    @property
-    def data_rounds(self) -> int:
-        """Data-phase collectives so far."""
-        return self.comm.data_rounds
-
-    @property
-    def narrow_reduce(self) -> str:
-        """How an fp16 sum of contributions moves (:data:`~pgc_hvd.runtime.communicator.
-        NARROW_REDUCE`)."""
-        return self.comm.narrow_reduce
-
-    def bookkeeping(self) -> dict:
-        """Sizes of every container the agent keeps (bounded whatever the run's length)."""
-        with self.cond:
-            sizes = self.book.sizes()
-            return {"offered": sizes["offered"], "meta": sizes["meta"],
-                    "cache": len(self.comm.cache), "outbox": len(self._outbox),
-                    "updates": self.held_updates, "pool": self.pool.free_buffers,
-                    "bad_log": sizes["bad_log"], "staleness_changes": len(self.staleness_changes)}

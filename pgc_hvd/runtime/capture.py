@@ -90,6 +90,7 @@ class GradientCapture:
         #: evaluated it holds their message already (rows weighted by the coefficients), and
         #: the ring starts filled with zeros instead of a warm-up (:meth:`zero_start`)
         self.loop_fed = False
+        self._loop_width: Optional[int] = None    # loop_width(n), computed at its first use
 
     def attach(self) -> None:
         """Register the gradient hooks (last in the optimizer's construction: a construction
@@ -373,11 +374,40 @@ class GradientCapture:
             self.zero_start(version)
 
     def feed_from_loop(self, version: int) -> None:
-        """From now on a backward is the plan's evaluation (:attr:`loop_fed`); a ring starts
-        with zeros of model ``version``."""
+        """The user's own loop feeds the scheme's partitions, one batch per step (the DDP door,
+        :mod:`pgc_hvd.runtime.ddp`, with :class:`pgc_hvd.CodedSampler`): from now on a backward
+        outside ``batches()`` is the step's evaluation (:attr:`loop_fed`; several partitions
+        share the batch, rows weighted by their coefficients) and a pipelined scheme's ring
+        starts with zeros of model ``version``. Complex coefficients are refused."""
+        if self.complex:
+            raise ValueError(
+                f"scheme {self.scheme_name} has complex coefficients, which a batch's row "
+                f"weights cannot carry: use it through optimizer.batches(loader), or another "
+                f"scheme (pgc-cr, bcgc, gc-cr, ...) with pgc_hvd.DistributedDataParallel")
         self.loop_fed = True
         if self.ring_mode:
             self.zero_start(version)
+
+    def loop_partitions(self, step: int) -> tuple:
+        """``((partition, weight), ...)``: what the loop's batch of ``step`` holds (the
+        partitions this rank evaluates there, :func:`loop_plan`) and the weight of each one's
+        gradient in the message (1 where the ring applies the coefficients; a pipelined
+        scheme's). Nothing changes."""
+        plan = loop_plan(self.scheme, self.rank, int(step), self.ring_mode)
+        if self.ring_mode:
+            return tuple((int(q), 1.0) for q, _ in plan.evaluate)
+        coef = dict(plan.combine)
+        return tuple((int(q), float(coef[sl])) for q, sl in plan.evaluate)
+
+    def loop_width(self, n: int) -> int:
+        """The most partitions a loop's batch holds at a step, over the ``n`` ranks and the
+        steps of a period of the plans (BCGC's loads differ by rank): every rank's batch gives
+        each partition B // width rows, so replicas evaluate the same samples. Computed once."""
+        if self._loop_width is None:
+            span = 2 * (self.worker_ring.size + n) + 1
+            self._loop_width = max(len(loop_plan(self.scheme, r, t, self.ring_mode).evaluate)
+                                   for r in range(n) for t in range(span))
+        return self._loop_width
 
     def zero_start(self, version: int) -> None:
         """Every slot holds a zero gradient of model ``version`` (the loop-fed warm-up: a loop

@@ -26,6 +26,9 @@ allgather, the step each read (:mod:`pgc_hvd.runtime.agreement`; the problems' t
 when a rank refuses). Only when every rank's file passed and all hold the same step does any rank
 change its model and optimizer; otherwise every rank raises the same :class:`CheckpointError`
 naming each rank's file and problem, and nothing was changed.
+
+May import: numpy, torch, the standard library, ``runtime.agreement`` (the agreement
+on the step), ``runtime.plain`` (what a checkpoint may hold).
 """
 
 from __future__ import annotations

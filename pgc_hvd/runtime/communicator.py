@@ -13,6 +13,15 @@ overlap`) a dense fp32 sum moves bucket by bucket (:meth:`Communicator._bucketed
 message still being formed by the training thread is a :class:`Stream` (which of its buckets
 are ready: the one object both threads touch for it, through its condition variable).
 
+fp16 messages (``codec.wire_dtype`` float16: :class:`~pgc_hvd.compress.encoder.Fp16Codec`,
+``Fp16SparseCodec``): payload rows hold fp16 entries (2d + 4 bytes dense; 6 kappa + 4 top-kappa),
+so riding payloads and the data allgather move half the bytes (three quarters for top-kappa),
+and the sum of contributions moves in fp16 (``narrow_reduce``: an alltoall of fp16 chunks summed
+in fp32 by their owner + an allgather of the sums on CPU, where Gloo's fp16 sum is slow;
+Horovod's fp16 ring allreduce on GPU), widened back to fp32; a sum that overflows fp16 (seen
+identically on every rank as a non-finite result) is repeated in fp32 for that step, never
+applied (``info["fp16_fallback"]``). ``Update.info["bytes"]`` counts what really moved.
+
 The collectives it runs on (:class:`Collectives`, the first part of this module): asynchronous
 engine ops polled with a deadline (:func:`wait_for_handle`; a dead or hung rank raises
 :class:`~pgc_hvd.runtime.errors.AgentError` instead of hanging), under stable names
@@ -28,7 +37,7 @@ engine runs them is :mod:`pgc_hvd.runtime.engine`'s.
 
 Runs on the agent thread (:func:`name_unnamed_ops`: once, at the optimizer's construction;
 :meth:`Stream.mark`: on the training thread).
-May import: ``compress`` (codecs, transport), ``runtime.errors``, torch and the standard
+May import: ``compress`` (codecs, encoder), ``runtime.errors``, torch and the standard
 library.
 """
 
@@ -44,7 +53,8 @@ from typing import Callable, Optional
 
 import torch
 
-from pgc_hvd.compress.codecs import Codec, DenseCodec, fp16_finite
+from pgc_hvd.compress.codecs import Codec, DenseCodec
+from pgc_hvd.compress.encoder import fp16_finite
 from pgc_hvd.compress.codecs import allreduce_bytes, alltoall_reduce_bytes, choose_collective
 from pgc_hvd.runtime.errors import AgentError
 
@@ -500,7 +510,7 @@ class Communicator:
     def _allreduce_narrow(self, mine: list, keep: set) -> tuple[torch.Tensor, bool, int]:
         """The sum over ranks of the contributions with the bytes in the codec's narrow
         ``wire_dtype`` (fp16: half the bytes), c_r = this rank's sum_{u owned} a_u D(p_u),
-        rounded once to fp16 (:meth:`~pgc_hvd.compress.codecs.Fp16Codec.add_weighted_narrow`).
+        rounded once to fp16 (:meth:`~pgc_hvd.compress.encoder.Fp16Codec.add_weighted_narrow`).
         Two ways, both 2 (n-1)/n * 2d bytes received (``narrow_reduce``):
 
         * ``"alltoall"`` (default on CPU): the n fp16 vectors are cut into n chunks of

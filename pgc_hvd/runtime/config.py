@@ -11,7 +11,7 @@ encoder and codecs trust. It also lists the fields every rank compares at constr
 (:func:`cross_rank_fields`; the comparison itself is :mod:`pgc_hvd.runtime.consistency`'s).
 
 May import: ``options``, ``delays``, ``compress``, ``schemes``, ``control`` (layers below
-``runtime``) and torch; nothing else of ``runtime``.
+the runtime) and torch; nothing of the runtime.
 """
 
 from __future__ import annotations

@@ -45,21 +45,16 @@ below), rank 0 about n (a get per other rank's row, the broadcast), whatever the
 late messages stay usable (the decider sees every row, in log order); payloads move in the
 data phase (``carries_payloads`` False).
 
-Faults: no row for ``timeout`` seconds while the open step waits makes the decider broadcast
-an error naming the ranks it waits for (and how long since each one's last row) and raise; the
-others raise the decider's text. A dead rank (rank 0 included) fails the broadcast or the data
-collective at once; a frozen one lets it time out: the decider's broadcast of step t ends
-``timeout`` after its wait for the rows, the followers' 2 ``timeout`` after their previous
-data phase, about the same moment. Either way every rank that gets there posts a notice in
-the log (so a decider waiting for rows, in no collective, comes at once:
-:class:`FaultNotice`), says so in the store (``fault/<t>/<rank>``) and waits up to ``timeout``
-+ 1 s for the others; the ranks that never say so are named (:meth:`LogChannel.census`); a
-store that cannot be reached names rank 0. Close: as ``control="store"`` (every rank adds 1 to
-``pgc/<name>/bye``; rank 0 waits for n).
+Faults, the set-up and the end (off the step's path): :mod:`pgc_hvd.runtime.log_life`.
 
 Nothing grows with the run: a follower deletes each of its log rows once it reads an outcome
 that took it (1 operation, about one a step: 4 a step in all); outcomes never enter the store.
 The store holds about n log rows.
+
+Threads: the agent thread (``log_loop``, the outcome's broadcast), rank 0's reader thread, and
+the thread where an event happens (``append``: the training thread).
+May import: numpy, torch, the standard library, ``runtime.errors``, ``runtime.log_life``,
+``runtime.rows``, ``runtime.control_store`` (the store's set-up), ``schemes``.
 """
 
 from __future__ import annotations
@@ -68,13 +63,13 @@ import array
 import logging
 import threading
 import time
-from datetime import timedelta
 from typing import Optional
 
 import numpy as np
 import torch
 
 from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.runtime.log_life import FAULT, FaultNotice, LogLife, census_or_notice, timeout_message
 from pgc_hvd.runtime.rows import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_DONE, CTRL_FAILED,
                                   CTRL_READY_STEP, CTRL_STALENESS_BOUND, CTRL_VERSION, END,
                                   ctrl_len, pack_row)
@@ -84,8 +79,6 @@ log = logging.getLogger("pgc_hvd.runtime")
 
 #: the row fields that describe the rank, not its message (taken from its latest row)
 STATE_FIELDS = (CTRL_BUSY, CTRL_BAD_STEP, CTRL_DONE, CTRL_FAILED, CTRL_STALENESS_BOUND)
-_STOP = -1.0          # the rank word of the entry that stops rank 0's reader thread
-_FAULT = -3.0         # the rank word of a follower's notice: a collective failed, census
 _ERR = "pgc-log-error:"
 
 
@@ -246,13 +239,7 @@ def outcome_capacity(n: int, length: int) -> int:
     return (2 * int(n) + 8) * 8 * (int(length) + 1)
 
 
-class FaultNotice(AgentError):
-    """A follower's collective failed and it has gone to the census (its notice in the log):
-    the decider, which may be waiting for rows and in no collective, joins the census at
-    once."""
-
-
-class LogChannel:
+class LogChannel(LogLife):
     """One run's ordered control log (module doc). ``rank == 0`` is the decider; outcomes go
     out by one broadcast from it (``coll``: the agent's :class:`~pgc_hvd.runtime.communicator.
     Collectives`)."""
@@ -292,24 +279,6 @@ class LogChannel:
             self._reader = threading.Thread(target=self._read_log, name=f"{name}-log-reader",
                                             daemon=True)
             self._reader.start()
-
-    @classmethod
-    def create(cls, coll, n: int, length: int) -> "LogChannel":
-        """Rank 0 serves, every rank connects (a collective: every rank must call it); each
-        rank opens a second client (rank 0: its log reader; others: the appender), so a
-        blocking read never holds up an append. ``coll``: the agent's collectives (the
-        outcome's broadcast)."""
-        from pgc_hvd.runtime.control_store import open_store
-
-        hvd, rank, name, timeout = coll.hvd, coll.rank, coll.name, coll.timeout
-        follow = 2.0 * float(timeout) + 3.0   # a frozen rank 0: the census gives up after it
-        store, connect = open_store(hvd, rank, f"{name}.log", timeout if rank == 0 else follow)
-        clients = {"main": store}
-        if rank == 0:
-            clients["reader"] = connect(timeout)
-        else:
-            clients["writer"] = connect(timeout)
-        return cls(clients, rank, n, name, timeout, length, coll=coll)
 
     def _count(self, k: int = 1) -> None:
         with self._ops_lock:
@@ -355,7 +324,7 @@ class LogChannel:
             got = decode_rows(raw, self.length)
             with self.cond:
                 for w, r in got:
-                    if w == int(_FAULT):
+                    if w == int(FAULT):
                         self._fault = int(r[0])
                     elif w < 0:
                         return
@@ -459,87 +428,6 @@ class LogChannel:
                 log.debug("rank %d: could not delete log row %d: %s", self.rank, idx, err)
                 return
 
-    def notify_fault(self) -> None:
-        """A follower whose collective failed: a notice in the log, so the decider, which may
-        be waiting for rows and in no collective, or in a broadcast that hangs on, stops at
-        once (:class:`FaultNotice`; failure path only, 2 store operations)."""
-        if self.rank == 0 or self.writer is None:
-            return
-        notice = np.full(self.length + 1, 0.0, dtype=np.float64)
-        notice[0], notice[1] = _FAULT, float(self.rank)
-        try:
-            with self._append_lock:
-                idx = int(self.writer.add(f"{self.prefix}/log/count", 1)) - 1
-                self.writer.set(f"{self.prefix}/log/{idx}", notice.tobytes())
-        except Exception as err:
-            log.debug("rank %d: could not post the fault notice: %s", self.rank, err)
-
-    def census(self, step: int, err: AgentError) -> AgentError:
-        """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
-        frozen rank is in it too, so it fails before the decider misses a row): every rank
-        that gets here says so under ``pgc/<name>/fault/<step>/<rank>`` and waits a little for
-        the others (up to ``timeout`` + 1 s: an alive rank's collective has failed by then);
-        the ranks that never say so are named. Only on this failure path."""
-        key = lambda w: f"{self.prefix}/fault/{int(step)}/{w}"   # noqa: E731
-        read = f"{self.prefix}/fault/{int(step)}/read"
-        # an alive rank's data collective fails at most `timeout` after the first one's
-        wait = self.timeout + 1.0
-        self.notify_fault()
-        try:
-            self.store.set(key(self.rank), b"1")
-            try:
-                self.store.wait([key(w) for w in range(self.n)], timedelta(seconds=wait))
-            except Exception:
-                pass   # some never report: they are the ones
-            missing = [w for w in range(self.n) if not self.store.check([key(w)])]
-            self.store.add(read, 1)
-            if self.rank == 0:   # the server: stay until the others have read the census
-                deadline = time.monotonic() + wait
-                while (int(self.store.add(read, 0)) < self.n - len(missing)
-                       and time.monotonic() < deadline):
-                    time.sleep(0.01)
-        except Exception:
-            return AgentError(f"rank {self.rank}: step {step}: a collective failed and "
-                              f"the control store on rank 0 is unreachable: rank 0 died or "
-                              f"hung; stopping ({err})", dead_ranks=(0,))
-        if not missing:
-            return AgentError(f"rank {self.rank}: step {step}: {err}", **err.fields())
-        # a collective that failed (a peer's connection reset) lost a process; one that timed
-        # out waits for a rank that may only be frozen
-        who = {"dead_ranks": missing} if err.broken_world else {"hung_ranks": missing}
-        return AgentError(f"rank {self.rank}: step {step}: a collective failed and "
-                          f"rank(s) {missing} did not answer a census over the control store "
-                          f"within {wait:.0f}s: rank(s) {missing} died or hung (timeout "
-                          f"{self.timeout:.0f}s); stopping ({err})", **who)
-
-    def stop(self) -> None:
-        """Leave without the bye protocol (the agent stopped on an error, or an abandoned
-        world in elastic mode): rank 0's reader thread ends at once; nothing waits for the
-        other ranks (the store keeps serving their census)."""
-        self._stop_reader()
-
-    def _stop_reader(self) -> None:
-        """Rank 0: the reader waits on the next log index: give it the stop entry (through
-        its own server)."""
-        self._closing = True
-        if self.rank != 0:
-            return
-        try:
-            idx = int(self.store.add(f"{self.prefix}/log/count", 1)) - 1
-            self.store.set(f"{self.prefix}/log/{idx}",
-                           np.full(self.length + 1, _STOP, dtype=np.float64).tobytes())
-        except Exception as err:
-            log.debug("rank 0: could not stop the log reader: %s", err)
-
-    def close(self) -> None:
-        """After the last outcome: stop rank 0's reader, then the bye protocol of
-        ``control="store"``."""
-        from pgc_hvd.runtime.control_store import say_bye
-        say_bye(self.store, self.prefix, self.rank, self.n, self.timeout)
-        self._stop_reader()
-        if self._reader is not None:
-            self._reader.join(1.0)
-
 
 # -- the agent's side (CommAgent under control="log"; the agent is passed in) -----------
 def log_loop(decider, chan, fire, *, timeout: float, census=lambda: True) -> None:
@@ -575,16 +463,16 @@ def log_loop(decider, chan, fire, *, timeout: float, census=lambda: True) -> Non
                 elif not queued:
                     got_rows = chan.next_rows(deadline)
                     if got_rows is None:
-                        raise AgentError(_timeout_message(decider, ctl, last_seen, timeout))
+                        raise AgentError(timeout_message(decider, ctl, last_seen, timeout))
                     queued = one_row_per_rank(got_rows)
             except FaultNotice as err:   # a follower's collective failed: to the census
-                raise _named(chan, decider.step, census(), err) from err
+                raise census_or_notice(chan, decider.step, census(), err) from err
             except Exception as err:   # every rank stops with the decider's text
                 try:
                     chan.publish(decider.step, taken, error=err,
                                  wait=deadline + chan.slack - time.monotonic())
                 except AgentError as lost:   # a rank is gone too: the census names it
-                    raise _named(chan, decider.step, census(), lost) from err
+                    raise census_or_notice(chan, decider.step, census(), lost) from err
                 raise
             if got is END or isinstance(got, Decision):
                 # the followers wait in the broadcast from the end of the previous step on, up
@@ -592,7 +480,7 @@ def log_loop(decider, chan, fire, *, timeout: float, census=lambda: True) -> Non
                 try:
                     chan.publish(decider.step, taken, wait=deadline + chan.slack - time.monotonic())
                 except AgentError as err:   # a rank died or hung: the census names it
-                    raise _named(chan, decider.step, census(), err) from err
+                    raise census_or_notice(chan, decider.step, census(), err) from err
                 if got is END:
                     return
                 taken = []
@@ -611,7 +499,7 @@ def log_loop(decider, chan, fire, *, timeout: float, census=lambda: True) -> Non
         try:
             rec = chan.decision(decider.step)
         except AgentError as err:   # a rank (rank 0 included) died or hung: the census
-            raise _named(chan, decider.step, census(), err) from err
+            raise census_or_notice(chan, decider.step, census(), err) from err
         if rec.error is not None:
             # the rows the decider took before its error (a non-finite report, say) reach this
             # rank's book too, so its explanation of the error is the decider's
@@ -643,16 +531,6 @@ def log_loop(decider, chan, fire, *, timeout: float, census=lambda: True) -> Non
                 view.add(w, r)
 
 
-def _named(chan, step: int, census: bool, err: AgentError) -> AgentError:
-    """The outcome's broadcast failed or timed out (a rank died or froze, rank 0 included):
-    the census over the control store names who (unless the agent turned it off: elastic
-    mode re-forms the world without asking)."""
-    if census:
-        return chan.census(step, err)
-    chan.notify_fault()
-    return err
-
-
 def one_row_per_rank(rows: list) -> list:
     """The rows read, in log order, cut into batches that hold at most one row of each rank:
     a batch is what one run of the decision body sees, as a polled round shows one row per
@@ -668,19 +546,3 @@ def one_row_per_rank(rows: list) -> list:
         ranks.add(w)
     return out
 
-
-def _timeout_message(decider, ctl, last_seen: list, timeout: float) -> str:
-    """The decider's error when no row came within ``timeout``: the ranks the open step
-    waits for, and how long since each one's last row (``decider``: the
-    :class:`~pgc_hvd.runtime.rows.Decider`)."""
-    t, rnd, now = decider.step, decider.current_round, time.monotonic()
-    done = {w for w in range(decider.n) if ctl[w][CTRL_DONE] > 0}
-    bad = {w for w in range(decider.n) if int(ctl[w][CTRL_BAD_STEP]) == t}
-    waiting = [w for w in range(decider.n) if w not in set(rnd.arrived) | done | bad]
-    if not waiting:
-        waiting = [w for w in range(decider.n) if w not in done]
-    quiet = ", ".join(f"rank {w}: {now - last_seen[w]:.1f}s" for w in waiting)
-    return (f"rank 0 (control log decider): step {t} was not decided within "
-            f"{timeout:.0f}s: it waits for rank(s) {waiting} (their last control row: "
-            f"{quiet}): a rank has died or hung, or computes longer than the timeout; "
-            f"stopping instead of hanging")

@@ -10,7 +10,7 @@ the optimizer does per step is the facade's (:mod:`pgc_hvd.runtime.optimizer`).
 
 May import: torch, ``runtime.config``, ``runtime.optimizer``, ``runtime.communicator``
 (``name_unnamed_ops``) and ``runtime.engine`` (which imports the engine, Horovod or
-``pgc_hvd.torchdist``, only when ``hvd`` is not given).
+pgc_hvd's torch.distributed engine, only when ``hvd`` is not given).
 """
 
 from __future__ import annotations

@@ -7,8 +7,12 @@ staleness bound, RNG states, delay-trace position), its restore into the parts t
 ``load_state_dict`` done so that the param-group dicts a scheduler holds stay the optimizer's.
 The checks of a saved state are :mod:`pgc_hvd.runtime.checkpoint`'s.
 
-May import: numpy, torch, ``runtime.interop``, ``runtime.plain`` and ``runtime.checkpoint``'s checks. The
-optimizer itself is used through its public members only.
+:class:`StateDicts`: the facade's state-dict methods (``state_dict``, ``load_state_dict``,
+``pgc_state_dict``, ``load_pgc_state_dict``, ``load_torch_state_dict``), a base class of
+:class:`~pgc_hvd.runtime.optimizer.PGCOptimizer` (here since issue 46: off the step's path).
+
+May import: numpy, torch, ``runtime.interop``, ``runtime.plain`` and ``runtime.checkpoint``'s
+checks. The optimizer itself is used through its public members only.
 """
 
 from __future__ import annotations
@@ -136,3 +140,60 @@ def load_state_dict(opt, state_dict: dict) -> None:
         version = extra.get("version")
     if version is not None:
         opt.start_at(int(round(float(version))))
+
+
+class StateDicts(torch.optim.Optimizer):
+    """The facade's state-dict methods (the torch / Horovod way of saving and resuming), kept
+    apart from :class:`~pgc_hvd.runtime.optimizer.PGCOptimizer`'s step API, on its public
+    members (``current_step``, ``encoder``, ``agent``, ...); the dynamic subclass of the user's
+    optimizer class gets both (:func:`~pgc_hvd.runtime.optimizer.facade_methods`)."""
+
+    def _pgc_part(self, copy: bool = True) -> dict:
+        """This rank's ``"pgc"`` part (:func:`pgc_part`), the version broadcast by
+        ``hvd.broadcast_optimizer_state`` adopted first."""
+        step = self.current_step
+        step.adopt()
+        return pgc_part(self.version, self.scheme, self.rank, step.capture, self.encoder,
+                        step.busy, self.staleness_bound, copy=copy)
+
+    def state_dict(self) -> dict:
+        """torch's optimizer state plus what a resume needs: ``param_groups[0]["pgc_version"]``
+        (the model version; a scalar option, so ``hvd.broadcast_optimizer_state`` carries rank
+        0's to every rank) and ``"pgc"``: this rank's :meth:`pgc_state_dict` without the torch
+        part (scheme, n, s, rank, ring, slot versions, error-feedback residual, RNG states).
+        Tensors are referenced, not copied, as torch's own state_dict does."""
+        part = self._pgc_part(copy=False)
+        sd = super(self.__class__, self).state_dict()
+        sd["param_groups"][0][interop.VERSION_KEY] = self.version
+        sd["pgc"] = part
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore a :meth:`state_dict` (or a plain torch one) before the first step: all of it
+        from this rank's own state, the torch state and the version (empty ring) from another
+        rank's of the same run; another world size or scheme raises CheckpointError
+        (:func:`load_state_dict`)."""
+        load_state_dict(self, state_dict)
+
+    def load_torch_state_dict(self, sd: dict) -> None:
+        """torch's ``load_state_dict`` of the wrapped class, keeping the param-group dicts the
+        user's optimizer shares with this one (:func:`load_torch_state`)."""
+        load_torch_state(self, sd, super(self.__class__, self).load_state_dict)
+
+    def pgc_state_dict(self) -> dict:
+        """Optimizer state, ring buffers, step, RNG states and delay-trace position."""
+        part = self._pgc_part()
+        return {"optimizer": super(self.__class__, self).state_dict(), **part}
+
+    def load_pgc_state_dict(self, state: dict, source: str = "the state dict") -> None:
+        """Restore a :meth:`pgc_state_dict` of this rank before the first step, all or nothing
+        (checked first: :func:`~pgc_hvd.runtime.checkpoint.check_pgc_state`, CheckpointError
+        naming ``source``). This rank only: :func:`~pgc_hvd.runtime.load_checkpoint` also makes
+        the ranks agree on the step."""
+        step, agent = self.current_step, self.agent
+        if step.started:
+            raise RuntimeError("load_pgc_state_dict must be called before the first step()")
+        load_pgc_state(self, state, source, capture=step.capture, encoder=self.encoder,
+                       step=step, staleness=agent)
+        agent.restart_at(self.version)
+        step.next()

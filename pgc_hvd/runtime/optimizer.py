@@ -19,22 +19,17 @@ update. Each rank is one worker of the scheme (n = ``hvd.size()``). Per step t (
    and applies the next decided update at once. So the i-th ``step()`` call applies update i on
    every rank (docs/from_horovod.md).
 
-This module is the facade (:class:`PGCOptimizer`): Horovod's step API (``step``, ``synchronize``,
-``skip_synchronize``, ``zero_grad``), ``batches``, the wiring and the lifecycle, over one
-:class:`~pgc_hvd.runtime.step.Step` (the version, the plan, the clock, the message, the update;
-docs/architecture.md, "The runtime's parts"). The other parts: :mod:`~pgc_hvd.runtime.config`
-(Horovod's keywords, defaults, local checks), :mod:`~pgc_hvd.runtime.consistency` (the
-cross-rank checks), :mod:`~pgc_hvd.runtime.step` (also the fault monitor),
-:mod:`~pgc_hvd.runtime.capture` (the gradient capture into ring slots, the replicas'
-forward-pass randomness),
-:mod:`pgc_hvd.compress.codecs` (message formation and encoding),
-:mod:`~pgc_hvd.runtime.lifecycle` (the order of ``close()`` / ``abandon()``; closed at exit
-when ``close()`` is not called),
-:mod:`~pgc_hvd.runtime.replicas` (the replicas' seed and first-step data),
-:mod:`~pgc_hvd.runtime.agent` (the decision), :mod:`~pgc_hvd.runtime.step_records`,
-:mod:`~pgc_hvd.runtime.interop` (Horovod's broadcast of the optimizer state) and
-:mod:`~pgc_hvd.runtime.optim_state` (state-dict parts). fp16, bf16 and fp64 parameters train
-with fp32 ring, messages and updates, the update cast to each parameter's dtype.
+This module is the facade: :class:`PGCOptimizer` (Horovod's step API -- ``step``,
+``synchronize``, ``skip_synchronize``, ``zero_grad`` -- ``batches``, the loop-fed door) and
+:class:`Lifecycle` (start, close, the re-plan of ``stragglers="auto"``, the staleness knob),
+over one :class:`~pgc_hvd.runtime.step.Step`; the parts it wires (built by
+:mod:`~pgc_hvd.runtime.wiring`) are listed in docs/architecture.md, "The runtime's parts".
+fp16, bf16 and fp64 parameters train with fp32 ring, messages and updates, the update cast to
+each parameter's dtype. Training thread.
+May import: numpy, torch, ``flat_layout``, ``runtime.agent``, ``runtime.auto_s``,
+``runtime.capture``, ``runtime.config``, ``runtime.consistency``, ``runtime.errors``,
+``runtime.interop``, ``runtime.lifecycle``, ``runtime.optim_state``, ``runtime.replicas``,
+``runtime.step``, ``runtime.step_records``, ``runtime.wiring``.
 
 Example::
 
@@ -61,83 +56,168 @@ from typing import Optional
 import numpy as np
 import torch
 
-from pgc_hvd.compress.codecs import MessageEncoder
-from pgc_hvd.control.momentum import applies_to, remedy_scheme_options
 from pgc_hvd.flat_layout import FlatLayout
-from pgc_hvd.runtime import consistency, interop, lifecycle, optim_state
-from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.runtime.overlap import Buckets
+from pgc_hvd.runtime import consistency, interop, lifecycle
 from pgc_hvd.runtime.agent import CommAgent
+from pgc_hvd.runtime.capture import ReplicaRNG
 from pgc_hvd.runtime.config import (RuntimeConfig, check_parameters, cross_rank_fields,
                                     parameter_names)
-from pgc_hvd.runtime.capture import GradientCapture, ReplicaRNG, loop_plan
+from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.runtime.optim_state import StateDicts
 from pgc_hvd.runtime.replicas import ReplicaDataCheck, agree_seed
-from pgc_hvd.runtime.step import FaultMonitor, Step, declared_metrics
+from pgc_hvd.runtime.step import Step, declared_metrics
 from pgc_hvd.runtime.step_records import StepRecorder
-
-
-class _StateDicts(torch.optim.Optimizer):
-    """The facade's state-dict methods (the torch / Horovod way of saving and resuming), kept
-    apart from :class:`PGCOptimizer`'s step API; the dynamic subclass gets both
-    (:func:`facade_methods`)."""
-
-    def _pgc_part(self, copy: bool = True) -> dict:
-        self._pgc_step.adopt()
-        return optim_state.pgc_part(self.version, self.scheme, self.rank, self._pgc_capture,
-                                    self._pgc_encoder, self._pgc_step.busy,
-                                    self.staleness_bound, copy=copy)
-
-    def state_dict(self) -> dict:
-        """torch's optimizer state plus what a resume needs: ``param_groups[0]["pgc_version"]``
-        (the model version; a scalar option, so ``hvd.broadcast_optimizer_state`` carries rank
-        0's to every rank) and ``"pgc"``: this rank's :meth:`pgc_state_dict` without the torch
-        part (scheme, n, s, rank, ring, slot versions, error-feedback residual, RNG states).
-        Tensors are referenced, not copied, as torch's own state_dict does."""
-        part = self._pgc_part(copy=False)
-        sd = super(self.__class__, self).state_dict()
-        sd["param_groups"][0][interop.VERSION_KEY] = self.version
-        sd["pgc"] = part
-        return sd
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Restore a :meth:`state_dict` (or a plain torch one) before the first step: all of it
-        from this rank's own state, the torch state and the version (empty ring) from another
-        rank's of the same run; another world size or scheme raises CheckpointError
-        (:func:`~pgc_hvd.runtime.optim_state.load_state_dict`)."""
-        optim_state.load_state_dict(self, state_dict)
-
-    def load_torch_state_dict(self, sd: dict) -> None:
-        """torch's ``load_state_dict`` of the wrapped class, keeping the param-group dicts the
-        user's optimizer shares with this one (:func:`~pgc_hvd.runtime.optim_state.
-        load_torch_state`)."""
-        optim_state.load_torch_state(self, sd, super(self.__class__, self).load_state_dict)
-
-    def pgc_state_dict(self) -> dict:
-        """Optimizer state, ring buffers, step, RNG states and delay-trace position."""
-        part = self._pgc_part()
-        return {"optimizer": super(self.__class__, self).state_dict(), **part}
-
-    def load_pgc_state_dict(self, state: dict, source: str = "the state dict") -> None:
-        """Restore a :meth:`pgc_state_dict` of this rank before the first step, all or nothing
-        (checked first: :func:`~pgc_hvd.runtime.checkpoint.check_pgc_state`, CheckpointError
-        naming ``source``). This rank only: :func:`~pgc_hvd.runtime.load_checkpoint` also makes
-        the ranks agree on the step."""
-        if self._pgc_step.started:
-            raise RuntimeError("load_pgc_state_dict must be called before the first step()")
-        optim_state.load_pgc_state(self, state, source, capture=self._pgc_capture,
-                                   encoder=self._pgc_encoder, step=self._pgc_step,
-                                   staleness=self._pgc_agent)
-        self._pgc_agent.restart_at(self.version)
-        self._pgc_step.next()
+from pgc_hvd.runtime.wiring import Parts, build_parts, carry_over
 
 
 def facade_methods() -> dict:
     """The methods (and class attributes) the dynamic subclass of the user's optimizer class
-    carries: :class:`_StateDicts`' and :class:`PGCOptimizer`'s."""
-    return {**_StateDicts.__dict__, **PGCOptimizer.__dict__}
+    carries: :class:`~pgc_hvd.runtime.optim_state.StateDicts`', :class:`Lifecycle`'s and
+    :class:`PGCOptimizer`'s."""
+    return {**StateDicts.__dict__, **Lifecycle.__dict__, **PGCOptimizer.__dict__}
 
 
-class PGCOptimizer(_StateDicts):
+class Lifecycle(StateDicts):
+    """The facade's life around the steps, kept apart from :class:`PGCOptimizer`'s step API
+    (none of it runs in a steady-state step): where the first step starts (``start_at``), the
+    end (``close``, ``abandon``, ``abort``, :mod:`~pgc_hvd.runtime.lifecycle`'s order), the
+    re-plan of ``stragglers="auto"`` (the parts rebuilt by :mod:`~pgc_hvd.runtime.wiring`) and
+    the staleness knob. Not instantiated: the dynamic subclass carries its methods."""
+
+    def start_at(self, version: int) -> None:
+        """Before the first step: continue from model version ``version`` with an empty ring
+        (every slot is evaluated afresh at its first use, the warm-up rule of
+        :attr:`work_plan`), e.g. a world re-formed with another n whose ranks all hold the same
+        parameters at that version. Every rank must pass the same version."""
+        if self._pgc_step.started:
+            raise RuntimeError("start_at must be called before the first step()")
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        self._pgc_step.restart_at(int(version))
+
+    def apply_decided(self) -> None:
+        """Apply every update decided so far (no new message), e.g. before saving a checkpoint
+        at a step every rank has reached."""
+        self._pgc_apply_decided()
+
+    def abandon(self, join_timeout: float = 5.0) -> int:
+        """Leave this optimizer without any collective, when its world is gone (a rank died and
+        Horovod's elastic mode re-forms the world, :mod:`pgc_hvd.runtime.elastic`): wait up to
+        ``join_timeout`` seconds for the agent thread to stop (its next collective fails),
+        apply every update it decided (the same on every survivor), remove the gradient hooks
+        and mark the optimizer closed. Returns the version reached."""
+        lifecycle.abandon_in_order(join_timeout, agent=self._pgc_agent,
+                                   recorder=self._pgc_recorder, capture=self._pgc_capture,
+                                   apply_decided=self._pgc_apply_decided)
+        self._pgc_closed = True
+        return int(self.version)
+
+    def abort(self) -> None:
+        """The training thread failed and will not step again: tell the other ranks (they stop
+        with an error naming this rank), remove the hooks, mark closed; no collective of the
+        training thread (what :mod:`~pgc_hvd.runtime.lifecycle` does at an exit by an uncaught
+        exception)."""
+        if self._pgc_closed:
+            return
+        self._pgc_closed = True
+        try:
+            self._pgc_faults.fail(self._pgc_step.started)
+        finally:
+            self._pgc_capture.remove_hooks()
+            self._pgc_recorder.close()
+
+    def __del__(self):
+        serial = getattr(self, "_pgc_serial", None)
+        if serial is not None:   # a construction that failed registered nothing
+            lifecycle.collected(self, serial)
+
+    def close(self) -> None:
+        """End of training (not needed: one not closed is closed at exit, at ``hvd.shutdown()``
+        or once collected), in :func:`~pgc_hvd.runtime.lifecycle.close_in_order`'s steps: serve
+        collectives until every rank is done, agree on the final version V = max_r version_r,
+        apply the decided updates up to V, compare the parameters' and the applied
+        hyper-parameters' digests (a disagreement raises :class:`AgentError` on every rank)."""
+        if self._pgc_closed:
+            return
+        self._pgc_closed = True
+        ends: list = []   # every rank's version at the end of its loop, once agreed
+        try:
+            lifecycle.close_in_order(
+                self._pgc_hvd, self._pgc_config, self.rank, step=self._pgc_step,
+                agent=self._pgc_agent, faults=self._pgc_faults, recorder=self._pgc_recorder,
+                capture=self._pgc_capture, params=self._pgc_layout.params,
+                apply_decided=self._pgc_apply_decided, ends=ends)
+        finally:
+            if ends:
+                self.loop_end_versions = ends
+
+    # -- stragglers="auto" (runtime.auto_s) ------------------------------------------------------
+    @property
+    def auto_stragglers(self):
+        """The ``stragglers="auto"`` rule on this rank (:class:`~pgc_hvd.runtime.auto_s.
+        RuntimeAutoS`: ``s``, ``switches``, ``summary()``), None for a fixed s."""
+        return self._pgc_auto
+
+    def _pgc_auto_boundary(self) -> None:
+        """After update V - 1 was applied: re-plan when it carries a switch (every rank reads
+        the same one at the same version V)."""
+        from pgc_hvd.runtime.auto_s import switch_of
+        last = self._pgc_step.last
+        sw = switch_of(last)
+        if sw is not None and last.step + 1 == self._pgc_step.version:
+            self._pgc_replan(int(sw["new_s"]))
+
+    def _pgc_replan(self, s: int) -> None:
+        """The re-plan of a switch to budget ``s`` at version V (:mod:`pgc_hvd.runtime.auto_s`):
+        leave the old agent at V (its updates decided meanwhile are applied), then the parts of
+        ``s`` (:func:`~pgc_hvd.runtime.wiring.build_parts`; the agent on a channel of its own
+        name) at the version reached; the loader re-bound; model and user's optimizer kept."""
+        from pgc_hvd.runtime.auto_s import agent_name, replanned_config
+        old_agent = self._pgc_agent
+        if self._pgc_records:
+            self._pgc_recorder.drain(old_agent)
+        try:
+            old_agent.finish()
+            self._pgc_apply_decided()
+        except AgentError as err:
+            self._pgc_failed = True
+            self._pgc_faults.raise_explained(err)
+        if self._pgc_records:
+            self._pgc_recorder.drain(old_agent)
+        self._pgc_capture.remove_hooks()
+        cfg = self._pgc_config = replanned_config(self._pgc_config, s)
+        old, auto = self._pgc_parts, self._pgc_auto
+        self._pgc_use(build_parts(
+            self._pgc_hvd, cfg, rank=self.rank, n=self.n, layout=self._pgc_layout,
+            names=self._pgc_names, param_groups=self.param_groups, recorder=self._pgc_recorder,
+            reports=self._pgc_records, name=agent_name(cfg, auto.rule.n_switches),
+            on_decided=auto.on_decided))
+        carry_over(old, self._pgc_parts)
+        bind = getattr(self._pgc_loader_seen, "bind", None)
+        if bind is not None:
+            bind(self.scheme, self.rank)
+        auto.restarted()
+        self._pgc_capture.attach()
+        self._pgc_start_agent()
+
+    # -- the staleness knob ----------------------------------------------------------------------
+    @property
+    def staleness_bound(self) -> Optional[int]:
+        """The bound c of a bounded-staleness scheme (entries used satisfy t - v < c) as the
+        decisions currently use it; None for schemes whose c is fixed by their code."""
+        return self._pgc_agent.staleness_bound
+
+    def set_staleness_bound(self, c: int) -> None:
+        """Change the staleness bound c of a bounded-staleness scheme during training, to
+        c in [1, c_0] (c_0: the bound the optimizer was built with). Rank 0's value is what
+        counts: every rank applies it at the same control round
+        (:meth:`~pgc_hvd.runtime.agent.CommAgent.request_staleness_bound`). Call it on every
+        rank with the same value (as :class:`pgc_hvd.control.runtime.AdaptiveController` does)
+        or on rank 0 only. PGC and the exact codes have no such knob: their c is the code's."""
+        self._pgc_agent.request_staleness_bound(c)
+
+
+class PGCOptimizer(Lifecycle):
     """Methods copied into the dynamic subclass of the user's optimizer class (built by
     :func:`pgc_hvd.DistributedOptimizer`; not instantiated directly)."""
 
@@ -160,61 +240,25 @@ class PGCOptimizer(_StateDicts):
         consistency.check_construction(hvd, type(self).__bases__[0], self.param_groups,
                                        lay.params, cross_rank_fields(config), rank=self.rank,
                                        n=self.n, timeout=config.timeout)
-        from pgc_hvd.schemes import Ring, get_scheme
-        self.scheme = get_scheme(config.scheme, self.n, config.stragglers,
-                                 **remedy_scheme_options(config.scheme, config.scheme_options,
-                                                         self.param_groups,
-                                                         config.momentum_correction))
-        config.check_scheme(self.scheme)
-        self._pgc_closed = False
-        self._pgc_failed = False   # a step raised (the end of training aborts, not closes)
-        worker_ring = Ring(self.scheme, self.rank)   # slot versions, plans, the unfilled-slot rule
-        self._pgc_encoder = MessageEncoder(lay.numel, config.compression,
-                                           complex_messages=worker_ring.complex,
-                                           device=lay.device, wire_dtype=config.wire_dtype)
-        self._pgc_capture = GradientCapture(
-            lay, worker_ring, ring_mode=bool(self.scheme.pipelined or worker_ring.complex),
-            passes_per_step=config.backward_passes_per_step,
-            scheme=self.scheme, rank=self.rank, names=self._pgc_names)
-        self._pgc_skip_sync = False        # inside skip_synchronize()
+        # closed; a step raised (the end of training aborts, not closes); in skip_synchronize()
+        self._pgc_closed = self._pgc_failed = self._pgc_skip_sync = False
         self.catch_up_steps = 0            # step() calls that computed nothing (catching up)
-        # the staleness-aware momentum correction (control.momentum): pipelined schemes only
-        self._pgc_corrects_momentum = config.momentum_correction and applies_to(self.scheme)
-        self._pgc_recorder = StepRecorder(
-            config.records, config.on_record, scheme_name=self.scheme.name, n=self.n,
-            s=self.scheme.s, param_groups=self.param_groups,
-            momentum_correction=self._pgc_corrects_momentum)
+        self._pgc_recorder = StepRecorder(   # its scheme's name and s: build_parts
+            config.records, config.on_record, scheme_name=config.scheme, n=self.n, s=0,
+            param_groups=self.param_groups)
         self._pgc_records = self._pgc_recorder.active   # rank 0's records drained per update
-        optimistic = config.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n)
-        # the data collective overlapped with backward: the buckets (runtime.overlap)
-        buckets = (Buckets.worth_it(lay, config.bucket_cap_mb)
-                   if config.overlaps(self.scheme, self._pgc_encoder.codec,
-                                      optimistic=optimistic, complex_code=worker_ring.complex)
-                   else None)
-        self._pgc_capture.buckets = buckets
-        self._pgc_agent = CommAgent(
-            hvd, self.scheme, self.rank, lay.numel, self.scheme.lookback,
-            codec=self._pgc_encoder.codec, device=lay.device, timeout=config.timeout,
-            poll_interval=config.poll_interval,
-            reports=self.rank == 0 and self._pgc_recorder.active, name=config.name,
-            replay=config.replay_arrivals, optimistic=optimistic, control=config.control,
-            metrics=len(config.metrics), buckets=buckets)
         self._pgc_auto = None   # stragglers="auto": the rule on this rank (runtime.auto_s)
         if config.auto is not None:
             from pgc_hvd.runtime.auto_s import RuntimeAutoS
             self._pgc_auto = RuntimeAutoS(config.auto, config.scheme, self.n,
                                           config.scheme_options)
-            self._pgc_agent.on_decided = self._pgc_auto.on_decided
-        # the step: version, plan, clock, message, update (the capture asks it for the plan)
-        self._pgc_step = Step(self._pgc_capture, self._pgc_encoder, self._pgc_agent,
-                              self.scheme, self.rank, param_groups=self.param_groups,
-                              delays=config.delays, cancel=config.cancel,
-                              replay_steps=config.replay_steps(self.rank),
-                              op_scale=config.op_scale, on_update=config.on_update)
+        self._pgc_use(build_parts(   # scheme, ring, encoder, capture, agent, step, faults
+            hvd, config, rank=self.rank, n=self.n, layout=lay, names=self._pgc_names,
+            param_groups=self.param_groups, recorder=self._pgc_recorder,
+            reports=self.rank == 0 and self._pgc_records, name=config.name,
+            replay=config.replay_arrivals, replay_steps=config.replay_steps(self.rank),
+            on_decided=None if self._pgc_auto is None else self._pgc_auto.on_decided))
         self._pgc_loader_seen = None   # the loader LoaderCheck saw last (checked at first sight)
-        self._pgc_loop_width = None    # loop_width, computed at its first use
-        self._pgc_faults = FaultMonitor(self._pgc_agent, self.rank, lay.params,
-                                        names=self._pgc_names, timeout=config.timeout)
         self._pgc_check_loader = consistency.LoaderCheck(
             hvd, n=self.n, rank=self.rank, name=config.name, timeout=config.timeout,
             scheme_name=self.scheme.name)
@@ -224,6 +268,13 @@ class PGCOptimizer(_StateDicts):
         self._pgc_replicas = ReplicaDataCheck(self.n, self.rank)
         self._pgc_capture.attach()
         self._pgc_serial = lifecycle.register(self)   # closed at exit if close() is not called
+
+    def _pgc_use(self, parts: Parts) -> None:
+        """Run on ``parts`` (:func:`~pgc_hvd.runtime.wiring.build_parts`)."""
+        self._pgc_parts, self.scheme = parts, parts.scheme
+        self._pgc_encoder, self._pgc_capture = parts.encoder, parts.capture
+        self._pgc_agent, self._pgc_step, self._pgc_faults = parts.agent, parts.step, parts.faults
+        self._pgc_corrects_momentum = parts.corrects_momentum
 
     # -- public parts and state --------------------------------------------------------------
     @property
@@ -271,7 +322,7 @@ class PGCOptimizer(_StateDicts):
 
     @property
     def encoder(self):
-        """The :class:`~pgc_hvd.compress.codecs.MessageEncoder` of this rank's messages."""
+        """The :class:`~pgc_hvd.compress.encoder.MessageEncoder` of this rank's messages."""
         return self._pgc_encoder
 
     @property
@@ -376,60 +427,32 @@ class PGCOptimizer(_StateDicts):
             else:
                 cap.last_batch_done()
 
-    # -- the loop-fed door (pgc_hvd.DistributedDataParallel) -----------------------------------
+    # -- the loop-fed door (pgc_hvd.DistributedDataParallel, runtime.ddp) ---------------------
     def feed_from_loop(self) -> None:
         """The user's own loop feeds the scheme's partitions, one batch per step (the DDP door,
-        :mod:`pgc_hvd.runtime.ddp`, with :class:`pgc_hvd.CodedSampler`): a backward outside
-        :meth:`batches` is the step's evaluation (several partitions share the batch, rows
-        weighted by their coefficients) and a pipelined scheme's ring starts with zeros.
-        Before the first step."""
+        :mod:`pgc_hvd.runtime.ddp`; :meth:`~pgc_hvd.runtime.capture.GradientCapture.
+        feed_from_loop`). Before the first step."""
         if self._pgc_step.started:
             raise RuntimeError("feed_from_loop must be called before the first step()")
-        if self._pgc_capture.complex:
-            raise ValueError(
-                f"scheme {self.scheme.name} has complex coefficients, which a batch's row "
-                f"weights cannot carry: use it through optimizer.batches(loader), or another "
-                f"scheme (pgc-cr, bcgc, gc-cr, ...) with pgc_hvd.DistributedDataParallel")
         self._pgc_capture.feed_from_loop(self._pgc_step.version)
 
     def loop_partitions(self, step: int) -> tuple:
-        """``((partition, weight), ...)``: what the loop's batch of ``step`` holds (the
-        partitions this rank evaluates there, :func:`~pgc_hvd.runtime.capture.loop_plan`) and
-        the weight of each one's gradient in the message (1 where the ring applies the
-        coefficients; a pipelined scheme's). Nothing changes."""
-        ring = self._pgc_capture.ring_mode
-        plan = loop_plan(self.scheme, self.rank, int(step), ring)
-        if ring:
-            return tuple((int(q), 1.0) for q, _ in plan.evaluate)
-        coef = dict(plan.combine)
-        return tuple((int(q), float(coef[sl])) for q, sl in plan.evaluate)
+        """``((partition, weight), ...)`` of the loop's batch of ``step``
+        (:meth:`~pgc_hvd.runtime.capture.GradientCapture.loop_partitions`)."""
+        return self._pgc_capture.loop_partitions(step)
 
     @property
     def loop_width(self) -> int:
-        """The most partitions a loop's batch holds at a step, over every rank and the steps
-        of a period of the plans (BCGC's loads differ by rank): every rank's batch gives each
-        partition B // width rows, so replicas evaluate the same samples."""
-        width = self._pgc_loop_width
-        if width is None:
-            ring = self._pgc_capture.ring_mode
-            span = 2 * (self._pgc_capture.worker_ring.size + self.n) + 1
-            width = self._pgc_loop_width = max(
-                len(loop_plan(self.scheme, r, t, ring).evaluate)
-                for r in range(self.n) for t in range(span))
-        return width
+        """The most partitions a loop's batch holds at a step, over every rank
+        (:meth:`~pgc_hvd.runtime.capture.GradientCapture.loop_width`)."""
+        return self._pgc_capture.loop_width(self.n)
 
     def begin_loop_step(self) -> bool:
         """A training forward of the loop begins the step of :attr:`version` (if it has not);
-        returns whether this rank computes at it (False: the step was decided without it; the
-        loop's gradient is dropped and ``step()`` applies the decided update; under a
-        GradScaler p.grad then holds zeros for its inf check)."""
+        whether this rank computes at it (:meth:`~pgc_hvd.runtime.step.Step.begin_loop`)."""
         if self._pgc_closed:
             raise RuntimeError("pgc_hvd optimizer is closed")
-        step = self._pgc_step
-        step.begin()
-        if not step.computes and self._pgc_capture.amp:
-            self._pgc_capture.zero_grads()
-        return step.computes
+        return self._pgc_step.begin_loop()
 
     # -- the step ------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -573,174 +596,3 @@ class PGCOptimizer(_StateDicts):
             self._pgc_apply_grads()
         step.after_update()
         self._pgc_check_params()
-
-    # -- lifecycle -----------------------------------------------------------------------------
-    def start_at(self, version: int) -> None:
-        """Before the first step: continue from model version ``version`` with an empty ring
-        (every slot is evaluated afresh at its first use, the warm-up rule of
-        :attr:`work_plan`), e.g. a world re-formed with another n whose ranks all hold the same
-        parameters at that version. Every rank must pass the same version."""
-        if self._pgc_step.started:
-            raise RuntimeError("start_at must be called before the first step()")
-        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
-            raise ValueError(f"version must be an int >= 0, got {version!r}")
-        self._pgc_step.restart_at(int(version))
-
-    def apply_decided(self) -> None:
-        """Apply every update decided so far (no new message), e.g. before saving a checkpoint
-        at a step every rank has reached."""
-        self._pgc_apply_decided()
-
-    def abandon(self, join_timeout: float = 5.0) -> int:
-        """Leave this optimizer without any collective, when its world is gone (a rank died and
-        Horovod's elastic mode re-forms the world, :mod:`pgc_hvd.runtime.elastic`): wait up to
-        ``join_timeout`` seconds for the agent thread to stop (its next collective fails),
-        apply every update it decided (the same on every survivor), remove the gradient hooks
-        and mark the optimizer closed. Returns the version reached."""
-        lifecycle.abandon_in_order(join_timeout, agent=self._pgc_agent, recorder=self._pgc_recorder,
-                        capture=self._pgc_capture, apply_decided=self._pgc_apply_decided)
-        self._pgc_closed = True
-        return int(self.version)
-
-    def abort(self) -> None:
-        """The training thread failed and will not step again: tell the other ranks (they stop
-        with an error naming this rank), remove the hooks, mark closed; no collective of the
-        training thread (what :mod:`~pgc_hvd.runtime.lifecycle` does at an exit by an uncaught
-        exception)."""
-        if self._pgc_closed:
-            return
-        self._pgc_closed = True
-        try:
-            self._pgc_faults.fail(self._pgc_step.started)
-        finally:
-            self._pgc_capture.remove_hooks()
-            self._pgc_recorder.close()
-
-    def __del__(self):
-        serial = getattr(self, "_pgc_serial", None)
-        if serial is not None:   # a construction that failed registered nothing
-            lifecycle.collected(self, serial)
-
-    def close(self) -> None:
-        """End of training (not needed: an optimizer not closed is closed at exit, at
-        ``hvd.shutdown()`` or after it is collected, :mod:`~pgc_hvd.runtime.lifecycle`); the
-        steps are :func:`~pgc_hvd.runtime.lifecycle.close_in_order`'s: serve collectives until every rank
-        is done, agree on the final version V = max_r version_r, apply the decided updates up
-        to V (a rank that left its loop early catches up), then compare the parameters' and the
-        applied hyper-parameters' digests: a disagreement raises :class:`AgentError` on every
-        rank naming the ranks."""
-        if self._pgc_closed:
-            return
-        self._pgc_closed = True
-        ends: list = []   # every rank's version at the end of its loop, once agreed
-        try:
-            lifecycle.close_in_order(
-                self._pgc_hvd, self._pgc_config, self.rank, step=self._pgc_step,
-                agent=self._pgc_agent, faults=self._pgc_faults, recorder=self._pgc_recorder,
-                capture=self._pgc_capture, params=self._pgc_layout.params,
-                apply_decided=self._pgc_apply_decided, ends=ends)
-        finally:
-            if ends:
-                self.loop_end_versions = ends
-
-    # -- stragglers="auto" (runtime.auto_s) ------------------------------------------------------
-    @property
-    def auto_stragglers(self):
-        """The ``stragglers="auto"`` rule on this rank (:class:`~pgc_hvd.runtime.auto_s.
-        RuntimeAutoS`: ``s``, ``switches``, ``summary()``), None for a fixed s."""
-        return self._pgc_auto
-
-    def _pgc_auto_boundary(self) -> None:
-        """After update V - 1 was applied: re-plan when it carries a switch (every rank reads
-        the same one at the same version V)."""
-        from pgc_hvd.runtime.auto_s import switch_of
-        last = self._pgc_step.last
-        sw = switch_of(last)
-        if sw is not None and last.step + 1 == self._pgc_step.version:
-            self._pgc_replan(int(sw["new_s"]))
-
-    def _pgc_replan(self, s: int) -> None:
-        """The re-plan of a switch to budget ``s`` at version V (:mod:`pgc_hvd.runtime.auto_s`):
-        leave the old agent at V (it serves collectives until every rank has left; updates it
-        decided meanwhile, the same on every rank, are applied), then the scheme of ``s``, a
-        fresh ring and capture, encoder, agent (a channel of its own name) and step at the
-        version reached; the loader re-bound; the model and the user's optimizer carry over."""
-        from pgc_hvd.runtime.auto_s import agent_name, replanned_config
-        from pgc_hvd.schemes import Ring, get_scheme
-        old_step, old_agent, old_cap = self._pgc_step, self._pgc_agent, self._pgc_capture
-        if self._pgc_records:
-            self._pgc_recorder.drain(old_agent)
-        try:
-            old_agent.finish()
-            self._pgc_apply_decided()
-        except AgentError as err:
-            self._pgc_failed = True
-            self._pgc_faults.raise_explained(err)
-        if self._pgc_records:
-            self._pgc_recorder.drain(old_agent)
-        old_cap.remove_hooks()
-        cfg = self._pgc_config = replanned_config(self._pgc_config, s)
-        lay = self._pgc_layout
-        self.scheme = get_scheme(cfg.scheme, self.n, cfg.stragglers,
-                                 **remedy_scheme_options(cfg.scheme, cfg.scheme_options,
-                                                         self.param_groups,
-                                                         cfg.momentum_correction))
-        cfg.check_scheme(self.scheme)
-        worker_ring = Ring(self.scheme, self.rank)
-        self._pgc_encoder = MessageEncoder(lay.numel, cfg.compression,
-                                           complex_messages=worker_ring.complex,
-                                           device=lay.device, wire_dtype=cfg.wire_dtype)
-        cap = self._pgc_capture = GradientCapture(
-            lay, worker_ring, ring_mode=bool(self.scheme.pipelined or worker_ring.complex),
-            passes_per_step=cfg.backward_passes_per_step,
-            scheme=self.scheme, rank=self.rank, names=self._pgc_names)
-        cap.loop_fed, cap.amp = old_cap.loop_fed, old_cap.amp
-        self._pgc_corrects_momentum = cfg.momentum_correction and applies_to(self.scheme)
-        self._pgc_recorder.s = self.scheme.s
-        self._pgc_recorder.momentum_correction = self._pgc_corrects_momentum
-        optimistic = cfg.effective_optimistic(self._pgc_encoder.codec, lay.device, self.n)
-        buckets = cap.buckets = (Buckets.worth_it(lay, cfg.bucket_cap_mb)
-                                 if cfg.overlaps(self.scheme, self._pgc_encoder.codec,
-                                                 optimistic=optimistic,
-                                                 complex_code=worker_ring.complex) else None)
-        agent = self._pgc_agent = CommAgent(
-            self._pgc_hvd, self.scheme, self.rank, lay.numel, self.scheme.lookback,
-            codec=self._pgc_encoder.codec, device=lay.device, timeout=cfg.timeout,
-            poll_interval=cfg.poll_interval, reports=self._pgc_records,
-            name=agent_name(cfg, self._pgc_auto.rule.n_switches),
-            optimistic=optimistic, control=cfg.control, metrics=len(cfg.metrics),
-            buckets=buckets)
-        agent.on_decided = self._pgc_auto.on_decided
-        step = self._pgc_step = Step(cap, self._pgc_encoder, agent, self.scheme, self.rank,
-                                     param_groups=self.param_groups, delays=cfg.delays,
-                                     cancel=cfg.cancel, op_scale=cfg.op_scale,
-                                     on_update=cfg.on_update)
-        step.busy, step.hyper_digest, step.last = old_step.busy, old_step.hyper_digest, \
-            old_step.last
-        step.may_stream = old_step.may_stream      # the loop's habits, seen at its first step
-        step.restart_at(old_step.version)
-        self._pgc_faults = FaultMonitor(agent, self.rank, lay.params, names=self._pgc_names,
-                                        timeout=cfg.timeout)
-        self._pgc_loop_width = None
-        bind = getattr(self._pgc_loader_seen, "bind", None)
-        if bind is not None:
-            bind(self.scheme, self.rank)
-        self._pgc_auto.restarted()
-        cap.attach()
-        self._pgc_start_agent()
-
-    # -- the staleness knob ----------------------------------------------------------------------
-    @property
-    def staleness_bound(self) -> Optional[int]:
-        """The bound c of a bounded-staleness scheme (entries used satisfy t - v < c) as the
-        decisions currently use it; None for schemes whose c is fixed by their code."""
-        return self._pgc_agent.staleness_bound
-
-    def set_staleness_bound(self, c: int) -> None:
-        """Change the staleness bound c of a bounded-staleness scheme during training, to
-        c in [1, c_0] (c_0: the bound the optimizer was built with). Rank 0's value is what
-        counts: every rank applies it at the same control round
-        (:meth:`~pgc_hvd.runtime.agent.CommAgent.request_staleness_bound`). Call it on every
-        rank with the same value (as :class:`pgc_hvd.control.runtime.AdaptiveController` does)
-        or on rank 0 only. PGC and the exact codes have no such knob: their c is the code's."""
-        self._pgc_agent.request_staleness_bound(c)

@@ -37,7 +37,7 @@ A loss or metrics handed to ``step()`` of a streamed step ride with the rank's n
 decided step's ``loss`` and user metrics are those of the used ranks' previous batches.
 
 :class:`Buckets` is built on the training thread and read-only after construction (both
-threads read it). May import: ``flat_layout`` and torch.
+threads read it). May import: torch (the layout is passed in).
 """
 
 from __future__ import annotations

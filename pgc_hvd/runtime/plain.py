@@ -15,6 +15,8 @@ and they are read with ``torch.load(weights_only=True)``, whose unpickler builds
 and refuses every other global (the default of ``torch.load`` since torch 2.6).
 :func:`check_plain` refuses anything else before it is written or sent, naming where it sits
 and how to convert it (``float(x)`` for a numpy scalar, ``torch.from_numpy`` for an array, ...).
+
+May import: numpy, torch and the standard library; nothing of the package.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ checks :mod:`pgc_hvd.runtime.replicas`':
   decided without it catches up -- and whether the step was overtaken under
   ``straggler_policy="cancel"``), the compute clock (busy seconds, sent in the control rows),
   the path of the message (end the partition still in ``p.grad``, refuse slots that got no
-  gradient, unscale under AMP, form it -- :class:`~pgc_hvd.compress.codecs.MessageEncoder`,
+  gradient, unscale under AMP, form it -- :class:`~pgc_hvd.compress.encoder.MessageEncoder`,
   straight into the payload row when rows are dense --, inject the configured delay, check it
   is finite, encode it, hand it to the agent) and the update (the decided update into
   ``p.grad`` in each parameter's dtype: ``on_update``, Horovod's ``op`` factor, the user's rule
@@ -29,7 +29,8 @@ outside ``batches()``), never by a getter; reading it (:meth:`Step.peek_plan`,
 :meth:`Step.would_compute`) changes nothing.
 
 Runs on the training thread only. May import: ``control.momentum``, ``runtime.agent``
-(``Outgoing``), ``runtime.capture`` (``GradientCapture``, ``loop_plan``), ``runtime.config``
+(``Outgoing``), ``runtime.capture`` (``GradientCapture``, ``loop_plan``),
+``runtime.communicator`` (``Stream``: the overlap's handoff), ``runtime.config``
 (``takes_three``), ``runtime.consistency`` (``NonFiniteParameters``), ``runtime.errors``,
 ``runtime.interop`` and torch.
 """
@@ -103,7 +104,7 @@ class Step:
     """This rank's current step: version, plan, clock, message and update (module doc).
 
     ``capture`` (a :class:`GradientCapture`), ``encoder`` (a
-    :class:`~pgc_hvd.compress.codecs.MessageEncoder`) and ``agent`` (a
+    :class:`~pgc_hvd.compress.encoder.MessageEncoder`) and ``agent`` (a
     :class:`~pgc_hvd.runtime.agent.CommAgent`, or any object with its training-thread members)
     are used through their public members; ``param_groups`` are the optimizer's (a version
     ``hvd.broadcast_optimizer_state`` wrote there is adopted at the first use,
@@ -180,6 +181,16 @@ class Step:
             self.capture.new_step()
             self.clock()
         return self.plan
+
+    def begin_loop(self) -> bool:
+        """A training forward of the user's loop (the DDP door) begins the step (:meth:`begin`);
+        returns whether this rank computes at it (False: the step was decided without it; the
+        loop's gradient is dropped and ``step()`` applies the decided update; under a
+        GradScaler p.grad then holds zeros for its inf check)."""
+        self.begin()
+        if not self.computes and self.capture.amp:
+            self.capture.zero_grads()
+        return self.computes
 
     def plan_at(self, version: int):
         """The plan of step ``version``: the ring's, or :func:`loop_plan` when the user's loop

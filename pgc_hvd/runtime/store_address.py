@@ -19,6 +19,8 @@ first of:
 Every rank connects to that address (it is broadcast with the port). A rank on another host
 that is handed a loopback address is stopped with the fix instead of waiting for a connection
 that cannot come.
+
+May import: the standard library only.
 """
 
 from __future__ import annotations

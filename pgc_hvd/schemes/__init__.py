@@ -24,8 +24,8 @@ Protocol (full text in :mod:`pgc_hvd.schemes.protocol`, which engines code again
   error norms, whether a round can still fire) is declared on :class:`Scheme`.
 """
 
-from .protocol import (Arrival, Decision, MessageForm, Ring, Round, Scheme, Use, WorkPlan,
-                       weighted_sum)
+from .decision import Decision, Use, weighted_sum
+from .protocol import Arrival, MessageForm, Ring, Round, Scheme, WorkPlan
 from .registry import (SCHEMES, default_stragglers, get_scheme, scheme_class, setting_stragglers,
                        stragglers_for)
 

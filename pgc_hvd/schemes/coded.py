@@ -3,7 +3,8 @@ its support each step and sends g^_i = sum_k B[i,k] g_k.
 
 * Binary class codes -- GC-FR (``fr``), GFRC, BCGC: the message is the plain sum of
   the support; the master sums one worker per block of the first complete
-  recovery group (weights 1/n), see :class:`~.rounds.FirstCompleteRound`.
+  recovery group (weights 1/n), see :class:`FirstCompleteRound`
+  (here, beside the schemes that use it).
 * Linear codes -- GC-CR (``cr``), G-MDS, RS (and cyclic MDS): the master waits for
   the first n-s arrivals I and solves a_I B_I = 1 (cached per I); weights a_i / n.
   ``info`` reports ||a_I||_1 (as ``decode_norm1``) and ``residual`` ||a_I B_I - 1||.
@@ -11,12 +12,59 @@ its support each step and sends g^_i = sum_k B[i,k] g_k.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pgc_hvd.codes import get_code
 
-from .protocol import FirstCompleteRound, FirstKRound, Scheme
+from .protocol import Arrival, Decision, FirstKRound, Round, Scheme
 from .validation import check_choice, check_scheme_n_s
 
 BINARY_DECODERS = ("first-complete", "n-s", "min-error")
+
+
+class FirstCompleteRound(Round):
+    """Binary class codes. Arrivals go, O(1) each, into a streaming
+    first-complete-group decoder; the round fires
+
+    * ``decoder="first-complete"``: as soon as a group is complete;
+    * ``decoder="n-s"``: at the (n-s)-th arrival, with the group completed first;
+    * ``decoder="min-error"``: at the (n-s)-th arrival, with the complete class of
+      smallest sum of compression-error norms (BCGC paper, Sec. VI-B).
+    """
+
+    def __init__(self, scheme, step):
+        super().__init__(scheme, step)
+        self.dec = scheme.new_decoder()
+
+    def _on_arrival(self, arrival: Arrival) -> Optional[Decision]:
+        sch = self.scheme
+        group = self.dec.offer(arrival.worker)
+        if sch.decoder == "first-complete":
+            if group is None:
+                return None
+            return self._decide_group(group, self.dec.representatives())
+        if len(self.arrived) < sch.n - sch.s:
+            return None
+        if sch.decoder == "n-s":
+            return self._decide_group(self.dec.complete, self.dec.representatives())
+        from pgc_hvd.codes import min_error_class
+
+        errors = {}
+        for w in self.arrived:
+            e = self.arrivals[w].error_norm
+            sch.check_error_norms(e is not None, f"worker {w}'s arrival has no error_norm "
+                                                 f"(||C(g^_i) - g^_i||)")
+            errors[w] = float(e)
+        j = min_error_class(sch.code.classes, self.arrived, errors)
+        members = sch.code.classes[j]
+        return self._decide_group(j, members, {"class_error": sum(errors[i] for i in members)})
+
+    def _decide_group(self, group, members, extra=None):
+        w = 1.0 / self.scheme.n
+        info = {"group": group}
+        if extra:
+            info.update(extra)
+        return self.decide({i: w for i in members}, info)
 
 
 class BinaryGCScheme(Scheme):

@@ -46,23 +46,11 @@ same without a new arrival (bounded staleness may fire from its table alone).
   rounds, so every rank must own one scheme object and feed it the same
   sequence. Open rounds in increasing step order.
 
-:class:`Decision` (frozen, JSON-serialisable through ``to_dict``) holds
-``uses`` -- one :class:`Use` ``(worker, step, version, weight)`` per message
-used, weights already including the 1/n of the average -- and ``info``, a
-flat dict for the step record: ``n_used``, ``weight_min/max``, effective decode
-coefficients ``alpha_min/max`` (alpha_{m,k} = n * weight_m * coef_{m,k}, the
-weight with which partition k's gradient in message m enters the estimate
-of sum_k g_k), per-partition totals ``partition_weight_min/max``
-(sum_m alpha_{m,k}: 1 for exact schemes), ``decode_norm1`` (sum_m n|weight_m|),
-gradient ages (``max_age``, ``mean_age``), and scheme-specific entries
-(``group``, ``residual``).
-
-``Decision.combine(messages)`` returns sum_m weight_m * message_m, the estimate
-of the average gradient (1/n) sum_k g_k; ``messages`` maps ``(worker, step)``
-(or just ``worker``) to numpy arrays or torch tensors -- the scheme only
-multiplies them by python scalars and adds them, and keeps the real part for
-complex codes. ``Round.combine(decision)`` does the same from the messages the
-round (and, for bounded staleness, the table) has seen.
+:class:`Decision` (:mod:`pgc_hvd.schemes.decision`: frozen, JSON-serialisable) holds ``uses``,
+one :class:`Use` ``(worker, step, version, weight)`` per message used, and ``info``, a flat dict
+for the step record; ``Decision.combine(messages)`` returns the estimate of the average
+gradient, and ``Round.combine(decision)`` does the same from the messages the round (and, for
+bounded staleness, the table) has seen.
 
 One step, in an engine::
 
@@ -75,44 +63,35 @@ One step, in an engine::
             update = decision.combine(rnd.messages)  # or after an allgather
             break
 
-The round types shared by several schemes (at the end of this module): :class:`FirstKRound`
-waits for the first k arrivals, :class:`FirstCompleteRound` streams arrivals into a
-first-complete-group decoder.
+The round type shared by several schemes: :class:`FirstKRound` (at the end of this module)
+waits for the first k arrivals; the first-complete-group round of the binary class codes is
+:mod:`pgc_hvd.schemes.coded`'s. The checks asked before or at construction (the straggler
+budget s, the minimum-error decoder's precondition) are :class:`~pgc_hvd.schemes.validation.
+SchemeChecks`', the base class of :class:`Scheme`.
 
-The worker side of a scheme (at the very end of this module): one worker's ring of gradient
-slots, as every engine keeps it (:class:`Ring`).
+The worker side (at the very end): one worker's ring of gradient slots, as every engine keeps
+it (:class:`Ring`). Slot l holds the newest evaluation of ``plan.slot_partitions[l]`` and the
+model version v_l it was evaluated at (-1: never); the message's entries have ages t - v_l
+(:meth:`Ring.message_versions`, ``Arrival.slot_versions``). Unfilled-slot rule: a slot the
+message needs but that was never filled (a cancelled warm-up, a ring emptied by
+:meth:`Ring.reset`) is evaluated at the current step with the plan's own pairs, so a message
+never sums an empty slot. Plans are cached by :meth:`Scheme.plan_key` (the scheme says which
+steps share a plan), and so are the message's coefficients (:class:`MessageForm`). The
+simulator stores gradient rows in :attr:`Ring.slots`, the scheme tests vectors; the Horovod
+runtime keeps its own flat buffers and uses the ring for versions and plans only.
 
-Worker j keeps L_j = ``plan.ring_size`` slots; slot l holds the newest evaluation of partition
-``plan.slot_partitions[l]`` and the model version v_l it was evaluated at (-1: never). At step t
-the worker evaluates the pairs of :meth:`Ring.plan` into their slots (:meth:`Ring.fill`) and
-sends the coded message
-
-    m_j^(t) = sum_{(l, b_l) in plan.combine} b_l * slot_l,
-
-whose entries have ages t - v_l (:meth:`Ring.message_versions`, ``Arrival.slot_versions``).
-
-Unfilled-slot rule: a slot the message needs but that was never filled (a warm-up step that was
-cancelled, a ring emptied by :meth:`Ring.reset`) is evaluated at the current step together with
-the plan's own pairs, so a message never sums an empty slot.
-
-Plans are cached by :meth:`~pgc_hvd.schemes.protocol.Scheme.plan_key` (the scheme says which
-steps share a plan; no engine re-derives its rotation rule), and so are the message's
-coefficients (:class:`MessageForm`: real, as python floats for the kernels, or complex).
-
-The simulator stores what it likes in :attr:`Ring.slots` (a gradient row), the scheme tests
-store vectors, the Horovod runtime keeps its own flat buffers and uses the ring for versions
-and plans only.
+May import: numpy, ``codes``, ``schemes.decision``, ``schemes.validation``.
 """
 
 from __future__ import annotations
 
-import operator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from pgc_hvd.codes.validation import check_n_s
+from pgc_hvd.schemes.decision import Decision, Use
+from pgc_hvd.schemes.validation import SchemeChecks
 
 
 @dataclass(frozen=True)
@@ -168,76 +147,6 @@ class WorkPlan:
         """(partition, coefficient) pairs the coded message stands for."""
         return tuple((self.slot_partitions[slot], coef) for slot, coef in self.combine)
 
-
-@dataclass(frozen=True)
-class Use:
-    """One message used by a decision, with its weight in the averaged update."""
-
-    worker: int
-    step: int
-    version: int
-    weight: Any  # float, or complex for complex codes
-
-
-def weighted_sum(terms, real_part: bool = False):
-    """sum weight * message over (weight, message) pairs, for numpy arrays or torch tensors."""
-    acc = None
-    for w, m in terms:
-        term = m * w
-        acc = term if acc is None else acc + term
-    if acc is not None and real_part:
-        acc = acc.real
-    return acc
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The scheme's answer "fire now": which messages, with which weights."""
-
-    scheme: str
-    step: int
-    uses: tuple[Use, ...]
-    arrived: tuple[int, ...]
-    real_part: bool = False
-    info: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def workers(self) -> tuple[int, ...]:
-        return tuple(u.worker for u in self.uses)
-
-    @property
-    def weights(self) -> dict[int, Any]:
-        """worker -> weight (uses of the current step only; bounded staleness may
-        use older messages, see ``uses``)."""
-        return {u.worker: u.weight for u in self.uses if u.step == self.step}
-
-    def combine(self, messages: Mapping):
-        """sum_m weight_m * message_m; ``messages`` keyed by (worker, step) or by worker."""
-        def get(u: Use):
-            key = (u.worker, u.step)
-            if key in messages:
-                return messages[key]
-            return messages[u.worker]
-        return weighted_sum(((u.weight, get(u)) for u in self.uses), self.real_part)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["uses"] = [
-            {**asdict(u), "weight": _json_scalar(u.weight)} for u in self.uses
-        ]
-        d["info"] = {k: _json_scalar(v) for k, v in self.info.items()}
-        d["arrived"] = list(self.arrived)
-        return d
-
-
-def _json_scalar(v):
-    if isinstance(v, complex):
-        return [v.real, v.imag]
-    if isinstance(v, (np.floating, np.integer)):
-        return v.item()
-    if isinstance(v, tuple):
-        return list(v)
-    return v
 
 
 def _scalar(x):
@@ -365,7 +274,7 @@ def _ages(step: int, uses: Sequence[Use], arrivals: Mapping[int, Arrival],
     return {"max_age": int(max(ages)), "mean_age": float(mean)}
 
 
-class Scheme:
+class Scheme(SchemeChecks):
     """Base class of all schemes. Subclasses set the placement and the round type.
 
     What the engines (the simulator, the Horovod runtime) and the control rule ask a scheme is
@@ -418,52 +327,6 @@ class Scheme:
         self.s = int(s)
         self._entry_cache: dict = {}   # message_key -> message_entries
         self._entries: dict = {}       # the distinct message_entries
-
-    # -- the straggler budget s (class methods: asked before a scheme is built) ----------
-    @classmethod
-    def default_stragglers(cls, n: Optional[int] = None) -> int:
-        """The straggler budget s when none is given, for n workers (None: any n >= 2): 1, or
-        0 for a scheme that waits for every worker (dgd) and for a single worker (n = 1: there
-        is no other worker to wait less for, e.g. a one-process debug run). The one place this
-        default is written: the optimizer (``stragglers=None``), the command lines and the
-        benchmarks ask here (:func:`pgc_hvd.schemes.stragglers_for`)."""
-        return 0 if cls.waits_for_all or (n is not None and n <= 1) else 1
-
-    @classmethod
-    def check_stragglers(cls, s, n: Optional[int] = None) -> int:
-        """s as an int, checked for n workers (None: n not known yet, e.g. a command line
-        before the ranks start): an int (TypeError otherwise), 0 <= s <= n - 1, and 0 for a
-        scheme that waits for every worker; each error names the fix. The one check of a given
-        s (the optimizer's configuration, :func:`pgc_hvd.schemes.stragglers_for`, the command
-        lines, dgd's constructor)."""
-        if isinstance(s, bool):
-            raise TypeError(f"stragglers must be an int (the straggler budget s), got {s!r}")
-        try:
-            s = operator.index(s)
-        except TypeError:
-            raise TypeError(f"stragglers must be an int (the straggler budget s), got "
-                            f"{s!r}") from None
-        if n is not None:
-            check_n_s(cls.name, n, s)
-        elif s < 0:
-            raise ValueError(f"{cls.name}: s (stragglers tolerated) must be >= 0, got s={s}; "
-                             f"e.g. s={cls.default_stragglers()}")
-        if cls.waits_for_all and s != 0:
-            workers = "workers" if n is None else f"n={n} workers"
-            raise ValueError(f"{cls.name} waits for all {workers} and tolerates no stragglers, "
-                             f"so s={s} would be ignored; pass s=0 (stragglers=0, --stragglers "
-                             f"0, or leave it out), or use 'is-sgd' to drop the s slowest, or a "
-                             f"coded scheme ('pgc-cr', 'bcgc', 'gc-cr') to tolerate s "
-                             f"stragglers exactly")
-        return s
-
-    @classmethod
-    def setting_stragglers(cls, s: int) -> int:
-        """The budget this scheme runs with in an experiment setting of budget s: s, or 0 for
-        a scheme that waits for every worker (the papers run DGD beside the schemes of budget
-        s, as the reference of that setting). Asked explicitly by the experiments that do so;
-        the simulator and the optimizer refuse dgd with s > 0 (:meth:`check_stragglers`)."""
-        return 0 if cls.waits_for_all else int(s)
 
     # -- worker side --------------------------------------------------------
     def supports(self) -> list[list[int]]:  # pragma: no cover - abstract
@@ -524,24 +387,6 @@ class Scheme:
         age < staleness_bound). The engines size a control row's slot versions by h at
         construction and keep a message for h steps."""
         return max(self.ring_depth, self.staleness_bound or 1)
-
-    @property
-    def needs_error_norms(self) -> bool:
-        """Whether the decoder reads ``Arrival.error_norm`` (the minimum-error class decoder)."""
-        return False
-
-    def check_error_norms(self, available: bool, fix: str) -> None:
-        """The minimum-error class decoder's precondition (BCGC, Sec. VI-B): it picks the
-        complete class whose messages lost least to compression (least sum of ||C(u) - u||), so
-        every message it decodes must come with that error, which only compressed messages
-        have. ValueError ending with ``fix`` (how the caller's engine gets such messages) when
-        :attr:`needs_error_norms` and not ``available``. The one home of this precondition:
-        the optimizer (:meth:`~pgc_hvd.runtime.config.RuntimeConfig.check_scheme`), both
-        simulators and the decoding round call it."""
-        if self.needs_error_norms and not available:
-            raise ValueError(f"{self.name} with decoder='min-error' picks the complete class "
-                             f"whose messages lost least to compression (least sum of "
-                             f"||C(u) - u||), so it needs top-kappa compression: {fix}")
 
     def can_fire(self, rnd: "Round", pending) -> bool:
         """Whether ``rnd``, open and not fired, can still fire when the workers in ``pending``
@@ -633,51 +478,6 @@ class FirstKRound(Round):
             return None
         weights, extra = self.scheme.weights_for(list(self.arrived), self)
         return self.decide(weights, extra)
-
-
-class FirstCompleteRound(Round):
-    """Binary class codes. Arrivals go, O(1) each, into a streaming
-    first-complete-group decoder; the round fires
-
-    * ``decoder="first-complete"``: as soon as a group is complete;
-    * ``decoder="n-s"``: at the (n-s)-th arrival, with the group completed first;
-    * ``decoder="min-error"``: at the (n-s)-th arrival, with the complete class of
-      smallest sum of compression-error norms (BCGC paper, Sec. VI-B).
-    """
-
-    def __init__(self, scheme, step):
-        super().__init__(scheme, step)
-        self.dec = scheme.new_decoder()
-
-    def _on_arrival(self, arrival: Arrival) -> Optional[Decision]:
-        sch = self.scheme
-        group = self.dec.offer(arrival.worker)
-        if sch.decoder == "first-complete":
-            if group is None:
-                return None
-            return self._decide_group(group, self.dec.representatives())
-        if len(self.arrived) < sch.n - sch.s:
-            return None
-        if sch.decoder == "n-s":
-            return self._decide_group(self.dec.complete, self.dec.representatives())
-        from pgc_hvd.codes import min_error_class
-
-        errors = {}
-        for w in self.arrived:
-            e = self.arrivals[w].error_norm
-            sch.check_error_norms(e is not None, f"worker {w}'s arrival has no error_norm "
-                                                 f"(||C(g^_i) - g^_i||)")
-            errors[w] = float(e)
-        j = min_error_class(sch.code.classes, self.arrived, errors)
-        members = sch.code.classes[j]
-        return self._decide_group(j, members, {"class_error": sum(errors[i] for i in members)})
-
-    def _decide_group(self, group, members, extra=None):
-        w = 1.0 / self.scheme.n
-        info = {"group": group}
-        if extra:
-            info.update(extra)
-        return self.decide({i: w for i in members}, info)
 
 
 # ---- the worker side: one worker's ring of gradient slots ---------------------------------

@@ -11,7 +11,7 @@ Model of one run (all times virtual seconds):
   partitions of ``scheme.work_plan(worker, v)`` at beta_v (real gradients), which takes
   ``len(plan.evaluate) * partition_time + delay.sample(worker, v)`` seconds, writes them into
   its ring, forms its coded message from the ring and compresses it (top-kappa, optionally with
-  error feedback) with the runtime's :class:`~pgc_hvd.compress.codecs.MessageEncoder`
+  error feedback) with the runtime's :class:`~pgc_hvd.compress.encoder.MessageEncoder`
   (:mod:`.workers`) and sends it: it reaches the decoder alpha + bytes / b later. ``straggler_policy="continue"`` (default, as the Horovod
   runtime): a worker busy when a new version arrives finishes its step, sends its (late)
   message, then starts the newest version it holds; skipped steps leave older evaluations in its
@@ -63,8 +63,9 @@ alpha-beta model:
   one. ``record.bytes`` is the bytes received by the rank receiving most, over the step's
   collectives; ``extra["control_rounds"]`` counts the step's control rounds.
 
-The engine's parts: this module (the config, the event loop, when a worker starts and finishes
-a step, decoding and applying an update), :mod:`.workers` (a worker's ring and message),
+The engine's parts: this module (the config, the event loop, decoding and applying an update,
+the auto re-plan), :mod:`.workers` (a worker's ring and message; when a worker starts and
+finishes a step: :class:`~.workers.WorkerSteps`, the base class of :class:`Simulator`),
 :mod:`.agents` (the runtime's agents under the collective model), :mod:`.step_records` (busy
 seconds, diagnostics), :mod:`.progress` (the bar, when the run stops).
 """
@@ -80,21 +81,22 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from pgc_hvd.compress.codecs import MessageEncoder, decode_real, dense_payload
+from pgc_hvd.compress.codecs import decode_real, dense_payload
+from pgc_hvd.compress.encoder import MessageEncoder
 from pgc_hvd.compress.topk import TopK, parse_compression
 from pgc_hvd.control.momentum import applies_to, compensated
 from pgc_hvd.delays import DelayModel, as_delay_model, check_trace_covers, check_workers
 from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
-from pgc_hvd.schemes import Arrival, Ring, Scheme
+from pgc_hvd.schemes import Ring, Scheme
 
 from .agents import AgentModel
 from .log_agents import LogAgentModel
-from .comm import CollectiveModel, CommModel, message_bytes, parse_comm_model
+from .comm import CollectiveModel, CommModel, parse_comm_model
 from .gradients import PartitionGradients
 from .progress import Progress, stops
 from .step_records import busy_seconds, diagnostics
-from .workers import Job, Worker
+from .workers import Worker, WorkerSteps
 
 
 @dataclasses.dataclass
@@ -206,7 +208,7 @@ class SimConfig:
             bad("auto without make_scheme", "give make_scheme (s -> scheme), as simulate() does")
 
 
-class Simulator:
+class Simulator(WorkerSteps):
     """One run of one scheme. ``optimizer``: a torch optimizer class or a callable
     ``params -> Optimizer`` (e.g. ``lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9,
     nesterov=True)``)."""
@@ -320,85 +322,6 @@ class Simulator:
         if self.test is not None:
             res.update({"test_" + k: v for k, v in self.task.evaluate(*self.test).items()})
         return res
-
-    # ------------------------------------------------------------------ workers
-    def _start(self, w: Worker, t: float) -> None:
-        v = w.latest
-        plan = w.ring.plan(v)       # with any slot never filled (e.g. warm-up cancelled)
-        evaluate = plan.evaluate
-        G = self.grads_at(v)
-        delay = float(self.delay.sample(w.id, v))
-        self.delays_seen.append(delay)
-        dur = len(evaluate) * self.partition_time + delay
-        if self.collective:  # the worker's local passes over d (module doc)
-            dur += (v - w.applied) * self.agents.apply_seconds + self._form_seconds(
-                len(plan.combine))
-            w.applied = v
-        self._job_id += 1
-        # ring entries are (G, partition) pairs: the row G[partition] is read when a message is
-        # formed (no per-slot tensor views on the hot path)
-        w.job = Job(self._job_id, v, t, t + dur, (G, evaluate), plan, delay)
-        w.done_version = v
-        self.total_evals += len(evaluate)
-        self._push(t + dur, "done", w.id, self._job_id)
-
-    def _form_seconds(self, slots: int) -> float:
-        """Coded accumulation of ``slots`` ring slots, finiteness check, copy to the send
-        buffer (module doc)."""
-        return self.comm.local((slots + 1) * self.model_bytes + 1.25 * self.model_bytes
-                               + 2 * self.model_bytes)
-
-    def _finish(self, w: Worker, t: float) -> None:
-        job = w.job
-        w.job = None
-        w.intervals.append((job.start, job.end))
-        G, evaluate = job.evaluate
-        if self.cfg.auto is not None:
-            self.cfg.auto.observe(w.id, job.end - job.start, len(evaluate))
-            if job.step < self.plan_start:     # computed for a plan re-planned since: dropped
-                if w.latest > w.done_version:
-                    self._start(w, t)
-                return
-        for p, slot in evaluate:
-            w.ring.fill(slot, job.step, (G, p))
-        plan = job.plan
-        payload, dense, err = self._message(w, plan)
-        nbytes = self._message_bytes(payload) + (8 if err is not None else 0)
-        versions = w.ring.message_versions(plan)
-        arrival = Arrival(w.id, job.step, job.step, None, err, versions)
-        if self.collective:
-            self.agents.ready(w.id, {"arrival": arrival, "payload": payload, "dense": dense,
-                                     "bytes": nbytes, "ready": t, "sent": False}, t)
-        else:
-            self.total_bytes += nbytes
-            send = t
-            if self.comm.serial_ingress:
-                send = max(t, self.ingress_free)
-                self.ingress_free = send + self.comm.cost(nbytes)
-            self._push(send + self.comm.cost(nbytes), "arrive", arrival, payload, dense, nbytes)
-        if w.latest > w.done_version:
-            self._start(w, t)
-
-    def _message_bytes(self, payload) -> int:
-        return message_bytes(payload)
-
-    def _message(self, w: Worker, plan):
-        """The worker's coded message: (payload, dense message, compression error or None)
-        (:meth:`.workers.Worker.message`, the runtime's :class:`MessageEncoder`)."""
-        return w.message(plan)
-
-    def _on_model(self, t: float, wid: int, v: int) -> None:
-        w = self.workers[wid]
-        if v <= w.latest:
-            return
-        w.latest = v
-        if w.job is None:
-            self._start(w, t)
-        elif self.cfg.straggler_policy == "cancel":
-            job = w.job
-            w.intervals.append((job.start, t))
-            w.job = None
-            self._start(w, t)
 
     # ------------------------------------------------------------------ decoder
     def _decode(self, decision) -> torch.Tensor:

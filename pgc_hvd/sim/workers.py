@@ -3,12 +3,18 @@
 Owns :class:`Worker` (its ring of gradient evaluations, the model versions it has received and
 computed, its running :class:`Job`, its compute intervals and, under the collective model, its
 outbox) and the worker's side of a message: the ring slots' rows summed with the plan's
-coefficients and compressed by its :class:`~pgc_hvd.compress.codecs.MessageEncoder` (the
+coefficients and compressed by its :class:`~pgc_hvd.compress.encoder.MessageEncoder` (the
 runtime's encoder, which owns the error-feedback residual), so the simulator has no message code
-of its own. When a worker starts and finishes a step (virtual time) is the engine's
-(:mod:`pgc_hvd.sim.engine`).
+of its own. :class:`WorkerSteps`, a base class of the engine's
+:class:`~pgc_hvd.sim.engine.Simulator` (here since issue 46): when a worker starts a step (the
+plan of the newest version it holds, its compute time: partitions, delay and, under the
+collective model, the updates it applies and the message's forming), finishes it (its ring
+filled, its message sent or handed to its agent) and receives a new model (``"cancel"``
+abandons the running step); it runs on the simulator's own members (``self``: the clock's
+events, the delay model, the agents).
 
-May import: ``compress``, ``schemes`` (layers 0-2); never the engine or the runtime.
+May import: ``compress``, ``schemes`` (layers 0-2), ``sim.comm``; never the engine or the
+runtime.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from typing import Any, Optional
 
 import torch
 
-from pgc_hvd.compress.codecs import MessageEncoder
-from pgc_hvd.schemes import Ring
+from pgc_hvd.compress.encoder import MessageEncoder
+from pgc_hvd.schemes import Arrival, Ring
+
+from .comm import message_bytes
 
 
 @dataclasses.dataclass
@@ -70,3 +78,86 @@ class Worker:
         dense = self.encoder.form(slots, coefs)
         payload, err = self.encoder.compress(dense)
         return payload, dense, err
+
+
+class WorkerSteps:
+    """The events of a worker's step, as a base class of :class:`~pgc_hvd.sim.engine.Simulator`
+    (module doc); not built alone."""
+
+    def _start(self, w: Worker, t: float) -> None:
+        v = w.latest
+        plan = w.ring.plan(v)       # with any slot never filled (e.g. warm-up cancelled)
+        evaluate = plan.evaluate
+        G = self.grads_at(v)
+        delay = float(self.delay.sample(w.id, v))
+        self.delays_seen.append(delay)
+        dur = len(evaluate) * self.partition_time + delay
+        if self.collective:  # the worker's local passes over d (module doc)
+            dur += (v - w.applied) * self.agents.apply_seconds + self._form_seconds(
+                len(plan.combine))
+            w.applied = v
+        self._job_id += 1
+        # ring entries are (G, partition) pairs: the row G[partition] is read when a message is
+        # formed (no per-slot tensor views on the hot path)
+        w.job = Job(self._job_id, v, t, t + dur, (G, evaluate), plan, delay)
+        w.done_version = v
+        self.total_evals += len(evaluate)
+        self._push(t + dur, "done", w.id, self._job_id)
+
+    def _form_seconds(self, slots: int) -> float:
+        """Coded accumulation of ``slots`` ring slots, finiteness check, copy to the send
+        buffer (module doc)."""
+        return self.comm.local((slots + 1) * self.model_bytes + 1.25 * self.model_bytes
+                               + 2 * self.model_bytes)
+
+    def _finish(self, w: Worker, t: float) -> None:
+        job = w.job
+        w.job = None
+        w.intervals.append((job.start, job.end))
+        G, evaluate = job.evaluate
+        if self.cfg.auto is not None:
+            self.cfg.auto.observe(w.id, job.end - job.start, len(evaluate))
+            if job.step < self.plan_start:     # computed for a plan re-planned since: dropped
+                if w.latest > w.done_version:
+                    self._start(w, t)
+                return
+        for p, slot in evaluate:
+            w.ring.fill(slot, job.step, (G, p))
+        plan = job.plan
+        payload, dense, err = self._message(w, plan)
+        nbytes = self._message_bytes(payload) + (8 if err is not None else 0)
+        versions = w.ring.message_versions(plan)
+        arrival = Arrival(w.id, job.step, job.step, None, err, versions)
+        if self.collective:
+            self.agents.ready(w.id, {"arrival": arrival, "payload": payload, "dense": dense,
+                                     "bytes": nbytes, "ready": t, "sent": False}, t)
+        else:
+            self.total_bytes += nbytes
+            send = t
+            if self.comm.serial_ingress:
+                send = max(t, self.ingress_free)
+                self.ingress_free = send + self.comm.cost(nbytes)
+            self._push(send + self.comm.cost(nbytes), "arrive", arrival, payload, dense, nbytes)
+        if w.latest > w.done_version:
+            self._start(w, t)
+
+    def _message_bytes(self, payload) -> int:
+        return message_bytes(payload)
+
+    def _message(self, w: Worker, plan):
+        """The worker's coded message: (payload, dense message, compression error or None)
+        (:meth:`.workers.Worker.message`, the runtime's :class:`MessageEncoder`)."""
+        return w.message(plan)
+
+    def _on_model(self, t: float, wid: int, v: int) -> None:
+        w = self.workers[wid]
+        if v <= w.latest:
+            return
+        w.latest = v
+        if w.job is None:
+            self._start(w, t)
+        elif self.cfg.straggler_policy == "cancel":
+            job = w.job
+            w.intervals.append((job.start, t))
+            w.job = None
+            self._start(w, t)

@@ -174,7 +174,7 @@ def test_agent_decodes_cached_fp16_rows():
 
 
 def test_narrow_contribution_is_rounded_once_and_overflow_shows():
-    from pgc_hvd.compress.codecs import fp16_finite
+    from pgc_hvd.compress.encoder import fp16_finite
     d = 33
     codec = fp16_codec(d)
     g = torch.Generator().manual_seed(3)

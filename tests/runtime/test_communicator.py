@@ -7,7 +7,7 @@ n ranks run as n threads of the pytest process, each with its own real gloo proc
 :class:`~pgc_hvd.torchdist.ops.GroupOps` and the agent's
 :class:`~pgc_hvd.runtime.communicator.Collectives`, as the agent thread holds them under torchrun (no
 launcher). Decisions come from real schemes (:func:`pgc_hvd.schemes.get_scheme`), payload rows
-from the real codecs (:func:`pgc_hvd.compress.codecs.make_codec`, the compiled extension's
+from the real codecs (:func:`pgc_hvd.compress.encoder.make_codec`, the compiled extension's
 decode): dense, top-kappa (both collectives), fp16 (both narrow reductions and the fp32 repeat
 on overflow), fp16 top-kappa, and complex Reed-Solomon rows. The update is checked against the
 codec's ``add_weighted`` over the used rows and :meth:`~pgc_hvd.schemes.Decision.combine` over
@@ -24,8 +24,8 @@ import time
 import pytest
 import torch
 
-from pgc_hvd.compress.codecs import (allreduce_bytes, alltoall_reduce_bytes, choose_collective,
-                                     make_codec)
+from pgc_hvd.compress.codecs import allreduce_bytes, alltoall_reduce_bytes, choose_collective
+from pgc_hvd.compress.encoder import make_codec
 from pgc_hvd.compress.topk import TopK
 from pgc_hvd.runtime.agent import Outgoing
 from pgc_hvd.runtime.communicator import Collectives

@@ -13,7 +13,7 @@ import torch
 
 import pgc_hvd.torch as pgc_torch
 from pgc_hvd.compress import DenseCodec, Fp16Codec, Fp16SparseCodec, SparseCodec, TopK
-from pgc_hvd.compress.codecs import MessageEncoder
+from pgc_hvd.compress.encoder import MessageEncoder
 from pgc_hvd.delays import Exponential
 from pgc_hvd.runtime.config import (CONTROLS, RuntimeConfig, check_parameters,
                                     cross_rank_fields, from_horovod, horovod_op,

@@ -149,7 +149,7 @@ def test_an_agent_that_stops_on_an_error_ends_its_log_reader():
     channel: the reader ends at once instead of waiting in the store until the process exits
     (a read timing out while the interpreter finalises aborts the process: seen as exit code
     134 of a horovodrun job whose rank 0 had a failed optimizer)."""
-    from pgc_hvd.compress.codecs import make_codec
+    from pgc_hvd.compress.encoder import make_codec
     from pgc_hvd.runtime.agent import CommAgent
     from pgc_hvd.schemes import get_scheme
 

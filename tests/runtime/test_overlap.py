@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pgc_hvd.compress.codecs import MessageEncoder, make_codec
+from pgc_hvd.compress.encoder import MessageEncoder, make_codec
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
 from pgc_hvd.runtime.communicator import Collectives

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pgc_hvd.compress.codecs import MessageEncoder
+from pgc_hvd.compress.encoder import MessageEncoder
 from pgc_hvd.control.momentum import implicit_momentum
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime.agent import CommAgent

@@ -71,7 +71,8 @@ every rank of the world.
 
 May import: torch, Horovod (its ``State`` base class and exceptions),
 :mod:`pgc_hvd.runtime.agreement` (the world's agreement on version and digest, the joint host
-check), :mod:`pgc_hvd.runtime.elastic.cascade`, :mod:`pgc_hvd.runtime.elastic.world`,
+check), :mod:`pgc_hvd.runtime.elastic` (the cache setting),
+:mod:`pgc_hvd.runtime.elastic.cascade`, :mod:`pgc_hvd.runtime.elastic.world`,
 :mod:`pgc_hvd.runtime.errors`; the optimizer only through ``make_optimizer`` and its public
 members.
 """

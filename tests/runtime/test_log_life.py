@@ -1,0 +1,60 @@
+"""The control log's life around its steps (:mod:`pgc_hvd.runtime.log_life`), in one process:
+a follower's fault notice and census on a real TCPStore (the other rank never answers, so it
+is named), the decider's timeout message, and the choice between the census and a notice
+alone (elastic mode)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from pgc_hvd.runtime.control_log import LogChannel, decode_rows
+from pgc_hvd.runtime.errors import AgentError
+from pgc_hvd.runtime.log_life import (FAULT, FaultNotice, LogLife, census_or_notice,
+                                      timeout_message)
+from pgc_hvd.runtime.rows import CTRL_BAD_STEP, CTRL_DONE, ctrl_len
+
+LENGTH = ctrl_len(1)
+
+
+@pytest.fixture
+def follower():
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10))
+    chan = LogChannel({"main": store, "writer": store}, rank=1, n=2, name="life", timeout=0.3,
+                      length=LENGTH)
+    yield chan, store
+    chan.stop()
+
+
+def test_a_followers_notice_and_census_name_the_rank_that_never_answers(follower):
+    chan, store = follower
+    assert isinstance(chan, LogLife) and issubclass(FaultNotice, AgentError)
+    err = chan.census(5, AgentError("the data collective timed out"))
+    # its notice went into the log first, for a decider waiting for rows
+    (w, row), = decode_rows(store.get("pgc/life/log/0"), LENGTH)
+    assert w == int(FAULT) and row[0] == 1.0
+    assert store.check(["pgc/life/fault/5/1"]) and not store.check(["pgc/life/fault/5/0"])
+    assert err.hung_ranks == (0,) and "rank(s) [0]" in str(err) and "step 5" in str(err)
+
+
+def test_without_the_census_a_notice_alone():
+    calls = []
+    chan = SimpleNamespace(census=lambda step, err: calls.append(("census", step)) or err,
+                           notify_fault=lambda: calls.append(("notice",)))
+    err = AgentError("x")
+    assert census_or_notice(chan, 3, False, err) is err and calls == [("notice",)]
+    census_or_notice(chan, 3, True, err)
+    assert calls[-1] == ("census", 3)
+
+
+def test_the_deciders_timeout_names_the_ranks_the_step_waits_for():
+    rows = [np.zeros(LENGTH).tolist() for _ in range(4)]
+    rows[2][CTRL_DONE] = 1.0          # done: not waited for
+    rows[3][CTRL_BAD_STEP] = 7        # its message of step 7 was not finite
+    decider = SimpleNamespace(step=7, n=4, current_round=SimpleNamespace(arrived=[0]))
+    msg = timeout_message(decider, rows, [0.0] * 4, timeout=30)
+    assert "step 7 was not decided within 30s" in msg and "rank(s) [1]" in msg
