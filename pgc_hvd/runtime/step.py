@@ -139,6 +139,9 @@ class Step:
         self.hyper_digest = 0
         #: the last update loaded (its decision and info), None before the first
         self.last = None
+        #: the decoder reads each message's compression error (read once: a property of the
+        #: scheme's checks, off the step's path)
+        self.error_norms = bool(scheme.needs_error_norms)
         capture.current = self.current
         # the overlap (module pgc_hvd.runtime.overlap): None until the first send() has shown
         # the loop's habits (True: later steps may stream), the streamed message's buffer, the
@@ -361,7 +364,7 @@ class Step:
             return
         if payload is None:
             packed, payload = agent.payload_buffer()
-        error_norm = enc.encode(msg, payload, error_norm=self.scheme.needs_error_norms)
+        error_norm = enc.encode(msg, payload, error_norm=self.error_norms)
         agent.submit(Outgoing(t, t, payload, time.time(), math.nan if loss is None else float(loss),
                               self.worker_ring.message_versions(plan), packed=packed,
                               error_norm=error_norm, metrics=metrics), self.busy)
