@@ -506,12 +506,9 @@ class PGCOptimizer(Lifecycle):
                 self._pgc_start()
             step.begin()
             values = declared_metrics(self._pgc_config.metrics, metrics)
-            if step.computes:
-                step.send(loss=loss, metrics=values, grad_scale=getattr(self, "grad_scale", None))
-            else:
+            if not step.exchange(loss=loss, metrics=values,
+                                 grad_scale=getattr(self, "grad_scale", None)):
                 self.catch_up_steps += 1
-                step.skip()
-            self._pgc_agent.wait_for(step.version)
         except AgentError as err:
             self._pgc_failed = True
             self._pgc_faults.raise_explained(err)
@@ -567,8 +564,7 @@ class PGCOptimizer(Lifecycle):
         decided so far are written first (rank 0, on this thread)."""
         if self._pgc_records:
             self._pgc_recorder.drain(self._pgc_agent)
-        step = self._pgc_step
-        step.load(self._pgc_agent.take(step.version))
+        self._pgc_step.load_decided()
 
     def _pgc_apply_grads(self) -> None:
         """The user's optimizer rule on ``p.grad`` (the decoded update), then ``version += 1``.
@@ -590,8 +586,8 @@ class PGCOptimizer(Lifecycle):
 
     def _pgc_apply_decided(self, upto: Optional[int] = None) -> None:
         """Apply every decided update not applied yet (up to ``upto``), without new messages."""
-        agent, step = self._pgc_agent, self._pgc_step
-        while step.version < agent.decided() and (upto is None or step.version < upto):
+        step = self._pgc_step
+        while step.behind and (upto is None or step.version < upto):
             self._pgc_load_update()
             self._pgc_apply_grads()
         step.after_update()

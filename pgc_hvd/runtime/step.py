@@ -375,6 +375,30 @@ class Step:
         self.capture.discard()
         self.stop_clock()
 
+    # -- the step's round with the agent (the one part of the training thread that talks to it
+    # in a step: send, wait, take)
+    def exchange(self, *, loss=None, metrics: tuple = (), grad_scale=None) -> bool:
+        """This rank's part of the current (begun) step: its message sent (:meth:`send`), or
+        nothing when it catches up (:meth:`skip`); then wait until the step is decided.
+        Returns whether this rank computed at it."""
+        computed = self.computes
+        if computed:
+            self.send(loss=loss, metrics=metrics, grad_scale=grad_scale)
+        else:
+            self.skip()
+        self.agent.wait_for(self.version)
+        return computed
+
+    def load_decided(self) -> None:
+        """The decided update of step :attr:`version` into ``p.grad`` (:meth:`load`)."""
+        self.load(self.agent.take(self.version))
+
+    @property
+    def behind(self) -> bool:
+        """Whether a step at or after :attr:`version` is already decided (an update this rank
+        has not applied yet)."""
+        return self.version < self.agent.decided()
+
     def _delay(self, t: int) -> None:
         delay = 0.0 if self.delays is None else float(self.delays.sample(self.rank, t))
         if delay > 0:

@@ -130,7 +130,6 @@ class LinearGCScheme(Scheme):
         super().__init__(n, s)
         self.code = get_code(self.code_name, n, s, **code_options)
         self.complex_messages = self.code.is_complex
-        self.wait_for = n - s
 
     def supports(self):
         return self.code.supports

@@ -27,7 +27,6 @@ class ISGCScheme(Scheme):
         c = check_positive_int(self.name, "c", c, 1, n, hint=f"use c in [1, {n}], e.g. c=2")
         self._supports = cyclic_supports(n, c - 1)   # c partitions per worker
         self.code = None
-        self.wait_for = n - s
 
     def supports(self):
         return self._supports

@@ -87,7 +87,6 @@ class PGCCRScheme(Scheme):
                              f"0: the fresh gradient only); got {decay}")
         self._supports = cyclic_supports(n, s)
         self.code = None
-        self.wait_for = n - s
         self.decay = decay
         self.age_weighted = decay != 1.0
         c = s + 1

@@ -328,6 +328,12 @@ class Scheme(SchemeChecks):
         self._entry_cache: dict = {}   # message_key -> message_entries
         self._entries: dict = {}       # the distinct message_entries
 
+    @property
+    def wait_for(self) -> int:
+        """n - s: how many ranks' messages a step waits for (n for dgd, whose s is 0), the one
+        place it is written."""
+        return self.n - self.s
+
     # -- worker side --------------------------------------------------------
     def supports(self) -> list[list[int]]:  # pragma: no cover - abstract
         raise NotImplementedError

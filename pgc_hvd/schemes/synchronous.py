@@ -30,7 +30,6 @@ class DGDScheme(Scheme):
         s = self.check_stragglers(s, n)
         super().__init__(n, s)
         self.code = get_code("uncoded", n, 0)
-        self.wait_for = n
 
     def supports(self):
         return self.code.supports
@@ -46,7 +45,6 @@ class ISSGDScheme(DGDScheme):
 
     def __init__(self, n: int, s: int):
         super().__init__(n, s)
-        self.wait_for = self.n - self.s
 
     def weights_for(self, workers, rnd):
         k = len(workers)
