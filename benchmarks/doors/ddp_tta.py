@@ -20,7 +20,7 @@ schedule for both doors:
 Every ``--eval-every`` steps rank 0's clock stops, every rank evaluates the validation set (its
 shard; ``dist.all_reduce`` of the counts) and the clock resumes: evaluation is not timed. A run
 stops at the first evaluation at or above ``--target`` (or at ``--max-steps``). Door
-``pgc-cr`` (or any scheme name, ``pgc-cr@1`` for s = 1, ``pgc-cr+serial`` for overlap=False)
+``pgc-cr`` (or any scheme name, ``pgc-cr@1`` for s = 1, ``+overlap`` / ``+serial`` for overlap=True / False)
 is ``pgc_hvd.DistributedDataParallel``;
 ``lightning:ddp`` and ``lightning:pgc-cr`` run the same model as a LightningModule under
 ``Trainer(strategy="ddp")`` and ``PGCStrategy(scheme="pgc-cr")`` (a callback sleeps the compute
@@ -92,12 +92,12 @@ def rank_main(args) -> None:
         model = DDP(model)
         opt = torch.optim.SGD(model.parameters(), **sgd)
     else:
-        door, _, serial = args.door.partition("+")      # pgc-cr+serial: overlap=False
+        door, _, how = args.door.partition("+")     # pgc-cr+overlap / pgc-cr+serial
         scheme, _, s = door.partition("@")
         sampler = pgc_hvd.CodedSampler(train, batch_size=32, seed=args.seed)
         model = pgc_hvd.DistributedDataParallel(model, scheme=scheme,
                                                 stragglers=int(s) if s else None, timeout=120,
-                                                overlap=serial != "serial")
+                                                overlap={"overlap": True, "serial": False}.get(how))
         opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), **sgd))
     loader = DataLoader(train, batch_size=32, sampler=sampler)
     val_loader = DataLoader(val, batch_size=128, sampler=DistributedSampler(val, shuffle=False))

@@ -5,7 +5,8 @@
         [--model lenet|resnet18] [--compute 0.0] [--steps 60] [--warmup 10] [--doors ddp,dgd,pgc-cr]
         [--control log] [--profile]
 
-A door ``SCHEME+serial`` runs the door with ``overlap=False`` (the message formed and sent at
+A door ``SCHEME+overlap`` runs the door with ``overlap=True`` (the default on the CPU is off),
+``SCHEME+serial`` with ``overlap=False`` (the message formed and sent at
 ``step()``, the data collective after it), for the overlap's before/after in one launch; the
 profile's ``step()`` column is the exposed communication (from the end of ``backward()`` to the
 update applied).
@@ -77,8 +78,9 @@ def main() -> None:
         else:
             sampler = pgc_hvd.CodedSampler(ds, batch_size=batch)
             opts = {"control": args.control} if args.control else {}
-            scheme, _, serial = door.partition("+")   # pgc-cr+serial: overlap=False
-            opts["overlap"] = serial != "serial"
+            scheme, _, how = door.partition("+")   # pgc-cr+overlap / pgc-cr+serial
+            if how:
+                opts["overlap"] = how == "overlap"
             model = pgc_hvd.DistributedDataParallel(model, scheme=scheme, name=f"cost{k}",
                                                     timeout=120, **opts)
             sampler.bind(model)

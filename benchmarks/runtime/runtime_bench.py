@@ -34,9 +34,10 @@ b) exponential delays with mean = compute time (seeded; the same schedule for ev
 Horovod's step they are compared with; parts a and b also print the control exchanges a rank
 made per step (``control_ops`` of the records, rank 0; at most 5 at np = 4).
 
-``--serial``: dgd and pgc-cr also run with ``overlap=False`` (``dgd@serial``,
-``pgc-cr@serial``: the message formed and sent at ``step()``, the data collective after it), in
-the same launch: the overlap's before and after.
+``--serial``: dgd and pgc-cr also run with ``overlap=True`` (``dgd@overlap``,
+``pgc-cr@overlap``: the data collective during the backward) and ``overlap=False``
+(``dgd@serial``, ``pgc-cr@serial``: the message formed and sent at ``step()``, the data collective
+after it; the default on the CPU), in the same launch: the overlap's before and after.
 
 ``--crossover``: time per step of PGC-CR with ``optimistic=True`` (payloads ride with control
 rows: one collective, n payloads) and ``optimistic=False`` (control rows, then one allreduce) at
@@ -131,8 +132,8 @@ def worker(args) -> None:
         label, _, control = label.partition("/")
         label, _, opt_mode = label.partition("@")
         scheme, _, policy = label.partition(":")
-        kw = ({} if not opt_mode else {"overlap": False} if opt_mode == "serial"
-              else {"optimistic": opt_mode == "opt"})
+        kw = ({} if not opt_mode else {"overlap": opt_mode == "overlap"}
+              if opt_mode in ("overlap", "serial") else {"optimistic": opt_mode == "opt"})
         if control:
             kw["control"] = control
         return time_pgc(pgc_hvd.DistributedOptimizer, build_model(kind, args.width), loader,
@@ -173,9 +174,10 @@ def worker(args) -> None:
 
 
 def serial_runs(labels, serial: bool) -> tuple:
-    """``--serial``: dgd and pgc-cr once more with ``overlap=False`` (label ``@serial``), the
-    overlap's before/after in the same launch."""
-    return tuple(f"{lab}@serial" for lab in labels if serial and lab in ("dgd", "pgc-cr"))
+    """``--serial``: dgd and pgc-cr once more with ``overlap=True`` (label ``@overlap``) and
+    ``overlap=False`` (``@serial``), the overlap's before/after in the same launch."""
+    return tuple(f"{lab}@{how}" for lab in labels if serial and lab in ("dgd", "pgc-cr")
+                 for how in ("overlap", "serial"))
 
 
 def with_controls(labels, controls: str) -> tuple:
@@ -282,10 +284,11 @@ def report(a: dict, b, c: float, seconds: float) -> None:
     dgd = b.get("dgd") or next(v for k, v in b.items() if k.startswith("dgd/") and "." not in k)
     print(f"  dgd (pgc_hvd)            {dgd * 1e3:6.0f} ms")
     for key in [k for k in b if "." not in k
-                and k.split("/")[0] in ("pgc-cr", "pgc-cr:cancel", "pgc-cr@serial")]:
+                and k.split("/")[0] in ("pgc-cr", "pgc-cr:cancel", "pgc-cr@serial",
+                                        "pgc-cr@overlap")]:
         plane = key.partition("/")[2]
         base = (f"pgc-cr/{plane}" if plane else
-                "pgc-cr@serial" if key == "pgc-cr@serial" else "pgc-cr")
+                key if key in ("pgc-cr@serial", "pgc-cr@overlap") else "pgc-cr")
         floor = (ar.get(base, float("nan")) if ar else float("nan")) + b["drawn_kth"]
         print(f"  {key:<24} {b[key] * 1e3:6.0f} ms   / hvd {b[key] / b['hvd']:.2f}x, / dgd "
               f"{b[key] / dgd:.2f}x, / floor {b[key] / floor:.2f}x ({floor * 1e3:.0f} ms; "

@@ -190,7 +190,8 @@ class RuntimeConfig:
     wire_dtype: Optional[torch.dtype] = None   # checked: torch.float32, or float16 (fp16 wire)
     metrics: tuple = ()                  # names of the user metrics step(metrics=) carries
     momentum_correction: bool = True     # pgc_hvd.control.momentum (stale gradients' momentum)
-    overlap: bool = True                 # the data collective overlapped with backward
+    overlap: Optional[bool] = None       # the data collective overlapped with backward
+                                         # (None: on GPU parameters, off on the CPU)
     bucket_cap_mb: float = 25.0          # its buckets' size (DDP's name and default)
     #: stragglers="auto": the rule's options (a dict of pgc_hvd.control.auto_s.AutoConfig
     #: fields); checked: the AutoConfig with s_start and s_max resolved, None for a fixed s
@@ -217,9 +218,10 @@ class RuntimeConfig:
         if self.control not in CONTROLS:
             raise ValueError(f"control must be 'allgather', 'store' or 'log', "
                              f"got {self.control!r}")
-        if not isinstance(self.overlap, bool):
-            raise TypeError(f"overlap must be True (default: the data collective overlapped "
-                            f"with backward) or False, got {self.overlap!r}")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise TypeError(f"overlap must be None (default: on for GPU parameters, off on the "
+                            f"CPU), True (the data collective overlapped with backward) or "
+                            f"False, got {self.overlap!r}")
         cap = self.bucket_cap_mb
         if not (isinstance(cap, (int, float)) and not isinstance(cap, bool)
                 and math.isfinite(cap) and cap > 0):
@@ -244,15 +246,21 @@ class RuntimeConfig:
                                    timeout=float(self.timeout), replay_arrivals=replay,
                                    bucket_cap_mb=float(cap))
 
-    def overlaps(self, scheme, codec, *, optimistic: bool, complex_code: bool) -> bool:
+    def overlaps(self, scheme, codec, *, optimistic: bool, complex_code: bool,
+                 device=None) -> bool:
         """Whether the data collective moves bucket by bucket, overlapped with backward
         (:mod:`pgc_hvd.runtime.overlap`): ``overlap`` and dense fp32 rows summed by an
         allreduce (no top-kappa, no fp16 wire, no payload riding with the control rows), a
         scheme that uses each step's own messages only (not bounded staleness's table) with
         real coefficients, no declared user metrics (a step's values must ride with its own
         message), and no replayed schedule or ``straggler_policy="cancel"``. The same on every
-        rank (these fields are compared at construction)."""
-        return (self.overlap and not self.metrics and not codec.sparse
+        rank (these fields are compared at construction). ``overlap=None`` (default): on when
+        the parameters live on a GPU (``device``), off on the CPU, where the agent thread's
+        bucket sums compete with the backward for the cores and the interpreter and measured
+        no gain on 2 cores (docs/benchmarks.md, "The overlap")."""
+        want = (self.overlap if self.overlap is not None
+                else device is not None and torch.device(device).type == "cuda")
+        return (want and not self.metrics and not codec.sparse
                 and codec.wire_dtype == torch.float32
                 and not optimistic and not scheme.late_usable and not self.cancel
                 and not self.replay_arrivals and not complex_code)

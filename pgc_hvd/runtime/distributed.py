@@ -33,7 +33,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = DEFAULT_CONTROL,
                          name: str = "pgc", metrics=(), momentum_correction: bool = True,
-                         overlap: bool = True, bucket_cap_mb: float = 25.0,
+                         overlap: Optional[bool] = None, bucket_cap_mb: float = 25.0,
                          hvd=None, engine=None, auto: Optional[dict] = None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
@@ -142,7 +142,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             rows arrive and publishes each step's outcome, every rank reads it with one blocking
             ``get``: about 3 store operations per rank per step whatever the compute time
             (records: ``control_ops``); no payloads with the rows (``optimistic`` unset).
-        overlap: True (default): the data collective overlaps the backward pass
+        overlap: None (default): True when the parameters live on a GPU, False on the CPU
+            (there the agent thread's sums compete with the backward for the cores and the
+            interpreter: no gain measured on 2 cores). True: the data collective overlaps the
+            backward pass
             (:mod:`pgc_hvd.runtime.overlap`): from the second step on, a rank's message is
             declared ready when its backward begins, and once the step is decided it is summed
             bucket by bucket while the backward still computes. Dense fp32 messages and schemes

@@ -71,7 +71,8 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
     # the data collective overlapped with backward: the buckets (runtime.overlap)
     capture.buckets = (Buckets.worth_it(layout, config.bucket_cap_mb)
                        if config.overlaps(scheme, encoder.codec, optimistic=optimistic,
-                                          complex_code=ring.complex) else None)
+                                          complex_code=ring.complex, device=layout.device)
+                       else None)
     agent = CommAgent(hvd, scheme, rank, layout.numel, scheme.lookback, codec=encoder.codec,
                       device=layout.device, timeout=config.timeout,
                       poll_interval=config.poll_interval, reports=reports, name=name,

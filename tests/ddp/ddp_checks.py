@@ -156,7 +156,7 @@ def check_sequential(rank):
     the second step on, on every rank that computes) and the parameters end identical."""
     ds = data()
     for i in range(2):
-        caps = {"bucket_cap_mb": 0.0005} if i else {}      # ~130 floats a bucket
+        caps = {"bucket_cap_mb": 0.0005, "overlap": True} if i else {}   # ~130 floats a bucket
         model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", name=f"seq{i}",
                                                 timeout=30, **caps)
         opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -211,7 +211,8 @@ def check_nan(scheme="pgc-cr", steps=5):
     recs.clear()
     m, opt = train(scheme, steps, loss_hook=poison, records=recs.append, name="nan-ovl",
                    delays=OthersWait(1, 0.5, step=2),
-                   opt_kwargs={"bucket_cap_mb": 16 * 4 / 2 ** 20})   # several buckets
+                   opt_kwargs={"overlap": True,
+                               "bucket_cap_mb": 16 * 4 / 2 ** 20})   # several buckets
     assert (1, 2) in opt.nonfinite_log, opt.nonfinite_log
     assert torch.isfinite(flat_params(m)).all()
     same_on_all_ranks(m, "nan-ovl")
