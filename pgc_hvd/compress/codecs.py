@@ -134,6 +134,17 @@ class Codec:
         return torch.finfo(self.wire_dtype).bits // 8
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every entry of ``x`` is finite, in one read of x and no allocation: any NaN or
+    Inf entry makes the sum NaN or Inf; a finite sum proves them all finite. Only a sum that
+    overflowed (or a real NaN/Inf) is checked entry by entry."""
+    total = float(x.sum()) if not x.is_complex() else complex(x.sum())
+    if (math.isfinite(total) if isinstance(total, float)
+            else math.isfinite(total.real) and math.isfinite(total.imag)):
+        return True
+    return bool(torch.isfinite(x).all())
+
+
 class DenseCodec(Codec):
     """Real dense messages: the payload is the message itself."""
 

@@ -124,21 +124,25 @@ class GradientCapture:
         if slot is None:
             return
         lay = self.layout
-        target = self.ring[slot if self.ring_mode else 0]
+        target = self._slot()
         target.zero_()
         for p in lay.params:
             if p.grad is not None:
                 lay.view(target, p).add_(p.grad)
                 p.grad = None
-        if self.loop_fed:     # one backward evaluated every partition of the plan
-            slots = [sl for _, sl in plan.evaluate]
-            if not self.ring_mode:
-                ops.add_slot(self.msg, self.ring[0], 1.0)   # the rows carried b_l already
-        else:
-            slots = [slot]
-            if not self.ring_mode:
-                ops.add_slot(self.msg, self.ring[0], float(dict(plan.combine)[slot]))
-        for sl in slots:
+        if not self.ring_mode:   # loop-fed: the rows carried b_l already
+            ops.add_slot(self.msg, self.ring[0],
+                         1.0 if self.loop_fed else float(dict(plan.combine)[slot]))
+        self._close(plan, version)
+
+    def evaluated(self, plan, slot: int) -> list:
+        """The ring slots one backward of ``slot`` evaluates: every slot of the plan when the
+        loop feeds it (its batch holds them all), else ``slot``."""
+        return [sl for _, sl in plan.evaluate] if self.loop_fed else [slot]
+
+    def _close(self, plan, version: int) -> None:
+        """The target partition's slots are filled at ``version``; no partition is open."""
+        for sl in self.evaluated(plan, self.target_slot):
             self.worker_ring.fill(sl, version)
             self.done_slots.add(sl)
         self.target_slot = None
@@ -242,12 +246,7 @@ class GradientCapture:
         left = [k for k, m in enumerate(self._left) if m > 0]
         for p in self.layout.params:
             p.grad = None
-        slots = [sl for _, sl in plan.evaluate] if self.loop_fed else [self.target_slot]
-        for sl in slots:
-            self.worker_ring.fill(sl, version)
-            self.done_slots.add(sl)
-        self.target_slot = None
-        self._sentinel = None
+        self._close(plan, version)
         self._bucket_done = None
         return left
 
@@ -309,11 +308,8 @@ class GradientCapture:
         GradScaler.unscale_) would act on one partition of several. Refused, with the two ways
         that work. (A GradScaler's own inf check in ``scaler.step`` also writes p.grad in
         place; it is recognised by the scale it hands over, ``grad_scale``.)"""
-        sentinel = self._sentinel
-        if (self.loop_fed or len(plan.evaluate) < 2 or sentinel is None
-                or sentinel.grad is None):
-            return
-        if sentinel.grad._version == self._grad_version or grad_scale is not None:
+        if (self.loop_fed or len(plan.evaluate) < 2 or not self.touched()
+                or grad_scale is not None):
             return
         raise RuntimeError(
             f"pgc_hvd: p.grad was changed after the last backward (clip_grad_norm_, "

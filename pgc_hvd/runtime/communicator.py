@@ -46,7 +46,6 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
-import math
 import threading
 import time
 from typing import Callable, Optional
@@ -55,7 +54,8 @@ import torch
 
 from pgc_hvd.compress.codecs import Codec, DenseCodec
 from pgc_hvd.compress.encoder import fp16_finite
-from pgc_hvd.compress.codecs import allreduce_bytes, alltoall_reduce_bytes, choose_collective
+from pgc_hvd.compress.codecs import (all_finite, allreduce_bytes, alltoall_reduce_bytes,
+                                     choose_collective)
 from pgc_hvd.runtime.errors import AgentError
 
 log = logging.getLogger("pgc_hvd.runtime")
@@ -470,24 +470,18 @@ class Communicator:
         streamed message), zeros when it owns no use."""
         flat = self.pool.get(self.d)
         outs = [self._own(u.step) for u in mine]
+        weights = [u.weight for u in mine]
         for k, (lo, hi) in enumerate(self.buckets.ranges):
-            seg = flat[lo:hi]
-            if not mine:
-                seg.zero_()
-            for i, (u, out) in enumerate(zip(mine, outs)):
+            for u, out in zip(mine, outs):
                 if out.stream is not None:
                     out.stream.wait(k, self.coll.timeout, rank=self.rank, step=u.step,
                                     stop=self.stop)
-                src = out.payload[lo:hi]
-                if i == 0:
-                    torch.mul(src, float(u.weight), out=seg)
-                else:
-                    seg.add_(src, alpha=float(u.weight))
+            seg = self.codec.add_weighted(flat[lo:hi], [out.payload[lo:hi] for out in outs],
+                                          weights)
             self.coll.allreduce_sum_(seg, "sum")
         # a used message that held NaN/Inf left before its check: the sum shows it, the same
         # bits on every rank (the step then applies nothing: runtime.overlap)
-        total = float(flat.sum())
-        self.nonfinite_sum = not (math.isfinite(total) or bool(torch.isfinite(flat).all()))
+        self.nonfinite_sum = not all_finite(flat)
         return flat
 
     def _contribution(self, mine: list, keep: set) -> torch.Tensor:

@@ -28,7 +28,8 @@ The plan is formed by :meth:`Step.begin` (``batches()``, ``synchronize()``, or a
 outside ``batches()``), never by a getter; reading it (:meth:`Step.peek_plan`,
 :meth:`Step.would_compute`) changes nothing.
 
-Runs on the training thread only. May import: ``control.momentum``, ``runtime.agent``
+Runs on the training thread only. May import: ``compress.codecs`` (``all_finite``),
+``control.momentum``, ``runtime.agent``
 (``Outgoing``), ``runtime.capture`` (``GradientCapture``, ``loop_plan``),
 ``runtime.communicator`` (``Stream``: the overlap's handoff), ``runtime.config``
 (``takes_three``), ``runtime.consistency`` (``NonFiniteParameters``), ``runtime.errors``,
@@ -44,6 +45,7 @@ from typing import Optional
 
 import torch
 
+from pgc_hvd.compress.codecs import all_finite
 from pgc_hvd.control.momentum import compensated
 from pgc_hvd.runtime import interop
 from pgc_hvd.runtime.agent import Outgoing
@@ -70,17 +72,6 @@ def declared_metrics(names: tuple, metrics) -> tuple:
         return tuple(float(metrics.get(k, math.nan)) for k in names)
     except (TypeError, ValueError):
         raise TypeError(f"metrics values must be numbers, got {metrics!r}") from None
-
-
-def all_finite(x: torch.Tensor) -> bool:
-    """Whether every entry of ``x`` is finite, in one read of x and no allocation: any NaN or
-    Inf entry makes the sum NaN or Inf; a finite sum proves them all finite. Only a sum that
-    overflowed (or a real NaN/Inf) is checked entry by entry."""
-    total = float(x.sum()) if not x.is_complex() else complex(x.sum())
-    if (math.isfinite(total) if isinstance(total, float)
-            else math.isfinite(total.real) and math.isfinite(total.imag)):
-        return True
-    return bool(torch.isfinite(x).all())
 
 
 def hyper_digest(param_groups, prev: int) -> int:
@@ -271,7 +262,7 @@ class Step:
         if self._stream_buf is None:
             self._stream_buf = self.layout.zeros()
         buf = self._stream_buf
-        for sl in ([sl for _, sl in plan.evaluate] if cap.loop_fed else [slot]):
+        for sl in cap.evaluated(plan, slot):
             self.worker_ring.fill(sl, t)     # its gradient is on the way
         (loss, metrics), self._lagged = self._lagged, (math.nan, ())
         out = Outgoing(t, t, buf, time.time(), loss, self.worker_ring.message_versions(plan),
