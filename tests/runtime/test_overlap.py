@@ -263,6 +263,7 @@ def test_clipping_that_comes_after_the_message_left_is_refused_with_the_fix():
         finally:
             r.capture.remove_hooks()
             r.agent.fail()
+            assert r.agent.join(10), "the agent thread outlived its rank's failure"
     in_world(1, body)
 
 
