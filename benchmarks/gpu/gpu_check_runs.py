@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="folder for gpu_runs.json and gpu_runs.log")
     p.add_argument("--work", default=None, help="run folders and logs (default: a temp dir)")
     p.add_argument("--parts", default="train,bench,nccl,amp")
-    p.add_argument("--steps", type=int, default=40, help="steps of each train run")
+    p.add_argument("--steps", type=int, default=60,
+                   help="steps of each train run (top 1%% of a small CNN needs ~60 to fall surely)")
     p.add_argument("--schemes", default=",".join(SCHEMES), help="the train runs' schemes")
     args = p.parse_args(argv)
     import tempfile

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_check_runs_rehearsed_on_the_cpu(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_check_runs.py"), "--device", "cpu",
-         "--parts", "train,nccl,amp", "--schemes", "pgc-cr", "--steps", "12",
+         "--parts", "train,nccl,amp", "--schemes", "pgc-cr", "--steps", "60",
          "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
