@@ -94,7 +94,9 @@ def summarize(results: list) -> list:
                 "time_per_step": _med([x["time_per_step"] for _, x in runs]),
                 "time_ratio": statistics.median(ratios_t) if ratios_t else None,
                 "steps_ratio": statistics.median(ratios_s) if ratios_s else None,
-                "same_params": all(x["same_params"] for _, x in runs)})
+                "same_params": all(x["same_params"] for _, x in runs),
+                # s=auto: the s each seed's run ended with (its switches are in the JSON)
+                "final_s": [x["auto"]["final_s"] for _, x in runs if x.get("auto")]})
     return rows
 
 
@@ -108,7 +110,9 @@ def table(rows: list, target: float) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         steps = ", ".join("-" if s is None else str(s) for s in r["steps"])
-        lines.append(f"| {r['pattern']} | {r['optimizer']} | {r['variant']} | "
+        name = r["variant"] + (f" (final s {', '.join(map(str, r['final_s']))})"
+                               if r.get("final_s") else "")
+        lines.append(f"| {r['pattern']} | {r['optimizer']} | {name} | "
                      f"{r['reached']}/{r['seeds']} | {steps} | {f(r['time_median'], '.1f')} | "
                      f"{f(r['time_per_step'], '.3f')} | {f(r['time_ratio'], '.2f')} | "
                      f"{f(r['steps_ratio'], '.2f')} |")

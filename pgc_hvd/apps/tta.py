@@ -23,8 +23,9 @@ DataLoader + ``DistributedSampler`` loop; engine ``horovod``) or ``ddp`` (torch'
 ``torch.nn.parallel.DistributedDataParallel`` with the same loop; engine ``torch``) -- or a
 pgc_hvd scheme name with its defaults (``pgc-cr``, ``bcgc``, ``dgd``, ...), ``NAME:off`` with
 ``momentum_correction=False``, ``NAME:cancel`` with ``straggler_policy="cancel"``,
-``NAME:KEY=VALUE`` with a scheme option (``pgc-cr:decay=0.5``; flags chain:
-``pgc-cr:off:decay=0.5``). A scheme runs through pgc_hvd's ``DistributedOptimizer`` +
+``NAME:s=N`` / ``NAME:s=auto`` with that straggler budget (``stragglers=``; ``auto``: chosen
+while it trains), ``NAME:KEY=VALUE`` with a scheme option (``pgc-cr:decay=0.5``; flags chain:
+``pgc-cr:off:decay=0.5``, ``pgc-cr:s=auto``). A scheme runs through pgc_hvd's ``DistributedOptimizer`` +
 ``CodedLoader`` under Horovod (:class:`_PgcLoop`), through the DDP door under torchrun
 (:class:`_DoorLoop`: ``pgc_hvd.DistributedDataParallel`` + ``pgc_hvd.CodedSampler`` +
 ``model.distributed_optimizer(...)``, the user's DDP loop kept). The door's batch holds every
@@ -273,6 +274,26 @@ class _DoorLoop:
         self.opt.close()
 
 
+def parse_variant(variant: str) -> tuple:
+    """``NAME[:FLAG...]`` -> (scheme, flags, stragglers): ``s=N`` / ``s=auto`` is the straggler
+    budget (None: the scheme's default), the other flags (``off``, ``cancel``, ``KEY=VALUE``)
+    stay flags (module doc)."""
+    scheme, *flags = variant.split(":")
+    budget = [f.split("=", 1)[1] for f in flags if f.startswith("s=")]
+    if len(budget) > 1:
+        raise ValueError(f"variant {variant!r} gives s twice")
+    stragglers = None
+    if budget:
+        if budget[0] == "auto":
+            stragglers = "auto"
+        elif budget[0].isdigit():
+            stragglers = int(budget[0])
+        else:
+            raise ValueError(f"variant {variant!r}: s must be a number >= 0 or auto, "
+                             f"got {budget[0]!r}")
+    return scheme, [f for f in flags if not f.startswith("s=")], stragglers
+
+
 def train_one(variant: str, index: int, trial: Trial, hvd, data,
               on_eval: Optional[Callable[[int, float, float], None]] = None,
               pgc_options: Optional[dict] = None, engine: str = "horovod") -> dict:
@@ -305,7 +326,9 @@ def train_one(variant: str, index: int, trial: Trial, hvd, data,
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     inner = make_optimizer(trial.optimizer, model.parameters(), trial.lr, trial.momentum)
     delays = parse_delay(trial.delay) if trial.delay else None
-    scheme, *flags = variant.split(":")
+    scheme, flags, stragglers = parse_variant(variant)
+    if stragglers is not None:
+        pgc_options = {**(pgc_options or {}), "stragglers": stragglers}
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
     other = {b for e, b in BASELINES.items() if e != engine}
@@ -344,6 +367,8 @@ def train_one(variant: str, index: int, trial: Trial, hvd, data,
                 reached = step
                 if trial.stop_at_target:
                     break
+    auto = getattr(loop.opt, "auto_stragglers", None)   # s=auto: its switches, before close
+    auto = auto.summary() if auto is not None else None
     loop.close()
     trained = sum(step_times)
     digests = hvd.allgather(torch.tensor([tensors_digest(list(model.parameters()))],
@@ -354,4 +379,4 @@ def train_one(variant: str, index: int, trial: Trial, hvd, data,
             "time": next(s for st, s, _ in evals if st == reached) if reached else None,
             "steps_run": step, "seconds_run": trained, "time_per_step": trained / max(step, 1),
             "accuracy": acc, "evals": evals, "step_times": step_times, "busy": busy_all,
-            "same_params": len(set(digests)) == 1}
+            "same_params": len(set(digests)) == 1, "auto": auto}

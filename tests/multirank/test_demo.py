@@ -160,3 +160,23 @@ def test_quick_demo_engine_torch_under_torchrun_without_horovod(tmp_path):
         assert float(cells[name][6]) == pytest.approx(summary[name]["time_per_step_vs_ddp"],
                                                       abs=0.006)
     assert (out / "report.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("variant,want", [
+    ("pgc-cr", ("pgc-cr", [], None)),
+    ("pgc-cr:s=auto", ("pgc-cr", [], "auto")),
+    ("pgc-cr:off:s=0:decay=0.5", ("pgc-cr", ["off", "decay=0.5"], 0)),
+])
+def test_variant_names_the_straggler_budget(variant, want):
+    """``NAME:s=N`` / ``NAME:s=auto`` (the demo's and the time-to-accuracy benchmark's variants)
+    is the budget, not a scheme option; a bad one is refused with what it must be."""
+    from pgc_hvd.apps.tta import parse_variant
+    assert parse_variant(variant) == want
+
+
+@pytest.mark.parametrize("variant,message", [("pgc-cr:s=1:s=2", "gives s twice"),
+                                             ("pgc-cr:s=many", "number >= 0 or auto")])
+def test_bad_variant_budget_is_refused(variant, message):
+    from pgc_hvd.apps.tta import parse_variant
+    with pytest.raises(ValueError, match=message):
+        parse_variant(variant)
