@@ -39,6 +39,12 @@ made per step (``control_ops`` of the records, rank 0; at most 5 at np = 4).
 (``dgd@serial``, ``pgc-cr@serial``: the message formed and sent at ``step()``, the data collective
 after it; the default on the CPU), in the same launch: the overlap's before and after.
 
+Every run also gives rank 0's exposed communication per step (the JSON's ``<run>.exposed``;
+printed under part a): the median time of ``step()`` from the end of the last backward to the
+update applied (Horovod's: waiting for the allreduces its hooks started), beside the forward
+and backward's (``<run>.backward``): the overlap's before and after on the Horovod engine, as
+``benchmarks/doors/step_cost.py --profile`` gives them under torchrun.
+
 ``--crossover``: time per step of PGC-CR with ``optimistic=True`` (payloads ride with control
 rows: one collective, n payloads) and ``optimistic=False`` (control rows, then one allreduce) at
 np = 2 and 4 over message sizes 1 KB .. 4 MB, emulated compute 20 ms: where the second becomes
@@ -118,15 +124,18 @@ def worker(args) -> None:
         m = build_model(kind, args.width)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01),
                                        named_parameters=m.named_parameters())
-        times = []
+        times, split = [], []
         for t in range(steps):
             opt.zero_grad()
             time.sleep(compute + delays.sample(rank, t))
             xb, yb = loader.batch(rank, t)
+            t0 = time.perf_counter()
             F.cross_entropy(m(xb), yb).backward()
-            opt.step()
+            t1 = time.perf_counter()
+            opt.step()      # Horovod's step waits for the allreduces its hooks started
             times.append(time.time())
-        return times, [], []   # as time_pgc: no records of bytes or control exchanges
+            split.append((t1 - t0, time.perf_counter() - t1))
+        return times, [], [], split[warm:]   # as time_pgc: no records of bytes or exchanges
 
     def run_pgc(label, tag=""):
         label, _, control = label.partition("/")
@@ -153,11 +162,15 @@ def worker(args) -> None:
     for r in range(args.repeat):      # the runs in turn, --repeat times: A B C A B C ...
         for name in runs:
             barrier(f"{name}.{r}")
-            times, nbytes, ops = run_hvd() if name == "hvd" else run_pgc(name, f"r{r}")
+            times, nbytes, ops, split = (run_hvd() if name == "hvd"
+                                         else run_pgc(name, f"r{r}"))
             if rank == 0:
                 each.setdefault(name, []).append((times[-1] - times[warm - 1]) / (steps - warm))
                 out[name] = statistics.median(each[name])
                 out[f"{name}.each"] = each[name]
+                # rank 0's medians: forward+backward, and step(): the exposed communication
+                out[f"{name}.backward"] = statistics.median(b for b, _ in split)
+                out[f"{name}.exposed"] = statistics.median(s for _, s in split)
                 if nbytes:
                     out[f"{name}.bytes"] = sum(nbytes) / len(nbytes)
                 if ops:
@@ -202,7 +215,7 @@ def time_pgc(make_optimizer, m, loader, compute: float, steps: int, warm: int, r
     after ``warm`` (from the records), elsewhere ([], [], [])."""
     import torch
     import torch.nn.functional as F
-    decided, nbytes, ops = {}, {}, {}
+    decided, nbytes, ops, split = {}, {}, {}, []
 
     def on_record(r):
         decided[r.step] = time.time()
@@ -211,17 +224,23 @@ def time_pgc(make_optimizer, m, loader, compute: float, steps: int, warm: int, r
     opt = make_optimizer(torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(),
                          on_record=on_record, timeout=300, **options)
     while opt.version < steps:
+        backward = 0.0
         for xb, yb in opt.batches(loader):
             time.sleep(compute)
             if device is not None:
                 xb, yb = xb.to(device), yb.to(device)
+            t0 = time.perf_counter()
             F.cross_entropy(m(xb), yb).backward()
-        opt.step()
+            backward += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        opt.step()      # from the end of the last backward to the update applied
+        if opt.version > warm:
+            split.append((backward, time.perf_counter() - t1))
     opt.close()
     if rank != 0:
-        return [], [], []
+        return [], [], [], []
     return ([decided[t] for t in range(steps)], [nbytes[t] for t in range(warm, steps)],
-            [ops[t] for t in range(warm, steps) if ops[t] is not None])
+            [ops[t] for t in range(warm, steps) if ops[t] is not None], split)
 
 
 def launch(np_, part, model, args, steps=None, width=0, compute=None) -> dict:
@@ -272,6 +291,12 @@ def report(a: dict, b, c: float, seconds: float) -> None:
                  f" {r.get(s + '.control_ops', float('nan')):4.1f}op" for s in cols]
         print(f"{m:>9} {r['d']:>10} {k:>3} {r['hvd'] * 1e3:7.0f} "
               + " ".join(f"{x:>28}" for x in cells))
+    print("\n   exposed communication, rank 0's median ms a step: step() (from the end of the "
+          "backward to the update applied) / forward+backward")
+    for (m, k), r in a.items():
+        print(f"{m:>9} np {k}: " + ", ".join(
+            f"{s} {r[s + '.exposed'] * 1e3:.1f} / {r[s + '.backward'] * 1e3:.1f}"
+            for s in ["hvd", *cols] if s + ".exposed" in r))
     if b is None:
         return
     ar = a.get((b["model"], b["n"]))
