@@ -42,12 +42,22 @@ def in_world(n: int, body, timeout: float = 30.0) -> list:
     errors: list = []
 
     def run(rank: int) -> None:
+        pg = None
         try:
             pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, n,
                                        timedelta(seconds=timeout))
             results[rank] = body(rank, ThreadGroupOps(pg, prefix, rank, n))
         except BaseException as err:   # noqa: BLE001 - re-raised below, in the test's thread
             errors.append(err)
+        finally:
+            # the group's gloo threads end here, with the rank's thread, not at the pytest
+            # process's exit (a gloo thread still joinable then aborts the interpreter:
+            # "terminate called without an active exception", exit status 134)
+            if pg is not None:
+                try:
+                    pg.shutdown()
+                except Exception:   # noqa: BLE001 - a failed test already says what failed
+                    pass
 
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(n)]
     for t in threads:
