@@ -138,3 +138,34 @@ def test_the_private_member_check_catches_a_read(tmp_path):
     (pkg / "c.py").write_text("class C:\n    def run(self):\n        self._round = 0\n")
     bad = foreign_private_uses(tmp_path)
     assert len(bad) == 2 and all("b.py" in b for b in bad), bad
+
+
+#: a part's flags that other parts read but only the owner writes (through the owner's methods)
+OWNED_FLAGS = {"started": "pgc_hvd/runtime/step.py",           # Step.start()
+               "update_in_grad": "pgc_hvd/runtime/capture.py"}  # update_loaded / update_applied
+
+
+def attribute_writes(path: Path):
+    """[(line, attribute name)] of every ``x.attr = ...`` (and ``+=``) in ``path`` whose ``x``
+    is another object than ``self`` (a class's own attribute of that name is its own)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    out = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for t in targets:
+            for tt in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(tt, ast.Attribute) and not (
+                        isinstance(tt.value, ast.Name) and tt.value.id == "self"):
+                    out.append((node.lineno, tt.attr))
+    return out
+
+
+def test_flags_are_written_by_their_owners_only():
+    """``Step.started`` and ``GradientCapture.update_in_grad`` are written in their own modules
+    (the facade, close and the tests call ``Step.start()``, ``capture.update_loaded()`` /
+    ``update_applied()``), so one part says when its state changes."""
+    bad = [f"{path.relative_to(ROOT)}:{line}: .{attr} written outside {OWNED_FLAGS[attr]}"
+           for path in _files() for line, attr in attribute_writes(path)
+           if attr in OWNED_FLAGS and path.relative_to(ROOT).as_posix() != OWNED_FLAGS[attr]]
+    assert not bad, "\n".join(bad)

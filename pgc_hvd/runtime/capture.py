@@ -71,7 +71,8 @@ class GradientCapture:
         self.done_slots: set = set()
         self.target_slot: Optional[int] = None    # the slot whose gradient accumulates in p.grad
         self.got_grad = False                     # a gradient reached the target slot
-        self.update_in_grad = False               # synchronize() put the update in p.grad
+        #: synchronize() put the update in p.grad (update_loaded / update_applied write it)
+        self.update_in_grad = False
         self.amp = False                          # a GradScaler has handed a scale to step()
         self._sentinel = None                     # the parameter whose hook counts passes
         self._passes = 0
@@ -174,6 +175,15 @@ class GradientCapture:
     def pending_gradient(self) -> bool:
         """Whether a partition's gradient sits in p.grad, not yet in its slot."""
         return self.target_slot is not None and self.got_grad
+
+    def update_loaded(self) -> None:
+        """``synchronize()`` put the decided update into ``p.grad``: a backward before
+        ``step()`` is refused (:meth:`_hook`)."""
+        self.update_in_grad = True
+
+    def update_applied(self) -> None:
+        """``step()`` applied the update in ``p.grad``: gradients may come again."""
+        self.update_in_grad = False
 
     # -- hooks ----------------------------------------------------------------------------
     def _hook(self, p: torch.Tensor) -> None:

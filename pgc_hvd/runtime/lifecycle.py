@@ -211,8 +211,7 @@ def close_in_order(hvd, config, rank: int, *, step, agent, faults, recorder, cap
     ranks."""
     try:
         if not step.started:
-            agent.start()
-            step.started = True
+            step.start()
         try:
             agent.finish()
         except AgentError as err:

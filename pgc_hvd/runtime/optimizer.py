@@ -517,7 +517,7 @@ class PGCOptimizer(Lifecycle):
             self._pgc_faults.fail(step.started)
             raise
         self._pgc_load_update()
-        self._pgc_capture.update_in_grad = True
+        self._pgc_capture.update_loaded()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -548,8 +548,7 @@ class PGCOptimizer(Lifecycle):
         self._pgc_start_agent()
 
     def _pgc_start_agent(self) -> None:
-        self._pgc_agent.start()
-        self._pgc_step.started = True
+        self._pgc_step.start()
 
     def _pgc_init_from_horovod(self) -> bool:
         """``hvd.broadcast_optimizer_state``'s state-creating ``step()``: the user's rule on zero

@@ -117,7 +117,7 @@ class Step:
         self._with_decision = on_update is not None and takes_three(on_update)
         #: the model version t: decided updates applied (= the step computed next)
         self.version = 0
-        #: the first step has begun (the agent runs)
+        #: the first step has begun (the agent runs): written by :meth:`start` only
         self.started = False
         self.plan = None              # the current step's WorkPlan (None: not begun)
         self.computes = True          # this rank sends a message at the current step
@@ -455,6 +455,11 @@ class Step:
             rule()
         self.applied()
 
+    def start(self) -> None:
+        """Start the agent thread (the first step, a re-plan, or a close before any step)."""
+        self.agent.start()
+        self.started = True
+
     def applied(self) -> None:
         """An update was applied with the current hyper-parameters: clear p.grad, extend the
         digest, ``version += 1``; the agent frees what the steps before it held, the next step
@@ -462,7 +467,7 @@ class Step:
         for p in self.layout.params:
             p.grad = None
         self.hyper_digest = hyper_digest(self.param_groups, self.hyper_digest)
-        self.capture.update_in_grad = False
+        self.capture.update_applied()
         self.version += 1
         self.after_update()
 

@@ -60,8 +60,7 @@ class World:
                          param_groups=self.opt.param_groups, **step_kw)
         self.capture.attach()
         if start:
-            self.agent.start()
-            self.step.started = True
+            self.step.start()
 
     def loss(self, seed=0, scale=1.0):
         X, y = data(seed)
