@@ -102,13 +102,13 @@ class Step:
     :meth:`adopt`)."""
 
     def __init__(self, capture: GradientCapture, encoder, agent, scheme, rank: int, *,
-                 param_groups, delays=None, cancel: bool = False, replay_steps=(),
+                 param_groups, delay=None, cancel: bool = False, replay_steps=(),
                  op_scale: float = 1.0, on_update=None):
         self.capture, self.encoder, self.agent, self.scheme = capture, encoder, agent, scheme
         self.worker_ring, self.layout = capture.worker_ring, capture.layout
         self.rank = int(rank)
         self.param_groups = param_groups
-        self.delays, self.cancel = delays, bool(cancel)
+        self.delay, self.cancel = delay, bool(cancel)
         self.replay_steps = set(replay_steps)
         self.replay_end = max(self.replay_steps) if self.replay_steps else -1
         self.op_scale = float(op_scale)
@@ -391,7 +391,7 @@ class Step:
         return self.version < self.agent.decided()
 
     def _delay(self, t: int) -> None:
-        delay = 0.0 if self.delays is None else float(self.delays.sample(self.rank, t))
+        delay = 0.0 if self.delay is None else float(self.delay.sample(self.rank, t))
         if delay > 0:
             if self.cancel:   # cut short when the step fires without this rank
                 self.agent.wait_decided_beyond(t, delay)
