@@ -234,7 +234,10 @@ class RuntimeConfig:
         checked rule settings (:func:`auto_setting`: ``s_max > n - 1`` is refused here, with
         the fix)."""
         auto, stragglers = auto_setting(self.stragglers, self.auto, self.scheme, n)
-        s = stragglers_for(self.scheme, n, stragglers)
+        # s checked once: auto's s_start by its range (auto_setting), a given s by the scheme's
+        # one checker (stragglers_for; the scheme's construction asks it again, never failing)
+        s = (stragglers if auto is not None and stragglers is not None
+             else stragglers_for(self.scheme, n, stragglers))
         compression, wire_dtype = wire_format(self.compression, self.wire_dtype)
         delay = _check_arguments(
             n, delay=self.delay, records=self.records,
