@@ -130,6 +130,8 @@ class Step:
         self.hyper_digest = 0
         #: the last update loaded (its decision and info), None before the first
         self.last = None
+        #: seconds the last :meth:`exchange` waited for its step's decision
+        self.wait_seconds = 0.0
         #: the decoder reads each message's compression error (read once: a property of the
         #: scheme's checks, off the step's path)
         self.error_norms = bool(scheme.needs_error_norms)
@@ -371,13 +373,15 @@ class Step:
     def exchange(self, *, loss=None, metrics: tuple = (), grad_scale=None) -> bool:
         """This rank's part of the current (begun) step: its message sent (:meth:`send`), or
         nothing when it catches up (:meth:`skip`); then wait until the step is decided.
-        Returns whether this rank computed at it."""
+        Returns whether this rank computed at it; :attr:`wait_seconds` says how long it waited."""
         computed = self.computes
         if computed:
             self.send(loss=loss, metrics=metrics, grad_scale=grad_scale)
         else:
             self.skip()
+        t_wait = time.perf_counter()
         self.agent.wait_for(self.version)
+        self.wait_seconds = time.perf_counter() - t_wait
         return computed
 
     def load_decided(self) -> None:
