@@ -21,8 +21,9 @@
 # Defaults: 200 steps per scheme; SGD lr 0.05 momentum 0.9 (--optimizer adam: Adam lr 3e-3);
 # a batch of 16 per rank (pgc_hvd: per partition); 0.1 s of emulated GPU compute per batch (a
 # sleep between forward and backward, as a GPU leaves the CPU free); --delay exp: Exp(mean =
-# compute time) per rank and step, seeded by --seed (patterns: none, slow (rank 1 4x slow), exp,
-# lognormal; or a delay spec such as exp:mean=0.2,seed=3); validation accuracy every 5 steps,
+# compute time) per rank and step, seeded by --seed (the patterns of pgc_hvd.delays.PATTERNS:
+# none, exp, slow-rank or slow (rank (seed + 1) % np 4x slow), two-class, heavy-tail or pareto,
+# transient, lognormal; or a delay spec such as exp:mean=0.2,seed=3); validation accuracy every 5 steps,
 # not timed; target 0.95. --quick is the smallest mode (10 steps, 0.01 s compute; the test
 # suite runs it). --skip-setup skips launch/setup.sh. Any scheme of pgc_hvd can join
 # (--schemes "hvd dgd pgc-cr bcgc"; with --engine torch: --schemes "ddp dgd pgc-cr bcgc").

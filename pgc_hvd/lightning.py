@@ -68,7 +68,7 @@ _REFUSED = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averag
 class PGCStrategy(DDPStrategy):
     """``DDPStrategy`` whose model is :class:`pgc_hvd.DistributedDataParallel` (module doc).
     ``scheme``, ``stragglers`` and the runtime's options (:data:`pgc_hvd.runtime.ddp.
-    RUNTIME_OPTIONS`: ``timeout``, ``delays``, ``control``, ...) are pgc_hvd's; every other
+    RUNTIME_OPTIONS`: ``timeout``, ``delay``, ``control``, ...) are pgc_hvd's; every other
     keyword is ``DDPStrategy``'s (``find_unused_parameters``, ``process_group_backend``, ...)."""
 
     strategy_name = "pgc"

@@ -334,6 +334,24 @@ def launch_group(tmp_path_factory):
     return run
 
 
+def _group_fixture(launcher: str, np: int):
+    """The module-scoped fixture ``hvd{np}`` / ``torch{np}``: the requesting module's
+    :class:`Group` of the session's ``(launcher, np)`` launch (:func:`launch_group`)."""
+    name = f"{'hvd' if launcher == 'horovodrun' else 'torch'}{np}"
+
+    def group(launch_group, request) -> Group:
+        return launch_group(request, launcher, np)
+    group.__doc__ = (f"The requesting module's entries of the session's ``{launcher} -np {np}`` "
+                     f"launch (its ``LAUNCH_GROUPS``), a :class:`Group`.")
+    return pytest.fixture(scope="module", name=name)(group)
+
+
+#: a test module's share of a grouped launch, by launcher and world size: a test asks for
+#: ``hvd3`` (horovodrun -np 3) or ``torch2`` (torchrun -np 2) and reads ``hvd3.ran(key)``
+hvd2, hvd3, hvd4 = (_group_fixture("horovodrun", n) for n in (2, 3, 4))
+torch2, torch3, torch4 = (_group_fixture("torchrun", n) for n in (2, 3, 4))
+
+
 @pytest.fixture
 def usage_error(capsys):
     """``usage_error(main, argv)``: runs a command-line ``main`` that must stop with an argparse

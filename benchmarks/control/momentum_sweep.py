@@ -3,8 +3,9 @@
     python benchmarks/control/momentum_sweep.py [--seeds 0,1,2] [--steps 250] [--jobs 2] [--json PATH]
 
 The demo's workload in the simulator (real gradients, virtual time): n = 4, s = 1, the digits
-CNN, batch 16 per partition, one partition = 1 time unit, exponential delays of mean 1 (seeded
-per run). For each seed it runs
+CNN, batch 16 per partition, one partition = 1 time unit, exponential delays of mean 1 (pattern
+``exp`` of :func:`pgc_hvd.delays.pattern_spec`, seeded by the run's seed + 1). For each seed it
+runs
 
 * ``dgd`` with the user's optimizer (SGD lr 0.05 momentum 0.9; Adam lr 3e-3);
 * ``pgc-cr`` with the user's optimizer as is (``--momentum-correction off``);
@@ -16,7 +17,8 @@ per run). For each seed it runs
 
 ``--scope``: instead, the check behind the correction's scope (docs/control.md, "Scope"):
 ``dgd`` and ``bounded-staleness`` with the correction forced on and off, SGD momentum 0.9,
-log-normal delays (median 0.3) plus 10-30 unit stragglers with probability 0.01, 300 steps.
+log-normal delays (median 0.3) plus 10-30 unit stragglers with probability 0.01 (pattern
+``lognormal``), 300 steps.
 
 Prints, per variant, steps and virtual time to 90 / 93 / 95% validation accuracy (per seed, and
 the median) and the mean gradient age and effective momentum the runs applied.
@@ -33,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pgc_hvd.apps.local_ranks import read_result
+from pgc_hvd.delays import pattern_spec
 
 TARGETS = (0.90, 0.93, 0.95)
 
@@ -49,10 +52,6 @@ def variants(betas) -> list:
     return out
 
 
-LOGNORMAL = ("lognormal:mu=-1.2039728,sigma=0.5,seed={s}"
-             "+straggler:p=0.01,low=10,high=30,seed={s}")
-
-
 def scope_variants() -> list:
     return [("dgd", "sgd:lr=0.05,momentum=0.9", "on"),
             ("bounded-staleness", "sgd:lr=0.05,momentum=0.9", "off"),
@@ -60,7 +59,8 @@ def scope_variants() -> list:
 
 
 def run_one(scheme: str, optimizer: str, correction: str, seed: int, steps: int,
-            delay: str = "exp:mean=1,seed={s}") -> dict:
+            pattern: str = "exp") -> dict:
+    delay = pattern_spec(pattern, 4, 1.0, steps, seed=seed + 1)
     code = f"""
 import torch
 from pgc_hvd.apps.local_ranks import print_result
@@ -73,7 +73,7 @@ if {correction == 'force'}:      # the correction on a scheme outside its scope 
     engine.applies_to = lambda scheme: True
 recs, summ = simulate({scheme!r}, 4, setting_stragglers({scheme!r}, 1), dataset="digits",
     model="cnn", optimizer={optimizer!r},
-    delay={delay.format(s=seed + 1)!r}, steps={steps}, seed={seed},
+    delay={delay!r}, steps={steps}, seed={seed},
     data=prepare_data("digits", seed={seed}), batch_size=16, partition_time=1.0, eval_every=5,
     momentum_correction={correction != 'off'})
 hits = {{tg: first_at_least(recs, tg) for tg in {TARGETS!r}}}
@@ -105,13 +105,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     seeds = [int(x) for x in a.seeds.split(",")]
     if a.scope:
-        vs, steps, delay = scope_variants(), max(a.steps, 300), LOGNORMAL
+        vs, steps, pattern = scope_variants(), max(a.steps, 300), "lognormal"
     else:
         vs = variants([float(b) for b in a.betas.split(",") if b.strip()])
-        steps, delay = a.steps, "exp:mean=1,seed={s}"
+        steps, pattern = a.steps, "exp"
     jobs = [(v, s) for v in vs for s in seeds]
     with ThreadPoolExecutor(a.jobs) as ex:
-        results = list(ex.map(lambda j: run_one(*j[0], j[1], steps, delay), jobs))
+        results = list(ex.map(lambda j: run_one(*j[0], j[1], steps, pattern), jobs))
     print(f"| scheme | optimizer | correction | mean age | beta applied | "
           + " | ".join(f"steps to {t:.0%} (median; time)" for t in TARGETS) + " |")
     print("|---|---|---|---|---|" + "---|" * len(TARGETS))

@@ -10,12 +10,16 @@ One torchrun launch per (door, pattern, seed), every rank running the DDP tutori
 (1440 training images, 357 for validation, a small CNN), SGD lr 0.05 momentum 0.9, batch 32.
 Each batch costs ``--compute`` seconds of emulated accelerator compute (a sleep: the CPU is
 free, as under a GPU) plus the straggler pattern's delay for (rank, step), the same seeded
-schedule for both doors:
+schedule for both doors; ``--patterns`` names patterns of :data:`pgc_hvd.delays.PATTERNS`
+(:func:`pgc_hvd.delays.pattern_spec` with the run's seed), e.g.:
 
 * ``none``: no delay;
 * ``exp``: Exp(mean = compute) on every rank and step;
-* ``slow``: the last rank 4x slow (3 compute more every step);
-* ``pareto``: heavy-tailed per-batch cost, Pareto (Lomax) shape 2.5 with mean = compute.
+* ``slow`` (``slow-rank``): rank seed % np 4x slow (3 compute more every step; the figures of
+  2026-12-06 were measured with the last rank slow at every seed);
+* ``pareto`` (``heavy-tail``): heavy-tailed per-batch cost, Pareto (Lomax) shape 2.5 with mean =
+  compute;
+* ``two-class``, ``transient`` (over ``--max-steps``), ``lognormal``.
 
 Every ``--eval-every`` steps rank 0's clock stops, every rank evaluates the validation set (its
 shard; ``dist.all_reduce`` of the counts) and the clock resumes: evaluation is not timed. A run
@@ -41,21 +45,9 @@ import time
 from pathlib import Path
 
 from pgc_hvd.apps.local_ranks import print_result, read_result
+from pgc_hvd.delays import pattern_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def pattern_spec(name: str, n: int, compute: float, seed: int) -> str:
-    """The pgc_hvd.delays spec of straggler pattern ``name``."""
-    if name == "none":
-        return "none"
-    if name == "exp":
-        return f"exp:mean={compute},seed={seed}"
-    if name == "slow":
-        return f"slow:worker={n - 1},delay={3 * compute}"
-    if name == "pareto":
-        return f"pareto:shape=2.5,scale={1.5 * compute},seed={seed}"
-    raise SystemExit(f"unknown pattern {name!r}: none, exp, slow, pareto")
 
 
 def rank_main(args) -> None:
@@ -217,7 +209,7 @@ def lightning_main(args, net, train, val, sgd, delays, rank: int, n: int) -> Non
 
 
 def launch(args, door: str, pattern: str, seed: int) -> dict:
-    spec = pattern_spec(pattern, args.np, args.compute, seed)
+    spec = pattern_spec(pattern, args.np, args.compute, args.max_steps, seed)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(args.np), __file__, "--rank-main", "--door", door, "--delay", spec,
            "--seed", str(seed), "--compute", str(args.compute), "--target", str(args.target),
@@ -251,6 +243,11 @@ def main(argv=None) -> int:
     if args.rank_main:
         rank_main(args)
         return 0
+    for pattern in args.patterns.split(","):        # refuse an unknown pattern at once
+        try:
+            pattern_spec(pattern, args.np, args.compute, args.max_steps)
+        except ValueError as err:
+            p.error(f"--patterns: {err}")
     t_all = time.monotonic()
     rows = []
     for pattern in args.patterns.split(","):

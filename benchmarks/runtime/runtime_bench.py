@@ -146,7 +146,7 @@ def worker(args) -> None:
         if control:
             kw["control"] = control
         return time_pgc(pgc_hvd.DistributedOptimizer, build_model(kind, args.width), loader,
-                        compute, steps, warm, rank, scheme=scheme, delays=delays,
+                        compute, steps, warm, rank, scheme=scheme, delay=delays,
                         name=f"b-{scheme}-{policy}-{opt_mode}-{control}{tag}",
                         straggler_policy=policy or "continue", **kw)
 

@@ -95,7 +95,7 @@ def worker(args) -> None:
             kw["control"] = args.control
         opt = pgc_hvd.DistributedOptimizer(
             torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
-            delays=args.delay,
+            delay=args.delay,
             name=f"svr-{scheme}", straggler_policy=args.policy, on_record=on_record, **kw)
         hvd.allreduce(torch.zeros(1), name=f"svr.barrier.{scheme}")
         while opt.version < steps:

@@ -53,32 +53,10 @@ def worker(args) -> None:
         torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(), scheme=scheme,
         timeout=300, poll_interval=args.poll, control=args.control,
         name=f"prof-{scheme}-{args.control}")
-    agent = opt.agent
     T = {k: [] for k in ("compute", "send", "wait", "data", "apply", "rounds", "ops", "step")}
-
-    # NOTE (a reach-in, kept on purpose until the runtime reports it): the public API times
-    # only what the user's loop calls (compute, synchronize = send + wait, apply); the split of
-    # synchronize into send and wait, and the agent thread's data phase, are timed by wrapping
-    # two methods of the optimizer's agent, CommAgent.wait_for and the private
-    # CommAgent._data_phase. A per-step record of those phases from the runtime (e.g. the
-    # Update's info) would let this benchmark drop both wrappers.
-
-    def timed(obj, attr, key, record=None):
-        real = getattr(obj, attr)
-
-        def run(*a):
-            t0 = time.perf_counter()
-            out = real(*a)
-            T[key].append(time.perf_counter() - t0)
-            if record is not None:
-                record(out)
-            return out
-        setattr(obj, attr, run)
-    def note(u):
-        T["rounds"].append(u.info["control_rounds"])
-        T["ops"].append(u.info.get("control_ops") or 0)
-    timed(agent, "_data_phase", "data", note)
-    timed(agent, "wait_for", "wait")
+    # what the runtime reports of each step, on every rank: the step's wait for its decision
+    # (Step.wait_seconds), and the decided update's info (the agent's data phase, the control
+    # rounds and messages so far)
     sync = []
     while opt.version < args.steps:
         t0 = time.perf_counter()
@@ -90,6 +68,12 @@ def worker(args) -> None:
         opt.synchronize()          # send (form, check, encode, hand off) + wait
         t2 = time.perf_counter()
         sync.append(t2 - t1)
+        step = opt.current_step
+        info = step.last.info
+        T["wait"].append(step.wait_seconds)
+        T["data"].append(info["data_seconds"])
+        T["rounds"].append(info["control_rounds"])
+        T["ops"].append(info.get("control_ops") or 0)
         with opt.skip_synchronize():
             opt.step()             # apply: the user's rule on the decoded update
         T["apply"].append(time.perf_counter() - t2)

@@ -15,7 +15,7 @@ a) no stragglers: time per step of ``DistributedDataParallel`` (SGD; its buckete
    step (pgc_hvd's records: rank 0's count) over the ring allreduce's 2 (n-1)/n * 4d (what
    DDP's gloo allreduce moves);
 b) exponential delays with mean ``--compute`` (seeded, the same schedule for both): DDP sleeps
-   each rank's delay before its step's backward; pgc-cr gets them as ``delays=``.
+   each rank's delay before its step's backward; pgc-cr gets them as ``delay=``.
 
 ``--runs`` lists PART:VARIANT, VARIANT = ``ddp`` or a scheme, with ``@CONTROL`` for a control
 channel other than the optimizer's default, log (e.g. ``a:pgc-cr@allgather``).
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         scheme, _, control = scheme.partition("@")     # "pgc-cr@log": control="log"
         extra = {"control": control} if control else {}
         return time_pgc(hvd.DistributedOptimizer, build_model(args.model).to(device), loader,
-                        compute, steps, warm, rank, device=device, scheme=scheme, delays=delays,
+                        compute, steps, warm, rank, device=device, scheme=scheme, delay=delays,
                         name=f"tb-{scheme}-{control or 'ag'}-{tag}", **extra)
 
     out = {"n": n, "model": args.model, "d": d, "compute": compute, "steps": steps,

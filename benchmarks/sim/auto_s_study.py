@@ -183,16 +183,17 @@ def main(argv=None) -> int:
     p.add_argument("--calibrate", action="store_true")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    from pgc_hvd.delays import PATTERNS
+    from pgc_hvd.delays import pattern_name
     try:
         a.n = [int(x) for x in a.n.split(",") if x.strip()]
         a.fixed = [int(x) for x in a.fixed.split(",")] if a.fixed else None
     except ValueError:
         p.error("--n and --fixed take comma-separated integers")
     a.patterns = [x.strip() for x in a.patterns.split(",") if x.strip()]
-    bad = [x for x in a.patterns if x not in PATTERNS]
-    if bad:
-        p.error(f"--patterns: unknown {bad}; known: {', '.join(PATTERNS)}")
+    try:
+        a.patterns = [pattern_name(x) for x in a.patterns]
+    except ValueError as err:
+        p.error(f"--patterns: {err}")
     if min(a.n) < 2 or a.seeds < 1 or a.jobs < 1:
         p.error("--n >= 2, --seeds >= 1 and --jobs >= 1")
     out = Path(a.out)

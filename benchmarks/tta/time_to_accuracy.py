@@ -12,8 +12,11 @@ scikit-learn's digits, a batch of 16 per rank (pgc_hvd: per partition) and step,
 seconds of emulated GPU work per batch with each rank's delay slept between the forward and the
 backward, the user's optimizer with the user's hyper-parameters (``sgd``: SGD lr 0.05 momentum
 0.9; ``adam``: Adam lr 3e-3), validation accuracy every ``--eval-every`` steps (not timed), and
-one seeded delay schedule per pattern for every variant: ``none``, ``slow`` (rank 1 4x slow),
-``exp`` (Exp(mean = compute) per rank and step), ``lognormal`` (with rare 10-30 x stragglers).
+one seeded delay schedule per pattern for every variant, any name of
+:data:`pgc_hvd.delays.PATTERNS` (``pgc_hvd.delays.pattern_spec``, seeded by the trial's seed +
+1): ``none``, ``slow`` (``slow-rank``: rank (seed + 1) % np 4x slow; before the one pattern
+table it was rank 1 at every seed), ``exp`` (Exp(mean = compute) per rank and step),
+``lognormal`` (with rare 10-30 x stragglers), ``heavy-tail``, ``two-class``, ``transient``.
 
 Variants: ``hvd`` (``hvd.DistributedOptimizer``), and any pgc_hvd scheme name (s = 0 for
 ``dgd``, 1 otherwise), ``NAME:off`` with ``momentum_correction=False``, ``NAME:cancel`` with
@@ -38,7 +41,8 @@ from pathlib import Path
 
 from pgc_hvd.apps.local_ranks import print_result, run_ranks
 
-from pgc_hvd.apps.tta import OPTIMIZERS, PATTERNS, Trial, delay_spec
+from pgc_hvd.apps.tta import OPTIMIZERS, Trial, delay_spec
+from pgc_hvd.delays import PATTERN_ALIASES, PATTERNS
 
 
 # ----------------------------------------------------------------------------- worker (per rank)
@@ -50,7 +54,8 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     hvd.init()
     trial = Trial(optimizer=args.optimizer, seed=args.seed, compute=args.compute,
-                  delay=delay_spec(args.pattern, args.compute, args.seed),
+                  delay=delay_spec(args.pattern, hvd.size(), args.compute, args.seed,
+                                   args.max_steps),
                   batch_size=args.batch_size, steps=args.max_steps, eval_every=args.eval_every,
                   target=args.target, stop_at_target=True)
     data = digits_split()
@@ -68,11 +73,17 @@ def _med(xs):
     return statistics.median(xs) if xs else None
 
 
+def _pattern_order(name: str) -> int:
+    """Where ``name`` (or the pattern it is an alias of) stands in the one pattern table."""
+    name = PATTERN_ALIASES.get(name, name)
+    return PATTERNS.index(name) if name in PATTERNS else len(PATTERNS)
+
+
 def summarize(results: list) -> list:
     """One row per (pattern, optimizer, variant): medians over seeds and ratios to ``hvd``."""
     rows = []
     keys = sorted({(r["pattern"], r["optimizer"]) for r in results},
-                  key=lambda k: (PATTERNS.index(k[0]) if k[0] in PATTERNS else 9, k[1]))
+                  key=lambda k: (_pattern_order(k[0]), k[1]))
     for pattern, optimizer in keys:
         launches = [r for r in results if (r["pattern"], r["optimizer"]) == (pattern, optimizer)]
         variants = list(dict.fromkeys(v["variant"] for r in launches for v in r["runs"]))
@@ -149,7 +160,10 @@ def main(argv=None) -> int:
     results = []
     t_start = time.time()
     for pattern in args.patterns.split(","):
-        delay_spec(pattern, args.compute, 0)          # refuse an unknown pattern at once
+        try:                                          # refuse an unknown pattern at once
+            delay_spec(pattern, args.np, args.compute, 0, args.max_steps)
+        except ValueError as err:
+            raise SystemExit(f"--patterns: {err}") from None
         for optimizer in args.optimizers.split(","):
             if optimizer not in OPTIMIZERS:
                 raise SystemExit(f"unknown optimizer {optimizer!r}; use {', '.join(OPTIMIZERS)}")

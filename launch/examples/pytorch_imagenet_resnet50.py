@@ -186,7 +186,7 @@ def main(args):
         backward_passes_per_step=args.batches_per_allreduce,
         op=hvd.Adasum if args.use_adasum else hvd.Average,
         gradient_predivide_factor=args.gradient_predivide_factor,
-        metrics=["accuracy"], delays=delays, name="imagenet")
+        metrics=["accuracy"], delay=delays, name="imagenet")
 
     # resume: rank 0 loads the checkpoint, the broadcasts give every rank its parameters, the
     # optimizer state and the model version

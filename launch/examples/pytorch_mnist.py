@@ -201,7 +201,7 @@ def main(args):
         stragglers=args.stragglers, compression=compression,
         op=hvd.Adasum if args.use_adasum else hvd.Average,
         gradient_predivide_factor=args.gradient_predivide_factor,
-        metrics=["accuracy"], delays=delays, name="mnist")
+        metrics=["accuracy"], delay=delays, name="mnist")
     # the same start on every rank (after the wrap, as Horovod's examples do it)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)

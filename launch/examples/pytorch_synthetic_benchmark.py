@@ -119,7 +119,7 @@ def main(args):
     optimizer = pgc_hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), scheme=args.scheme,
         stragglers=args.stragglers, compression=compression,
-        op=hvd.Adasum if args.use_adasum else hvd.Average, delays=delays, name="bench")
+        op=hvd.Adasum if args.use_adasum else hvd.Average, delay=delays, name="bench")
 
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)

@@ -58,7 +58,8 @@ import threading
 import time
 from pathlib import Path
 
-from pgc_hvd.apps.tta import BASELINES, ENGINES, OPTIMIZERS, PATTERNS, Trial, delay_spec
+from pgc_hvd.apps.tta import BASELINES, ENGINES, OPTIMIZERS, Trial, delay_spec
+from pgc_hvd.delays import PATTERN_ALIASES, PATTERNS
 
 HVD = BASELINES["horovod"]
 LABELS = {HVD: "hvd.DistributedOptimizer", BASELINES["torch"]: "torch DDP"}
@@ -147,8 +148,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--target is a validation accuracy in (0, 1], got {args.target}")
     if args.momentum is not None and args.optimizer != "sgd":
         p.error("--momentum is SGD's; Adam keeps its betas (0.9, 0.999)")
-    if args.delay in PATTERNS:
-        args.delay = delay_spec(args.delay, args.compute_time, args.seed)
+    if args.delay in PATTERNS or args.delay in PATTERN_ALIASES:
+        try:
+            args.delay = delay_spec(args.delay, args.np, args.compute_time, args.seed,
+                                    args.steps)
+        except ValueError as err:
+            p.error(f"--delay {args.delay}: {err}")
     if args.delay is not None:
         from pgc_hvd.delays import parse_delay
         try:

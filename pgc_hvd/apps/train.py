@@ -269,7 +269,7 @@ def main(argv=None) -> int:
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
         model.named_parameters(), scheme=args.scheme, stragglers=args.s,
         scheme_options=scheme_options, auto=auto_options,
-        compression=compression, delays=delays, timeout=args.timeout, name=f"pgc-{args.scheme}",
+        compression=compression, delay=delays, timeout=args.timeout, name=f"pgc-{args.scheme}",
         momentum_correction=args.momentum_correction == "on", **opt_kwargs)
     if ctl is not None:
         ctl.attach(opt)

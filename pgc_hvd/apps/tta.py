@@ -37,14 +37,12 @@ above), so its emulated compute is ``loop_width`` x compute, once per step; a ra
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Callable, Optional
 
 #: the user's optimizers by name, with their default learning rates (SGD's momentum: 0.9)
 DEFAULT_LR = {"sgd": 0.05, "adam": 3e-3}
 OPTIMIZERS = tuple(DEFAULT_LR)
-PATTERNS = ("none", "slow", "exp", "lognormal")
 #: the engines and their baseline variant (the lockstep data-parallel loop users run there)
 ENGINES = ("horovod", "torch")
 BASELINES = {"horovod": "hvd", "torch": "ddp"}
@@ -79,25 +77,16 @@ class Trial:
         return f"SGD lr {lr:g} momentum {0.9 if self.momentum is None else self.momentum:g}"
 
 
-def delay_spec(pattern: str, compute: float, seed: int):
-    """The pattern's delay spec (``pgc_hvd.delays.parse_delay`` syntax), or None:
-
-    * ``none``       no injected delay;
-    * ``slow``       rank 1 sleeps 3 x compute every step (one rank 4x slow);
-    * ``exp``        Exp(mean = compute) on every rank and step;
-    * ``lognormal``  log-normal (median 0.3 x compute, sigma 0.5) plus, with probability 0.01,
-                     a 10-30 x compute straggler (the design note's pattern, scaled).
-    """
-    if pattern == "none":
-        return None
-    if pattern == "slow":
-        return f"slow:worker=1,delay={3 * compute}"
-    if pattern == "exp":
-        return f"exp:mean={compute},seed={seed + 1}"
-    if pattern == "lognormal":
-        return (f"lognormal:mu={math.log(0.3 * compute)},sigma=0.5,seed={seed + 1}"
-                f"+straggler:p=0.01,low={10 * compute},high={30 * compute},seed={seed + 1}")
-    raise ValueError(f"unknown pattern {pattern!r}; use one of {', '.join(PATTERNS)}")
+def delay_spec(pattern: str, n: int, compute: float, seed: int,
+               steps: int = 300) -> Optional[str]:
+    """Named straggler pattern ``pattern`` (:data:`pgc_hvd.delays.PATTERNS`, or an alias such
+    as ``slow``) for ``n`` ranks, ``compute`` seconds a batch and a run of about ``steps`` steps,
+    as a delay spec (:func:`pgc_hvd.delays.pattern_spec`), or None for ``none``. The delays'
+    seed is the trial's seed + 1: a trial of seed 0 draws ``exp:mean=COMPUTE,seed=1`` and slows
+    rank 1 under ``slow``, as the recorded figures of seed 0 were measured."""
+    from pgc_hvd.delays import pattern_spec
+    spec = pattern_spec(pattern, n, compute, steps, seed=seed + 1)
+    return None if spec == "none" else spec
 
 
 def make_optimizer(name: str, params, lr: Optional[float] = None,

@@ -42,9 +42,11 @@ class                                      sample                               
 ``Scaled(base, factor)``                    factor * base                                   (dict spec only)
 =========================================  =============================================  ==========
 
-Named production patterns (a persistently slow rank, two speed classes, heavy-tailed per-batch
-cost, stragglers that come and go, none): :func:`pattern_spec` (``name, n, compute, steps``) ->
-the text spec above, :data:`PATTERNS` their names (:mod:`.patterns`).
+Named straggler patterns (none, exponential, a persistently slow rank, two speed classes,
+heavy-tailed per-batch cost, stragglers that come and go, log-normal with rare long
+stragglers): :func:`pattern_spec` (``name, n, compute, steps, seed``) -> the text spec above,
+:data:`PATTERNS` their names, :func:`pattern_name` a name or alias (``slow``, ``pareto``) to its
+entry (:mod:`.patterns`: the one table the apps and the benchmarks read).
 
 Traces
 ------
@@ -63,13 +65,14 @@ scheme face the same straggler schedule, as the papers did with fixed seeds.
 
 from .models import (Constant, DelayModel, Exponential, FixedStragglers, Heterogeneous,
                      LogNormal, LongStraggler, Pareto, PerWorker, Scaled, SlowWorker, Sum, Zero)
-from .patterns import PATTERNS, SpeedClasses, Transient, pattern_model, pattern_spec
+from .patterns import (PATTERN_ALIASES, PATTERNS, SpeedClasses, Transient, pattern_model,
+                       pattern_name, pattern_spec)
 from .spec import as_delay_model, check_trace_covers, check_workers, from_dict, parse_delay
 from .traces import TRACE_FORMAT, DelayTrace, Recording, Replay
 
 __all__ = ["DelayModel", "Zero", "Constant", "Exponential", "LogNormal", "Pareto", "LongStraggler",
            "FixedStragglers", "SlowWorker", "SpeedClasses", "Transient", "PATTERNS",
-           "pattern_spec", "pattern_model", "Sum", "Scaled", "Heterogeneous", "PerWorker",
+           "PATTERN_ALIASES", "pattern_name", "pattern_spec", "pattern_model", "Sum", "Scaled", "Heterogeneous", "PerWorker",
            "DelayTrace",
            "Recording", "Replay", "TRACE_FORMAT", "as_delay_model", "check_trace_covers",
            "check_workers", "from_dict", "parse_delay"]

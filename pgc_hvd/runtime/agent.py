@@ -90,7 +90,8 @@ class Update:
     ``info``: ``loss`` (mean over the used messages, None when none), ``step_time``,
     ``control_rounds``, ``data_rounds``, ``bytes`` (received by this rank since the previous
     update), ``collective``, ``control_ops`` (control messages this rank issued since the
-    previous update: allgathers, or store operations); ``fp16_fallback`` with fp16 messages; ``metrics``,
+    previous update: allgathers, or store operations), ``data_seconds`` (this rank's data
+    phase: its contribution, the collective, the decode); ``fp16_fallback`` with fp16 messages; ``metrics``,
     ``metrics_count``, ``metrics_from`` when the agent carries user metrics (module doc)."""
 
     step: int
@@ -548,6 +549,7 @@ class CommAgent(AgentLife):
         communicator.Communicator`), then this rank's outbox pruned (the buffers of the
         messages no decision needs any more are recycled) and the update's ``info`` from the
         control rows (losses, user metrics) and the communicator (bytes, collective)."""
+        t_data = time.perf_counter()
         # what the scheme may use again (bounded staleness table): kept, by owner and in caches
         keep = self.scheme.retained()
         comm = self.comm
@@ -555,10 +557,12 @@ class CommAgent(AgentLife):
         flat, kind, fallback, uses = comm.combine(decision, keep, offered)
         now = time.time()
         self.handoff.prune(self.rank, offered, keep)
+        data_seconds = time.perf_counter() - t_data
         used = self.book.used_info(uses)     # loss, user metrics: from the control rows
         info = {"loss": used.pop("loss"), "step_time": now - step_start, "control_rounds": self.control_rounds,
                 "data_rounds": comm.data_rounds, "bytes": comm.take_bytes(),
                 "collective": kind, "control_ops": self._control_ops(),
+                "data_seconds": data_seconds,
                 "buckets": len(comm.buckets.ranges) if comm.buckets is not None and kind == "allreduce"
                 else None}
         if comm.nonfinite_sum:

@@ -3,7 +3,9 @@
 Owns :class:`RuntimeConfig` (the arguments of :func:`pgc_hvd.DistributedOptimizer` in one frozen
 object), the mapping of Horovod's keywords (``compression=hvd.Compression.fp16`` to a typed
 top-kappa setting and wire dtype, :func:`wire_format`; ``op=hvd.Sum``, the fusion options),
-every default (the straggler budget's is the scheme's,
+the keywords renamed, whose old spelling still works with a warning (:func:`renamed_keyword`:
+``delays=`` is ``delay=``, the simulator's and the CLIs' name), every default (the straggler
+budget's is the scheme's,
 :meth:`pgc_hvd.schemes.protocol.Scheme.default_stragglers`, written once, below both engines)
 and every check that needs no collective, each once and before any collective, each error
 naming the argument and the fix; :meth:`RuntimeConfig.checked` returns the typed values the
@@ -20,6 +22,7 @@ import dataclasses
 import inspect
 import logging
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -46,6 +49,29 @@ DEFAULT_CONTROL = "log"
 AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20, "s_start": 0}
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
+#: keywords of :func:`pgc_hvd.DistributedOptimizer` renamed: old name -> its one name now
+RENAMED_KEYWORDS = {"delays": "delay"}
+#: the old names this process has warned about (:func:`renamed_keyword` warns once for each)
+WARNED_RENAMES: set = set()
+
+
+def renamed_keyword(old: str, old_value, value, warned: set = WARNED_RENAMES):
+    """The value of the keyword :data:`RENAMED_KEYWORDS` names ``old``'s new name: ``value``,
+    or ``old_value`` given under the old name (None: not given), with a FutureWarning naming
+    the fix the first time ``old`` is used (once a process: ``warned``). Both given: TypeError.
+    The one place an old spelling is read (``pgc_hvd.DistributedOptimizer``; the DDP door and
+    the Lightning strategy hand it their keywords)."""
+    new = RENAMED_KEYWORDS[old]
+    if old_value is None:
+        return value
+    if value is not None:
+        raise TypeError(f"{new}= and {old}= (its old name) are both given: pass {new}= only")
+    if old not in warned:
+        warned.add(old)
+        warnings.warn(f"pgc_hvd: {old}= is now {new}= (one name with the simulator's {new}= "
+                      f"and the CLIs' --{new}); pass {new}=... instead ({old}= still works)",
+                      FutureWarning, stacklevel=3)
+    return old_value
 
 
 def takes_three(fn) -> bool:
@@ -63,24 +89,24 @@ def takes_three(fn) -> bool:
     return pos >= 3
 
 
-def _check_arguments(n: int, *, delays, records, timeout, poll_interval,
+def _check_arguments(n: int, *, delay, records, timeout, poll_interval,
                      on_record, on_update, replay_arrivals, optimistic):
     """Type and range checks of the arguments that need nothing but n, before any collective,
-    each error naming the argument. Returns delays as a DelayModel or None (a delay spec
+    each error naming the argument. Returns delay as a DelayModel or None (a delay spec
     string, ``"exp:mean=0.1,seed=1"``, parsed as the simulator's ``--delay``)."""
     from pgc_hvd.delays import check_workers, parse_delay
 
     if optimistic is not None and not isinstance(optimistic, bool):
         raise TypeError(f"optimistic must be None (by message size), True or False, got "
                         f"{optimistic!r}")
-    if isinstance(delays, str):
-        delays = parse_delay(delays)
-    if delays is not None and not callable(getattr(delays, "sample", None)):
-        raise TypeError(f"delays must be None, a delay model (DelayModel, or any object with "
+    if isinstance(delay, str):
+        delay = parse_delay(delay)
+    if delay is not None and not callable(getattr(delay, "sample", None)):
+        raise TypeError(f"delay must be None, a delay model (DelayModel, or any object with "
                         f"sample(worker, step) -> seconds) or a spec string such as "
-                        f"'exp:mean=0.1,seed=1', got {delays!r}")
-    if delays is not None:
-        check_workers(delays, n)
+                        f"'exp:mean=0.1,seed=1', got {delay!r}")
+    if delay is not None:
+        check_workers(delay, n)
     if records is not None and not callable(getattr(records, "write", None)):
         raise TypeError(f"records must be None or have a write(record) method (e.g. "
                         f"pgc_hvd.metrics.records.RecordWriter(path)), got {records!r}")
@@ -95,7 +121,7 @@ def _check_arguments(n: int, *, delays, records, timeout, poll_interval,
         if not 0 <= int(w) < n:
             raise ValueError(f"replay_arrivals names worker {w}, outside [0, n) = [0, {n}): "
                              "was the schedule recorded with another number of ranks?")
-    return delays
+    return delay
 
 
 def wire_format(compression, wire_dtype: Optional[torch.dtype] = None
@@ -167,13 +193,13 @@ class RuntimeConfig:
     collective and returns the config the optimizer is built from, whose fields are typed and
     trusted from there on: ``stragglers`` an int (the scheme's default resolved),
     ``compression`` a :class:`~pgc_hvd.compress.TopK` or None and ``wire_dtype`` a torch
-    dtype (Horovod's ``compression`` keyword mapped, :func:`wire_format`), ``delays`` a delay
+    dtype (Horovod's ``compression`` keyword mapped, :func:`wire_format`), ``delay`` a delay
     model or None, the replayed arrivals as int pairs."""
 
     scheme: str = "pgc-cr"
     stragglers: Any = None     # None: the scheme's default; an int; "auto" (checked: an int)
     compression: Any = None              # checked: TopK or None (Horovod's mapped)
-    delays: Any = None
+    delay: Any = None                    # checked: a delay model or None
     records: Any = None
     scheme_options: Optional[dict] = None
     timeout: float = 60.0
@@ -208,10 +234,13 @@ class RuntimeConfig:
         checked rule settings (:func:`auto_setting`: ``s_max > n - 1`` is refused here, with
         the fix)."""
         auto, stragglers = auto_setting(self.stragglers, self.auto, self.scheme, n)
-        s = stragglers_for(self.scheme, n, stragglers)
+        # s checked once: auto's s_start by its range (auto_setting), a given s by the scheme's
+        # one checker (stragglers_for; the scheme's construction asks it again, never failing)
+        s = (stragglers if auto is not None and stragglers is not None
+             else stragglers_for(self.scheme, n, stragglers))
         compression, wire_dtype = wire_format(self.compression, self.wire_dtype)
-        delays = _check_arguments(
-            n, delays=self.delays, records=self.records,
+        delay = _check_arguments(
+            n, delay=self.delay, records=self.records,
             timeout=self.timeout, poll_interval=self.poll_interval, on_record=self.on_record,
             on_update=self.on_update, replay_arrivals=self.replay_arrivals,
             optimistic=self.optimistic)
@@ -240,7 +269,7 @@ class RuntimeConfig:
                         "needs n >= 2 ranks); pass stragglers=0 to say so, or start more ranks",
                         self.scheme, n, default_stragglers(self.scheme))
         return dataclasses.replace(self, stragglers=s, auto=auto, compression=compression,
-                                   wire_dtype=wire_dtype, delays=delays, name=str(self.name),
+                                   wire_dtype=wire_dtype, delay=delay, name=str(self.name),
                                    momentum_correction=correction,
                                    scheme_options=dict(self.scheme_options or {}),
                                    timeout=float(self.timeout), replay_arrivals=replay,

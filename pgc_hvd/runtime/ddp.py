@@ -69,10 +69,10 @@ __all__ = ["DistributedDataParallel", "RUNTIME_OPTIONS"]
 
 #: the keyword-only options of :func:`pgc_hvd.DistributedOptimizer` the wrap takes (the same
 #: names); the others go to torch's DDP
-RUNTIME_OPTIONS = ("scheme", "stragglers", "compression", "delays", "records", "scheme_options",
+RUNTIME_OPTIONS = ("scheme", "stragglers", "compression", "delay", "records", "scheme_options",
                    "timeout", "poll_interval", "on_record", "on_update", "straggler_policy",
                    "control", "name", "metrics", "momentum_correction", "op", "overlap",
-                   "auto")
+                   "auto", "delays")   # delays: delay's old name (it warns)
 
 
 def _scale_hook(door, output):
@@ -132,7 +132,7 @@ def _scale_rows(output, scale: torch.Tensor, rows: int, hit: list):
 class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     """torch's DDP constructor (positional and keyword arguments as there) plus the runtime's
     options, keyword-only, named as in :func:`pgc_hvd.DistributedOptimizer` (``scheme``,
-    ``stragglers``, ``compression``, ``delays``, ``timeout``, ``control``, ...; see
+    ``stragglers``, ``compression``, ``delay``, ``timeout``, ``control``, ...; see
     :data:`RUNTIME_OPTIONS`). Initialises the torch engine (:func:`pgc_hvd.torch.init`) when the
     script has not: torchrun's environment, or a world of one process."""
 

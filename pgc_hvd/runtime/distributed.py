@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from pgc_hvd.runtime.config import DEFAULT_CONTROL, RuntimeConfig, from_horovod
+from pgc_hvd.runtime.config import DEFAULT_CONTROL, RuntimeConfig, from_horovod, renamed_keyword
 from pgc_hvd.runtime.optimizer import facade_methods
 
 
@@ -28,13 +28,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups=None, sparse_as_dense: bool = False, process_set=None, *,
                          scheme: str = "pgc-cr", stragglers: Any = None,
-                         delays=None, records=None, scheme_options: Optional[dict] = None,
+                         delay=None, records=None, scheme_options: Optional[dict] = None,
                          timeout: float = 60.0, poll_interval: float = 0.002, on_record=None,
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = DEFAULT_CONTROL,
                          name: str = "pgc", metrics=(), momentum_correction: bool = True,
                          overlap: Optional[bool] = None, bucket_cap_mb: float = 25.0,
-                         hvd=None, engine=None, auto: Optional[dict] = None):
+                         hvd=None, engine=None, auto: Optional[dict] = None, delays=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
     The positional arguments are Horovod's, in Horovod's order (``optimizer,
@@ -67,10 +67,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             sparse options; accepted for compatibility (one flat coded message per step; sparse
             gradients are densified into the ring). A ``process_set`` other than the global one
             is refused.
-        delays: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
+        delay: straggler injection, any object with ``sample(worker, step) -> seconds`` (the
             simulator's delay models and traces, :mod:`pgc_hvd.delays`) or a spec string in
             the simulator's ``--delay`` syntax (``"exp:mean=0.1,seed=1"``); slept on the
-            compute side of this rank.
+            compute side of this rank. ``delays=``, its old name, still works, with a
+            FutureWarning (once a process) saying to write ``delay=``.
         records: a :class:`~pgc_hvd.metrics.records.RecordWriter` (rank 0 writes one StepRecord
             per step) or None; ``on_record`` is called with each record on rank 0.
         scheme_options: extra options for the scheme (e.g. ``{"decoder": "first-complete"}``;
@@ -96,7 +97,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             the step and sends its late message (dropped by exact and pipelined schemes, used by
             bounded staleness). ``"cancel"`` (exact and pipelined schemes): it abandons the rest
             of the step at the next point the runtime controls -- before its next partition, or
-            during the injected ``delays`` -- keeps the ring slots it has evaluated (PGC paper:
+            during the injected ``delay`` -- keeps the ring slots it has evaluated (PGC paper:
             every worker stores its own gradients whether it straggles or not), sends nothing
             and starts the newest model; the model of the paper's analysis, where every worker
             starts every step and s(t, i) >= t - c + 1. It cannot interrupt a forward/backward
@@ -178,8 +179,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                            process_set=process_set, metrics=metrics)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), facade_methods())
     config = RuntimeConfig(
-        scheme=scheme, stragglers=stragglers, compression=compression, delays=delays,
-        records=records,
+        scheme=scheme, stragglers=stragglers, compression=compression,
+        delay=renamed_keyword("delays", delays, delay), records=records,
         scheme_options=scheme_options, timeout=timeout, poll_interval=poll_interval, name=name,
         on_record=on_record, on_update=on_update, replay_arrivals=replay_arrivals,
         straggler_policy=straggler_policy, optimistic=optimistic, control=control,

@@ -102,13 +102,13 @@ class Step:
     :meth:`adopt`)."""
 
     def __init__(self, capture: GradientCapture, encoder, agent, scheme, rank: int, *,
-                 param_groups, delays=None, cancel: bool = False, replay_steps=(),
+                 param_groups, delay=None, cancel: bool = False, replay_steps=(),
                  op_scale: float = 1.0, on_update=None):
         self.capture, self.encoder, self.agent, self.scheme = capture, encoder, agent, scheme
         self.worker_ring, self.layout = capture.worker_ring, capture.layout
         self.rank = int(rank)
         self.param_groups = param_groups
-        self.delays, self.cancel = delays, bool(cancel)
+        self.delay, self.cancel = delay, bool(cancel)
         self.replay_steps = set(replay_steps)
         self.replay_end = max(self.replay_steps) if self.replay_steps else -1
         self.op_scale = float(op_scale)
@@ -130,6 +130,8 @@ class Step:
         self.hyper_digest = 0
         #: the last update loaded (its decision and info), None before the first
         self.last = None
+        #: seconds the last :meth:`exchange` waited for its step's decision
+        self.wait_seconds = 0.0
         #: the decoder reads each message's compression error (read once: a property of the
         #: scheme's checks, off the step's path)
         self.error_norms = bool(scheme.needs_error_norms)
@@ -371,13 +373,15 @@ class Step:
     def exchange(self, *, loss=None, metrics: tuple = (), grad_scale=None) -> bool:
         """This rank's part of the current (begun) step: its message sent (:meth:`send`), or
         nothing when it catches up (:meth:`skip`); then wait until the step is decided.
-        Returns whether this rank computed at it."""
+        Returns whether this rank computed at it; :attr:`wait_seconds` says how long it waited."""
         computed = self.computes
         if computed:
             self.send(loss=loss, metrics=metrics, grad_scale=grad_scale)
         else:
             self.skip()
+        t_wait = time.perf_counter()
         self.agent.wait_for(self.version)
+        self.wait_seconds = time.perf_counter() - t_wait
         return computed
 
     def load_decided(self) -> None:
@@ -391,7 +395,7 @@ class Step:
         return self.version < self.agent.decided()
 
     def _delay(self, t: int) -> None:
-        delay = 0.0 if self.delays is None else float(self.delays.sample(self.rank, t))
+        delay = 0.0 if self.delay is None else float(self.delay.sample(self.rank, t))
         if delay > 0:
             if self.cancel:   # cut short when the step fires without this rank
                 self.agent.wait_decided_beyond(t, delay)

@@ -82,7 +82,7 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
         agent.on_decided = on_decided
     # the step: version, plan, clock, message, update (the capture asks it for the plan)
     step = Step(capture, encoder, agent, scheme, rank, param_groups=param_groups,
-                delays=config.delays, cancel=config.cancel, replay_steps=replay_steps,
+                delay=config.delay, cancel=config.cancel, replay_steps=replay_steps,
                 op_scale=config.op_scale, on_update=config.on_update)
     faults = FaultMonitor(agent, rank, layout.params, names=names, timeout=config.timeout)
     return Parts(scheme, encoder, capture, agent, step, faults, corrects)

@@ -77,7 +77,7 @@ import math
 from typing import Optional
 
 from .protocol import Arrival, Decision, Round, Scheme, Use
-from .validation import check_positive_int, check_scheme_n_s
+from .validation import check_positive_int
 
 
 class _TableRound(Round):
@@ -152,8 +152,8 @@ class BoundedStalenessScheme(Scheme):
                  shard_sizes=None, replay: str = "mean", decay: Optional[float] = None,
                  min_fresh: Optional[int] = None, normalize: bool = False,
                  fire: str = "new"):
-        n, s = check_scheme_n_s(self.name, n, s)
-        super().__init__(n, s)
+        super().__init__(n, s)        # checks s against n (check_stragglers)
+        n, s = self.n, self.s
         self.r = check_positive_int(self.name, "r", s + 1 if r is None else r, 1, n,
                                     hint=f"use r in [1, {n}] replicas per shard, e.g. r=2")
         self.staleness_bound = check_positive_int(self.name, "c", s + 1 if c is None else c, 1,

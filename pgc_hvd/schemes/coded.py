@@ -17,7 +17,7 @@ from typing import Optional
 from pgc_hvd.codes import get_code
 
 from .protocol import Arrival, Decision, FirstKRound, Round, Scheme
-from .validation import check_choice, check_scheme_n_s
+from .validation import check_choice
 
 BINARY_DECODERS = ("first-complete", "n-s", "min-error")
 
@@ -81,8 +81,8 @@ class BinaryGCScheme(Scheme):
     default_decoder = "first-complete"
 
     def __init__(self, n: int, s: int, decoder: str | None = None, recovery: str = "cover"):
-        n, s = check_scheme_n_s(self.name, n, s)
-        super().__init__(n, s)
+        super().__init__(n, s)        # checks s against n (check_stragglers)
+        n, s = self.n, self.s
         self.code = get_code(self.code_name, n, s)
         self.decoder = check_choice(self.name, "decoder", decoder or self.default_decoder, BINARY_DECODERS)
         self.recovery = check_choice(self.name, "recovery", recovery, ("cover", "class"))
@@ -126,8 +126,8 @@ class LinearGCScheme(Scheme):
     code_name = "cr"
 
     def __init__(self, n: int, s: int, **code_options):
-        n, s = check_scheme_n_s(self.name, n, s)
-        super().__init__(n, s)
+        super().__init__(n, s)        # checks s against n (check_stragglers)
+        n, s = self.n, self.s
         self.code = get_code(self.code_name, n, s, **code_options)
         self.complex_messages = self.code.is_complex
 

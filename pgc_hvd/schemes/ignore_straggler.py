@@ -13,7 +13,7 @@ from __future__ import annotations
 from pgc_hvd.codes.linear import cyclic_supports
 
 from .protocol import FirstKRound, Scheme
-from .validation import check_positive_int, check_scheme_n_s
+from .validation import check_positive_int
 
 
 class ISGCScheme(Scheme):
@@ -22,8 +22,8 @@ class ISGCScheme(Scheme):
     round_type = FirstKRound
 
     def __init__(self, n: int, s: int, c: int = 2):
-        n, s = check_scheme_n_s(self.name, n, s)
-        super().__init__(n, s)
+        super().__init__(n, s)        # checks s against n (check_stragglers)
+        n, s = self.n, self.s
         c = check_positive_int(self.name, "c", c, 1, n, hint=f"use c in [1, {n}], e.g. c=2")
         self._supports = cyclic_supports(n, c - 1)   # c partitions per worker
         self.code = None

@@ -43,7 +43,6 @@ from pgc_hvd.codes.linear import cyclic_supports
 
 from .coded import BinaryGCScheme, LinearGCScheme
 from .protocol import FirstKRound, Scheme
-from .validation import check_scheme_n_s
 
 
 class PGCFRScheme(BinaryGCScheme):
@@ -79,8 +78,8 @@ class PGCCRScheme(Scheme):
     round_type = FirstKRound
 
     def __init__(self, n: int, s: int, decay: float = 1.0):
-        n, s = check_scheme_n_s(self.name, n, s)
-        super().__init__(n, s)
+        super().__init__(n, s)        # checks s against n (check_stragglers)
+        n, s = self.n, self.s
         decay = float(decay)
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"pgc-cr decay must be in [0, 1] (1: the paper's equal ring sum, "

@@ -323,8 +323,8 @@ class Scheme(SchemeChecks):
     waits_for_all = False
 
     def __init__(self, n: int, s: int):
+        self.s = self.check_stragglers(s, n)    # the one check of s (and n), at construction
         self.n = int(n)
-        self.s = int(s)
         self._entry_cache: dict = {}   # message_key -> message_entries
         self._entries: dict = {}       # the distinct message_entries
 

@@ -27,9 +27,8 @@ class DGDScheme(Scheme):
     waits_for_all = True     # so s must be 0 (IS-SGD, which waits for n - s, sets False)
 
     def __init__(self, n: int, s: int = 0):
-        s = self.check_stragglers(s, n)
-        super().__init__(n, s)
-        self.code = get_code("uncoded", n, 0)
+        super().__init__(n, s)        # checks s against n: 0 only (check_stragglers)
+        self.code = get_code("uncoded", self.n, 0)
 
     def supports(self):
         return self.code.supports

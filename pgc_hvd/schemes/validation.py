@@ -15,10 +15,6 @@ from typing import Optional
 from pgc_hvd.codes.validation import check_n_s
 
 
-def check_scheme_n_s(name: str, n, s):
-    return check_n_s(name, n, s)
-
-
 def check_choice(scheme: str, option: str, value, choices):
     if value not in choices:
         raise ValueError(
@@ -61,10 +57,12 @@ class SchemeChecks:
     @classmethod
     def check_stragglers(cls, s, n: Optional[int] = None) -> int:
         """s as an int, checked for n workers (None: n not known yet, e.g. a command line
-        before the ranks start): an int (TypeError otherwise), 0 <= s <= n - 1, and 0 for a
-        scheme that waits for every worker; each error names the fix. The one check of a given
-        s (the optimizer's configuration, :func:`pgc_hvd.schemes.stragglers_for`, the command
-        lines, dgd's constructor)."""
+        before the ranks start): an int (TypeError otherwise), n an int >= 1 and 0 <= s <= n -
+        1 (:func:`pgc_hvd.codes.validation.check_n_s`'s messages), and 0 for a scheme that
+        waits for every worker; each error names the fix. The one checker of s: a scheme's
+        construction asks it once (``Scheme.__init__``), and so do the engines and command
+        lines before they build one (:func:`pgc_hvd.schemes.stragglers_for`: the optimizer's
+        configuration, before any collective; the simulator; ``--stragglers``)."""
         if isinstance(s, bool):
             raise TypeError(f"stragglers must be an int (the straggler budget s), got {s!r}")
         try:

@@ -110,16 +110,6 @@ def test_agent_name_keeps_a_new_plans_channel_apart():
 
 
 # -- a switch under both engines ----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def hvd3(launch_group, request):
-    return launch_group(request, "horovodrun", 3)
-
-
-@pytest.fixture(scope="module")
-def torch3(launch_group, request):
-    return launch_group(request, "torchrun", 3)
-
-
 @pytest.mark.multirank
 @pytest.mark.parametrize("engine", ["horovodrun", "torchrun"])
 def test_auto_switch_at_np3_ends_with_identical_parameters(engine, request):

@@ -29,15 +29,10 @@ RUNS = [(f"rule-{lr}", "test_runtime_rule", SCRIPT, [".", lr, 24]) for lr, _ in 
 LAUNCH_GROUPS = [("horovodrun", 2, RUNS)]
 
 
-@pytest.fixture(scope="module")
-def runs(launch_group, request):
-    return launch_group(request, "horovodrun", 2)
-
-
 @pytest.mark.multirank
 @pytest.mark.parametrize("lr,expect", RULE)
-def test_runtime_rule(runs, lr, expect):
-    res = json.loads((runs.ran(f"rule-{lr}").cwd / "result.json").read_text())
+def test_runtime_rule(hvd2, lr, expect):
+    res = json.loads((hvd2.ran(f"rule-{lr}").cwd / "result.json").read_text())
     assert len(set(res["levels"])) == 1 and len(set(res["lrs"])) == 1   # ranks agree
     assert res["n_records"] == 24 and res["n_diag"] > 0
     if expect:
@@ -49,14 +44,14 @@ def test_runtime_rule(runs, lr, expect):
 
 
 @pytest.mark.multirank
-def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(runs):
+def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(hvd2):
     """Bounded staleness with the note's rule (``replay="mean"``: stale table entries; the
     engines' default steps on gradients of the current model and leaves the rule nothing to
     act on), knob c (2 gloo ranks, too-large lr): the rule lowers c from 2 to 1;
     every rank applies it at the same step (rank 0's request rides in its control rows), the
     records carry the bound each decision used, and every decision after the change uses only
     fresh gradients (t - v < 1) while the lr is untouched."""
-    res = json.loads((runs.ran("c").cwd / "result.json").read_text())
+    res = json.loads((hvd2.ran("c").cwd / "result.json").read_text())
     acts = res["actions"]
     assert acts and acts[0]["knob"] == "c" and (acts[0]["old"], acts[0]["new"]) == (2, 1)
     assert res["staleness_bounds"] == [1, 1] and res["lrs"] == [50.0, 50.0]
@@ -69,11 +64,11 @@ def test_runtime_rule_lowers_the_staleness_bound_on_every_rank_at_once(runs):
 
 
 @pytest.mark.multirank
-def test_train_cli_adaptive_uses_actual_ages(runs):
+def test_train_cli_adaptive_uses_actual_ages(hvd2):
     """``pgc-hvd train --adaptive --rule ...`` (2 gloo ranks, PGC-CR, too-large lr): the
     controller gets each step's decision (on_update(step, flat, decision)), so the recorded ages
     are the ones used, bounded by c - 1; the rule lowers lr; the summary reports it."""
-    out = runs.ran("cli-lr").cwd / "run"
+    out = hvd2.ran("cli-lr").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert len(recs) == 24 and summ["adaptive"] is True
@@ -89,12 +84,12 @@ def test_train_cli_adaptive_uses_actual_ages(runs):
 
 
 @pytest.mark.multirank
-def test_train_cli_passes_scheme_options_and_lowers_c(runs):
+def test_train_cli_passes_scheme_options_and_lowers_c(hvd2):
     """``pgc-hvd train --scheme bounded-staleness --option c=3 --option replay=mean --adaptive
     --rule knob=c --control store`` (the note's rule, as above): the scheme gets its
     options, the rule lowers c on every rank (the request
     travels in the TCPStore control rows), the summary says so."""
-    out = runs.ran("cli-c").cwd / "run"
+    out = hvd2.ran("cli-c").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert summ["scheme_options"] == {"c": 3, "r": 2, "replay": "mean"}

@@ -5,7 +5,7 @@ trains every shard under a scheme whose partitions are not the rank's own.
 
 FOLDER is an ImageFolder of K = n classes (class k bright in channel k); the partitions are
 sorted by label, so shard k is class k and a shard that no rank trained would score ~0 on its
-class. The last rank is slowed by 40 ms per step from step 1 (the optimizer's ``delays=``).
+class. The last rank is slowed by 40 ms per step from step 1 (the optimizer's ``delay=``).
 Each rank prints its per-shard accuracy and loss before and after, checks every shard's
 accuracy > 0.8 (chance 1/n) and its loss fell, and ends by comparing a hash of the parameters
 across ranks; then prints "CHECK <scheme> ok rank=<r>". With ``mismatch``, rank 1 then builds
@@ -76,7 +76,7 @@ def main(scheme: str, folder: str, steps: int, mismatch: bool = False) -> None:
     before = shard_scores(model, plain, loader.partitions)
     opt = pgc_hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.5), named_parameters=model.named_parameters(),
-        scheme=scheme, stragglers=1, delays=SlowRank(n - 1, 0.04), timeout=60,
+        scheme=scheme, stragglers=1, delay=SlowRank(n - 1, 0.04), timeout=60,
         name=f"loader-{scheme}")
     while opt.version < steps:
         for xb, yb in opt.batches(loader):

@@ -1,11 +1,14 @@
 """The named production straggler patterns: seeded, deterministic, the right mean and shape,
 and readable by the spec parser both engines use."""
 
+import math
+
 import numpy as np
 import pytest
 
-from pgc_hvd.delays import (PATTERNS, SpeedClasses, Transient, check_workers, from_dict,
-                            parse_delay, pattern_model, pattern_spec)
+from pgc_hvd.apps.tta import delay_spec
+from pgc_hvd.delays import (PATTERN_ALIASES, PATTERNS, SpeedClasses, Transient, check_workers,
+                            from_dict, parse_delay, pattern_model, pattern_name, pattern_spec)
 
 
 @pytest.mark.parametrize("name", PATTERNS)
@@ -75,3 +78,41 @@ def test_text_specs_and_checks():
         pattern_spec("bursty", 8)
     with pytest.raises(ValueError, match="n >= 2"):
         pattern_spec("none", 1)
+
+
+def test_aliases_name_the_same_pattern_and_unknown_names_list_both():
+    assert PATTERN_ALIASES == {"slow": "slow-rank", "pareto": "heavy-tail"}
+    for alias, name in PATTERN_ALIASES.items():
+        assert pattern_name(alias) == name and pattern_name(name) == name
+        assert pattern_spec(alias, 4, 0.1, seed=2) == pattern_spec(name, 4, 0.1, seed=2)
+    with pytest.raises(ValueError, match=r"known: none, exp, .* \(or slow for slow-rank"):
+        pattern_name("bursty")
+
+
+def test_exp_and_lognormal_scale_with_compute_and_zero_compute_is_none():
+    assert pattern_spec("exp", 4, 0.1, seed=7) == "exp:mean=0.1,seed=7"
+    m = pattern_model("lognormal", 4, compute=2.0, seed=1)
+    d = m.matrix(4, 2000)
+    assert np.median(d) == pytest.approx(0.6, rel=0.1)       # median 0.3 compute
+    assert (d >= 20).mean() == pytest.approx(0.01, abs=0.005)  # 1% stragglers of 10-30 compute
+    for name in PATTERNS:
+        assert pattern_spec(name, 4, 0.0) == "none"
+    with pytest.raises(ValueError, match="compute must be seconds >= 0"):
+        pattern_spec("exp", 4, -1.0)
+
+
+def test_the_recorded_figures_draw_the_same_delays():
+    """The one table gives the delays the recorded figures were measured with: the main job's
+    and ``time_to_accuracy``'s (``pgc_hvd.apps.tta.delay_spec``: seed + 1; ``slow`` is rank 1
+    at seed 0) and ``ddp_tta``'s exp and pareto (the run's seed), bit for bit."""
+    def same(a, b):
+        return np.array_equal(parse_delay(a).matrix(4, 60), parse_delay(b).matrix(4, 60))
+    assert delay_spec("exp", 4, 0.1, 0) == "exp:mean=0.1,seed=1"
+    assert delay_spec("slow", 4, 0.1, 0) == f"slow:worker=1,delay={3 * 0.1}"
+    assert same(delay_spec("lognormal", 4, 0.1, 2),
+                f"lognormal:mu={math.log(0.3 * 0.1)},sigma=0.5,seed=3"
+                f"+straggler:p=0.01,low={10 * 0.1},high={30 * 0.1},seed=3")
+    assert delay_spec("none", 4, 0.1, 0) is None
+    assert pattern_spec("exp", 4, 0.05, seed=2) == "exp:mean=0.05,seed=2"
+    assert same(pattern_spec("pareto", 4, 0.05, seed=2),
+                f"pareto:shape=2.5,scale={1.5 * 0.05},seed=2")

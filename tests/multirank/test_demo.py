@@ -47,6 +47,19 @@ def test_bad_options_are_refused_at_once(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_delay_patterns_are_the_one_table_s():
+    """``--delay NAME`` takes any pattern of ``pgc_hvd.delays.PATTERNS`` or an alias, scaled to
+    ``--compute-time`` and seeded by ``--seed`` + 1 (the README's figures: ``exp:mean=0.1,seed=1``
+    at seed 0); a spec passes as it is."""
+    assert demo.parse_args([]).delay == "exp:mean=0.1,seed=1"
+    assert demo.parse_args(["--delay", "slow", "--seed", "1"]).delay.startswith("slow:worker=2,")
+    assert demo.parse_args(["--delay", "pareto"]).delay.startswith("pareto:shape=2.5,")
+    assert demo.parse_args(["--delay", "transient", "--steps", "40"]).delay.startswith(
+        "transient:n=4,count=2,delay=0.4,start=10,stop=24,")
+    assert demo.parse_args(["--delay", "none"]).delay is None
+    assert demo.parse_args(["--delay", "exp:mean=0.2,seed=3"]).delay == "exp:mean=0.2,seed=3"
+
+
 def test_ratio_to_a_missed_target():
     """A scheme that misses the target is ``inf`` times Horovod's time; against a Horovod run
     that missed it there is no ratio."""

@@ -127,14 +127,9 @@ LAUNCH_GROUPS = [("horovodrun", 2, [
     ("imagenet-resume", "test_imagenet_port_checkpoints_and_resumes", IMAGENET, _imagenet("3"))])]
 
 
-@pytest.fixture(scope="module")
-def np2(launch_group, request):
-    return launch_group(request, "horovodrun", 2)
-
-
 @pytest.mark.multirank
-def test_mnist_port_reads_torchvision_mnist_from_data_dir(np2):
-    proc = np2.ran("mnist-data-dir")
+def test_mnist_port_reads_torchvision_mnist_from_data_dir(hvd2):
+    proc = hvd2.ran("mnist-data-dir")
     assert "MNIST: 40 training images in 2 partitions, 2 steps per epoch" in proc.stdout, \
         proc.stdout
     assert re.search(r"Final accuracy: [0-9.]+% after 2 steps", proc.stdout), proc.stdout
@@ -142,9 +137,9 @@ def test_mnist_port_reads_torchvision_mnist_from_data_dir(np2):
 
 
 @pytest.mark.multirank
-def test_mnist_port_mixed_precision_and_fp16_messages(np2):
+def test_mnist_port_mixed_precision_and_fp16_messages(hvd2):
     # bf16 autocast on the CPU with a GradScaler handed to scaler.step(opt); fp16 wire
-    proc = np2.ran("mnist-amp")
+    proc = hvd2.ran("mnist-amp")
     assert re.search(r"Final accuracy: [0-9.]+% after 11 steps", proc.stdout), proc.stdout
     same_params_on_every_rank(proc.stdout)
 
@@ -175,8 +170,8 @@ def test_mnist_port_through_horovod_run(tmp_path):
 
 
 @pytest.mark.multirank
-def test_synthetic_benchmark_port_resnet18(np2):
-    proc = np2.ran("benchmark")
+def test_synthetic_benchmark_port_resnet18(hvd2):
+    proc = hvd2.ran("benchmark")
     out = proc.stdout
     assert "Model: resnet18" in out and "Number of CPUs: 2" in out, out
     assert len(re.findall(r"Iter #\d: [0-9.]+ img/sec per CPU", out)) == 2, out
@@ -188,12 +183,12 @@ def test_synthetic_benchmark_port_resnet18(np2):
 
 
 @pytest.mark.multirank
-def test_imagenet_port_checkpoints_and_resumes(np2):
+def test_imagenet_port_checkpoints_and_resumes(hvd2):
     import torch
 
-    root = np2.ran("imagenet-first").cwd
+    root = hvd2.ran("imagenet-first").cwd
     fmt = str(root / "ck-{epoch}.pth.tar")
-    first = np2.ran("imagenet-first").stdout
+    first = hvd2.ran("imagenet-first").stdout
     assert len(re.findall(r"Train Epoch #\d: loss [0-9.]+, accuracy", first)) == 2, first
     assert len(re.findall(r"Validate Epoch #\d: loss [0-9.]+, accuracy", first)) == 2, first
     assert f"saved {fmt.format(epoch=1)} (epoch 1, version 2)" in first, first
@@ -209,7 +204,7 @@ def test_imagenet_port_checkpoints_and_resumes(np2):
     assert len(epochs) == 6 and len(set(epochs[:4])) == 2 and len(set(epochs[4:])) == 1, epochs
     assert max(epochs[:4]) < epochs[4], epochs
 
-    second = np2.ran("imagenet-resume").stdout
+    second = hvd2.ran("imagenet-resume").stdout
     resumed = re.findall(r"rank (\d): resumed from (\S+) at epoch 2, version 4", second)
     assert sorted(r for r, _ in resumed) == ["0", "1"], second
     assert {p for _, p in resumed} == {fmt.format(epoch=2)}

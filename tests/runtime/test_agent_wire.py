@@ -18,22 +18,17 @@ RUNS = [("fp16", "test_fp16_messages_decode_sum_of_fp16_rows_identically_with_ha
 LAUNCH_GROUPS = [("horovodrun", 3, RUNS)]
 
 
-@pytest.fixture(scope="module")
-def np3(launch_group, request):
-    return launch_group(request, "horovodrun", 3)
-
-
 @pytest.mark.multirank
-def test_fp16_messages_decode_sum_of_fp16_rows_identically_with_half_the_bytes(np3):
-    proc = np3.ran("fp16")
+def test_fp16_messages_decode_sum_of_fp16_rows_identically_with_half_the_bytes(hvd3):
+    proc = hvd3.ran("fp16")
     for name in ("fp16_allreduce_path", "fp16_optimistic_path",
                  "fp16_overflow_falls_back_to_fp32", "fp16_sparse_allgather_and_densified"):
         assert passed(proc.stdout).get(name) == [0, 1, 2], proc.stdout
 
 
 @pytest.mark.multirank
-def test_metrics_are_the_mean_of_the_used_ranks_and_identical_everywhere(np3):
-    proc = np3.ran("metrics")
+def test_metrics_are_the_mean_of_the_used_ranks_and_identical_everywhere(hvd3):
+    proc = hvd3.ran("metrics")
     for channel in ("allgather", "store"):
         assert passed(proc.stdout).get(f"metrics_identical_and_mean_of_used_{channel}") \
             == [0, 1, 2], proc.stdout

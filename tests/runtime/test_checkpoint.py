@@ -16,11 +16,6 @@ RUNS = [("refuse", "test_refused_checkpoints_name_the_file_and_change_nothing", 
 LAUNCH_GROUPS = [("horovodrun", 2, RUNS)]
 
 
-@pytest.fixture(scope="module")
-def np2(launch_group, request):
-    return launch_group(request, "horovodrun", 2)
-
-
 def _ran(proc, check):
     out = proc.stdout
     assert out.count("ALL OK rank=") == 2, out + proc.stderr
@@ -28,23 +23,23 @@ def _ran(proc, check):
 
 
 @pytest.mark.multirank
-def test_refused_checkpoints_name_the_file_and_change_nothing(np2):
+def test_refused_checkpoints_name_the_file_and_change_nothing(hvd2):
     """Empty, truncated, foreign, key-less and wrong-shape files, a missing file, and files of
     another model, s or compression are refused on every rank with a CheckpointError naming the
     file, before the model, optimizer or RNG changes; the same objects then restore a good one."""
-    _ran(np2.ran("refuse"), "refused_checkpoints_change_nothing")
+    _ran(hvd2.ran("refuse"), "refused_checkpoints_change_nothing")
 
 
 @pytest.mark.multirank
-def test_ranks_agree_on_the_restored_step_or_all_refuse(np2):
+def test_ranks_agree_on_the_restored_step_or_all_refuse(hvd2):
     """Files holding different steps, or one rank's file missing or damaged: every rank raises
     the same message naming each rank's step or problem, and none restores anything."""
-    _ran(np2.ran("agree"), "ranks_agree_or_all_refuse")
+    _ran(hvd2.ran("agree"), "ranks_agree_or_all_refuse")
 
 
 @pytest.mark.multirank
-def test_save_fsyncs_and_removes_its_temporary_file(np2):
+def test_save_fsyncs_and_removes_its_temporary_file(hvd2):
     """A save fsyncs the file and its folder; a save whose torch.save fails or is interrupted
     (KeyboardInterrupt) leaves no .tmp and the previous checkpoint intact; an object that is
     not a tensor or plain type in ``extra`` is refused before anything is written."""
-    _ran(np2.ran("save"), "save_fsyncs_and_cleans_up")
+    _ran(hvd2.ran("save"), "save_fsyncs_and_cleans_up")

@@ -15,10 +15,10 @@ import pgc_hvd.torch as pgc_torch
 from pgc_hvd.compress import DenseCodec, Fp16Codec, Fp16SparseCodec, SparseCodec, TopK
 from pgc_hvd.compress.encoder import MessageEncoder
 from pgc_hvd.delays import Exponential
-from pgc_hvd.runtime.config import (CONTROLS, RuntimeConfig, check_parameters,
-                                    cross_rank_fields, from_horovod, horovod_op,
-                                    horovod_wire_dtype, metric_names, parameter_names,
-                                    takes_three, wire_format)
+from pgc_hvd.runtime.config import (CONTROLS, RENAMED_KEYWORDS, RuntimeConfig,
+                                    check_parameters, cross_rank_fields, from_horovod,
+                                    horovod_op, horovod_wire_dtype, metric_names,
+                                    parameter_names, renamed_keyword, takes_three, wire_format)
 from pgc_hvd.schemes import get_scheme
 
 LOGGER = "pgc_hvd.runtime"
@@ -37,7 +37,7 @@ def test_defaults_are_typed_values():
     c = checked(4)
     assert c.scheme == "pgc-cr" and c.stragglers == 1 and type(c.stragglers) is int
     assert c.compression is None and c.wire_dtype == torch.float32
-    assert c.delays is None and c.records is None and c.replay_arrivals is None
+    assert c.delay is None and c.records is None and c.replay_arrivals is None
     assert c.scheme_options == {} and c.name == "pgc" and c.timeout == 60.0
     assert c.poll_interval == 0.002 and c.straggler_policy == "continue" and not c.cancel
     assert c.optimistic is None and c.control in CONTROLS
@@ -47,7 +47,7 @@ def test_defaults_are_typed_values():
 
 def test_checking_a_checked_config_changes_nothing():
     for fields in ({}, {"compression": pgc_torch.Compression.fp16},
-                   {"compression": TopK(0.1), "stragglers": 2, "delays": "exp:mean=0.1,seed=1",
+                   {"compression": TopK(0.1), "stragglers": 2, "delay": "exp:mean=0.1,seed=1",
                     "replay_arrivals": [(np.int64(1), 0)]}):
         once = checked(4, **fields)
         assert once.checked(4) == once
@@ -167,17 +167,17 @@ def test_horovods_compression_names_map_to_wire_dtypes():
 
 # -- the other arguments ----------------------------------------------------------------------
 def test_good_arguments_pass_and_a_delay_spec_is_parsed():
-    c = checked(4, delays="exp:mean=0.1,seed=1", compression=TopK(0.05))
-    assert c.stragglers == 1 and isinstance(c.delays, Exponential)
-    assert checked(4, delays=c.delays).delays is c.delays
+    c = checked(4, delay="exp:mean=0.1,seed=1", compression=TopK(0.05))
+    assert c.stragglers == 1 and isinstance(c.delay, Exponential)
+    assert checked(4, delay=c.delay).delay is c.delay
     c = checked(4, replay_arrivals=[(np.int64(3), np.int64(0)), [0, 1]], name=7, timeout=5)
     assert c.replay_arrivals == [(3, 0), (0, 1)] and c.name == "7" and c.timeout == 5.0
     assert type(c.timeout) is float and c.replay_steps(0) == [1] and c.replay_steps(3) == [0]
 
 
 @pytest.mark.parametrize("overrides, error, message", [
-    ({"delays": 0.1}, TypeError, "sample\\(worker, step\\)"),
-    ({"delays": "exp:mean=-1"}, ValueError, "mean"),
+    ({"delay": 0.1}, TypeError, "delay must be None, a delay model .*sample\\(worker, step\\)"),
+    ({"delay": "exp:mean=-1"}, ValueError, "mean"),
     ({"records": "/tmp/records.jsonl"}, TypeError, "write\\(record\\)"),
     ({"on_record": "print"}, TypeError, "on_record must be None or callable"),
     ({"on_update": 3}, TypeError, "on_update must be None or callable"),
@@ -195,10 +195,28 @@ def test_bad_arguments_are_named(overrides, error, message):
         checked(4, **overrides)
 
 
+def test_delays_is_delays_old_name_warned_once_with_the_fix():
+    """``delay=`` is the one name (the simulator's ``delay=``, the CLIs' ``--delay``); the old
+    ``delays=`` still gives its value, with one FutureWarning a process naming the fix; both
+    at once are refused."""
+    import warnings
+    assert RENAMED_KEYWORDS == {"delays": "delay"}
+    warned, model = set(), Exponential(0.1, seed=1)
+    assert renamed_keyword("delays", None, model, warned) is model      # the new name: silent
+    assert not warned
+    with pytest.warns(FutureWarning, match=r"delays= is now delay=.*pass delay=\.\.\. instead"):
+        assert renamed_keyword("delays", model, None, warned) is model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                               # a second warning fails
+        assert renamed_keyword("delays", "exp:mean=1", None, warned) == "exp:mean=1"
+    with pytest.raises(TypeError, match="delay= and delays= .* both given: pass delay= only"):
+        renamed_keyword("delays", model, model, set())
+
+
 def test_a_delay_model_for_another_world_is_refused():
     from pgc_hvd.delays import FixedStragglers
     with pytest.raises(ValueError, match="n=6"):
-        checked(4, delays=FixedStragglers(6, 1, 0.1))
+        checked(4, delay=FixedStragglers(6, 1, 0.1))
 
 
 # -- the checks that need the built scheme -------------------------------------------------------

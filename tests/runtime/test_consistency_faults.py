@@ -19,11 +19,6 @@ CLEAN = [("clean", "test_early_stop_catches_up_at_close_and_mixed_precision", SC
 LAUNCH_GROUPS = [("horovodrun", 3, CLEAN)]
 
 
-@pytest.fixture(scope="module")
-def np3(launch_group, request):
-    return launch_group(request, "horovodrun", 3)
-
-
 def _checks(proc):
     """The checks rank 0 passed, and how many ranks got to the end (tests/checks.py)."""
     return ({name for name, ranks in passed(proc.stdout).items() if 0 in ranks},
@@ -60,22 +55,22 @@ def test_close_compares_parameters_across_ranks(horovodrun):
 
 
 @pytest.mark.multirank
-def test_early_stop_catches_up_at_close_and_mixed_precision(np3):
+def test_early_stop_catches_up_at_close_and_mixed_precision(hvd3):
     """A rank that leaves its loop early ends at the others' version and parameters after
     close(). And fp16, bf16 and fp64 models train (fp32 messages, update cast to the
     parameter's dtype) and dgd matches the fp32 run within the dtype's rounding."""
-    proc = np3.ran("clean")
+    proc = hvd3.ran("clean")
     checks, all_ok = _checks(proc)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"early_stop_catches_up_at_close", "dtypes_fp16_bf16_fp64"} <= checks
 
 
 @pytest.mark.multirank
-def test_settings_that_must_agree_are_compared_and_named(np3):
+def test_settings_that_must_agree_are_compared_and_named(hvd3):
     """The lr, momentum, weight decay, betas, optimizer class, param groups, name,
     optimistic, control, parameter dtype and the loader's seed and batch size: a rank that differs
     gets a ValueError on every rank naming the field and ranks [1]."""
-    proc = np3.ran("config")
+    proc = hvd3.ran("config")
     checks, all_ok = _checks(proc)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"config_fields_named", "loader_partitioning_compared"} <= checks

@@ -33,16 +33,6 @@ NP2 = [(mode, test, SCRIPT, [mode]) for mode, test in (
 LAUNCH_GROUPS = [("horovodrun", 3, NP3), ("horovodrun", 2, NP2)]
 
 
-@pytest.fixture(scope="module")
-def np3(launch_group, request):
-    return launch_group(request, "horovodrun", 3)
-
-
-@pytest.fixture(scope="module")
-def np2(launch_group, request):
-    return launch_group(request, "horovodrun", 2)
-
-
 def _checks(proc, np_):
     """The checks every one of the np_ ranks reported ok."""
     return passed_everywhere(proc.stdout, np_)
@@ -54,18 +44,18 @@ def _clear_errors(proc):
 
 
 @pytest.mark.multirank
-def test_schedulers_step_once_per_update_on_every_rank(np3):
+def test_schedulers_step_once_per_update_on_every_rank(hvd3):
     """StepLR built before the wrap, MultiStepLR after it, both stepped once per step() call,
     and an lr set from the loop counter, with a straggler that catches up: every rank applies
     update i with lr(i); N step() calls end at version N; parameters identical."""
-    proc = np3.ran("schedulers")
+    proc = hvd3.ran("schedulers")
     assert _checks(proc, 3) >= {"scheduler_before_wrap", "scheduler_per_step_call",
                                 "lr_from_loop_counter"}, proc.stdout + proc.stderr
 
 
 @pytest.mark.multirank
-def test_clipping_the_horovod_way_and_the_plain_way(np3):
-    proc = np3["clipping"]
+def test_clipping_the_horovod_way_and_the_plain_way(hvd3):
+    proc = hvd3["clipping"]
     assert _checks(proc, 3) >= {"clip_decoded_update", "clip_partition_gradient",
                                 "clip_after_multi_partition_loop_refused"}, \
         proc.stdout + proc.stderr
@@ -74,17 +64,17 @@ def test_clipping_the_horovod_way_and_the_plain_way(np3):
 
 
 @pytest.mark.multirank
-def test_amp_bf16_autocast_and_grad_scaler(np3):
+def test_amp_bf16_autocast_and_grad_scaler(hvd3):
     """bf16 autocast + GradScaler on the CPU: an overflowing rank's messages are left out like
     a straggler's; with an exact (power-of-two) scale the run equals the unscaled one."""
-    proc = np3.ran("amp")
+    proc = hvd3.ran("amp")
     assert _checks(proc, 3) >= {"amp_overflow_is_a_straggler", "amp_scale_exact"}, \
         proc.stdout + proc.stderr
 
 
 @pytest.mark.multirank
-def test_horovod_keywords_fp16_and_refusals(np2):
-    assert_surface(np2["surface"])
+def test_horovod_keywords_fp16_and_refusals(hvd2):
+    assert_surface(hvd2["surface"])
 
 
 def assert_surface(proc):
@@ -98,8 +88,8 @@ def assert_surface(proc):
 
 
 @pytest.mark.multirank
-def test_broadcast_optimizer_state_and_rank0_resume(np3):
-    assert_broadcast(np3["broadcast"])
+def test_broadcast_optimizer_state_and_rank0_resume(hvd3):
+    assert_broadcast(hvd3["broadcast"])
 
 
 def assert_broadcast(proc):
@@ -113,8 +103,8 @@ def assert_broadcast(proc):
 
 
 @pytest.mark.multirank
-def test_own_dataloader_works_with_dgd_and_is_refused_with_pgc(np2):
-    proc = np2["own_loader"]
+def test_own_dataloader_works_with_dgd_and_is_refused_with_pgc(hvd2):
+    proc = hvd2["own_loader"]
     assert _checks(proc, 2) >= {"own_loader_dgd", "own_loader_pgc_refused"}, \
         proc.stdout + proc.stderr
     errors = _clear_errors(proc)
@@ -122,8 +112,8 @@ def test_own_dataloader_works_with_dgd_and_is_refused_with_pgc(np2):
 
 
 @pytest.mark.multirank
-def test_different_step_counts_and_rank_local_lr_are_named_at_close(np3):
-    proc = np3["diverge"]
+def test_different_step_counts_and_rank_local_lr_are_named_at_close(hvd3):
+    proc = hvd3["diverge"]
     assert _checks(proc, 3) >= {"different_step_counts_named", "rank_local_lr_named"}, \
         proc.stdout + proc.stderr
     errors = _clear_errors(proc)
@@ -131,10 +121,10 @@ def test_different_step_counts_and_rank_local_lr_are_named_at_close(np3):
 
 
 @pytest.mark.multirank
-def test_metrics_read_from_the_control_rows(np3):
+def test_metrics_read_from_the_control_rows(hvd3):
     """opt.metrics: the decided step's mean loss and a user metric, the same on every rank and
     equal to the mean over the used messages of what their ranks sent, with no collective."""
-    assert_metrics(np3.ran("metrics"))
+    assert_metrics(hvd3.ran("metrics"))
 
 
 def assert_metrics(proc):
@@ -142,20 +132,20 @@ def assert_metrics(proc):
 
 
 @pytest.mark.multirank
-def test_zero_grad_between_backward_and_step_raises(np2):
+def test_zero_grad_between_backward_and_step_raises(hvd2):
     """zero_grad() after the last backward and before step() raises as Horovod's does, instead
     of a zero update (dgd) or a message without the last partition (gc-cr); the gradient is
     kept and step() applies it: the parameters move, identically on every rank."""
-    proc = np2.ran("zero_grad")
+    proc = hvd2.ran("zero_grad")
     errors = _clear_errors(proc)
     assert _checks(proc, 2) >= {"zero_grad_before_step_refused"}, proc.stdout + proc.stderr
     assert len(errors) == 4 and all("AssertionError" in e for e in errors), errors
 
 
 @pytest.mark.multirank
-def test_cancel_policy_in_the_runtime(np3):
+def test_cancel_policy_in_the_runtime(hvd3):
     """straggler_policy="cancel" on real ranks: the slow rank abandons the steps that fire
     without it, its injected delays cut short; every rank ends at the same version with the
     same parameters."""
-    proc = np3.ran("cancel")
+    proc = hvd3.ran("cancel")
     assert _checks(proc, 3) >= {"cancel_policy_runtime"}, proc.stdout + proc.stderr

@@ -272,16 +272,6 @@ ENTRY = [("overlap", "test_overlap_under_both_engines_identical_parameters", SCR
 LAUNCH_GROUPS = [("horovodrun", 3, ENTRY), ("torchrun", 3, ENTRY)]
 
 
-@pytest.fixture(scope="module")
-def hvd3(launch_group, request):
-    return launch_group(request, "horovodrun", 3)
-
-
-@pytest.fixture(scope="module")
-def torch3(launch_group, request):
-    return launch_group(request, "torchrun", 3)
-
-
 @pytest.mark.multirank
 @pytest.mark.parametrize("engine", ["horovodrun", "torchrun"])
 def test_overlap_under_both_engines_identical_parameters(engine, request):

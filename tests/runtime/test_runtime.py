@@ -29,16 +29,6 @@ NP3 = [("small", "test_small_np3_config_errors_exact_checkpoint", SCRIPT, ["smal
 LAUNCH_GROUPS = [("horovodrun", 4, NP4), ("horovodrun", 3, NP3)]
 
 
-@pytest.fixture(scope="module")
-def np4(launch_group, request):
-    return launch_group(request, "horovodrun", 4)
-
-
-@pytest.fixture(scope="module")
-def np3(launch_group, request):
-    return launch_group(request, "horovodrun", 3)
-
-
 def _checks(proc, np_):
     """The checks rank 0 passed, and how many ranks got to the end (tests/checks.py)."""
     return ({name for name, ranks in passed(proc.stdout).items() if 0 in ranks},
@@ -46,11 +36,11 @@ def _checks(proc, np_):
 
 
 @pytest.mark.multirank
-def test_core_np4(np4):
+def test_core_np4(hvd4):
     """dgd == hvd.DistributedOptimizer; exact schemes decode the full-gradient average; one
     injected straggler is left out and steps stay far below its delay; a NaN message is a
     straggler; parameters bit-identical across ranks under random delays."""
-    proc = np4.ran("core")
+    proc = hvd4.ran("core")
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"dgd_equals_hvd", "exact_dgd_gc-cr_bcgc_bounded-staleness", "straggler_pgc-cr",
@@ -58,8 +48,8 @@ def test_core_np4(np4):
 
 
 @pytest.mark.multirank
-def test_small_np3_config_errors_exact_checkpoint(np3):
-    assert_small(np3.ran("small"))
+def test_small_np3_config_errors_exact_checkpoint(hvd3):
+    assert_small(hvd3.ran("small"))
 
 
 def assert_small(proc):
@@ -106,12 +96,12 @@ def test_hung_rank_stops_others_with_clear_error(horovodrun, kind):
 
 
 @pytest.mark.multirank
-def test_log_control_np4(np4):
+def test_log_control_np4(hvd4):
     """control="log": pgc-cr, bcgc and bounded staleness with one slowed rank end with
     identical parameters on every rank, with at most 5 control operations per rank per step
     (the decider's records per step, every rank's mean), also with 0.05 s and 0.3 s of
     emulated compute a step."""
-    proc = np4.ran("log")
+    proc = hvd4.ran("log")
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"log_pgc-cr_0.0", "log_bcgc_0.0", "log_bounded-staleness_0.0", "log_pgc-cr_0.05",
@@ -119,8 +109,8 @@ def test_log_control_np4(np4):
 
 
 @pytest.mark.multirank
-def test_log_control_exact_np3(np3):
-    proc = np3.ran("log-exact")
+def test_log_control_exact_np3(hvd3):
+    proc = hvd3.ran("log-exact")
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert "exact-log_gc-cr_bcgc_bounded-staleness" in checks
@@ -142,14 +132,13 @@ def test_log_control_names_dead_or_hung_rank(horovodrun, mode, who):
     assert "NO-ERROR" not in proc.stdout
 
 
-
 @pytest.mark.multirank
-def test_runtime_replaying_simulated_arrivals_matches_simulator(np4):
+def test_runtime_replaying_simulated_arrivals_matches_simulator(hvd4):
     """Given the same arrival pattern (the simulator's arrival log under seeded exponential +
     long-straggler delays, replayed by the agent), the runtime takes the same decisions and its
     decoded updates and parameters match the simulator's within fp32 tolerance (pgc-cr, pgc-cr
     with its ring weighted by age, bcgc)."""
-    assert_twin(np4.ran("twin"))
+    assert_twin(hvd4.ran("twin"))
 
 
 def assert_twin(proc):
@@ -159,10 +148,10 @@ def assert_twin(proc):
 
 
 @pytest.mark.multirank
-def test_log_control_replaying_simulated_arrivals_matches_simulator(np4):
+def test_log_control_replaying_simulated_arrivals_matches_simulator(hvd4):
     """control="log" takes the same decisions on the replayed schedules as the allgather path
     (both match the simulator's, step by step): pgc-cr and bcgc."""
-    proc = np4.ran("twin-log")
+    proc = hvd4.ran("twin-log")
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"twin_pgc-cr_log", "twin_bcgc_log"} <= checks
@@ -181,34 +170,33 @@ def test_min_error_class_decoder_across_ranks(horovodrun):
 
 
 @pytest.mark.multirank
-def test_topk_compression_across_ranks(np4):
+def test_topk_compression_across_ranks(hvd4):
     """TopK(k=d) equals the dense run; small k with error feedback conserves mass on every rank
     and step, the decoded update is the weighted sum of the sparse messages, ranks identical."""
-    proc = np4.ran("compress")
+    proc = hvd4.ran("compress")
     checks, all_ok = _checks(proc, 4)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"topk_k_equals_d_is_dense", "topk_error_feedback_conserves_mass_bit_identical"} <= checks
 
 
-
 @pytest.mark.multirank
-def test_dense_allreduce_equals_cached_payloads(np3):
+def test_dense_allreduce_equals_cached_payloads(hvd3):
     """Dense messages through ONE allreduce of the ranks' weighted contributions decode the same
     updates as the payloads cached with the control rows, for gc-cr, pgc-cr, bcgc,
     bounded-staleness, is-sgd and rs (same replayed arrivals, same decisions); every update and
     the parameters are bit-identical across ranks."""
-    proc = np3.ran("dense")
+    proc = hvd3.ran("dense")
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert "allreduce_equals_cached_dense" in checks
 
 
 @pytest.mark.multirank
-def test_sparse_rows_by_allgather_or_densified_and_rs_with_topk(np3):
+def test_sparse_rows_by_allgather_or_densified_and_rs_with_topk(hvd3):
     """Top-kappa rows travel by allgather when that is fewer bytes and are densified into the
     allreduce otherwise; both equal the cached path. Reed-Solomon's complex messages under
     TopK run in the runtime, and TopK(k=d) equals the dense run."""
-    proc = np3.ran("sparse")
+    proc = hvd3.ran("sparse")
     checks, all_ok = _checks(proc, 3)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"sparse_allgather_and_densified_equal_cached", "rs_with_topk"} <= checks

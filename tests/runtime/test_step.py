@@ -138,6 +138,20 @@ def test_one_step_sends_the_gradient_and_applies_it_with_the_users_rule(world, s
     assert w.step.busy > 0.0
 
 
+def test_a_step_reports_its_wait_and_data_phase(world):
+    """What a profile of the step reads without reaching in: the exchange's wait for the
+    decision (``Step.wait_seconds``) and the agent's data phase (the update's
+    ``info["data_seconds"]``), on every rank."""
+    w = world("pgc-cr")
+    assert w.step.wait_seconds == 0.0
+    w.evaluate()
+    assert w.step.exchange(loss=1.0) is True
+    w.step.load_decided()
+    assert w.step.wait_seconds >= 0.0
+    info = w.step.last.info
+    assert 0.0 <= info["data_seconds"] < 60 and info["control_rounds"] >= 1
+
+
 def test_hvd_sum_multiplies_the_update_by_n_and_on_update_sees_it_first(world):
     seen = []
     w = world(op_scale=3.0, on_update=lambda t, flat_, decision: seen.append(

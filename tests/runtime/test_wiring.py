@@ -79,3 +79,28 @@ def test_a_replans_parts_continue_where_the_old_ones_stopped():
     assert new.capture.amp and new.capture.loop_fed == step.capture.loop_fed
     assert new.agent is not opt.agent and not new.step.started
     opt.close()
+
+
+def test_delay_and_its_old_name_delays_reach_the_step():
+    """``delay=`` reaches the step; ``delays=``, its old name, too, with one FutureWarning a
+    process (:func:`pgc_hvd.runtime.config.renamed_keyword`, the one place it is read)."""
+    import warnings
+
+    from pgc_hvd.delays import Exponential
+    from pgc_hvd.runtime.config import WARNED_RENAMES
+    for i, key in enumerate(("delay", "delays")):
+        before = "delays" in WARNED_RENAMES
+        m = model()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                       m.named_parameters(), name=f"wiring.delay{i}",
+                                       timeout=30, **{key: "exp:mean=0.001,seed=1"})
+        try:
+            assert isinstance(opt.config.delay, Exponential)
+            assert opt.current_step.delay is opt.config.delay
+            old = [w for w in seen if issubclass(w.category, FutureWarning)]
+            assert len(old) == (key == "delays" and not before), [str(w.message) for w in old]
+        finally:
+            opt.close()
+    assert "delays" in WARNED_RENAMES

@@ -220,3 +220,27 @@ def test_the_straggler_budget_lives_on_the_scheme():
         scheme_class("dgd").check_stragglers(2)
     with pytest.raises(TypeError, match="stragglers must be an int"):
         stragglers_for("pgc-cr", 4, 1.0)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_a_schemes_construction_checks_s_once_with_the_one_checker(name):
+    """Every scheme's construction asks the one checker of s (``check_stragglers``, in
+    ``Scheme.__init__``) exactly once, whatever its subclass chain, and its errors are that
+    checker's: the range with the fix, a non-int budget as a TypeError."""
+    cls = SCHEMES[name]
+    calls = []
+
+    class Counted(cls):
+        @classmethod
+        def check_stragglers(klass, s, n=None):
+            calls.append((s, n))
+            return super().check_stragglers(s, n)
+
+    s = 0 if cls.waits_for_all else 1
+    scheme = Counted(6, s)
+    assert calls == [(s, 6)] and (scheme.n, scheme.s) == (6, s)
+    assert type(scheme.n) is int and type(scheme.s) is int
+    with pytest.raises(ValueError, match=rf"{cls.name}: needs 0 <= s <= n-1.*use s in \[0, 5\]"):
+        cls(6, 6)
+    with pytest.raises(TypeError, match="stragglers must be an int"):
+        cls(6, 1.0)

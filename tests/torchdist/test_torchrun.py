@@ -52,21 +52,6 @@ NP2 = [("surface", "test_horovod_keywords_fp16_and_refusals", HABITS, ["surface"
 LAUNCH_GROUPS = [("torchrun", 4, NP4), ("torchrun", 3, NP3), ("torchrun", 2, NP2)]
 
 
-@pytest.fixture(scope="module")
-def np4(launch_group, request):
-    return launch_group(request, "torchrun", 4)
-
-
-@pytest.fixture(scope="module")
-def np3(launch_group, request):
-    return launch_group(request, "torchrun", 3)
-
-
-@pytest.fixture(scope="module")
-def np2(launch_group, request):
-    return launch_group(request, "torchrun", 2)
-
-
 def _checks(proc):
     """The checks rank 0 passed, and how many ranks got to the end (tests/checks.py)."""
     return ({name for name, ranks in passed(proc.stdout).items() if 0 in ranks},
@@ -74,11 +59,11 @@ def _checks(proc):
 
 
 @pytest.mark.multirank
-def test_torch_engine_collectives(np3):
+def test_torch_engine_collectives(torch3):
     """allgather of equal and different row lengths, alltoall, allreduce (bits equal on every
     rank), broadcasts, broadcast_optimizer_state (the version travels), a thread on its own
     groups beside the training thread."""
-    proc = np3.ran("ops")
+    proc = torch3.ran("ops")
     checks, all_ok = _checks(proc)
     assert all_ok == 3, proc.stdout + proc.stderr
     assert {"allgather_equal_and_variable_lengths", "allreduce_alltoall_broadcast",
@@ -94,10 +79,10 @@ def test_call_order_check_names_the_rank(torchrun):
 
 
 @pytest.mark.multirank
-def test_quickstart_under_torchrun_np4_without_horovod(np4):
+def test_quickstart_under_torchrun_np4_without_horovod(torch4):
     """`torchrun --nproc-per-node 4 launch/quickstart.py` trains with pgc-cr and ends with the
     same parameters on every rank, on ranks where horovod cannot be imported."""
-    proc = np4.ran("quickstart")
+    proc = torch4.ran("quickstart")
     ok = [l for l in proc.stdout.splitlines() if "QUICKSTART-OK" in l]
     assert len(ok) == 4, proc.stdout + proc.stderr
     assert len({l.split("hash=")[1].split()[0] for l in ok}) == 1, ok
@@ -105,12 +90,12 @@ def test_quickstart_under_torchrun_np4_without_horovod(np4):
 
 
 @pytest.mark.multirank
-def test_train_cli_under_torchrun_without_horovod(np2):
+def test_train_cli_under_torchrun_without_horovod(torch2):
     """``torchrun -m pgc_hvd train`` (the README's main job's CLI) runs on the torch engine on
     ranks where horovod cannot be imported: records and summary written, every step decided,
     the remedy's ring decay recorded (momentum 0.9 -> rho = 0.1)."""
     import json
-    out = np2.ran("train-cli").cwd / "run"
+    out = torch2.ran("train-cli").cwd / "run"
     summ = json.loads((out / "summary.json").read_text())
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert summ["n"] == 2 and summ["steps"] == 8 and [r["step"] for r in recs] == list(range(8))
@@ -118,11 +103,11 @@ def test_train_cli_under_torchrun_without_horovod(np2):
 
 
 @pytest.mark.multirank
-def test_core_np4(np4):
+def test_core_np4(torch4):
     """dgd == torch's DDP; exact schemes decode the full-gradient average; one injected
     straggler is left out; a NaN message is a straggler; parameters bit-identical across ranks
     under random delays."""
-    proc = np4.ran("core")
+    proc = torch4.ran("core")
     checks, all_ok = _checks(proc)
     assert all_ok == 4, proc.stdout + proc.stderr
     assert {"dgd_equals_ddp", "exact_dgd_gc-cr_bcgc_bounded-staleness", "straggler_pgc-cr",
@@ -130,8 +115,8 @@ def test_core_np4(np4):
 
 
 @pytest.mark.multirank
-def test_small_np3_config_errors_exact_checkpoint(np3):
-    runtime_tests.assert_small(np3.ran("small"))
+def test_small_np3_config_errors_exact_checkpoint(torch3):
+    runtime_tests.assert_small(torch3.ran("small"))
 
 
 # The faults on the torch engine: a dead rank and a frozen process, whose detection goes through
@@ -156,20 +141,20 @@ def test_hung_rank_stops_others_with_clear_error(torchrun):
 
 
 @pytest.mark.multirank
-def test_runtime_replaying_simulated_arrivals_matches_simulator(np4):
-    runtime_tests.assert_twin(np4.ran("twin"))
+def test_runtime_replaying_simulated_arrivals_matches_simulator(torch4):
+    runtime_tests.assert_twin(torch4.ran("twin"))
 
 
 @pytest.mark.multirank
-def test_broadcast_optimizer_state_and_rank0_resume(np3):
-    habits_tests.assert_broadcast(np3["broadcast"])
+def test_broadcast_optimizer_state_and_rank0_resume(torch3):
+    habits_tests.assert_broadcast(torch3["broadcast"])
 
 
 @pytest.mark.multirank
-def test_horovod_keywords_fp16_and_refusals(np2):
-    habits_tests.assert_surface(np2["surface"])
+def test_horovod_keywords_fp16_and_refusals(torch2):
+    habits_tests.assert_surface(torch2["surface"])
 
 
 @pytest.mark.multirank
-def test_metrics_read_from_the_control_rows(np3):
-    habits_tests.assert_metrics(np3.ran("metrics"))
+def test_metrics_read_from_the_control_rows(torch3):
+    habits_tests.assert_metrics(torch3.ran("metrics"))

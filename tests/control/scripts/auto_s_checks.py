@@ -63,7 +63,7 @@ def switch(n: int, steps: int) -> None:
         torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
         named_parameters=m.named_parameters(), scheme="pgc-cr", stragglers="auto",
         auto={"s_start": 0, "s_max": 1, "first": 4, "every": 4, "cooldown": 4, "window": 6},
-        delays=f"slow:worker={n - 1},delay=0.05", timeout=60, name="autos",
+        delay=f"slow:worker={n - 1},delay=0.05", timeout=60, name="autos",
         on_record=records.append if hvd.rank() == 0 else None)
     assert opt.config.stragglers == 0 and opt.scheme.s == 0
     while opt.version < steps:

@@ -33,7 +33,7 @@ def main() -> int:
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                        named_parameters=model.named_parameters(),
                                        scheme="pgc-cr", stragglers=1,
-                                       delays="exp:mean=0.01,seed=2", timeout=60)
+                                       delay="exp:mean=0.01,seed=2", timeout=60)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     loader = PartitionLoader(X, y, n=hvd.size(), batch_size=16, seed=1)
     while opt.version < args.steps:

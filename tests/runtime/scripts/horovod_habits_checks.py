@@ -70,7 +70,7 @@ def slow_rank(seconds=0.04):
 
 def wrap(m, opt=None, name="h", scheme="pgc-cr", **kw):
     opt = opt or torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    kw.setdefault("delays", slow_rank())
+    kw.setdefault("delay", slow_rank())
     kw.setdefault("timeout", 60)
     return pgc_hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters(),
                                         scheme=scheme, name=name, **kw)
@@ -129,7 +129,7 @@ def check_schedulers():
     # the lr set by hand from the iteration counter (Horovod's ImageNet example's
     # adjust_learning_rate), a straggler included: the hyper-parameter digest agrees at close
     m = model()
-    opt = wrap(m, name="sch3", delays=slow_rank(seconds=0.08))
+    opt = wrap(m, name="sch3", delay=slow_rank(seconds=0.08))
     for i in range(12):
         for g in opt.param_groups:
             g["lr"] = 0.05 * (1 + i % 3)
@@ -187,7 +187,7 @@ def check_clipping():
     # after a loop that evaluates two partitions (gc-cr), clipping p.grad would clip one:
     # refused with the fix
     m = model()
-    opt = wrap(m, name="clip3", scheme="gc-cr", delays=None)
+    opt = wrap(m, name="clip3", scheme="gc-cr", delay=None)
     try:
         for xb, yb in opt.batches(loader):
             F.cross_entropy(m(xb), yb).backward()
@@ -206,7 +206,7 @@ def check_amp():
     # bf16 autocast on the CPU with a GradScaler: rank 1's scale starts far too high, so its
     # first messages overflow (non-finite: left out like a straggler's) until it backs off
     m = model()
-    opt = wrap(m, name="amp1", delays=None)
+    opt = wrap(m, name="amp1", delay=None)
     init = 2.0 ** 127 if hvd.rank() == 1 else 2.0 ** 8
     scaler = torch.amp.GradScaler("cpu", init_scale=init, backoff_factor=2.0 ** -40)
     for i in range(16):
@@ -229,7 +229,7 @@ def check_amp():
     def run(scaled, name):
         torch.manual_seed(0)
         m = model()
-        opt = wrap(m, name=name, delays=None, replay_arrivals=sched)
+        opt = wrap(m, name=name, delay=None, replay_arrivals=sched)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=10 ** 6,
                                       enabled=scaled)
         for i in range(8):
@@ -263,7 +263,7 @@ def check_surface():
                                       gradient_predivide_factor=2.0, num_groups=2,
                                       sparse_as_dense=True))):
         m = model()
-        opt = wrap(m, name=f"surf.{name}", delays=None, replay_arrivals=sched,
+        opt = wrap(m, name=f"surf.{name}", delay=None, replay_arrivals=sched,
                    on_update=keep(name), **kw)
         train_steps(m, opt, loader, 3)
         opt.close()
@@ -291,9 +291,9 @@ def check_surface():
 
     # op=hvd.Sum applies n times the average
     m1, m2 = model(), model()
-    o1 = wrap(m1, torch.optim.SGD(m1.parameters(), lr=0.1), name="surf.avg", delays=None,
+    o1 = wrap(m1, torch.optim.SGD(m1.parameters(), lr=0.1), name="surf.avg", delay=None,
               replay_arrivals=sched)
-    o2 = wrap(m2, torch.optim.SGD(m2.parameters(), lr=0.1 / n), name="surf.sum", delays=None,
+    o2 = wrap(m2, torch.optim.SGD(m2.parameters(), lr=0.1 / n), name="surf.sum", delay=None,
               replay_arrivals=sched, op=hvd.Sum)
     train_steps(m1, o1, loader, 1)
     train_steps(m2, o2, loader, 1)
@@ -328,7 +328,7 @@ def check_surface():
     ok("refused_keywords")
 
     m = model()
-    opt = wrap(m, name="surf.extra", delays=None)
+    opt = wrap(m, name="surf.extra", delay=None)
     try:
         for xb, yb in opt.batches(loader):
             for _ in range(2):
@@ -436,7 +436,7 @@ def check_own_loader():
     dl = torch.utils.data.DataLoader(ds, batch_size=10, sampler=sampler)
     # dgd: the user's own DataLoader is this rank's shard, as with hvd.DistributedOptimizer
     m = model()
-    opt = wrap(m, name="own.dgd", scheme="dgd", delays=None)
+    opt = wrap(m, name="own.dgd", scheme="dgd", delay=None)
     for epoch in range(2):
         sampler.set_epoch(epoch)
         for xb, yb in dl:
@@ -448,7 +448,7 @@ def check_own_loader():
     ok("own_loader_dgd")
     # pgc-cr: the partitions rotate; the user's loader does not know them: refused
     m = model()
-    opt = wrap(m, name="own.pgc", delays=None)
+    opt = wrap(m, name="own.pgc", delay=None)
     try:
         for xb, yb in dl:
             F.cross_entropy(m(xb), yb).backward()
@@ -541,7 +541,7 @@ def check_zero_grad():
     for scheme in ("dgd", "gc-cr"):
         m = model()
         before = [p.detach().clone() for p in m.parameters()]
-        opt = wrap(m, name=f"zg.{scheme}", scheme=scheme, delays=None)
+        opt = wrap(m, name=f"zg.{scheme}", scheme=scheme, delay=None)
         loader = data(n)
         for i in range(3):
             opt.zero_grad()             # before the forward pass: fine
@@ -580,7 +580,7 @@ def check_cancel():
     every update; the parameters agree."""
     steps = 8
     m = model()
-    opt = wrap(m, name="cancel", straggler_policy="cancel", delays=slow_rank(2.0))
+    opt = wrap(m, name="cancel", straggler_policy="cancel", delay=slow_rank(2.0))
     loader = data(hvd.size())
     t0 = time.monotonic()
     train_steps(m, opt, loader, steps)

@@ -39,11 +39,11 @@ def dropout_model():
     return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 2))
 
 
-def train(m, scheme, steps, *, name, delays=None, loader=None, s=1):
+def train(m, scheme, steps, *, name, delay=None, loader=None, s=1):
     loader = loader or data(hvd.size())
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5),
                                        m.named_parameters(), scheme=scheme, stragglers=s,
-                                       delays=delays, name=name, timeout=30)
+                                       delay=delay, name=name, timeout=30)
     for _ in range(steps):
         for xb, yb in opt.batches(loader):
             F.cross_entropy(m(xb), yb).backward()
@@ -61,7 +61,7 @@ def check_dropout_same_whichever_rank_straggles(steps=4):
     for slow in range(hvd.size()):
         m = dropout_model()
         torch.manual_seed(123)   # the run seed (rank 0's is agreed at construction)
-        opt = train(m, "gc-cr", steps, name=f"drop{slow}", delays=Fixed(slow, 0.25, from_step=0))
+        opt = train(m, "gc-cr", steps, name=f"drop{slow}", delay=Fixed(slow, 0.25, from_step=0))
         used = opt.metrics["ranks"]   # the last step was decoded from the fast rank alone
         assert list(used) == [w for w in range(hvd.size()) if w != slow], used
         opt.close()   # the next run reuses the processes: end this one here (same as exit's)
@@ -97,7 +97,7 @@ def check_per_rank_data_refused():
 def check_collected_then_shutdown():
     def scope():
         m = dropout_model()
-        train(m, "pgc-cr", 5, name="scoped", delays=Fixed(1, 0.05))
+        train(m, "pgc-cr", 5, name="scoped", delay=Fixed(1, 0.05))
         return tensors_digest(m.parameters())
 
     first = scope()            # model and optimizer unreachable from here on
@@ -107,7 +107,7 @@ def check_collected_then_shutdown():
     total = hvd.allreduce(torch.tensor([float(first % 1000)]), op=hvd.Sum, name="after")
     assert float(total) == 2 * float(first % 1000), "the ranks' first models differ"
     m = dropout_model()
-    opt = train(m, "pgc-cr", 5, name="second", delays=Fixed(0, 0.05))
+    opt = train(m, "pgc-cr", 5, name="second", delay=Fixed(0, 0.05))
     names = [o.config.name for _, o in lifecycle.unclosed()]
     assert names == ["scoped", "second"], names   # the collected one is kept until closed
     rank = hvd.rank()

@@ -42,7 +42,7 @@ def run(n: int, steps: int, overlap: bool):
         torch.optim.SGD(m.parameters(), lr=0.2, momentum=0.9),
         named_parameters=m.named_parameters(), scheme="pgc-cr", stragglers=1,
         overlap=overlap, bucket_cap_mb=40 * 4 / 2 ** 20,
-        delays=f"slow:worker={n - 1},delay=0.03", timeout=60, name=f"ovl{int(overlap)}",
+        delay=f"slow:worker={n - 1},delay=0.03", timeout=60, name=f"ovl{int(overlap)}",
         on_record=records.append if hvd.rank() == 0 else None)
     losses = []
     while opt.version < steps:

@@ -91,13 +91,13 @@ def same_on_all_ranks(m, what):
     assert len(set(allh.tolist())) == 1, f"{what}: parameter hashes differ across ranks {allh}"
 
 
-def train(scheme, steps, s=1, lr=0.1, momentum=0.0, delays=None, records=None, loss_hook=None,
+def train(scheme, steps, s=1, lr=0.1, momentum=0.0, delay=None, records=None, loss_hook=None,
           name="pgc", m=None, loader=None, opt_kwargs=None, load_from=None, save_to=None):
     m = m or model()
     loader = loader or data(hvd.size())
     base = torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum)
     opt = pgc_hvd.DistributedOptimizer(base, m.named_parameters(), scheme=scheme, stragglers=s,
-                                       delays=delays, on_record=records, name=name,
+                                       delay=delay, on_record=records, name=name,
                                        timeout=60, **(opt_kwargs or {}))
     assert isinstance(opt, torch.optim.SGD)
     if load_from:
@@ -169,7 +169,7 @@ def check_straggler(scheme, delay=1.5, steps=6, opt_kwargs=None, tag=""):
     n = hvd.size()
     recs = []
     t0 = time.time()
-    m, opt = train(scheme, steps, delays=Fixed(n - 1, delay), records=recs.append,
+    m, opt = train(scheme, steps, delay=Fixed(n - 1, delay), records=recs.append,
                    name=f"strag{tag}-{scheme}", opt_kwargs=opt_kwargs)
     same_on_all_ranks(m, f"strag-{scheme}")
     if hvd.rank() == 0:
@@ -197,7 +197,7 @@ def check_nan(scheme="pgc-cr", steps=5):
     # straggler and the record has nothing to say about it (a race that failed once in CI).
     # The message is checked before it leaves: without the overlap (overlap=False)
     m, opt = train(scheme, steps, loss_hook=poison, records=recs.append, name="nan",
-                   delays=OthersWait(1, 0.5, step=2), opt_kwargs={"overlap": False})
+                   delay=OthersWait(1, 0.5, step=2), opt_kwargs={"overlap": False})
     assert (1, 2) in opt.nonfinite_log, opt.nonfinite_log
     assert torch.isfinite(flat_params(m)).all()
     same_on_all_ranks(m, "nan")
@@ -210,7 +210,7 @@ def check_nan(scheme="pgc-cr", steps=5):
     # and checks its later messages before they leave
     recs.clear()
     m, opt = train(scheme, steps, loss_hook=poison, records=recs.append, name="nan-ovl",
-                   delays=OthersWait(1, 0.5, step=2),
+                   delay=OthersWait(1, 0.5, step=2),
                    opt_kwargs={"overlap": True,
                                "bucket_cap_mb": 16 * 4 / 2 ** 20})   # several buckets
     assert (1, 2) in opt.nonfinite_log, opt.nonfinite_log
@@ -224,7 +224,7 @@ def check_nan(scheme="pgc-cr", steps=5):
 
 
 def check_identical_under_jitter(scheme, steps=10):
-    m, opt = train(scheme, steps, delays=Jitter(0.03, seed=5), name=f"jit-{scheme}")
+    m, opt = train(scheme, steps, delay=Jitter(0.03, seed=5), name=f"jit-{scheme}")
     same_on_all_ranks(m, f"jit-{scheme}")
     ok(f"bit_identical_{scheme}")
 
@@ -260,7 +260,7 @@ def check_momentum_correction(steps=10):
             seen.append((step, flat.clone(), decision.info.get("mean_age")))
 
         m, opt = train("pgc-cr", steps, momentum=0.9, name=f"mc-{corr}", records=recs.append,
-                       delays=Jitter(0.02, seed=9),
+                       delay=Jitter(0.02, seed=9),
                        opt_kwargs={"on_update": on_update, "momentum_correction": corr})
         assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["lr"] == 0.1
         # the remedy's ring: rho = 1 - beta with the correction on, the paper's 1 without it
@@ -403,7 +403,7 @@ def check_log(scheme, delay=0.6, steps=8, compute=0.0, max_ops=5):
         return loss
 
     t0 = time.time()
-    m, opt = train(scheme, steps, delays=Fixed(n - 1, delay), records=recs.append,
+    m, opt = train(scheme, steps, delay=Fixed(n - 1, delay), records=recs.append,
                    name=f"log-{scheme}-{compute}", opt_kwargs={"control": "log"},
                    loss_hook=slow)
     same_on_all_ranks(m, f"log-{scheme}-{compute}")

@@ -93,7 +93,7 @@ def run_case(i: int, scheme: str, close: bool) -> None:
     opt = pgc_hvd.DistributedOptimizer(
         torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
         named_parameters=m.named_parameters(), name=f"uc{i}", timeout=60,
-        delays=pgc_hvd.delays.SlowWorker(n - 1, 0.05), **kw)
+        delay=pgc_hvd.delays.SlowWorker(n - 1, 0.05), **kw)
     loader = data(n)
     for step in range(STEPS):
         for xb, yb in opt.batches(loader):
