@@ -3,7 +3,7 @@
 
     GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 benchmarks/doors/step_cost.py \
         [--model lenet|resnet18] [--compute 0.0] [--steps 60] [--warmup 10] [--doors ddp,dgd,pgc-cr]
-        [--control log] [--profile]
+        [--control log] [--profile] [--rounds 1]
 
 A door ``SCHEME+overlap`` runs the door with ``overlap=True`` (the default on the CPU is off),
 ``SCHEME+serial`` with ``overlap=False`` (the message formed and sent at
@@ -16,7 +16,9 @@ of the DDP tutorial's loop on random data (LeNet-5 on 28x28 inputs, batch 32, d 
 torchvision's ResNet-18 on 2 images of 32x32, d = 11,689,512), sleeping ``--compute`` seconds
 per batch (emulated accelerator time). Prints rank 0's median and mean ms per step and the ratio
 to DDP's; ``--profile`` adds, for the door, where rank 0's step time goes (forward, backward,
-``optimizer.step()``) as medians in ms.
+``optimizer.step()``) as medians in ms. ``--rounds R`` runs the doors' sequence R times (each
+round a fresh model per door), so a load that changes during the launch falls on every door
+alike; the table pools the R rounds' steps and a second one gives each round's median / DDP's.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main() -> None:
     p.add_argument("--doors", default="ddp,dgd,pgc-cr")
     p.add_argument("--control", default=None)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
 
     import torch
@@ -68,7 +71,10 @@ def main() -> None:
     N = n * batch * (total + 2)
     ds = TensorDataset(torch.randn(N, *shape, generator=g), torch.randint(0, 10, (N,), generator=g))
     results = {}
-    for k, door in enumerate(args.doors.split(",")):
+    per_round = []
+    doors = args.doors.split(",")
+    for k, door in [(k + len(doors) * r, door) for r in range(args.rounds)
+                    for k, door in enumerate(doors)]:
         torch.manual_seed(0)
         model = build()
         if door == "ddp":
@@ -108,7 +114,10 @@ def main() -> None:
         if hasattr(opt, "close"):
             opt.close()
         dist.barrier()
-        results[door] = (times, parts)
+        got = results.setdefault(door, ([], []))
+        got[0].extend(times)
+        got[1].extend(parts)
+        per_round.append((k // len(doors), door, statistics.median(times)))
     if rank == 0:
         d = sum(p.numel() for p in build().parameters())
         print(f"{n} ranks, {args.model} (d = {d:,}), batch {batch}, compute {args.compute} s, "
@@ -125,6 +134,12 @@ def main() -> None:
                 row += "".join(f" {1e3 * statistics.median(p[i] for p in parts):.1f} |"
                                for i in range(3))
             print(row, flush=True)
+        if args.rounds > 1 and "ddp" in results:
+            print("\nper round, median / DDP's: " + "; ".join(
+                f"{door} " + " ".join(f"{med / ddp:.2f}" for rr, dd, med in per_round
+                                      if dd == door
+                                      for r2, d2, ddp in per_round if r2 == rr and d2 == "ddp")
+                for door in results if door != "ddp"), flush=True)
     dist.destroy_process_group()
 
 

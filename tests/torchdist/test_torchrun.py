@@ -135,9 +135,10 @@ def test_small_np3_config_errors_exact_checkpoint(np3):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("mode", ["dead", "dead-store"])
+@pytest.mark.parametrize("mode", ["dead", "dead-store", "dead-sum"])
 def test_dead_rank_stops_others_with_clear_error(torchrun, mode):
-    """As under horovodrun; and the torch engine names the dead rank."""
+    """As under horovodrun; and the torch engine names the dead rank. ``dead-sum``: dgd on
+    the default plane (no control round: the data allreduce fails, the census names it)."""
     proc = torchrun(3, SCRIPT, mode, timeout=120, check=False)
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
@@ -145,6 +146,19 @@ def test_dead_rank_stops_others_with_clear_error(torchrun, mode):
     assert "NO-ERROR" not in proc.stdout
     if mode == "dead":
         assert any("rank 2 (pid" in l for l in clear), clear
+    if mode == "dead-sum":
+        assert all("rank(s) [2]" in l or "rank 2 (pid" in l for l in clear), clear
+
+
+@pytest.mark.multirank
+def test_hung_rank_under_dgd_is_named_by_the_census(torchrun):
+    """dgd on the default plane (the s = 0 path) with rank 2 frozen: the others' allreduce
+    times out and the census names it."""
+    proc = torchrun(3, SCRIPT, "hung-sum", timeout=120, check=False)
+    clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
+    assert len(clear) == 2, proc.stdout + proc.stderr
+    assert all("rank(s) [2]" in l and "died or hung" in l for l in clear), clear
+    assert "NO-ERROR" not in proc.stdout
 
 
 @pytest.mark.multirank
