@@ -34,12 +34,13 @@ rows_in_sum`, the one place it is chosen): s >= 1, bounded staleness (late messa
 top-kappa, fp16 wire, optimistic payloads, complex codes, replayed arrivals, the polled planes.
 
 Threads: the agent thread (:meth:`SumRows.loop`).
-May import: torch, the standard library, ``compress`` (codecs), ``schemes``,
+May import: numpy, torch, the standard library, ``compress`` (codecs), ``schemes``,
 ``runtime.errors``, ``runtime.rows``.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from pgc_hvd.compress.codecs import all_finite, allreduce_bytes
@@ -51,26 +52,33 @@ from pgc_hvd.schemes import Decision, Use
 PIECES = 3
 
 
-def split_rows(rows: torch.Tensor) -> torch.Tensor:
-    """float64 words -> ``PIECES`` float32 words each (``[hi..., mid..., lo...]``): x = hi +
-    mid + lo to the last bit for finite x (each part is the float32 rounding of what the
-    previous ones left), so a sum with zeros (the other ranks' contribution to a slot) gives
-    them back; Inf and NaN keep hi alone."""
-    x = rows.to(torch.float64).reshape(-1)
-    hi = x.to(torch.float32)
-    rest = x - hi.to(torch.float64)
-    mid = rest.to(torch.float32)
-    lo = (rest - mid.to(torch.float64)).to(torch.float32)
-    odd = ~torch.isfinite(hi)
-    mid[odd] = 0.0
-    lo[odd] = 0.0
-    return torch.cat([hi, mid, lo])
+def split_rows(rows) -> np.ndarray:
+    """float64 words (a tensor or an array) -> ``PIECES`` float32 words each (``[hi..., mid...,
+    lo...]``): x = hi + mid + lo to the last bit for finite x (each part is the float32 rounding
+    of what the previous ones left), so a sum with zeros (the other ranks' contribution to a
+    slot) gives them back; Inf and NaN keep hi alone. In numpy: a few words cost
+    microseconds, where each torch op costs several."""
+    x = np.asarray(rows.numpy() if isinstance(rows, torch.Tensor) else rows,
+                   dtype=np.float64).reshape(-1)
+    out = np.empty(PIECES * x.size, dtype=np.float32)
+    hi, mid, lo = out[: x.size], out[x.size: 2 * x.size], out[2 * x.size:]
+    big = np.abs(x) > 3e38           # Inf, or beyond float32 (NaN is not > 3e38)
+    odd = big.any()
+    hi[:] = np.where(big, 0.0, x) if odd else x
+    rest = x - hi if not odd else np.where(big, 0.0, x) - hi
+    mid[:] = rest
+    lo[:] = rest - mid
+    if odd:
+        hi[big] = np.copysign(np.inf, x[big])
+    return out
 
 
-def join_rows(words: torch.Tensor, n: int, length: int) -> list:
+def join_rows(words, n: int, length: int) -> list:
     """The n rows of ``length`` float64 words from their slots (:func:`split_rows` of each
     rank's row, rank after rank), as lists of floats (what the decision body reads)."""
-    w = words.detach().to("cpu", torch.float64).reshape(int(n), PIECES, int(length))
+    if isinstance(words, torch.Tensor):
+        words = words.detach().cpu().numpy()
+    w = np.asarray(words, dtype=np.float64).reshape(int(n), PIECES, int(length))
     return ((w[:, 0] + w[:, 1]) + w[:, 2]).tolist()
 
 
@@ -100,7 +108,7 @@ class SumRows:
             t = dec.step
             out = self._ready(hand, t)
             hand.pack(self._row, lambda outbox: (outbox.get(t), False))
-            slots = torch.zeros(self.tail, dtype=torch.float32)
+            slots = np.zeros(self.tail, dtype=np.float32)
             at = self.rank * self.words
             slots[at: at + self.words] = split_rows(self._row)
             comm.coll.step = t
@@ -135,12 +143,12 @@ class SumRows:
                     return out
                 hand.cond.wait(1.0)
 
-    def _sum(self, comm, out, t: int, slots: torch.Tensor) -> torch.Tensor:
+    def _sum(self, comm, out, t: int, slots: np.ndarray) -> torch.Tensor:
         """[sum_r a_r m_r | every rank's row]: this rank's part formed and allreduced."""
         d, weight = comm.d, self.weights[self.rank]
         comm.nonfinite_sum = False
         if out is not None and out.stream is not None:   # the overlap: bucket by bucket
-            return comm.bucketed([Use(self.rank, t, t, weight)], tail=slots)
+            return comm.bucketed([Use(self.rank, t, t, weight)], tail=torch.from_numpy(slots))
         packed = out.packed if out is not None else None
         if (packed is not None and packed.numel() == d + self.tail
                 and out.payload.data_ptr() == packed.data_ptr() and out.payload.numel() == d):
@@ -152,7 +160,7 @@ class SumRows:
             buf = comm.pool.get(d + self.tail)
             comm.codec.add_weighted(buf[:d], [out.payload] if out is not None else [],
                                     [weight] if out is not None else [])
-        buf[d:].copy_(slots)
+        buf[d:].copy_(torch.from_numpy(slots))
         comm.coll.allreduce_sum_(buf, "sum")
         return buf
 

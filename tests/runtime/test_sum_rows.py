@@ -46,7 +46,7 @@ def test_a_row_split_into_float32_words_survives_a_sum_with_zeros_bit_for_bit():
     special = torch.tensor([time.time(), 1.7e9 + 1e-6, 12345.0, -1.0, 0.0, 1.0 / 3, 2.0 ** 60,
                             1e-20, -7.25e20, math.pi], dtype=torch.float64)
     x = torch.cat([words, special])
-    sent = split_rows(x)
+    sent = torch.from_numpy(split_rows(x))
     assert sent.dtype == torch.float32 and sent.numel() == PIECES * x.numel()
     summed = sent + torch.zeros_like(sent) + torch.zeros_like(sent)   # the others' zeros
     back = torch.tensor(join_rows(summed, 1, x.numel())[0], dtype=torch.float64)
@@ -67,7 +67,8 @@ def test_n_slots_of_a_sum_are_every_ranks_row():
     total = torch.zeros(n * PIECES * length)
     for w in range(n):          # each rank fills its own slot, zeros elsewhere
         mine = torch.zeros_like(total)
-        mine[w * PIECES * length: (w + 1) * PIECES * length] = split_rows(rows[w])
+        mine[w * PIECES * length: (w + 1) * PIECES * length] = torch.from_numpy(
+            split_rows(rows[w]))
         total += mine
     assert torch.equal(torch.tensor(join_rows(total, n, length), dtype=torch.float64), rows)
 
