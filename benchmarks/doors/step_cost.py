@@ -3,7 +3,7 @@
 
     GLOO_SOCKET_IFNAME=lo torchrun --standalone --nproc-per-node 4 benchmarks/doors/step_cost.py \
         [--model lenet|resnet18] [--compute 0.0] [--steps 60] [--warmup 10] [--doors ddp,dgd,pgc-cr]
-        [--control log] [--profile]
+        [--control log] [--profile] [--rounds 1] [--interleave]
 
 A door ``SCHEME+overlap`` runs the door with ``overlap=True`` (the default on the CPU is off),
 ``SCHEME+serial`` with ``overlap=False`` (the message formed and sent at
@@ -16,7 +16,13 @@ of the DDP tutorial's loop on random data (LeNet-5 on 28x28 inputs, batch 32, d 
 torchvision's ResNet-18 on 2 images of 32x32, d = 11,689,512), sleeping ``--compute`` seconds
 per batch (emulated accelerator time). Prints rank 0's median and mean ms per step and the ratio
 to DDP's; ``--profile`` adds, for the door, where rank 0's step time goes (forward, backward,
-``optimizer.step()``) as medians in ms.
+``optimizer.step()``) as medians in ms. ``--rounds R`` runs the doors' sequence R times (each
+round a fresh model per door), so a load that changes during the launch falls on every door
+alike; the table pools the R rounds' steps and a second one gives each round's median / DDP's.
+``--interleave`` builds every door of a round first and runs one step of each in turn, so that
+a machine shared with other jobs loads every door alike, step by step (an idle door's agent
+thread waits without polling on the s = 0 path; on the control plane a follower's waits in the
+outcome's broadcast, polled every millisecond at most, a small load on the others' steps).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ def main() -> None:
     p.add_argument("--doors", default="ddp,dgd,pgc-cr")
     p.add_argument("--control", default=None)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--interleave", action="store_true")
     args = p.parse_args()
 
     import torch
@@ -67,8 +75,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     N = n * batch * (total + 2)
     ds = TensorDataset(torch.randn(N, *shape, generator=g), torch.randint(0, 10, (N,), generator=g))
-    results = {}
-    for k, door in enumerate(args.doors.split(",")):
+    def make(door: str, k: int) -> dict:
+        """One door's model, optimizer and batches (a fresh model, the same seed)."""
         torch.manual_seed(0)
         model = build()
         if door == "ddp":
@@ -87,28 +95,49 @@ def main() -> None:
             opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.01,
                                                               momentum=0.9))
         loader = DataLoader(ds, batch_size=batch, sampler=sampler)
-        times, parts = [], []
-        dist.barrier()
-        it = iter(loader)
-        for step in range(total):
-            xb, yb = next(it)
-            t0 = time.perf_counter()
-            time.sleep(args.compute)
-            opt.zero_grad()
-            out = model(xb)
-            loss = F.cross_entropy(out, yb)
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            opt.step()
-            t3 = time.perf_counter()
-            if step >= args.warmup:
-                times.append(t3 - t0)
-                parts.append((t1 - t0 - args.compute, t2 - t1, t3 - t2))
-        if hasattr(opt, "close"):
-            opt.close()
-        dist.barrier()
-        results[door] = (times, parts)
+        return {"door": door, "model": model, "opt": opt, "it": iter(loader), "times": [],
+                "parts": []}
+
+    def one(st: dict, step: int) -> None:
+        model, opt = st["model"], st["opt"]
+        xb, yb = next(st["it"])
+        t0 = time.perf_counter()
+        time.sleep(args.compute)
+        opt.zero_grad()
+        out = model(xb)
+        loss = F.cross_entropy(out, yb)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        if step >= args.warmup:
+            st["times"].append(t3 - t0)
+            st["parts"].append((t1 - t0 - args.compute, t2 - t1, t3 - t2))
+
+    results = {}
+    per_round = []
+    doors = args.doors.split(",")
+    for r in range(args.rounds):
+        # --interleave: every door built, then one step of each in turn (a load that changes
+        # falls on every door alike, step by step); else each door's steps in a row
+        groups = ([list(enumerate(doors))] if args.interleave
+                  else [[(k, door)] for k, door in enumerate(doors)])
+        for group in groups:
+            states = [make(door, k + len(doors) * r) for k, door in group]
+            dist.barrier()
+            for step in range(total):
+                for st in states:
+                    one(st, step)
+            for st in states:
+                if hasattr(st["opt"], "close"):
+                    st["opt"].close()
+            dist.barrier()
+            for st in states:
+                got = results.setdefault(st["door"], ([], []))
+                got[0].extend(st["times"])
+                got[1].extend(st["parts"])
+                per_round.append((r, st["door"], statistics.median(st["times"])))
     if rank == 0:
         d = sum(p.numel() for p in build().parameters())
         print(f"{n} ranks, {args.model} (d = {d:,}), batch {batch}, compute {args.compute} s, "
@@ -125,6 +154,12 @@ def main() -> None:
                 row += "".join(f" {1e3 * statistics.median(p[i] for p in parts):.1f} |"
                                for i in range(3))
             print(row, flush=True)
+        if args.rounds > 1 and "ddp" in results:
+            print("\nper round, median / DDP's: " + "; ".join(
+                f"{door} " + " ".join(f"{med / ddp:.2f}" for rr, dd, med in per_round
+                                      if dd == door
+                                      for r2, d2, ddp in per_round if r2 == rr and d2 == "ddp")
+                for door in results if door != "ddp"), flush=True)
     dist.destroy_process_group()
 
 

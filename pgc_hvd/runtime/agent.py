@@ -30,7 +30,8 @@ it queues a :class:`Report` of each decided step, which the training thread turn
   it waits for.
 * ``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds; a rank appends its
   row where an event happens, rank 0 decides on the log and broadcasts each outcome's rows,
-  the others run the same decision body on them (4 control operations per follower per step).
+  the others run the same decision body on them (4 control operations per follower per step);
+  with s = 0 (``rows_in_sum``) not even that: the rows ride in the data allreduce (sum_rows).
 * Replay (``replay=[(worker, step), ...]``, a simulator's arrival log): arrivals are offered in
   that order while it lasts, so a real run takes the simulated run's decisions (the twin test).
 
@@ -38,7 +39,8 @@ Threads: the agent thread (its loop, :meth:`CommAgent.fire`); the training threa
 handoff's members (``submit``, ``wait_for``, ``take``, ``release_before``, ``leave``, ...).
 May import: ``compress``, ``schemes``, ``runtime.agent_life`` (its base class),
 ``runtime.channel``, ``runtime.communicator`` (``Collectives`` and the data plane),
-``runtime.errors``, ``runtime.rows``, ``runtime.control_log`` (``control="log"``).
+``runtime.errors``, ``runtime.rows``, ``runtime.control_log`` (``control="log"``),
+``runtime.sum_rows`` (the s = 0 path: rows in the data allreduce).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from pgc_hvd.runtime.channel import control_channel
 from pgc_hvd.runtime.communicator import Collectives, Communicator
 from pgc_hvd.runtime.rows import (CTRL_BUSY, END, IDLE, WAIT, ArrivalBook, Decider, ctrl_len,
                                   metrics_at, pack_row)
+from pgc_hvd.runtime.sum_rows import SumRows
 from pgc_hvd.schemes import Decision
 
 __all__ = ["AgentError", "CommAgent", "Outgoing", "Report", "Update"]
@@ -279,7 +282,8 @@ class CommAgent(AgentLife):
                  reports: bool = False, name: str = "pgc",
                  replay: Optional[list] = None, optimistic: bool = False,
                  control: str = "allgather", channel=None,
-                 metrics: int = 0, narrow_reduce: str = "auto", buckets=None):
+                 metrics: int = 0, narrow_reduce: str = "auto", buckets=None,
+                 rows_in_sum: bool = False):
         self.hvd = hvd
         self.scheme = scheme
         self.rank = int(rank)
@@ -337,8 +341,10 @@ class CommAgent(AgentLife):
             raise ValueError("control='store' exchanges control rows through a key-value "
                              "store, which cannot carry payloads: leave optimistic unset")
         self.channel = channel
+        #: the s = 0 path (runtime.sum_rows): rows ride in the data allreduce, no control round
+        self.sum_rows = SumRows(scheme, self.rank, self.ctrl_len) if rows_in_sum else None
         # control='log': rows are appended where events happen, decisions read (control_log)
-        self._log = getattr(channel, "kind", None) == "log"
+        self._log = getattr(channel, "kind", None) == "log" and self.sum_rows is None
         self._ops_prev = 0     # the channel's control operations at the previous decision
         self.optimistic = bool(channel.carries_payloads)
         # can a message for a past step still be used (bounded staleness table)?
@@ -354,8 +360,9 @@ class CommAgent(AgentLife):
         payload (``width`` floats, a view of ``packed``) and submits ``Outgoing(...,
         packed=packed)``; the agent fills the control words in front when it sends."""
         head = 2 * self.ctrl_len if self.optimistic else 0
-        packed = self.pool.get(head + self.width)
-        return packed, (packed[head:] if head else packed)
+        tail = self.sum_rows.tail if self.sum_rows is not None else 0   # its row slots
+        packed = self.pool.get(head + self.width + tail)
+        return packed, (packed[head: head + self.width] if head or tail else packed)
 
     def submit(self, out: Outgoing, busy_total: float) -> None:
         """This rank's message (into the outbox; control='log': its row appended)."""
@@ -374,7 +381,7 @@ class CommAgent(AgentLife):
         """Block until the update of ``step`` is decided (or raise the agent's error)."""
         limit = self.timeout if timeout is None else timeout
         # control='log': the decider's verdict on a missing rank comes first (it names it)
-        deadline = time.monotonic() + limit + (self.channel.grace if self._log else 0.0)
+        deadline = time.monotonic() + limit + getattr(self.channel, "grace", 0.0)
         if not self.handoff.wait_decided(step, deadline):
             raise AgentError(self._not_decided(step, limit))
         self._raise_if_failed()
@@ -434,15 +441,16 @@ class CommAgent(AgentLife):
         return self.decider.control_rounds
 
     # -- agent thread --------------------------------------------------------
-    def fire(self, decision: Decision, ctl) -> None:
+    def fire(self, decision: Decision, ctl, summed: Optional[torch.Tensor] = None) -> None:
         """A decided step: the data phase, its report and update handed over, the next round
         opened (the control plane calls it with the rows that decided: the polled loop,
-        :func:`~pgc_hvd.runtime.control_log.log_loop`)."""
+        :func:`~pgc_hvd.runtime.control_log.log_loop`; the s = 0 path with the update
+        ``summed`` already)."""
         n, dec = self.n, self.decider
         busy = [ctl[w][CTRL_BUSY] for w in range(n)]
         self.coll.step = self.step
         try:
-            update = self._data_phase(decision, dec.step_start)
+            update = self._data_phase(decision, dec.step_start, summed)
         except AgentError as err:
             if not self._log or not self.census:
                 raise
@@ -457,7 +465,6 @@ class CommAgent(AgentLife):
                                if self.handoff.reports else None)
         dec.step_start = update.time
         dec.next_round()
-
 
     def _control_row(self) -> tuple[torch.Tensor, Optional[Outgoing]]:
         """This rank's control row (:func:`~pgc_hvd.runtime.rows.pack_row`) and, when its
@@ -521,6 +528,8 @@ class CommAgent(AgentLife):
         return row
 
     def _loop(self) -> None:
+        if self.sum_rows is not None:   # s = 0: the data allreduce carries the rows
+            return self.sum_rows.loop(self)
         if self._log:   # one decider, every other rank follows its published rows
             from pgc_hvd.runtime.control_log import log_loop
             return log_loop(self.decider, self.channel, self.fire, timeout=self.timeout,
@@ -544,7 +553,8 @@ class CommAgent(AgentLife):
         """This rank's message of ``step`` (the communicator reads own payloads here)."""
         return self.handoff.own(step)
 
-    def _data_phase(self, decision: Decision, step_start: float) -> Update:
+    def _data_phase(self, decision: Decision, step_start: float,
+                    summed: Optional[torch.Tensor] = None) -> Update:
         """The decision's update through the data plane (:class:`~pgc_hvd.runtime.
         communicator.Communicator`), then this rank's outbox pruned (the buffers of the
         messages no decision needs any more are recycled) and the update's ``info`` from the
@@ -554,7 +564,9 @@ class CommAgent(AgentLife):
         keep = self.scheme.retained()
         comm = self.comm
         offered = self.book.offered
-        flat, kind, fallback, uses = comm.combine(decision, keep, offered)
+        flat, kind, fallback, uses = (comm.combine(decision, keep, offered) if summed is None else
+                                      (summed, "allreduce", False,
+                                       sorted(decision.uses, key=lambda u: (u.worker, u.step))))
         now = time.time()
         self.handoff.prune(self.rank, offered, keep)
         data_seconds = time.perf_counter() - t_data

@@ -9,7 +9,7 @@ weighted contribution sum_{u owned} a_u D(p_u), the allreduce (fp32, or fp16 wit
 decode in (worker, step) order, the bytes received, and the recycled buffers
 (:class:`BufferPool`). This rank's own messages are read through ``own(step)``
 (the agent's outbox: the handoff is the agent's). With the overlap (:mod:`pgc_hvd.runtime.
-overlap`) a dense fp32 sum moves bucket by bucket (:meth:`Communicator._bucketed`), and a
+overlap`) a dense fp32 sum moves bucket by bucket (:meth:`Communicator.bucketed`), and a
 message still being formed by the training thread is a :class:`Stream` (which of its buckets
 are ready: the one object both threads touch for it, through its condition variable).
 
@@ -48,6 +48,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -292,6 +293,7 @@ class BufferPool:
     def __init__(self, device, keep: int = 4):
         self.device, self.keep = device, int(keep)
         self._free: dict[tuple, list] = {}   # (numel, dtype) -> free buffers
+        self._lent = weakref.WeakValueDictionary()   # id -> every buffer it made, while alive
         self._lock = threading.Lock()
 
     def get(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -299,7 +301,9 @@ class BufferPool:
             free = self._free.get((int(numel), dtype))
             if free:
                 return free.pop()
-        return torch.empty(int(numel), dtype=dtype, device=self.device)
+        buf = torch.empty(int(numel), dtype=dtype, device=self.device)
+        self._lent[id(buf)] = buf
+        return buf
 
     @property
     def free_buffers(self) -> int:
@@ -308,6 +312,9 @@ class BufferPool:
             return sum(len(v) for v in self._free.values())
 
     def put(self, buf: Optional[torch.Tensor]) -> None:
+        if (buf is not None and buf._base is not None and buf.storage_offset() == 0
+                and self._lent.get(id(buf._base)) is buf._base):
+            buf = buf._base   # the head of one it lent (the s = 0 path's update: [d | rows])
         if buf is None or buf._base is not None or not buf.is_contiguous():
             return   # views are not ours to recycle
         with self._lock:
@@ -420,7 +427,7 @@ class Communicator:
         if kind == "allreduce":
             mine = [u for u in missing if u.worker == self.rank]
             if self.buckets is not None and codec.wire_dtype == torch.float32:
-                flat = self._bucketed(mine)
+                flat = self.bucketed(mine)
                 self.bytes_since += int(allreduce_bytes(self.n, self.d))
             elif codec.wire_dtype == torch.float32:
                 flat = self._contribution(mine, keep)
@@ -463,12 +470,15 @@ class Communicator:
         out, self.bytes_since = int(self.bytes_since), 0
         return out
 
-    def _bucketed(self, mine: list) -> torch.Tensor:
+    def bucketed(self, mine: list, tail: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The sum of the contributions bucket by bucket (:mod:`pgc_hvd.runtime.overlap`): one
         allreduce per bucket in bucket order, this rank's bucket k = sum_{u owned} a_u times
         bucket k of its message, waited for while the training thread still forms it (a
-        streamed message), zeros when it owns no use."""
-        flat = self.pool.get(self.d)
+        streamed message), zeros when it owns no use. ``tail`` (the s = 0 path's row slots,
+        :mod:`pgc_hvd.runtime.sum_rows`) follows the d-vector and rides with the bucket that
+        ends it."""
+        d = self.d
+        flat = self.pool.get(d + (0 if tail is None else tail.numel()))
         outs = [self._own(u.step) for u in mine]
         weights = [u.weight for u in mine]
         for k, (lo, hi) in enumerate(self.buckets.ranges):
@@ -478,10 +488,13 @@ class Communicator:
                                     stop=self.stop)
             seg = self.codec.add_weighted(flat[lo:hi], [out.payload[lo:hi] for out in outs],
                                           weights)
+            if hi == d and tail is not None:
+                flat[d:].copy_(tail)
+                seg = flat[lo:]
             self.coll.allreduce_sum_(seg, "sum")
         # a used message that held NaN/Inf left before its check: the sum shows it, the same
         # bits on every rank (the step then applies nothing: runtime.overlap)
-        self.nonfinite_sum = not all_finite(flat)
+        self.nonfinite_sum = not all_finite(flat[:d])
         return flat
 
     def _contribution(self, mine: list, keep: set) -> torch.Tensor:

@@ -294,6 +294,19 @@ class RuntimeConfig:
                 and not optimistic and not scheme.late_usable and not self.cancel
                 and not self.replay_arrivals and not complex_code)
 
+    def rows_in_sum(self, scheme, codec, *, optimistic: bool, complex_code: bool) -> bool:
+        """Whether a step needs no control round (:mod:`pgc_hvd.runtime.sum_rows`, the s = 0
+        path): the scheme waits for every rank and its decision is known before any row
+        (:meth:`~pgc_hvd.schemes.protocol.Scheme.full_round_weights`: dgd, any scheme with
+        s = 0, where ``stragglers="auto"`` starts), on the default control plane (whose store
+        names a dead or hung rank), with dense fp32 messages summed by one allreduce (not
+        top-kappa, not the fp16 wire, no payload riding with the rows, real coefficients) and
+        no replayed arrivals. The same on every rank (it follows from fields compared at
+        construction); a re-plan to s >= 1 builds an agent on the control plane, and back."""
+        return (self.control == "log" and not optimistic and not codec.sparse
+                and codec.wire_dtype == torch.float32 and not complex_code
+                and not self.replay_arrivals and scheme.full_round_weights() is not None)
+
     @property
     def cancel(self) -> bool:
         """``straggler_policy="cancel"``."""

@@ -77,7 +77,9 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
                       device=layout.device, timeout=config.timeout,
                       poll_interval=config.poll_interval, reports=reports, name=name,
                       replay=replay, optimistic=optimistic, control=config.control,
-                      metrics=len(config.metrics), buckets=capture.buckets)
+                      metrics=len(config.metrics), buckets=capture.buckets,
+                      rows_in_sum=config.rows_in_sum(scheme, encoder.codec, optimistic=optimistic,
+                                                     complex_code=ring.complex))
     if on_decided is not None:
         agent.on_decided = on_decided
     # the step: version, plan, clock, message, update (the capture asks it for the plan)

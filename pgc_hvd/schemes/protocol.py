@@ -413,6 +413,21 @@ class Scheme(SchemeChecks):
                 return d
         return rnd.poll()
 
+    def full_round_weights(self) -> Optional[dict]:
+        """worker -> weight of the decision that every step takes when it waits for all n
+        workers (``wait_for == n``, no late message usable) and uses each one's message of
+        the step, whatever their order: known before any arrival (the runtime's s = 0 path
+        sums with it, ``runtime/sum_rows.py``); None for any other scheme."""
+        if self.wait_for != self.n or self.late_usable:
+            return None
+        full = [(w, 1) for w in range(self.n)]
+        got = [self.decide(1, [Arrival(w, 1, error_norm=0.0) for w in ws])
+               for ws in (range(self.n), range(self.n - 1, -1, -1))]
+        if any(g is None or sorted((u.worker, u.step) for u in g.uses) != full for g in got):
+            return None
+        weights = [{u.worker: u.weight for u in g.uses} for g in got]
+        return weights[0] if weights[0] == weights[1] else None
+
     # -- diagnostics --------------------------------------------------------
     def message_row(self, worker: int, step: int) -> np.ndarray:
         """Row of coefficients (over partitions) of worker's message at step: its

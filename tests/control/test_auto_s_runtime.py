@@ -117,9 +117,12 @@ def test_auto_switch_at_np3_ends_with_identical_parameters(engine, request):
     (the same switches everywhere, the records say why), the re-planned run reaches the same
     version with identical parameters (cross-rank hash); auto with s_max > n - 1 and a fixed
     s > n - 1 are refused on every rank before any collective (the ranks go on without a
-    hang)."""
+    hang). And back: from s = 1, no straggler at first, s falls to 0 at step 4 (those steps run
+    no control round: the rows ride in the data allreduce, records' control_ops 0) and rises
+    to 1 again at step 12 when a rank turns slow, identical parameters at the end."""
     proc = request.getfixturevalue("hvd3" if engine == "horovodrun" else "torch3").ran(
         "auto-switch")
     got = passed(proc.stdout)
-    for name in ("auto_refused_before_any_collective", "auto_switch_identical_parameters"):
+    for name in ("auto_refused_before_any_collective", "auto_switch_identical_parameters",
+                 "auto_switch_to_s0_and_back"):
         assert got.get(name) == [0, 1, 2], (name, proc.stdout[-3000:], proc.stderr[-3000:])

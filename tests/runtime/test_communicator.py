@@ -321,6 +321,11 @@ def test_buffer_pool_recycles_by_size_and_dtype_and_keeps_at_most_keep():
     pool.put(torch.zeros(5, 4).t())                                 # not contiguous
     pool.put(None)
     assert pool.free_buffers == 2
+    head = pool.get(30)
+    pool.put(head[:20])              # the head of one it lent (the s = 0 path's update)
+    assert pool.free_buffers == 3 and pool.get(30).data_ptr() == head.data_ptr()
+    pool.put(pool.get(30)[5:])       # not its head: not taken
+    assert pool.free_buffers == 2
 
 
 def test_narrow_reduce_is_checked():

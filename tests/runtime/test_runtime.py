@@ -118,10 +118,13 @@ def test_log_control_exact_np3(hvd3):
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("mode,who", [("dead-log", "2"), ("hung-log", "2"),
-                                      ("dead-log-decider", "0")])
+                                      ("dead-log-decider", "0"), ("dead-sum", "2"),
+                                      ("hung-sum", "2"), ("dead-sum-0", "0")])
 def test_log_control_names_dead_or_hung_rank(horovodrun, mode, who):
     """control="log": a dead rank, a frozen rank (SIGSTOP) and a dead decider (rank 0) stop the
-    others with the rank named."""
+    others with the rank named; ``*-sum``: the same under dgd, whose steps run no control round
+    (the rows ride in the data allreduce, runtime/sum_rows.py): the allreduce fails or times
+    out and the census over the control store names the rank (rank 0: the store is gone)."""
     proc = horovodrun(3, SCRIPT, mode, timeout=120, check=False)
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr

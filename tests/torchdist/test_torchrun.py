@@ -119,10 +119,11 @@ def test_small_np3_config_errors_exact_checkpoint(torch3):
     runtime_tests.assert_small(torch3.ran("small"))
 
 
-# The faults on the torch engine: a dead rank and a frozen process, whose detection goes through
-# the engine's own collectives and its record of the ranks' pids. Which control plane a fault
-# meets, and a hung training thread beside a live agent, are the runtime's logic, the same on
-# both engines: tests/runtime/test_runtime.py runs them under horovodrun, and the DDP door's
+# The faults on the torch engine: a dead rank (named with its pid, from the engine's record of
+# the ranks' processes) and a frozen one on the default plane, whose detection goes through the
+# engine's own collectives. Which control plane a fault meets (allgather, store, log, the s = 0
+# path), and a hung training thread beside a live agent, are the runtime's logic, the same on
+# both engines: tests/runtime/test_runtime.py runs each under horovodrun, and the DDP door's
 # dead-rank tests (tests/ddp/) run the default control plane on this engine.
 @pytest.mark.multirank
 def test_dead_rank_stops_others_with_clear_error(torchrun):
@@ -136,8 +137,14 @@ def test_dead_rank_stops_others_with_clear_error(torchrun):
 
 
 @pytest.mark.multirank
-def test_hung_rank_stops_others_with_clear_error(torchrun):
-    runtime_tests.test_hung_rank_stops_others_with_clear_error(torchrun, "process")
+def test_hung_rank_under_dgd_is_named_by_the_census(torchrun):
+    """dgd on the default plane (the s = 0 path: no control round) with rank 2 frozen: the
+    others' allreduce times out and the census names it."""
+    proc = torchrun(3, SCRIPT, "hung-sum", timeout=120, check=False)
+    clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
+    assert len(clear) == 2, proc.stdout + proc.stderr
+    assert all("rank(s) [2]" in l and "died or hung" in l for l in clear), clear
+    assert "NO-ERROR" not in proc.stdout
 
 
 @pytest.mark.multirank

@@ -9,7 +9,12 @@
 2. a switch: pgc-cr from s = 0, one rank persistently slow (``slow:worker=n-1``): the rule
    raises s at its first boundary (step 4) on every rank at the same version, the optimizer
    re-plans (code, ring, agent) and trains on; every rank saw the same switches, every loop
-   ends at the same version with identical parameters (cross-rank hash).
+   ends at the same version with identical parameters (cross-rank hash);
+3. and back: pgc-cr from s = 1 on the control plane, no straggler at first and a heavy
+   staleness cost: s goes to 0 at step 4, whose steps run no control round (the rows ride in
+   the data allreduce, runtime/sum_rows.py; records' control_ops 0), then a rank turns slow
+   (transient from step 10) and s goes back to 1 (the control plane) at step 12, the rows of
+   the s = 0 steps having fed the rule; identical parameters at the end.
 
 Checks print "CHECK <name> ok rank=<r>".
 """
@@ -89,12 +94,42 @@ def switch(n: int, steps: int) -> None:
     ok("auto_switch_identical_parameters")
 
 
+def switch_back(n: int, steps: int = 16) -> None:
+    import time
+    m = model()
+    loader = data(n)
+    records, modes = [], {}
+    opt = pgc_hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+        named_parameters=m.named_parameters(), scheme="pgc-cr", stragglers="auto",
+        auto={"s_start": 1, "s_max": 1, "first": 4, "every": 4, "cooldown": 4, "window": 6,
+              "staleness_cost": 2.0},
+        delays=f"transient:n={n},count=1,delay=0.3,start=10,stop=1000", timeout=60,
+        name="autoback", on_record=records.append if hvd.rank() == 0 else None)
+    while opt.version < steps:
+        modes[opt.version] = (opt.scheme.s, opt.agent.sum_rows is not None)
+        for xb, yb in opt.batches(loader):
+            F.cross_entropy(m(xb), yb).backward()
+            time.sleep(0.03)            # every rank computes: tau, not a delay
+        opt.step()
+    sw = [(d["step"], d["old_s"], d["new_s"]) for d in opt.auto_stragglers.switches]
+    assert sw == [(4, 1, 0), (12, 0, 1)], sw
+    assert all(modes[v] == ((0, True) if 4 <= v < 12 else (1, False)) for v in modes), modes
+    opt.close()
+    same_on_all_ranks(m, "autoback")
+    if hvd.rank() == 0:
+        ops = [r.extra["control_ops"] for r in records]
+        assert ops[5:12] == [0] * 7 and all(o > 0 for o in ops[1:4] + ops[13:15]), ops
+    ok("auto_switch_to_s0_and_back")
+
+
 def main() -> None:
     if not hvd.is_initialized():
         hvd.init()
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 16
     refusals(hvd.size())
     switch(hvd.size(), steps)
+    switch_back(hvd.size())
 
 
 if __name__ == "__main__":

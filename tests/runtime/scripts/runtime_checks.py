@@ -7,6 +7,8 @@ environment, pgc_hvd.engine()): checks of the pgc_hvd runtime.
     python runtime_checks.py dead     # -np 3: rank 2 dies, the others stop with a clear error
     python runtime_checks.py hung-process  # -np 3: rank 2 freezes (SIGSTOP), likewise
     python runtime_checks.py hung-thread   # -np 3: rank 2's training thread hangs under dgd
+    python runtime_checks.py dead-sum | dead-sum-0 | hung-sum   # -np 3: rank 2 (0) dies or
+                                      #   freezes under dgd on the default plane (s = 0 path)
 
 Each check prints "CHECK <name> ok rank=<r>"; a failure raises (non-zero exit).
 """
@@ -362,13 +364,16 @@ def check_staleness_bound():
     ok("staleness_bound")
 
 
-def check_dead_rank(control="allgather", dead=2):
+def check_dead_rank(control="allgather", dead=2, scheme="pgc-cr", s=1):
+    """Rank ``dead`` exits at version 3; the others must stop with a clear error. dgd (s = 0)
+    on the default plane: no control round, the data allreduce fails (runtime/sum_rows.py)."""
     r = hvd.rank()
     m = model()
     loader = data(hvd.size())
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                       m.named_parameters(), scheme="pgc-cr", stragglers=1,
+                                       m.named_parameters(), scheme=scheme, stragglers=s,
                                        timeout=5, name="dead", control=control)
+    assert (opt.agent.sum_rows is not None) == (s == 0 and control == "log")
     t0 = time.time()
     try:
         while opt.version < 50:
@@ -447,7 +452,7 @@ def check_log(scheme, delay=0.6, steps=8, compute=0.0, max_ops=5):
     ok(f"log_{scheme}_{compute}")
 
 
-def check_hung_rank(kind, control="allgather"):
+def check_hung_rank(kind, control="allgather", scheme=None):
     """Rank 2 hangs at step 3 without dying. ``process``: the whole process is frozen (SIGSTOP:
     its agent thread no longer answers collectives either) under pgc-cr; ``thread``: only its
     training thread hangs (its agent keeps serving) under dgd, which must wait for every rank.
@@ -461,7 +466,7 @@ def check_hung_rank(kind, control="allgather"):
     m = model()
     loader = data(hvd.size())
     timeout = 5.0
-    scheme, s = ("pgc-cr", 1) if kind == "process" else ("dgd", 0)
+    scheme, s = (scheme, 0) if scheme else ("pgc-cr", 1) if kind == "process" else ("dgd", 0)
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                        m.named_parameters(), scheme=scheme, stragglers=s,
                                        timeout=timeout, name=f"hung-{kind}", control=control)
@@ -533,6 +538,12 @@ def main():
         check_dead_rank("log", dead=0)
     elif mode == "hung-log":
         check_hung_rank("process", control="log")
+    elif mode == "dead-sum":       # dgd on the default plane: the s = 0 path (sum_rows)
+        check_dead_rank("log", scheme="dgd", s=0)
+    elif mode == "dead-sum-0":
+        check_dead_rank("log", dead=0, scheme="dgd", s=0)
+    elif mode == "hung-sum":
+        check_hung_rank("process", control="log", scheme="dgd")
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(f"ALL OK rank={hvd.rank()}", flush=True)
