@@ -294,8 +294,7 @@ class Rank:
                          param_groups=self.opt.param_groups,
                          on_update=lambda t, flat: self.seen.append((t, flat.clone())))
         self.capture.attach()
-        self.agent.start()
-        self.step.started = True
+        self.step.start()
 
     def loss(self, seed):
         g = torch.Generator().manual_seed(seed)
