@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pgc_hvd.compress.codecs import all_finite, allreduce_bytes
+from pgc_hvd.compress.codecs import allreduce_bytes
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.rows import CTRL_BAD_STEP, CTRL_DONE, END
 from pgc_hvd.schemes import Decision, Use
