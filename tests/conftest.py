@@ -352,6 +352,85 @@ hvd2, hvd3, hvd4 = (_group_fixture("horovodrun", n) for n in (2, 3, 4))
 torch2, torch3, torch4 = (_group_fixture("torchrun", n) for n in (2, 3, 4))
 
 
+#: how many fault launches run at once (:func:`fault_launches`): they spend much of their time
+#: waiting for a timeout to name a rank, so two overlap on 2 cores
+FAULT_CONCURRENCY = 2
+
+
+@pytest.fixture(scope="session")
+def fault_launches(tmp_path_factory):
+    """``fault_launches(request, key)``: the CompletedProcess of the requesting module's fault
+    launch ``key`` (its exit status not checked), one of the session's fault launches run
+    side by side.
+
+    A run that kills or hangs a rank, or stops every rank with an error, keeps a launch of its
+    own (it cannot be an entry of :func:`launch_group`'s shared launch), and most of its time
+    is spent waiting for a timeout to name the rank: so the first test that asks starts every
+    selected module's fault launches, ``FAULT_CONCURRENCY`` at a time, and later tests read
+    their result. A module lists them in ``FAULT_LAUNCHES = [(launcher, np, key, test_name,
+    script, args), ...]`` (``launcher`` ``"horovodrun"`` or ``"torchrun"``; ``args`` as the
+    script's command line; each launch in a folder of its own, 180 s at most)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    results: dict = {}
+    started: list = []
+
+    def start(session):
+        started.append(True)
+        wanted, modules = set(), []
+        for item in session.items:
+            mod = getattr(item, "module", None)
+            if mod is None:
+                continue
+            wanted.add((mod.__name__, getattr(item, "originalname", item.name)))
+            if mod not in modules:
+                modules.append(mod)
+        jobs = []
+        for mod in modules:
+            for launcher, np_, key, test, script, args in getattr(mod, "FAULT_LAUNCHES", ()):
+                if (mod.__name__, test) not in wanted:
+                    continue
+                tmp = tmp_path_factory.mktemp(f"fault-{key}")
+                make = _horovodrun_launcher if launcher == "horovodrun" else _torchrun_launcher
+                try:
+                    run = make(tmp)
+                except pytest.skip.Exception as why:   # e.g. horovod not installed
+                    results[mod.__name__, key] = f"skip:{why}"
+                    continue
+                jobs.append(((mod.__name__, key), run, np_, script, args))
+
+        def one(job):
+            name, run, np_, script, args = job
+            try:
+                return name, run(np_, script, *args, timeout=180, check=False)
+            except subprocess.TimeoutExpired as err:
+                return name, f"fail:the fault launch {name[1]!r} timed out: {err}\n{err.output}"
+
+        with ThreadPoolExecutor(max_workers=FAULT_CONCURRENCY) as pool:
+            results.update(pool.map(one, jobs))
+
+    def get(request, key):
+        if not started:
+            start(request.session)
+        name = (request.module.__name__, key)
+        if name not in results:
+            pytest.fail(f"fault launch {key!r} is not in {request.module.__name__}'s "
+                        f"FAULT_LAUNCHES (or its test was not selected)")
+        res = results[name]
+        if isinstance(res, str):
+            (pytest.skip if res.startswith("skip:") else pytest.fail)(res.split(":", 1)[1])
+        return res
+
+    return get
+
+
+@pytest.fixture
+def fault(fault_launches, request):
+    """``fault(key)``: the CompletedProcess of this module's fault launch ``key``
+    (:func:`fault_launches`)."""
+    return lambda key: fault_launches(request, key)
+
+
 @pytest.fixture
 def usage_error(capsys):
     """``usage_error(main, argv)``: runs a command-line ``main`` that must stop with an argparse

@@ -11,6 +11,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TUTORIAL = ROOT / "launch" / "ddp_tutorial.py"
 CHECKS = HERE / "ddp_checks.py"
+#: a rank that dies mid-run or before its first step: side by side with the other faults
+FAULT_LAUNCHES = [("torchrun", 3, m, "test_dead_rank_every_survivor_raises_agent_error_naming_it",
+                   CHECKS, [m]) for m in ("dead", "dead-first")]
 
 
 def _params(proc):
@@ -80,10 +83,10 @@ def test_ddp_door_habits_amp_compile_checkpoint(torchrun, tmp_path):
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("mode", ["dead", "dead-first"])
-def test_dead_rank_every_survivor_raises_agent_error_naming_it(torchrun, mode):
+def test_dead_rank_every_survivor_raises_agent_error_naming_it(fault, mode):
     """A rank that exits mid-run, or before its first step (the engine's groups not yet
     connected to it): every survivor raises AgentError naming it, within the timeout (8 s)."""
-    proc = torchrun(3, CHECKS, mode, timeout=120, check=False)
+    proc = fault(mode)
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
     assert all("rank 2 (pid" in l or "rank(s) [2]" in l for l in clear), clear

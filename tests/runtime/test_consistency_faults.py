@@ -1,8 +1,8 @@
 """Multi-rank tests of the consistency faults (each launches consistency_fault_checks.py under
 horovodrun): non-finite parameters on one rank, ranks that differ at close(), a rank that stops
 early, settings that must agree across ranks, fp16/bf16/fp64 models, a skipped backward. The two
-runs that end cleanly share one launch (``launch_group``); the runs that stop every rank have
-their own."""
+runs that end cleanly share one launch (``launch_group``); the runs that stop every rank have a
+launch each, run side by side with the other modules' (``FAULT_LAUNCHES``)."""
 
 import re
 from pathlib import Path
@@ -17,6 +17,14 @@ CLEAN = [("clean", "test_early_stop_catches_up_at_close_and_mixed_precision", SC
 
 
 LAUNCH_GROUPS = [("horovodrun", 3, CLEAN)]
+#: the runs that stop every rank: a launch each, side by side (conftest.fault_launches)
+FAULT_LAUNCHES = (
+    [("horovodrun", 3, f"nonfinite-{b}", "test_nonfinite_parameters_stop_every_rank_naming_rank_and_step",
+      SCRIPT, ["nonfinite", b]) for b in (0, 1)]
+    + [("horovodrun", 3, "diverged", "test_close_compares_parameters_across_ranks", SCRIPT,
+        ["diverged"]),
+       ("horovodrun", 3, "skipped", "test_skipped_backward_in_batches_is_refused", SCRIPT,
+        ["skipped"])])
 
 
 def _checks(proc):
@@ -35,10 +43,10 @@ def _clear_errors(proc, np_):
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("bad", [0, 1])
-def test_nonfinite_parameters_stop_every_rank_naming_rank_and_step(horovodrun, bad):
+def test_nonfinite_parameters_stop_every_rank_naming_rank_and_step(fault, bad):
     """A rank whose parameters became inf at step 10 stops the run on every rank; its own
     error names the parameter, every rank's error names the rank and the step."""
-    proc = horovodrun(3, SCRIPT, "nonfinite", bad, timeout=180, check=False)
+    proc = fault(f"nonfinite-{bad}")
     clear = _clear_errors(proc, 3)
     for r, msg in clear.items():
         assert f"rank {bad}" in msg and "step 10" in msg, (r, msg)
@@ -46,9 +54,9 @@ def test_nonfinite_parameters_stop_every_rank_naming_rank_and_step(horovodrun, b
 
 
 @pytest.mark.multirank
-def test_close_compares_parameters_across_ranks(horovodrun):
+def test_close_compares_parameters_across_ranks(fault):
     """Parameters that differ (finite) at close() raise on every rank, naming rank 2."""
-    proc = horovodrun(3, SCRIPT, "diverged", timeout=180, check=False)
+    proc = fault("diverged")
     clear = _clear_errors(proc, 3)
     for r, msg in clear.items():
         assert "ranks [2]" in msg and "differ" in msg, (r, msg)
@@ -77,10 +85,10 @@ def test_settings_that_must_agree_are_compared_and_named(hvd3):
 
 
 @pytest.mark.multirank
-def test_skipped_backward_in_batches_is_refused(horovodrun):
+def test_skipped_backward_in_batches_is_refused(fault):
     """A batches() body that skips backward is 'got no gradient' on that rank (not a
     zero gradient) and stops every rank."""
-    proc = horovodrun(3, SCRIPT, "skipped", timeout=180, check=False)
+    proc = fault("skipped")
     clear = _clear_errors(proc, 3)
     assert "got no gradient" in clear[1], clear[1]
     for r in (0, 2):

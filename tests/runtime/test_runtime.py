@@ -1,7 +1,7 @@
 """Multi-rank tests of the pgc_hvd runtime: runtime_checks.py, twin_checks.py and
 plane_checks.py under horovodrun. The runs that end cleanly share one launch per world size (the
-``launch_group`` fixture: np 4 and np 3); the runs that kill or hang a rank, and np 5, have their
-own."""
+``launch_group`` fixture: np 4 and np 3); the runs that kill or hang a rank have a launch
+each, run side by side with the other modules' (``FAULT_LAUNCHES``); np 5 has its own."""
 
 from pathlib import Path
 
@@ -27,6 +27,19 @@ NP3 = [("small", "test_small_np3_config_errors_exact_checkpoint", SCRIPT, ["smal
 
 
 LAUNCH_GROUPS = [("horovodrun", 4, NP4), ("horovodrun", 3, NP3)]
+
+DEAD = ["dead", "dead-store"]
+HUNG = ["process", "thread"]
+NAMED = [("dead-log", "2"), ("hung-log", "2"), ("dead-log-decider", "0"), ("dead-sum", "2"),
+         ("hung-sum", "2"), ("dead-sum-0", "0")]
+#: the runs that kill or freeze a rank: a launch each, run side by side (conftest.fault_launches)
+FAULT_LAUNCHES = (
+    [("horovodrun", 3, m, "test_dead_rank_stops_others_with_clear_error", SCRIPT, [m])
+     for m in DEAD]
+    + [("horovodrun", 3, f"hung-{k}", "test_hung_rank_stops_others_with_clear_error", SCRIPT,
+        [f"hung-{k}"]) for k in HUNG]
+    + [("horovodrun", 3, m, "test_log_control_names_dead_or_hung_rank", SCRIPT, [m])
+       for m, _ in NAMED])
 
 
 def _checks(proc, np_):
@@ -63,9 +76,9 @@ def assert_small(proc):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("mode", ["dead", "dead-store"])
-def test_dead_rank_stops_others_with_clear_error(horovodrun, mode):
-    proc = horovodrun(3, SCRIPT, mode, timeout=120, check=False)
+@pytest.mark.parametrize("mode", DEAD)
+def test_dead_rank_stops_others_with_clear_error(fault, mode):
+    proc = fault(mode)
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
     assert all("died" in l for l in clear), clear
@@ -73,13 +86,13 @@ def test_dead_rank_stops_others_with_clear_error(horovodrun, mode):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("kind", ["process", "thread"])
-def test_hung_rank_stops_others_with_clear_error(horovodrun, kind):
+@pytest.mark.parametrize("kind", HUNG)
+def test_hung_rank_stops_others_with_clear_error(fault, kind):
     """A rank that hangs without dying (whole process frozen under pgc-cr; only its training
     thread under dgd) makes the others stop with a clear error after the configured timeout
     (5 s) instead of hanging; the error names the rank the step waits for and says it is alive
     when its control rows kept coming, or that no control round completed when they did not."""
-    proc = horovodrun(3, SCRIPT, f"hung-{kind}", timeout=120, check=False)
+    proc = fault(f"hung-{kind}")
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
     assert {l.split("rank=")[1].split()[0] for l in clear} == {"0", "1"}
@@ -117,15 +130,13 @@ def test_log_control_exact_np3(hvd3):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("mode,who", [("dead-log", "2"), ("hung-log", "2"),
-                                      ("dead-log-decider", "0"), ("dead-sum", "2"),
-                                      ("hung-sum", "2"), ("dead-sum-0", "0")])
-def test_log_control_names_dead_or_hung_rank(horovodrun, mode, who):
+@pytest.mark.parametrize("mode,who", NAMED)
+def test_log_control_names_dead_or_hung_rank(fault, mode, who):
     """control="log": a dead rank, a frozen rank (SIGSTOP) and a dead decider (rank 0) stop the
     others with the rank named; ``*-sum``: the same under dgd, whose steps run no control round
     (the rows ride in the data allreduce, runtime/sum_rows.py): the allreduce fails or times
     out and the census over the control store names the rank (rank 0: the store is gone)."""
-    proc = horovodrun(3, SCRIPT, mode, timeout=120, check=False)
+    proc = fault(mode)
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
     if who == "0":

@@ -50,6 +50,10 @@ def _train_cli(cwd):
 NP2 = [("surface", "test_horovod_keywords_fp16_and_refusals", HABITS, ["surface"]),
        ("train-cli", "test_train_cli_under_torchrun_without_horovod", "-m pgc_hvd", _train_cli)]
 LAUNCH_GROUPS = [("torchrun", 4, NP4), ("torchrun", 3, NP3), ("torchrun", 2, NP2)]
+#: a dead rank and a frozen one: a launch each, side by side with the other faults (conftest)
+FAULT_LAUNCHES = [("torchrun", 3, m, t, SCRIPT, [m]) for m, t in (
+    ("dead", "test_dead_rank_stops_others_with_clear_error"),
+    ("hung-sum", "test_hung_rank_under_dgd_is_named_by_the_census"))]
 
 
 def _checks(proc):
@@ -126,9 +130,9 @@ def test_small_np3_config_errors_exact_checkpoint(torch3):
 # both engines: tests/runtime/test_runtime.py runs each under horovodrun, and the DDP door's
 # dead-rank tests (tests/ddp/) run the default control plane on this engine.
 @pytest.mark.multirank
-def test_dead_rank_stops_others_with_clear_error(torchrun):
+def test_dead_rank_stops_others_with_clear_error(fault):
     """As under horovodrun; and the torch engine names the dead rank and its pid."""
-    proc = torchrun(3, SCRIPT, "dead", timeout=120, check=False)
+    proc = fault("dead")
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
     assert all("died" in l for l in clear), clear
@@ -137,10 +141,10 @@ def test_dead_rank_stops_others_with_clear_error(torchrun):
 
 
 @pytest.mark.multirank
-def test_hung_rank_under_dgd_is_named_by_the_census(torchrun):
+def test_hung_rank_under_dgd_is_named_by_the_census(fault):
     """dgd on the default plane (the s = 0 path: no control round) with rank 2 frozen: the
     others' allreduce times out and the census names it."""
-    proc = torchrun(3, SCRIPT, "hung-sum", timeout=120, check=False)
+    proc = fault("hung-sum")
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
     assert len(clear) == 2, proc.stdout + proc.stderr
     assert all("rank(s) [2]" in l and "died or hung" in l for l in clear), clear

@@ -364,12 +364,20 @@ def check_staleness_bound():
     ok("staleness_bound")
 
 
+def start_together():
+    """A barrier (no timeout) right before a fault check builds its optimizer, whose first
+    agreement has the check's 5 s timeout: the suite runs fault launches side by side
+    (tests/conftest.py, fault_launches), where one rank can reach it seconds after another."""
+    hvd.barrier()
+
+
 def check_dead_rank(control="allgather", dead=2, scheme="pgc-cr", s=1):
     """Rank ``dead`` exits at version 3; the others must stop with a clear error. dgd (s = 0)
     on the default plane: no control round, the data allreduce fails (runtime/sum_rows.py)."""
     r = hvd.rank()
     m = model()
     loader = data(hvd.size())
+    start_together()
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                        m.named_parameters(), scheme=scheme, stragglers=s,
                                        timeout=5, name="dead", control=control)
@@ -467,6 +475,7 @@ def check_hung_rank(kind, control="allgather", scheme=None):
     loader = data(hvd.size())
     timeout = 5.0
     scheme, s = (scheme, 0) if scheme else ("pgc-cr", 1) if kind == "process" else ("dgd", 0)
+    start_together()
     opt = pgc_hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                        m.named_parameters(), scheme=scheme, stragglers=s,
                                        timeout=timeout, name=f"hung-{kind}", control=control)
