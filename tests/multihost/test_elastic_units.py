@@ -77,5 +77,9 @@ def test_local_hosts_spec_and_hostfile(tmp_path):
     assert lh.spec(2, count=2) == "127.0.0.2:2,127.0.0.3:2"
     path = lh.hostfile(tmp_path / "hf", slots=2, count=2)
     assert Path(path).read_text() == "127.0.0.2 slots=2\n127.0.0.3 slots=2\n"
+    # horovodrun --hostfile reads it as the -H spec the launched test uses (test_multihost.py):
+    # Horovod's own parser, so the hostfile recipe needs no launch of its own
+    hosts = pytest.importorskip("horovod.runner.common.util.hosts")
+    assert hosts.parse_host_files(path) == lh.spec(2, count=2)
     with pytest.raises(ValueError, match="addresses out of"):
         LocalHosts(count=300)

@@ -5,7 +5,8 @@ The module's fixture (:class:`launch/local_hosts.LocalHosts`) starts an sshd on 
 nodes) with a key it generates, installing openssh-server first when it is missing and this is
 root; it skips the tests with the reason when that cannot be had, and stops the sshd after.
 
-* multi-host: ``horovodrun --gloo -np 4 -H 127.0.0.2:2,127.0.0.3:2`` (and ``--hostfile``) with
+* multi-host: ``horovodrun --gloo -np 4 -H 127.0.0.2:2,127.0.0.3:2`` (a ``--hostfile`` of the
+  same hosts is checked by Horovod's parser, without a launch: test_elastic_units.py) with
   pgc-cr: 4 ranks on 2 hosts, local ranks 0-1 on each, identical parameters, logins seen by sshd.
 * elastic: ``horovodrun --gloo -np 4 --min-np 3 --host-discovery-script`` with each rank its own
   host; the rank on 127.0.0.4 SIGKILLs itself at version 20; the other three leave the broken
@@ -72,11 +73,11 @@ def _mh_lines(out):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("how", ["-H", "--hostfile"])
-def test_multihost_pgc_cr_np4_two_hosts(hosts, tmp_path, how):
+def test_multihost_pgc_cr_np4_two_hosts(hosts, tmp_path):
+    """(``--hostfile`` names the same hosts: Horovod's parser reads the recipe's file as this
+    ``-H`` spec, tests/multihost/test_elastic_units.py.)"""
     before = hosts.accepted_logins()
-    where = (["-H", hosts.spec(2, count=2)] if how == "-H" else
-             ["--hostfile", hosts.hostfile(tmp_path / "hostfile", slots=2, count=2)])
+    where = ["-H", hosts.spec(2, count=2)]
     proc, cmd = _run(hosts, ["-np", "4", *where, *hosts.horovodrun_args(), sys.executable,
                              str(CHECKS), "--steps", "30"], tmp_path, timeout=150)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
