@@ -9,7 +9,8 @@ Markers (declared in pyproject.toml):
     hidden from the ranks by default). Both pin gloo to the loopback interface: ranks on one
     machine never talk over its network address (tests/multirank/test_loopback.py checks). The
     runs that end cleanly are entries of one launch per launcher and world size instead
-    (:func:`launch_group`, through the same launchers).
+    (:func:`launch_group`, through the same launchers); the runs that kill, freeze or stop
+    ranks have a launch each, two at a time (:func:`fault_launches`).
   * ``bench``: pytest-benchmark suites, kept in ``benchmarks/`` (not collected by default).
   * ``slow``: a test that takes more than a few seconds on 2 cores without launching ranks.
   * ``quick``: set here, never by hand (:func:`is_quick`): ``bash launch/test.sh -m quick`` runs
@@ -277,7 +278,8 @@ def launch_group(tmp_path_factory):
     tests read their entry's output. So the session pays the launcher's start-up (8-11 s on 2
     cores) once per launcher and world size instead of once per test. An entry that runs past
     ``ENTRY_TIMEOUT`` seconds ends the launch with its ranks' tracebacks. Runs that kill or hang
-    a rank, that stop every rank, or that check their process's own exit keep their own launch
+    a rank, or that stop every rank, keep a launch each, run side by side
+    (:func:`fault_launches`); those that check their process's own exit keep their own launch
     (the horovodrun / torchrun fixtures)."""
     launches: dict = {}
 
