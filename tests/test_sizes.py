@@ -33,11 +33,6 @@ MAX_MODULE_LINES = 600
 #: and at most this many lines a class (nested classes included)
 MAX_CLASS_LINES = 400
 
-#: runtime modules still without a unit test of their own, each with who adds it (the
-#: agent thread's parts and the modules being moved out of runtime/); empty this list,
-#: never extend it
-NOT_YET_UNIT_TESTED: dict[str, str] = {}
-
 
 def oversized(root: Path = ROOT) -> list[str]:
     """Every module of ``root/pgc_hvd`` over :data:`MAX_MODULE_LINES` lines and every class
@@ -113,15 +108,11 @@ def test_each_part_says_what_it_owns_and_may_import(path):
 
 def test_every_runtime_part_has_a_unit_test_of_its_own():
     tested = unit_tested()
-    missing = [m for m in runtime_parts() if m not in tested and m not in NOT_YET_UNIT_TESTED]
+    missing = [m for m in runtime_parts() if m not in tested]
     assert not missing, (
         f"runtime parts no unit test imports: {missing}. Add tests/runtime/test_<part>.py that "
         f"runs the part in the pytest process (a world of one rank, LoopbackChannel: "
         f"tests/runtime/test_step.py), with the edge cases its horovodrun tests cover")
-    done = sorted(m for m in NOT_YET_UNIT_TESTED if m in tested)
-    assert not done, f"{done} now have unit tests: remove them from NOT_YET_UNIT_TESTED"
-    gone = sorted(set(NOT_YET_UNIT_TESTED) - set(runtime_parts()))
-    assert not gone, f"{gone} are no runtime modules any more: remove them from the list"
 
 
 def test_the_checker_sees_a_part_without_a_unit_test(tmp_path):

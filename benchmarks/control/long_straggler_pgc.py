@@ -1,15 +1,25 @@
 """Why does a rare long straggler cost PGC-CR steps? (simulator)
 
     python benchmarks/control/long_straggler_pgc.py [--seeds 0,1,2] [--jobs 2] [--json PATH]
+        [--patterns NAME,NAME SPEC ...] [--only LABEL,...] [--steps 400]
 
 The runtime benchmark's workload in the simulator (``benchmarks/control/decay_sweep.py``'s ``cnn``):
 the digits CNN, n = 4, s = 1, minibatch 16, SGD lr 0.05 momentum 0.9, validation accuracy 95%
 evaluated every 5 steps, at most 400 steps / 800 time units, 1 time unit per partition
-gradient. Two straggler patterns, as ``benchmarks/tta/time_to_accuracy.py``'s:
+gradient. The straggler patterns (``--patterns``, default ``exp,lognormal``) are
+``benchmarks/tta/time_to_accuracy.py``'s: any name of the one pattern table
+:data:`pgc_hvd.delays.PATTERNS` (:func:`pgc_hvd.delays.pattern_spec` at n = 4, compute = 1, 400
+steps, seeded by the run's seed + 1), e.g.
 
 * ``exp``: exponential delays of mean one compute;
 * ``lognormal``: log-normal delays (median 0.3 compute, sigma 0.5) plus, with probability
-  0.01 per worker-step, a 10-30 compute straggler; ``lognormal:P`` with probability P.
+  0.01 per worker-step, a 10-30 compute straggler;
+
+or any delay spec (:func:`pgc_hvd.delays.parse_delay`'s text, as ``pgc-hvd simulate --delay``;
+a component without ``seed=`` is seeded by the run's seed + 1), one spec per argument since a
+spec has commas: ``--patterns exp,lognormal
+'lognormal:mu=-1.2039728043259361,sigma=0.5+straggler:p=0.05,low=10,high=30'`` (the
+``lognormal`` pattern with straggler probability 0.05).
 
 Variants (PGC-CR unless said), each removing one suspect:
 
@@ -63,15 +73,34 @@ VARIANTS = [("dgd", "dgd", {}, "continue", True, None),
             ("is-sgd", "is-sgd", {}, "continue", True, None)]
 
 
-def delay(pattern: str, seed: int):
-    from pgc_hvd.delays import Exponential, LogNormal, LongStraggler
-    if pattern == "exp":
-        return Exponential(1.0, seed=1000 * seed + 12)
-    name, _, prob = pattern.partition(":")     # "lognormal:P": stragglers with probability P
-    if name != "lognormal":
-        raise SystemExit(f"unknown pattern {pattern!r}; use exp, lognormal or lognormal:P")
-    return (LogNormal(math.log(0.3), 0.5, seed=1000 * seed + 13)
-            + LongStraggler(float(prob or 0.01), 10.0, 30.0, seed=1000 * seed + 14))
+def delay_spec(pattern: str, seed: int, steps: int = 400) -> str:
+    """The delay spec of ``--patterns`` entry ``pattern`` for the run of seed ``seed``: a name
+    of the pattern table (:func:`pgc_hvd.delays.pattern_spec`, n = 4, compute = 1, seeded by
+    ``seed + 1`` as ``time_to_accuracy.py``'s), or a delay spec whose components without a
+    seed (of a model that draws) get ``seed + 1``."""
+    from pgc_hvd.delays import PATTERN_ALIASES, PATTERNS, parse_delay, pattern_spec
+    if pattern in PATTERNS or pattern in PATTERN_ALIASES:
+        return pattern_spec(pattern, 4, 1.0, steps, seed=seed + 1)
+    if ":" not in pattern or "=" not in pattern:
+        raise SystemExit(
+            f"--patterns {pattern!r}: not a pattern of pgc_hvd.delays.PATTERNS "
+            f"({', '.join(PATTERNS)}) nor a delay spec with named values (e.g. "
+            "'lognormal:mu=-1.2039728043259361,sigma=0.5+straggler:p=0.05,low=10,high=30' for "
+            "the lognormal pattern with straggler probability 0.05)")
+    if pattern.startswith("replay:"):
+        return pattern
+    try:
+        return "+".join(f"{c},seed={seed + 1}" if "seed=" not in c
+                        and "seed" in parse_delay(c).params() else c
+                        for c in pattern.split("+"))
+    except ValueError as err:
+        raise SystemExit(f"--patterns {pattern!r}: {err}") from None
+
+
+def pattern_list(args: list[str]) -> list[str]:
+    """``--patterns``' arguments: a comma-separated list of pattern names, or one delay spec
+    (it has a ``:``) per argument."""
+    return [p for a in args for p in ([a] if ":" in a else a.split(",")) if p]
 
 
 def cap_mean_age(sim, step, decision, g_hat, extra) -> None:
@@ -85,7 +114,7 @@ def cap_mean_age(sim, step, decision, g_hat, extra) -> None:
 
 
 def _run(job):
-    pattern, (label, scheme, opts, policy, correction, hack), seed = job
+    pattern, (label, scheme, opts, policy, correction, hack), seed, steps = job
     import torch
     torch.set_num_threads(1)
     from pgc_hvd.metrics.targets import first_at_least
@@ -93,7 +122,8 @@ def _run(job):
     hook = {"step_hook": cap_mean_age} if hack == "cap" else {}
     s = 0 if scheme == "dgd" else 1       # DGD tolerates no straggler
     recs, _ = simulate(scheme, 4, s, dataset="digits", model="cnn", optimizer=OPT,
-                       delay=delay(pattern, seed), steps=400, scheme_options=opts,
+                       delay=delay_spec(pattern, seed, steps), steps=steps,
+                       scheme_options=opts,
                        partition_time=1.0, batch_size=16, seed=seed, eval_every=5,
                        eval_train=False, target_accuracy=0.95, stop_at_target=True,
                        max_time=800.0, straggler_policy=policy,
@@ -113,7 +143,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--patterns", default="exp,lognormal")
+    p.add_argument("--patterns", nargs="+", default=["exp,lognormal"],
+                   help="pattern names of pgc_hvd.delays.PATTERNS, comma-separated, and/or delay "
+                        "specs, one an argument (module doc)")
+    p.add_argument("--steps", type=int, default=400,
+                   help="at most this many steps a run (and the patterns' run length)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--only", default=None, help="comma-separated variant labels (default: all)")
     p.add_argument("--json", default=None)
@@ -124,14 +158,17 @@ def main(argv=None) -> int:
     if not variants:
         raise SystemExit(f"--only {a.only!r} names no variant; use labels of "
                          + ", ".join(v[0] for v in VARIANTS))
-    jobs = [(pat, v, s) for pat in a.patterns.split(",") for v in variants for s in seeds]
+    patterns = pattern_list(a.patterns)
+    for pat in patterns:        # refused here, not in a worker
+        delay_spec(pat, seeds[0], a.steps)
+    jobs = [(pat, v, s, a.steps) for pat in patterns for v in variants for s in seeds]
     with ProcessPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(_run, jobs))
     for r in rows:
         print(json.dumps(r))
     print("\npattern | variant | steps to 95% (per seed) | median | max mean age | min beta' | "
           "mean age")
-    for pat in a.patterns.split(","):
+    for pat in patterns:
         for v in variants:
             rs = [r for r in rows if r["pattern"] == pat and r["variant"] == v[0]]
             st = [r["steps"] if r["steps"] is not None else math.inf for r in rs]

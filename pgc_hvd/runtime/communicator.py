@@ -68,17 +68,19 @@ NARROW_REDUCE = ("auto", "alltoall", "allreduce")
 # ---- the collectives: deadlines, stable names, the user's unnamed ops named ------------------
 
 
-def wait_for_handle(hvd, handle, timeout: float, abort=None) -> bool:
+def wait_for_handle(hvd, handle, timeout: float, abort=None, nap=None) -> bool:
     """Poll an asynchronous Horovod handle until it completes (True) or ``timeout`` seconds pass
     (False), or ``abort()`` (when given) says to give up (False). Short sleeps first (a small
     allgather takes 1-3 ms here), then at most 1 ms between polls; a blocking ``synchronize``
-    could not time out on a hung rank."""
+    could not time out on a hung rank. ``nap(seconds)``: the sleep between polls (default
+    ``time.sleep``; one that returns early lets ``abort()`` serve an event at once)."""
     deadline = time.monotonic() + timeout
     sleep = 0.0001
+    nap = time.sleep if nap is None else nap
     while not hvd.poll(handle):
         if time.monotonic() > deadline or (abort is not None and abort()):
             return False
-        time.sleep(sleep)
+        nap(sleep)
         sleep = min(sleep * 1.5, 0.001)
     return True
 
@@ -105,13 +107,13 @@ class Collectives:
         self.hvd = _Gone()
         self._into = None
 
-    def _run(self, kind: str, start, timeout: Optional[float] = None, abort=None):
+    def _run(self, kind: str, start, timeout: Optional[float] = None, abort=None, nap=None):
         self.ops += 1
         name = f"{self.name}.{kind}"
         limit = self.timeout if timeout is None else float(timeout)
         try:
             handle = start(name)
-            if not wait_for_handle(self.hvd, handle, limit, abort):
+            if not wait_for_handle(self.hvd, handle, limit, abort, nap):
                 if abort is not None and abort():
                     raise AgentError(f"rank {self.rank}: collective {name} #{self.ops} (step "
                                      f"{self.step}) given up: another rank's collective "
@@ -160,13 +162,14 @@ class Collectives:
         return got[0] if isinstance(got, (tuple, list)) else got
 
     def broadcast_(self, tensor: torch.Tensor, root: int, kind: str,
-                   timeout: Optional[float] = None, abort=None) -> torch.Tensor:
+                   timeout: Optional[float] = None, abort=None, nap=None) -> torch.Tensor:
         """In place: every rank's ``tensor`` (same shape and dtype everywhere) becomes rank
         ``root``'s; waits up to ``timeout`` seconds (default: the agent's), or until
-        ``abort()`` says to give up (AgentError, ``broken_world``)."""
+        ``abort()`` says to give up (AgentError, ``broken_world``); ``nap``: the sleep between
+        polls (:func:`wait_for_handle`)."""
         hvd = self.hvd
         return self._run(kind, lambda nm: hvd.broadcast_async_(tensor, int(root), name=nm),
-                         timeout, abort)
+                         timeout, abort, nap)
 
     def allreduce_sum_(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
         """In-place sum over ranks: every rank ends with the same bits (the ring's allgather

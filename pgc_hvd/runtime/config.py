@@ -9,7 +9,8 @@ budget's is the scheme's,
 :meth:`pgc_hvd.schemes.protocol.Scheme.default_stragglers`, written once, below both engines)
 and every check that needs no collective, each once and before any collective, each error
 naming the argument and the fix; :meth:`RuntimeConfig.checked` returns the typed values the
-encoder and codecs trust. It also lists the fields every rank compares at construction
+encoder and codecs trust, and :meth:`RuntimeConfig.build_scheme` builds the scheme they name
+(its construction is the one check of the straggler budget s), with the checks that need it. It also lists the fields every rank compares at construction
 (:func:`cross_rank_fields`; the comparison itself is :mod:`pgc_hvd.runtime.consistency`'s).
 
 May import: ``options``, ``delays``, ``compress``, ``schemes``, ``control`` (layers below
@@ -30,7 +31,7 @@ import torch
 
 from pgc_hvd.compress import WIRE_DTYPES, TopK
 from pgc_hvd.options import is_count
-from pgc_hvd.schemes import default_stragglers, stragglers_for
+from pgc_hvd.schemes import default_stragglers, get_scheme, scheme_class
 
 log = logging.getLogger("pgc_hvd.runtime")
 
@@ -191,7 +192,9 @@ class RuntimeConfig:
     """The keyword arguments of :func:`DistributedOptimizer` (its docstring says what each
     means), in one object. :meth:`checked` validates them for a world of n ranks before any
     collective and returns the config the optimizer is built from, whose fields are typed and
-    trusted from there on: ``stragglers`` an int (the scheme's default resolved),
+    trusted from there on: ``stragglers`` resolved (the scheme's default, or auto's start; a
+    given s is checked once, by :meth:`build_scheme`, which the optimizer asks next, still
+    before any collective),
     ``compression`` a :class:`~pgc_hvd.compress.TopK` or None and ``wire_dtype`` a torch
     dtype (Horovod's ``compression`` keyword mapped, :func:`wire_format`), ``delay`` a delay
     model or None, the replayed arrivals as int pairs."""
@@ -225,19 +228,20 @@ class RuntimeConfig:
 
     def checked(self, n: int) -> "RuntimeConfig":
         """This config checked for n ranks, with typed fields (class doc); TypeError or
-        ValueError naming the argument and the fix. ``stragglers`` is the scheme's check and
-        default (:func:`pgc_hvd.schemes.stragglers_for`); one rank (n = 1, e.g. ``python
-        train.py`` to debug) has no straggler to tolerate, so the default is then s = 0, and a
-        warning says so (once per optimizer), while an explicit ``stragglers`` >= 1 is refused
-        there like any s > n - 1, with the fix. Checking a checked config changes nothing.
+        ValueError naming the argument and the fix. ``stragglers`` None is the scheme's
+        default (:meth:`~pgc_hvd.schemes.protocol.Scheme.default_stragglers`); one rank (n =
+        1, e.g. ``python train.py`` to debug) has no straggler to tolerate, so the default is
+        then s = 0, and a warning says so (once per optimizer); a given s is checked by the
+        scheme's construction (:meth:`build_scheme`: an explicit ``stragglers`` >= 1 on one
+        rank is refused there like any s > n - 1, with the fix). Checking a checked config
+        changes nothing.
         ``stragglers="auto"``: s starts at the rule's ``s_start``, and ``auto`` becomes the
         checked rule settings (:func:`auto_setting`: ``s_max > n - 1`` is refused here, with
         the fix)."""
         auto, stragglers = auto_setting(self.stragglers, self.auto, self.scheme, n)
-        # s checked once: auto's s_start by its range (auto_setting), a given s by the scheme's
-        # one checker (stragglers_for; the scheme's construction asks it again, never failing)
-        s = (stragglers if auto is not None and stragglers is not None
-             else stragglers_for(self.scheme, n, stragglers))
+        # s resolved here, checked once: auto's range by auto_setting, a given s by the
+        # scheme's construction (build_scheme, the one checker: Scheme.check_stragglers)
+        s = scheme_class(self.scheme).default_stragglers(n) if stragglers is None else stragglers
         compression, wire_dtype = wire_format(self.compression, self.wire_dtype)
         delay = _check_arguments(
             n, delay=self.delay, records=self.records,
@@ -311,6 +315,21 @@ class RuntimeConfig:
     def cancel(self) -> bool:
         """``straggler_policy="cancel"``."""
         return self.straggler_policy == "cancel"
+
+    def build_scheme(self, n: int, param_groups):
+        """The scheme this checked config names for n ranks, with the momentum remedy's options
+        (:func:`pgc_hvd.control.momentum.remedy_scheme_options`, from the optimizer's
+        ``param_groups``). Its construction is the one check of the straggler budget s
+        (:meth:`~pgc_hvd.schemes.protocol.Scheme.check_stragglers`: an int in [0, n - 1], 0
+        for dgd, each error naming the fix); then :meth:`check_scheme`. The optimizer asks it
+        right after :meth:`checked`, before any collective, and at each re-plan of
+        ``stragglers="auto"`` (:func:`pgc_hvd.runtime.wiring.build_parts`)."""
+        from pgc_hvd.control.momentum import remedy_scheme_options
+        scheme = get_scheme(self.scheme, n, self.stragglers,
+                            **remedy_scheme_options(self.scheme, self.scheme_options,
+                                                    param_groups, self.momentum_correction))
+        self.check_scheme(scheme)
+        return scheme
 
     def check_scheme(self, scheme) -> None:
         """The checks that need the built scheme: the minimum-error decoder's need of

@@ -8,12 +8,15 @@ every rank receives each step's outcome by one broadcast. On the TCPStore served
 (the server set-up and address broadcast of :mod:`~pgc_hvd.runtime.control_store`), for a run
 named ``name``:
 
-* **append** (a rank > 0, from the thread where the event happens: a message submitted, a
-  non-finite message, the loop done, the training thread failed): the rank's control row
-  (:func:`~pgc_hvd.runtime.rows.pack_row`, showing the message it just submitted) gets its place
-  in the log with ``idx = add("pgc/<name>/log/count", 1) - 1`` and is written with
-  ``set("pgc/<name>/log/<idx>", [rank | row])``: 2 store operations. Rank 0's own rows go to
-  the decider in-process (0 operations).
+* **append** (a rank > 0, when something happens to it: a message submitted, a non-finite
+  message, the loop done, the training thread failed): the rank's control row
+  (:func:`~pgc_hvd.runtime.rows.pack_row`, showing the message it just submitted), packed by
+  the thread where the event happens, is queued for the agent thread, which gets it its place
+  in the log with ``idx = add("pgc/<name>/log/count", 1) - 1`` and writes it with
+  ``set("pgc/<name>/log/<idx>", [rank | row])``: 2 store operations, before and while it waits
+  in the outcome's broadcast (the append ends its sleep between two polls, so the row leaves
+  at once; the store I/O is off the training thread). Rank 0's own rows go to the decider
+  in-process (0 operations).
 * **decide** (rank 0's agent; a reader thread does blocking ``get``s of ``log/0``,
   ``log/1``, ... and hands the rows over, beside rank 0's own): the decider keeps
   :class:`LogView`, the n rows the body reads (each rank's latest row with the oldest message
@@ -51,8 +54,9 @@ Nothing grows with the run: a follower deletes each of its log rows once it read
 that took it (1 operation, about one a step: 4 a step in all); outcomes never enter the store.
 The store holds about n log rows.
 
-Threads: the agent thread (``log_loop``, the outcome's broadcast), rank 0's reader thread, and
-the thread where an event happens (``append``: the training thread).
+Threads: the agent thread (``log_loop``, the outcome's broadcast, a follower's rows written to
+the store: :meth:`LogChannel.flush`), rank 0's reader thread, and the thread where an event
+happens (``append``: the training thread packs and queues the row).
 May import: numpy, torch, the standard library, ``runtime.errors``, ``runtime.log_life``,
 ``runtime.rows``, ``runtime.control_store`` (the store's set-up), ``schemes``.
 """
@@ -263,7 +267,7 @@ class LogChannel(LogLife):
         self.coll = coll
         self.capacity = outcome_capacity(self.n, self.length)
         self.store = clients["main"]      # rank 0: the server; closes
-        self.writer = clients.get("writer")   # rank > 0: appends (training thread)
+        self.writer = clients.get("writer")   # rank > 0: writes its rows (agent thread)
         self.reader = clients.get("reader")   # rank 0: the log reader thread's client
         self.ops = 0                      # control operations this rank issued (store, bcast)
         self._ops_lock = threading.Lock()
@@ -275,6 +279,8 @@ class LogChannel(LogLife):
         self._closing = False
         self._reader = None
         self._mine: list = []             # rank > 0: log indices of its rows not yet seen taken
+        self._pending: list = []          # rank > 0: rows appended, not yet written (flush)
+        self._wake = threading.Event()    # rank > 0: set by append, ends the agent's nap
         if self.rank == 0:
             self._reader = threading.Thread(target=self._read_log, name=f"{name}-log-reader",
                                             daemon=True)
@@ -286,7 +292,8 @@ class LogChannel(LogLife):
 
     # -- every rank: append a row ------------------------------------------------------
     def append(self, row: torch.Tensor) -> None:
-        """This rank's control row joins the log (rank 0: handed to the decider directly)."""
+        """This rank's control row joins the log (rank 0: handed to the decider directly;
+        rank > 0: queued for the agent thread, which writes it: :meth:`flush`)."""
         if self.rank == 0:
             with self.cond:
                 self._queue.append((0, row.tolist()))
@@ -294,14 +301,36 @@ class LogChannel(LogLife):
             return
         line = np.concatenate([[float(self.rank)], row.numpy()]).astype(np.float64).tobytes()
         with self._append_lock:
+            self._pending.append(line)
+        self._wake.set()
+
+    def flush(self) -> None:
+        """Agent thread, rank > 0: the rows appended since the last flush, in order, into the
+        log (2 store operations each); before and while it waits for an outcome."""
+        with self._append_lock:
+            lines, self._pending = self._pending, []
+        for line in lines:
             try:
                 idx = int(self.writer.add(f"{self.prefix}/log/count", 1)) - 1
                 self.writer.set(f"{self.prefix}/log/{idx}", line)
-                self._mine.append(idx)
+                with self._append_lock:
+                    self._mine.append(idx)
             except Exception as err:  # the store is gone: the agent's read reports it
                 log.debug("rank %d: control log append failed: %s", self.rank, err)
             finally:
                 self._count(2)
+
+    def _nap(self, seconds: float) -> None:
+        """The agent's sleep between polls of the outcome's broadcast, ended by an append."""
+        if self._wake.wait(seconds):
+            self._wake.clear()
+
+    def _serve(self) -> bool:
+        """While the agent thread waits in the outcome's broadcast: write the rows appended
+        meanwhile; whether to give the broadcast up (:meth:`_noticed`)."""
+        if self._pending:
+            self.flush()
+        return self._noticed()
 
     # -- rank 0: the reader thread and the decider's wait -------------------------------
     def _read_log(self) -> None:
@@ -369,8 +398,10 @@ class LogChannel(LogLife):
                 buf[HEAD: HEAD + len(first)] = torch.frombuffer(bytearray(first),
                                                                 dtype=torch.uint8)
         self.coll.step = step
+        if self._pending:
+            self.flush()
         self._count(1)
-        self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._noticed)
+        self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._serve, nap=self._nap)
         size, kind = (int(x) for x in np.frombuffer(buf[:HEAD].numpy().tobytes(),
                                                      dtype=np.int64))
         got = buf[HEAD: HEAD + min(size, self.capacity)].numpy().tobytes()

@@ -233,6 +233,8 @@ class PGCOptimizer(Lifecycle):
         self.state = optimizer.state
         self._pgc_hvd, self.rank, self.n = hvd, hvd.rank(), hvd.size()
         self._pgc_config = config = config.checked(self.n)
+        # the scheme, before any collective: its construction is the one check of s
+        scheme = config.build_scheme(self.n, self.param_groups)
         params = [p for g in self.param_groups for p in g["params"]]
         self._pgc_names = parameter_names(params, named_parameters)
         lay = self._pgc_layout = FlatLayout(params)
@@ -257,7 +259,8 @@ class PGCOptimizer(Lifecycle):
             param_groups=self.param_groups, recorder=self._pgc_recorder,
             reports=self.rank == 0 and self._pgc_records, name=config.name,
             replay=config.replay_arrivals, replay_steps=config.replay_steps(self.rank),
-            on_decided=None if self._pgc_auto is None else self._pgc_auto.on_decided))
+            on_decided=None if self._pgc_auto is None else self._pgc_auto.on_decided,
+            scheme=scheme))
         self._pgc_loader_seen = None   # the loader LoaderCheck saw last (checked at first sight)
         self._pgc_check_loader = consistency.LoaderCheck(
             hvd, n=self.n, rank=self.rank, name=config.name, timeout=config.timeout,

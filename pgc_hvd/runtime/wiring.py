@@ -1,8 +1,9 @@
 """The wiring: the optimizer's scheme-dependent parts, built in one place.
 
 :func:`build_parts` builds, from a checked :class:`~pgc_hvd.runtime.config.RuntimeConfig`, the
-parts that depend on the scheme -- the scheme itself (with the momentum remedy's options), the
-worker's ring, the message encoder, the gradient capture with the overlap's buckets, the
+parts that depend on the scheme -- the scheme itself (with the momentum remedy's options:
+:meth:`~pgc_hvd.runtime.config.RuntimeConfig.build_scheme`, or the one the facade built before
+any collective), the worker's ring, the message encoder, the gradient capture with the overlap's buckets, the
 agent, the step and the fault monitor -- as one :class:`Parts`. The facade
 (:class:`~pgc_hvd.runtime.optimizer.PGCOptimizer`) calls it at construction and at each re-plan
 of ``stragglers="auto"`` (:mod:`pgc_hvd.runtime.auto_s`), which then hands the new parts what
@@ -22,7 +23,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from pgc_hvd.compress.encoder import MessageEncoder
-from pgc_hvd.control.momentum import applies_to, remedy_scheme_options
+from pgc_hvd.control.momentum import applies_to
 from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.overlap import Buckets
@@ -44,19 +45,19 @@ class Parts:
 
 def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_groups,
                 reports: bool, name: str, replay: Optional[list] = None, replay_steps=(),
-                on_decided: Optional[Callable] = None, recorder=None) -> Parts:
+                on_decided: Optional[Callable] = None, recorder=None, scheme=None) -> Parts:
     """The parts of the scheme ``config`` names for worker ``rank`` of ``n`` (module doc):
     ``layout`` the parameters' :class:`~pgc_hvd.flat_layout.FlatLayout`, ``names`` their
     names, ``param_groups`` the optimizer's; the agent's ``name`` (its collectives and control
     channel), whether it queues ``reports``, the replayed arrivals (``replay``,
     ``replay_steps``) and its ``on_decided`` callback. A ``recorder``
     (:class:`~pgc_hvd.runtime.step_records.StepRecorder`) is told the scheme's name, s and
-    whether updates are momentum-corrected."""
-    from pgc_hvd.schemes import Ring, get_scheme
-    scheme = get_scheme(config.scheme, n, config.stragglers,
-                        **remedy_scheme_options(config.scheme, config.scheme_options,
-                                                param_groups, config.momentum_correction))
-    config.check_scheme(scheme)
+    whether updates are momentum-corrected. ``scheme``: the one the facade built before any
+    collective (:meth:`~pgc_hvd.runtime.config.RuntimeConfig.build_scheme`, the one check
+    of s); None: built here (a re-plan)."""
+    from pgc_hvd.schemes import Ring
+    if scheme is None:
+        scheme = config.build_scheme(n, param_groups)
     ring = Ring(scheme, rank)   # slot versions, plans, the unfilled-slot rule
     encoder = MessageEncoder(layout.numel, config.compression, complex_messages=ring.complex,
                              device=layout.device, wire_dtype=config.wire_dtype)

@@ -60,9 +60,11 @@ class SchemeChecks:
         before the ranks start): an int (TypeError otherwise), n an int >= 1 and 0 <= s <= n -
         1 (:func:`pgc_hvd.codes.validation.check_n_s`'s messages), and 0 for a scheme that
         waits for every worker; each error names the fix. The one checker of s: a scheme's
-        construction asks it once (``Scheme.__init__``), and so do the engines and command
-        lines before they build one (:func:`pgc_hvd.schemes.stragglers_for`: the optimizer's
-        configuration, before any collective; the simulator; ``--stragglers``)."""
+        construction asks it once (``Scheme.__init__``); the optimizer checks s only there (it
+        builds its scheme before any collective:
+        :meth:`pgc_hvd.runtime.config.RuntimeConfig.build_scheme`), while the simulator and
+        the command lines, which parse s long before a scheme exists, ask it through
+        :func:`pgc_hvd.schemes.stragglers_for` (``--stragglers``)."""
         if isinstance(s, bool):
             raise TypeError(f"stragglers must be an int (the straggler budget s), got {s!r}")
         try:

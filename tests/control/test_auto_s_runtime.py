@@ -42,10 +42,11 @@ def test_auto_setting_resolves_the_rules_settings_with_runtime_defaults():
     (dict(stragglers="auto", auto={"bogus": 1}), "unknown stragglers='auto' options"),
 ])
 def test_auto_refusals_name_the_fix(kw, words):
-    """Refused by RuntimeConfig.checked, which the optimizer runs before its first collective
+    """Refused by RuntimeConfig.checked, or for a fixed s by the scheme's construction
+    (RuntimeConfig.build_scheme), both of which the optimizer runs before its first collective
     (the multi-rank entry checks that no rank hangs)."""
     with pytest.raises((ValueError, TypeError)) as err:
-        RuntimeConfig(**kw).checked(3)
+        RuntimeConfig(**kw).checked(3).build_scheme(3, [])
     assert words in str(err.value), err.value
 
 

@@ -20,6 +20,7 @@ from pgc_hvd.runtime.config import (CONTROLS, RENAMED_KEYWORDS, RuntimeConfig,
                                     horovod_op, horovod_wire_dtype, metric_names,
                                     parameter_names, renamed_keyword, takes_three, wire_format)
 from pgc_hvd.schemes import get_scheme
+from pgc_hvd.schemes.protocol import Scheme
 
 LOGGER = "pgc_hvd.runtime"
 
@@ -79,23 +80,34 @@ def test_one_rank_with_the_default_runs_s0_and_says_so_once(caplog):
     assert one_process_notes(caplog) == []
 
 
-def test_an_explicit_budget_is_checked_with_the_fix():
+def scheme_of(n=4, **fields):
+    """The scheme the optimizer builds right after the config's check, before any collective
+    (its construction: the one check of a given s)."""
+    return checked(n, **fields).build_scheme(n, [{"params": [], "momentum": 0.9}])
+
+
+def test_an_explicit_budget_is_checked_once_with_the_fix(monkeypatch):
     with pytest.raises(ValueError, match=r"needs 0 <= s <= n-1.*use s in \[0, 0\]"):
-        checked(1, stragglers=1)
+        scheme_of(1, stragglers=1)
     with pytest.raises(ValueError, match=r"use s in \[0, 3\]"):
-        checked(4, stragglers=4)
+        scheme_of(4, stragglers=4)
     with pytest.raises(ValueError, match=r"use s in \[0, 3\]"):
-        checked(4, stragglers=-1)
+        scheme_of(4, stragglers=-1)
     with pytest.raises(ValueError, match=r"dgd waits for all n=4 workers.*pass s=0.*is-sgd"):
-        checked(4, scheme="dgd", stragglers=1)
-    s = checked(4, stragglers=np.int64(2)).stragglers
+        scheme_of(4, scheme="dgd", stragglers=1)
+    s = scheme_of(4, stragglers=np.int64(2)).s
     assert s == 2 and type(s) is int
+    calls = []                  # checked once: by the scheme's construction, not the config
+    real = Scheme.check_stragglers.__func__
+    monkeypatch.setattr(Scheme, "check_stragglers",
+                        classmethod(lambda cls, s, n=None: calls.append((s, n)) or real(cls, s, n)))
+    assert scheme_of(4, stragglers=2).s == 2 and calls == [(2, 4)]
 
 
 @pytest.mark.parametrize("bad", [1.9, True, "1"])
 def test_a_budget_that_is_not_an_int_is_a_type_error(bad):
     with pytest.raises(TypeError, match="stragglers must be an int"):
-        checked(4, stragglers=bad)
+        scheme_of(4, stragglers=bad)
 
 
 def test_an_unknown_scheme_is_named():

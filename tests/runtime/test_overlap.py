@@ -15,30 +15,20 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from pgc_hvd.compress.encoder import MessageEncoder, make_codec
+from pgc_hvd.compress.encoder import make_codec
 from pgc_hvd.flat_layout import FlatLayout
-from pgc_hvd.runtime.agent import CommAgent, Outgoing
+from pgc_hvd.runtime.agent import Outgoing
 from pgc_hvd.runtime.communicator import Collectives
-from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.communicator import Communicator, Stream
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.overlap import Buckets
-from pgc_hvd.runtime.step import Step
-from pgc_hvd.schemes import Arrival, Ring, get_scheme
+from pgc_hvd.schemes import Arrival, get_scheme
 from checks import passed
+from streamed_rank import StreamedRank, mlp  # tests/runtime/streamed_rank.py
 from thread_world import in_world  # tests/runtime/thread_world.py
 
 MIB = 2 ** 20
-
-
-def mlp(widths=(5, 7, 6, 3)):
-    layers = []
-    for a, b in zip(widths, widths[1:]):
-        layers += [nn.Linear(a, b), nn.Tanh()]
-    return nn.Sequential(*layers[:-1])
 
 
 # -- the buckets -------------------------------------------------------------------------------
@@ -142,72 +132,16 @@ def test_the_bucketed_sum_is_the_decisions_weighted_sum_while_buckets_still_form
 
 
 # -- one rank's streamed steps ----------------------------------------------------------------
-class Rank:
+def one_rank(ops, *, unused=False):
     """One rank's capture, step and agent over a real model (dgd, n = 1) on a gloo group of
-    one, with the overlap's buckets."""
-
-    def __init__(self, ops, *, unused=False):
-        torch.manual_seed(3)
-        self.model = mlp((5, 9, 8, 3))
-        self.spare = nn.Linear(3, 3) if unused else None   # a parameter with no gradient
-        params = list(self.model.parameters()) + (list(self.spare.parameters()) if unused
-                                                    else [])
-        self.opt = torch.optim.SGD(params, lr=0.1)
-        self.layout = lay = FlatLayout(params)
-        self.buckets = Buckets(lay, 30 * 4 / MIB)
-        self.scheme = get_scheme("dgd", 1, 0)
-        ring = Ring(self.scheme, 0)
-        enc = MessageEncoder(lay.numel, None, complex_messages=False, device="cpu")
-        self.seen = []
-        self.agent = CommAgent(ops, self.scheme, 0, lay.numel, self.scheme.lookback,
-                               codec=enc.codec, device="cpu", poll_interval=0.001, timeout=30,
-                               optimistic=False, control="allgather", buckets=self.buckets)
-        self.capture = GradientCapture(lay, ring, ring_mode=False, passes_per_step=1,
-                                       scheme=self.scheme, rank=0)
-        self.capture.buckets = self.buckets
-        self.step = Step(self.capture, enc, self.agent, self.scheme, 0,
-                         param_groups=self.opt.param_groups,
-                         on_update=lambda t, flat: self.seen.append((t, flat.clone())))
-        self.capture.attach()
-        self.step.start()
-
-    def loss(self, seed):
-        g = torch.Generator().manual_seed(seed)
-        X, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
-        return F.cross_entropy(self.model(X), y)
-
-    def true_grad(self, seed):
-        self.capture.remove_hooks()
-        for p in self.layout.params:
-            p.grad = None
-        self.loss(seed).backward()
-        g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                       for p in self.layout.params])
-        for p in self.layout.params:
-            p.grad = None
-        self.capture.attach()
-        return g
-
-    def one(self, seed, *, loss=None, clip=False):
-        self.step.begin()
-        self.loss(seed).backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e-3)
-        self.step.send(loss=loss)
-        self.agent.wait_for(self.step.version)
-        self.step.load(self.agent.take(self.step.version))
-        info = self.step.last.info
-        self.step.apply(self.opt.step, correct_momentum=False)
-        return info
-
-    def close(self):
-        self.capture.remove_hooks()
-        self.agent.finish()
+    one, with the overlap's buckets, on the allgather control plane."""
+    return StreamedRank(ops, unused=unused, poll_interval=0.001, timeout=30, optimistic=False,
+                        control="allgather")
 
 
 def test_later_steps_stream_and_the_update_is_the_gradient():
     def body(rank, ops):
-        r = Rank(ops, unused=True)
+        r = one_rank(ops, unused=True)
         try:
             for t in range(4):
                 g = r.true_grad(t)
@@ -227,7 +161,7 @@ def test_a_streamed_steps_loss_rides_with_the_next_message():
     """The loss handed to step() of a streamed step came after its message left: it is the
     next message's (the decided step's loss is the used ranks' previous batch's)."""
     def body(rank, ops):
-        r = Rank(ops)
+        r = one_rank(ops)
         try:
             got = [r.one(t, loss=float(t + 1))["loss"] for t in range(4)]
             assert got[0] == 1.0                   # not streamed: its own loss
@@ -241,7 +175,7 @@ def test_a_streamed_steps_loss_rides_with_the_next_message():
 
 def test_a_loop_that_clips_at_its_first_step_never_streams():
     def body(rank, ops):
-        r = Rank(ops)
+        r = one_rank(ops)
         try:
             for t in range(3):
                 r.one(t, clip=True)
@@ -253,7 +187,7 @@ def test_a_loop_that_clips_at_its_first_step_never_streams():
 
 def test_clipping_that_comes_after_the_message_left_is_refused_with_the_fix():
     def body(rank, ops):
-        r = Rank(ops)
+        r = one_rank(ops)
         try:
             r.one(0)
             with pytest.raises(RuntimeError, match=r"p.grad was changed after loss.backward\(\)"

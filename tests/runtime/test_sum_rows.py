@@ -18,21 +18,16 @@ import time
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from pgc_hvd.compress.encoder import MessageEncoder, make_codec
+from pgc_hvd.compress.encoder import make_codec
 from pgc_hvd.compress.topk import TopK
-from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime.agent import CommAgent, Outgoing
-from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.config import RuntimeConfig
 from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.runtime.overlap import Buckets
 from pgc_hvd.runtime.rows import CTRL_BUSY, CTRL_LOSS, CTRL_READY_STEP, CTRL_READY_TIME
-from pgc_hvd.runtime.step import Step
 from pgc_hvd.runtime.sum_rows import PIECES, SumRows, join_rows, split_rows
-from pgc_hvd.schemes import SCHEMES, Ring, get_scheme
+from pgc_hvd.schemes import SCHEMES, get_scheme
+from streamed_rank import StreamedRank  # tests/runtime/streamed_rank.py
 from thread_world import in_world  # tests/runtime/thread_world.py
 
 D = 40
@@ -266,76 +261,21 @@ def test_a_rank_that_never_comes_is_named_by_the_census():
 
 
 # -- streamed steps (the overlap) ---------------------------------------------------------------
-class Rank:
-    """One rank's capture, step and agent over a real model under dgd at n ranks, with the
-    overlap's buckets, on the s = 0 path."""
-
-    def __init__(self, ops, rank: int, n: int):
-        self.rank = rank
-        self.model = nn.Sequential(nn.Linear(5, 9), nn.Tanh(), nn.Linear(9, 8), nn.Tanh(),
-                                   nn.Linear(8, 3))
-        params = list(self.model.parameters())
-        with torch.no_grad():   # the same start on every rank (threads share torch's RNG)
-            for i, p in enumerate(params):
-                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.3)
-        self.opt = torch.optim.SGD(params, lr=0.1)
-        self.layout = lay = FlatLayout(params)
-        self.buckets = Buckets(lay, 30 * 4 / 2 ** 20)
-        self.scheme = get_scheme("dgd", n, 0)
-        enc = MessageEncoder(lay.numel, None, complex_messages=False, device="cpu")
-        self.seen = []
-        self.agent = CommAgent(ops, self.scheme, rank, lay.numel, self.scheme.lookback,
-                               codec=enc.codec, device="cpu", timeout=30, control="log",
-                               name="t-sum-stream", buckets=self.buckets, rows_in_sum=True)
-        self.capture = GradientCapture(lay, Ring(self.scheme, rank), ring_mode=False,
-                                       passes_per_step=1, scheme=self.scheme, rank=rank)
-        self.capture.buckets = self.buckets
-        self.step = Step(self.capture, enc, self.agent, self.scheme, rank,
-                         param_groups=self.opt.param_groups,
-                         on_update=lambda t, flat: self.seen.append((t, flat.clone())))
-        self.capture.attach()
-        self.step.start()
-
-    def loss(self, seed):
-        g = torch.Generator().manual_seed(seed)
-        X, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
-        return F.cross_entropy(self.model(X), y)
-
-    def true_grad(self, t):
-        self.capture.remove_hooks()
-        self.loss(100 * t + self.rank).backward()
-        g = torch.cat([p.grad.reshape(-1) for p in self.layout.params])
-        for p in self.layout.params:
-            p.grad = None
-        self.capture.attach()
-        return g
-
-    def one(self, t):
-        self.step.begin()
-        self.loss(100 * t + self.rank).backward()
-        self.step.send(loss=float(t))
-        self.agent.wait_for(self.step.version)
-        self.step.load(self.agent.take(self.step.version))
-        info = self.step.last.info
-        self.step.apply(self.opt.step, correct_momentum=False)
-        return info
-
-
 def test_streamed_steps_sum_bucket_by_bucket_with_the_rows_in_the_last_bucket():
     n = 2
 
     def body(rank, ops):
-        r = Rank(ops, rank, n)
+        r = StreamedRank(ops, rank, n, timeout=30, control="log", name="t-sum-stream",
+                         rows_in_sum=True)
         try:
             grads, infos = [], []
             for t in range(4):
-                grads.append(r.true_grad(t))
-                infos.append(r.one(t))
+                grads.append(r.true_grad(100 * t + rank))
+                infos.append(r.one(100 * t + rank, loss=float(t)))
             return ([flat for _, flat in r.seen], infos, r.step.streamed_steps,
                     [p.detach().clone() for p in r.model.parameters()], grads)
         finally:
-            r.capture.remove_hooks()
-            r.agent.finish()
+            r.close()
 
     (flats0, infos0, streamed0, params0, g0), (flats1, infos1, streamed1, params1, g1) = \
         in_world(n, body)

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from pgc_hvd.torchdist.ops import GroupOps
+from pgc_hvd.torchdist.ops import GroupOps, _Next
 
 _worlds = itertools.count()
 
@@ -25,10 +25,11 @@ class ThreadGroupOps(GroupOps):
     """:class:`GroupOps` whose broadcast names its root by group rank (module doc)."""
 
     def broadcast_async_(self, tensor, root_rank, name=None):
-        def issue():   # blocking (the address broadcast is the only user here)
-            if self.size() > 1:
-                dist.broadcast(tensor, group_src=int(root_rank), group=self.group)
-            return tensor
+        def issue():   # asynchronous, as GroupOps' (the log plane's outcome is polled)
+            if self.size() == 1:
+                return tensor
+            return _Next(dist.broadcast(tensor, group_src=int(root_rank), group=self.group,
+                                        async_op=True), lambda: tensor)
         return self._start(name, issue)
 
 
