@@ -1,7 +1,9 @@
 """Parts a newcomer can find, read in one sitting and trust (docs/architecture.md, "The
 runtime's parts"): no module of ``pgc_hvd/`` over :data:`MAX_MODULE_LINES` lines and no class
 over :data:`MAX_CLASS_LINES` (every module and class, no exceptions list); every part opens
-with what it owns and what it may import, and every runtime part
+with what it owns and what it may import -- every runtime module (``pgc_hvd/runtime/``, its
+subpackages included, walked, no list) also on which thread its code runs, and its "May
+import:" is checked against its real imports --, and every runtime part
 (``pgc_hvd/runtime/*.py``) is imported by a unit test of its own -- a ``tests/**/test_*.py``
 that runs in the pytest process, not only through a horovodrun script -- so a part is never
 covered only indirectly. (No import circle: tests/test_layers.py; no cross-module private read:
@@ -17,13 +19,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: the parts of the runtime's two threads (and the simulator's, and the shared message
-#: encoder): each module's docstring says what it owns and what it may import
-PARTS = [f"pgc_hvd/runtime/{m}.py" for m in (
-    "agent", "agent_life", "capture", "channel", "communicator", "config", "ddp", "distributed",
-    "control_log", "engine", "elastic/checkpoints", "elastic/cascade", "interop", "lifecycle",
-    "log_life", "optim_state", "optimizer", "replicas", "rows", "step", "step_records",
-    "wiring")] + [
+#: the simulator's parts and the shared message encoder: each module's docstring says what it
+#: owns and what it may import (every runtime module is walked instead, with its thread:
+#: :func:`missing_statements`)
+PARTS = [
     f"pgc_hvd/sim/{m}.py" for m in (
         "agents", "log_agents", "log_costs", "progress", "step_records", "workers")] + [
     "pgc_hvd/compress/codecs.py", "pgc_hvd/compress/encoder.py"]
@@ -104,6 +103,63 @@ def unit_tested(root: Path = ROOT) -> dict[str, list[str]]:
 def test_each_part_says_what_it_owns_and_may_import(path):
     doc = ast.get_docstring(ast.parse((ROOT / path).read_text(encoding="utf-8"))) or ""
     assert "May import" in doc, f"{path}: its docstring must say what it may import"
+
+
+#: what every runtime module's docstring states (docs/architecture.md, "The runtime's parts"):
+#: a sentence starting "Owns" (what it owns: classes, state, responsibility; "Owns no state:
+#: ..." for one that keeps none), "Thread:" or "Threads:" (the training thread, the agent
+#: thread, rank 0's log reader, any thread, import time only, ...) and "May import:"
+STATEMENTS = {"Owns": re.compile(r"\bOwns\b"),
+              "Thread: / Threads:": re.compile(r"\bThreads?:"),
+              "May import:": re.compile(r"May import:")}
+
+
+def runtime_modules(root: Path = ROOT) -> list[Path]:
+    """Every module of ``root/pgc_hvd/runtime``, its subpackages' included (the folder walked:
+    a new module is in it the moment it exists)."""
+    return sorted((root / "pgc_hvd" / "runtime").rglob("*.py"))
+
+
+def missing_statements(root: Path = ROOT) -> list[str]:
+    """Every runtime module whose docstring lacks one of :data:`STATEMENTS`, as readable
+    lines (``pgc_hvd/runtime/x.py: no 'Owns' line``)."""
+    bad = []
+    for path in runtime_modules(root):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), str(path))) or ""
+        for what, pattern in STATEMENTS.items():
+            if not pattern.search(doc):
+                bad.append(f"{path.relative_to(root)}: no '{what}' line in its docstring")
+    return bad
+
+
+def test_every_runtime_module_says_what_it_owns_its_thread_and_may_import():
+    bad = missing_statements()
+    assert not bad, (
+        "every runtime module's docstring says what it owns ('Owns ...'), on which thread(s) its "
+        "code runs ('Thread:' / 'Threads:') and what it may import ('May import:'); read the "
+        "code and its callers, and write what is true (runtime/control_log.py, "
+        "runtime/agent.py):\n" + "\n".join(bad))
+
+
+def test_the_docstring_check_sees_a_module_without_a_statement(tmp_path):
+    run = tmp_path / "pgc_hvd" / "runtime"
+    (run / "sub").mkdir(parents=True)
+    full = '"""X.\n\nOwns the x. Thread: the agent thread.\nMay import: torch."""\n'
+    (run / "__init__.py").write_text(full)
+    (run / "a.py").write_text('"""A.\n\nOwns no state. Threads: any.\nMay import: numpy."""\n')
+    (run / "b.py").write_text('"""B.\n\nIt owns the b; runs on the agent thread.\n\n'
+                              'May import: torch."""\n')
+    (run / "sub" / "__init__.py").write_text(full)
+    (run / "sub" / "c.py").write_text("x = 1\n")
+    assert [p.relative_to(tmp_path).as_posix() for p in runtime_modules(tmp_path)] == [
+        "pgc_hvd/runtime/__init__.py", "pgc_hvd/runtime/a.py", "pgc_hvd/runtime/b.py",
+        "pgc_hvd/runtime/sub/__init__.py", "pgc_hvd/runtime/sub/c.py"]
+    assert missing_statements(tmp_path) == [
+        "pgc_hvd/runtime/b.py: no 'Owns' line in its docstring",
+        "pgc_hvd/runtime/b.py: no 'Thread: / Threads:' line in its docstring",
+        "pgc_hvd/runtime/sub/c.py: no 'Owns' line in its docstring",
+        "pgc_hvd/runtime/sub/c.py: no 'Thread: / Threads:' line in its docstring",
+        "pgc_hvd/runtime/sub/c.py: no 'May import:' line in its docstring"]
 
 
 def test_every_runtime_part_has_a_unit_test_of_its_own():
@@ -190,7 +246,7 @@ def import_mismatches(root: Path = ROOT) -> list[str]:
     """Every runtime module whose "May import:" is missing, leaves out a pgc_hvd module it
     imports, or names one it does not import (a name covers its submodules)."""
     bad = []
-    for path in sorted((root / "pgc_hvd" / "runtime").rglob("*.py")):
+    for path in runtime_modules(root):
         rel = path.relative_to(root)
         may = may_import(root, path)
         if may is None:

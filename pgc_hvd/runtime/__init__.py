@@ -10,6 +10,8 @@
 * :func:`save_checkpoint` / :func:`load_checkpoint` -- model, optimizer, ring, step, RNG, trace;
   a restore is checked in full and agreed by every rank, or refused with :class:`CheckpointError`.
 
+Owns no state and no code: the package's public names, re-exported from the modules that
+own them. Thread: import time only.
 May import: ``runtime.checkpoint``, ``runtime.distributed``, ``runtime.errors``,
 ``data.partition_loader``, ``compress`` (the names it re-exports).
 """

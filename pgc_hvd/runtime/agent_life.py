@@ -13,8 +13,8 @@ steady-state step, so it is not on the step's path).
   sizes of every container the agent keeps (``bookkeeping``, ``held_updates``), the data
   plane's counters.
 
-Uses the agent's own members (``self``: the handoff, decider, channel, thread). Threads: the
-training thread (requests, the end), any (reads).
+Owns no state of its own: it uses the agent's members (``self``: the handoff, decider,
+channel, thread). Threads: the training thread (requests, the end), any (reads).
 May import: ``runtime.errors``, ``runtime.rows``, the standard library.
 """
 

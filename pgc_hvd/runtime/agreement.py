@@ -22,6 +22,9 @@ agreement of the runtime is made of, each written once here, and the digest the 
 Only tensor collectives of Horovod's API are used (``hvd.broadcast_object`` pickles, and hangs
 with this Horovod build). The callers choose the names, the deadline and what the error says.
 
+Owns no state: the polled small collectives and the digest. Threads: the
+caller's: the training thread (the checks, ``load_checkpoint``, the elastic ``sync``, the
+control store's set-up), the agent thread (the control store's bye: :func:`poll_until`).
 May import: torch, numpy, :mod:`pgc_hvd.runtime.errors`.
 """
 

@@ -7,7 +7,7 @@ staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
 
 * **Where the statistics live.** On every rank, fed on the agent thread by
   :meth:`RuntimeAutoS.on_decided` (the agent's ``on_decided`` hook, called in
-  :meth:`~pgc_hvd.runtime.agent.DecisionBody.fire` with the control rows that decided the step,
+  :meth:`~pgc_hvd.runtime.agent.CommAgent.fire` with the control rows that decided the step,
   the same rows on every rank under every control channel). Each row shows the newest message
   of its rank and the rank's cumulative busy seconds when it sent it; a rank whose row shows a
   new message gives one sample (seconds = busy now - busy at its previous message, k = the
@@ -34,8 +34,11 @@ staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
 Defaults differ from the simulator's (:data:`pgc_hvd.runtime.config.AUTO_DEFAULTS`; checked once there, :func:`~pgc_hvd.runtime.config.auto_setting`): a switch costs the runtime a
 barrier and a new control channel, so boundaries are every 20 steps, the first at step 10.
 
-May import: ``control`` (the rule), ``runtime.rows`` (the row layout), ``runtime.config``. Runs on the agent thread
-(:meth:`on_decided`) and the training thread (:attr:`switches`, :meth:`restarted`).
+Owns :class:`RuntimeAutoS` (the rule and its statistics on this rank, under its lock) and the
+re-plan's small helpers (:func:`switch_of`, :func:`replanned_config`, :func:`agent_name`); the
+re-plan itself is the facade's. Threads: the agent thread (:meth:`RuntimeAutoS.on_decided`),
+the training thread (:meth:`RuntimeAutoS.restarted`, ``summary``, the helpers).
+May import: ``control`` (the rule), ``runtime.rows`` (the row layout), ``runtime.config``.
 """
 
 from __future__ import annotations

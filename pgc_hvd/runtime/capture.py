@@ -26,8 +26,11 @@ forward pass draws, and which partitions a step of a loop-fed run evaluates.
 
 The step that drives them (version, plan, message, update) is :mod:`pgc_hvd.runtime.step`'s.
 
-Runs on the training thread only (hooks fire there). May import: ``ops``, ``flat_layout``,
-numpy and torch.
+Owns :class:`GradientCapture` (the ring buffers, the partition being evaluated, the hooks),
+:func:`loop_plan` and :class:`ReplicaRNG`. Thread: the training thread only (the hooks fire
+inside its ``backward()``; for CUDA parameters autograd runs them on its device thread while
+the training thread waits in ``backward()``).
+May import: ``ops``, ``flat_layout``, numpy and torch.
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ wait for the other ranks).
 are the agent's :class:`~pgc_hvd.runtime.communicator.Collectives` (deadlines, stable names);
 which engine runs them is :mod:`pgc_hvd.runtime.engine`'s.
 
-Owns the control channels' interface, the polled ones and their builder; runs on the agent
-thread. May import: ``runtime.communicator`` (``Collectives``), ``runtime.errors``,
+Owns the control channels' interface, the polled ones and their builder. Threads: the
+training thread builds the channel (:func:`control_channel`, in the agent's construction: a
+collective for the store's set-up); the agent thread exchanges and closes; ``stop``: either.
+May import: ``runtime.communicator`` (``Collectives``), ``runtime.errors``,
 ``runtime.rows``, ``runtime.control_log`` and ``runtime.control_store`` (lazily, the channels
 they own), torch.
 """

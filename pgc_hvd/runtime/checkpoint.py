@@ -27,6 +27,9 @@ when a rank refuses). Only when every rank's file passed and all hold the same s
 change its model and optimizer; otherwise every rank raises the same :class:`CheckpointError`
 naming each rank's file and problem, and nothing was changed.
 
+Owns the per-rank checkpoint file (its keys, the atomic write :func:`write_atomic`, the checks
+of a saved state, the all-or-nothing restore) and :class:`CheckpointError`; no state. Thread:
+the training thread (the user's save and load; the elastic checkpoints' writer).
 May import: numpy, torch, the standard library, ``runtime.agreement`` (the agreement
 on the step), ``runtime.plain`` (what a checkpoint may hold).
 """

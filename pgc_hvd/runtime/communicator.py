@@ -35,8 +35,9 @@ issued by the agent thread at no fixed point of the user's program, never shift 
 its wrapper runs in every collective of the step, beside the collectives it protects. Which
 engine runs them is :mod:`pgc_hvd.runtime.engine`'s.
 
-Runs on the agent thread (:func:`name_unnamed_ops`: once, at the optimizer's construction;
-:meth:`Stream.mark`: on the training thread).
+Threads: the agent thread; :func:`name_unnamed_ops`: the training thread, once, at the
+optimizer's construction (its wrapper: whichever thread calls an op); :meth:`Stream.mark`:
+the training thread.
 May import: ``compress`` (codecs, encoder), ``runtime.errors``, torch and the standard
 library.
 """

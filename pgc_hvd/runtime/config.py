@@ -13,6 +13,8 @@ encoder and codecs trust, and :meth:`RuntimeConfig.build_scheme` builds the sche
 (its construction is the one check of the straggler budget s), with the checks that need it. It also lists the fields every rank compares at construction
 (:func:`cross_rank_fields`; the comparison itself is :mod:`pgc_hvd.runtime.consistency`'s).
 
+Thread: the training thread, at construction and at a re-plan (the wiring's ``build_scheme``,
+``rows_in_sum``); frozen, read-only after. (Module state: the renames already warned of.)
 May import: ``options``, ``delays``, ``compress``, ``schemes``, ``control`` (layers below
 the runtime) and torch; nothing of the runtime.
 """

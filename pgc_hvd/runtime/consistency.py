@@ -24,6 +24,9 @@ per step:
 The collectives, the version agreement and the digest are :mod:`pgc_hvd.runtime.agreement`'s
 (``gather_versions`` and ``tensors_digest`` are used from here too).
 
+Owns what must agree across ranks and its checks (the fingerprints, :class:`LoaderCheck`, the
+start and close checks, :class:`NonFiniteParameters`); no state beyond a LoaderCheck's. Thread:
+the training thread (construction, a loader's first ``batches()``, the first step, ``close()``).
 May import: torch, numpy, :mod:`pgc_hvd.runtime.agreement`, :mod:`pgc_hvd.runtime.errors`.
 """
 

@@ -54,6 +54,9 @@ Nothing grows with the run: a follower deletes each of its log rows once it read
 that took it (1 operation, about one a step: 4 a step in all); outcomes never enter the store.
 The store holds about n log rows.
 
+Owns :class:`LogChannel` (the rows queued and written, rank 0's reader thread and its queue),
+:class:`LogView`, the outcome's encoding and :func:`log_loop`; the channel is built on the
+training thread (the agent's construction: a collective, and rank 0's reader started).
 Threads: the agent thread (``log_loop``, the outcome's broadcast, a follower's rows written to
 the store: :meth:`LogChannel.flush`), rank 0's reader thread, and the thread where an event
 happens (``append``: the training thread packs and queues the row).

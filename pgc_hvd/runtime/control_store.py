@@ -12,7 +12,7 @@ So every rank reads the same n rows for round k, in rank order: the same input t
 the allgather's, hence the same decisions. A rank at round k has read round k - 1 completely, so
 every rank has written round k - 1 and read round k - 2: each rank deletes its own key of round
 k - 2 (the store holds at most 2n rows per run). A rank that does not answer within ``timeout``
-raises :class:`~pgc_hvd.runtime.agent.AgentError` naming the ranks whose rows are missing. At the
+raises :class:`~pgc_hvd.runtime.errors.AgentError` naming the ranks whose rows are missing. At the
 end every rank adds 1 to ``pgc/<name>/bye`` after its last round, and rank 0 (the server) waits
 for n before it returns, so it never shuts the store down under a rank still reading.
 
@@ -33,6 +33,9 @@ write rows (float64 bytes: no code runs from them, but a forged row changes deci
 torch.distributed's own store: run on a trusted network (docs/architecture.md, "Who may write
 what").
 
+Owns the TCPStore's set-up (:func:`open_store`), :class:`StoreChannel` and the bye
+(:func:`say_bye`, the log's too). Threads: the training thread (set-up, in the agent's
+construction: a collective), the agent thread (``exchange``, ``close``).
 May import: torch, numpy, :mod:`pgc_hvd.runtime.agreement` (the address broadcast, the wait for
 the last bye), :mod:`pgc_hvd.runtime.store_address`, :mod:`pgc_hvd.runtime.errors`.
 """

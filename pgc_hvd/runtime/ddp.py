@@ -50,6 +50,9 @@ rank's message, not the decoded update (clip that with ``synchronize()`` /
 hold the gradients computed so far); dropout masks and augmentations come from each rank's own
 generators.
 
+Owns :class:`DistributedDataParallel` (the wrap's checks, the forward, the rows' scaling hooks,
+a catching-up rank's placeholder output, :meth:`distributed_optimizer`). Thread: the training
+thread (the scaling hooks inside its ``backward()``).
 May import: torch, ``data.coded_sampler``, ``runtime.distributed``, ``torchdist`` (the
 engine).
 """

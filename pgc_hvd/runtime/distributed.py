@@ -8,6 +8,7 @@ class that carries the facade's methods (:class:`~pgc_hvd.runtime.optimizer.PGCO
 ``isinstance(opt, torch.optim.SGD)`` still holds. Checks and defaults are the config's; what
 the optimizer does per step is the facade's (:mod:`pgc_hvd.runtime.optimizer`).
 
+Thread: the training thread, at construction; no state.
 May import: torch, ``runtime.config``, ``runtime.optimizer``, ``runtime.communicator``
 (``name_unnamed_ops``) and ``runtime.engine`` (which imports the engine, Horovod or
 pgc_hvd's torch.distributed engine, only when ``hvd`` is not given).

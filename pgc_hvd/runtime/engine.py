@@ -16,8 +16,8 @@ How the runtime then calls the engine (collectives with deadlines under stable n
 entry points of Horovod's private ``mpi_ops`` it uses or wraps) is
 :mod:`pgc_hvd.runtime.communicator`'s: those run in every step, beside the data plane.
 
-Owns the engine's choice; runs on the training thread, at construction. May import: the
-standard library, ``torchdist`` (lazily) and horovod (lazily).
+Owns the engine's choice; no state. Thread: the training thread, at construction.
+May import: the standard library, ``torchdist`` (lazily) and horovod (lazily).
 """
 
 from __future__ import annotations

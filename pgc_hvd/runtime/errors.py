@@ -15,6 +15,8 @@ typed fields, never in the text (read the fields, not the message):
 control store is gone), not a refusal of the protocol: Horovod's elastic mode can re-form the
 world without it (:func:`pgc_hvd.runtime.elastic.world_error`).
 
+Owns :class:`AgentError`; no state. Threads: any (raised on the agent thread, kept and raised
+again on the training thread; raised there directly too).
 May import: the standard library only.
 """
 

@@ -10,6 +10,7 @@ Owns the two conventions by which Horovod's functions meet this optimizer:
   :func:`broadcast_version` reads it without changing anything (a property may use it);
   :func:`take_broadcast_version` removes it, for the facade to adopt at a point of its own.
 
+Thread: the training thread (the facade's ``step()``, its properties, the state dict); no state.
 May import: the standard library and torch (horovod lazily); nothing of the package.
 """
 

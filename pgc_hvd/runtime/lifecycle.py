@@ -39,9 +39,12 @@ last records (the recorder), compare the parameters' and the applied hyper-param
 (:func:`~pgc_hvd.runtime.consistency.check_close`, the digest kept by the
 :class:`~pgc_hvd.runtime.step.Step`), remove the gradient hooks (the capture).
 
-Runs on the training thread (``__del__``: any thread, no collective). May import:
-``runtime.consistency`` and ``runtime.errors`` (``AgentError``); the optimizers and the parts
-are used through their public members (``closed``, ``failed``, ``close``, ``abort``,
+Owns the registry of unclosed optimizers (under its lock), the exit hook, the wrapped
+``shutdown`` and the order of the closing steps. Threads: the training thread (``register``,
+``close``, ``abandon``); the atexit hook, on the main thread; ``hvd.shutdown()``'s caller;
+:func:`collected` (``__del__``): any thread, no collective.
+May import: ``runtime.consistency`` and ``runtime.errors`` (``AgentError``); the optimizers
+and the parts are used through their public members (``closed``, ``failed``, ``close``, ``abort``,
 ``abandon``, ``agent``, ``hvd``; the step's ``version`` and ``hyper_digest``).
 """
 

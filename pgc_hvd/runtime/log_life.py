@@ -20,9 +20,10 @@ store that cannot be reached names rank 0. Close: as ``control="store"`` (every 
 * the end: :meth:`LogLife.close` (the bye protocol, then rank 0's reader stopped) and
   :meth:`LogLife.stop` (no bye: the agent stopped on an error, or an abandoned world).
 
-Uses the channel's own members (``self``: store, writer, prefix, timeout, ...). Threads: the
-agent thread (the census, the end), the training thread (:meth:`LogLife.notify_fault` may come
-from either).
+Owns :class:`FaultNotice` and the log's set-up, failure path and end; no state of its own: it
+uses the channel's members (``self``: store, writer, prefix, timeout, ...). Threads: the
+training thread (:meth:`LogLife.create`, in the agent's construction; ``stop`` when the agent is
+cut off), the agent thread (the census, :meth:`LogLife.notify_fault`, ``close``, ``stop``).
 May import: numpy, the standard library, ``runtime.errors``, ``runtime.rows``,
 ``runtime.control_store`` (the store's set-up and bye).
 """

@@ -11,6 +11,7 @@ The checks of a saved state are :mod:`pgc_hvd.runtime.checkpoint`'s.
 ``pgc_state_dict``, ``load_pgc_state_dict``, ``load_torch_state_dict``), a base class of
 :class:`~pgc_hvd.runtime.optimizer.PGCOptimizer` (here since issue 46: off the step's path).
 
+Thread: the training thread (the user's ``state_dict()`` / ``load_state_dict()``, checkpoints).
 May import: numpy, torch, ``runtime.interop``, ``runtime.plain`` and ``runtime.checkpoint``'s
 checks. The optimizer itself is used through its public members only.
 """

@@ -19,13 +19,14 @@ update. Each rank is one worker of the scheme (n = ``hvd.size()``). Per step t (
    and applies the next decided update at once. So the i-th ``step()`` call applies update i on
    every rank (docs/from_horovod.md).
 
-This module is the facade: :class:`PGCOptimizer` (Horovod's step API -- ``step``,
+Owns the facade: :class:`PGCOptimizer` (Horovod's step API -- ``step``,
 ``synchronize``, ``skip_synchronize``, ``zero_grad`` -- ``batches``, the loop-fed door) and
 :class:`Lifecycle` (start, close, the re-plan of ``stragglers="auto"``, the staleness knob),
 over one :class:`~pgc_hvd.runtime.step.Step`; the parts it wires (built by
 :mod:`~pgc_hvd.runtime.wiring`) are listed in docs/architecture.md, "The runtime's parts".
 fp16, bf16 and fp64 parameters train with fp32 ring, messages and updates, the update cast to
-each parameter's dtype. Training thread.
+each parameter's dtype. Thread: the training thread (``__del__``: any thread, through
+:func:`~pgc_hvd.runtime.lifecycle.collected`).
 May import: numpy, torch, ``flat_layout``, ``runtime.agent``, ``runtime.auto_s``,
 ``runtime.capture``, ``runtime.config``, ``runtime.consistency``, ``runtime.errors``,
 ``runtime.interop``, ``runtime.lifecycle``, ``runtime.optim_state``, ``runtime.replicas``,

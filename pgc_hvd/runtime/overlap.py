@@ -36,8 +36,9 @@ A loss or metrics handed to ``step()`` of a streamed step ride with the rank's n
 (the control row of a message that left at the start of its backward cannot carry them), so a
 decided step's ``loss`` and user metrics are those of the used ranks' previous batches.
 
-:class:`Buckets` is built on the training thread and read-only after construction (both
-threads read it). May import: torch (the layout is passed in).
+Threads: :class:`Buckets` is built on the training thread at construction and read-only after
+(both threads read it).
+May import: torch (the layout is passed in).
 """
 
 from __future__ import annotations

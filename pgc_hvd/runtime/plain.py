@@ -16,6 +16,9 @@ and refuses every other global (the default of ``torch.load`` since torch 2.6).
 :func:`check_plain` refuses anything else before it is written or sent, naming where it sits
 and how to convert it (``float(x)`` for a numpy scalar, ``torch.from_numpy`` for an array, ...).
 
+Owns the allow-list of what pgc_hvd writes or sends as an object (:data:`CONTAINERS`,
+:data:`SCALARS`, :data:`TORCH`) and its check (:func:`check_plain`, ``dumps``, ``loads``); no
+state. Thread: the caller's (the training thread: checkpoints, the elastic broadcasts).
 May import: numpy, torch and the standard library; nothing of the package.
 """
 

@@ -18,7 +18,9 @@ replicas differ raises the same ValueError on every rank, naming the partition, 
 the fix. One pass over the first step's batches and one collective of 8 n bytes per rank, once;
 nothing after the first step (off the path of a steady-state step).
 
-Runs on the training thread. May import: ``runtime.agreement``, numpy and torch.
+Owns the seed's agreement (:func:`agree_seed`) and :class:`ReplicaDataCheck` (the first step's
+digests). Thread: the training thread.
+May import: ``runtime.agreement``, numpy and torch.
 """
 
 from __future__ import annotations

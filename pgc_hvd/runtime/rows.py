@@ -4,7 +4,8 @@ what is decided from them.
 Owns the row's layout, its packing (:func:`pack_row`) and parsing, what is read back from the
 rows alone (:func:`used_metrics`, :func:`not_decided_message`), :class:`ArrivalBook`, the
 agent's record of the arrivals the rows have shown, and :class:`Decider`, the decision body on
-them (below). Runs on the agent thread (:func:`pack_row`: also the training thread).
+them (below). Threads: the agent thread (the book, the decider); :func:`pack_row` also on the
+thread where an event happens (the training thread; any for the agent's ``leave``).
 
 ========================  ==========================================================================
 field                     meaning

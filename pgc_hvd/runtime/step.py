@@ -28,8 +28,10 @@ The plan is formed by :meth:`Step.begin` (``batches()``, ``synchronize()``, or a
 outside ``batches()``), never by a getter; reading it (:meth:`Step.peek_plan`,
 :meth:`Step.would_compute`) changes nothing.
 
-Runs on the training thread only. May import: ``compress.codecs`` (``all_finite``),
-``control.momentum``, ``runtime.agent``
+Owns :class:`Step`, :class:`FaultMonitor` and the hyper-parameter digest (:func:`hyper_digest`).
+Thread: the training thread (:meth:`Step.current` and :meth:`Step.open_stream` from the
+capture's hooks too, inside its ``backward()``).
+May import: ``compress.codecs`` (``all_finite``), ``control.momentum``, ``runtime.agent``
 (``Outgoing``), ``runtime.capture`` (``GradientCapture``, ``loop_plan``),
 ``runtime.communicator`` (``Stream``: the overlap's handoff), ``runtime.config``
 (``takes_three``), ``runtime.consistency`` (``NonFiniteParameters``), ``runtime.errors``,

@@ -6,6 +6,8 @@ training thread drains the queue (:meth:`StepRecorder.drain`, at every applied u
 ``close()``/``abandon()``) and writes the records, so ``on_record`` and the writer run on the
 training thread, like every other user callback, and never race the optimizer's state.
 
+Threads: the training thread (:meth:`StepRecorder.drain`, the writer, ``on_record``); the agent
+thread only queues the reports.
 May import: ``metrics``, ``control.momentum``, ``metrics.telemetry``.
 """
 

@@ -20,6 +20,9 @@ Every rank connects to that address (it is broadcast with the port). A rank on a
 that is handed a loopback address is stopped with the fix instead of waiting for a connection
 that cannot come.
 
+Owns the choice of the store's address (:func:`bind_address`), its listening socket
+(:func:`listen`) and the check that a rank can reach it (:func:`check_reachable`); no state.
+Thread: the training thread, at the control store's set-up (the agent's construction).
 May import: the standard library only.
 """
 

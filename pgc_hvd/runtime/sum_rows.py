@@ -33,7 +33,9 @@ cannot take this path keeps the control plane (:meth:`~pgc_hvd.runtime.config.Ru
 rows_in_sum`, the one place it is chosen): s >= 1, bounded staleness (late messages),
 top-kappa, fp16 wire, optimistic payloads, complex codes, replayed arrivals, the polled planes.
 
-Threads: the agent thread (:meth:`SumRows.loop`).
+Owns :class:`SumRows` (the s = 0 loop and its checks) and the rows as float32 words
+(:func:`split_rows`, :func:`join_rows`). Threads: the agent thread (:meth:`SumRows.loop`; built
+in the agent's construction, on the training thread).
 May import: numpy, torch, the standard library, ``compress`` (codecs), ``schemes``,
 ``runtime.errors``, ``runtime.rows``.
 """

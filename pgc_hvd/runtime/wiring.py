@@ -11,7 +11,7 @@ the old ones knew (:func:`carry_over`): the loop's habits, the compute clock, th
 hyper-parameter digest, the last update and the version reached. The capture's hooks are
 attached by the caller, last (a construction that fails leaves no hook on the model).
 
-Owns: :class:`Parts`, :func:`build_parts`, :func:`carry_over`. Thread: training, at
+Owns :class:`Parts`, :func:`build_parts`, :func:`carry_over`. Thread: training, at
 construction and at a re-plan; never in a step.
 May import: ``compress.encoder``, ``control.momentum``, ``schemes``, ``runtime.agent``,
 ``runtime.capture``, ``runtime.overlap``, ``runtime.step``.

@@ -20,6 +20,9 @@ changes no environment variable (a test session or a notebook that imports this 
 Horovod's defaults for its other jobs). The other names load on first use (:mod:`.state`
 imports Horovod; :mod:`.checkpoints` does not).
 
+Owns the response cache's setting (:func:`response_cache_off`, :func:`cache_off`) and the
+package's lazy names; no state. Threads: import time (:mod:`.cascade` marks the sockets), the
+training thread (before ``hvd.init()``).
 May import: its modules (:mod:`.cascade` at import, the others lazily).
 """
 

@@ -37,6 +37,10 @@ service, the rendezvous's HTTP requests, ssh, pgc_hvd's control store, the user'
 listening sockets. Where ``/proc`` is missing (not Linux) every method is a no-op and a dead rank
 costs the gloo timeout as before.
 
+Owns :class:`GlooSockets` (this rank's sockets of the current world, under its lock) and
+:data:`SOCKETS`, the process's tracker. Threads: import time (the first mark), the training
+thread (mark, adopt, cascade), the agent thread (cascade and mark: the elastic state's
+``on_stop``).
 May import: the standard library only.
 """
 

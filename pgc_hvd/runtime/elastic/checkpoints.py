@@ -29,6 +29,9 @@ Cost (docs/elastic.md, "Kills at any moment"): one ``torch.save`` of the model a
 state per rank per saved version: about 1 ms for the recipe's MLP; for large models save every k
 versions (a restart then redoes at most k - 1 versions).
 
+Owns the elastic checkpoint files (:func:`write`, :func:`read`, :func:`latest_version`) and
+:class:`ElasticCheckpoints` (folder, tag, how often). Thread: the training thread (the user's
+loop: ``save``, ``resume``).
 May import: torch, :mod:`pgc_hvd.runtime.plain`, :mod:`pgc_hvd.runtime.checkpoint` (its atomic
 writer); nothing of Horovod (the caller passes the state's parts).
 """

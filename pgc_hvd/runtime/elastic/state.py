@@ -69,6 +69,10 @@ world, a rank that dies is tolerated only until its peers notice (one collective
 coding cannot step past a dead rank inside a world, because every Horovod collective needs
 every rank of the world.
 
+Owns :class:`ElasticState` (this rank's optimizer, loader and world bookkeeping, the world-change
+records) and :func:`check_timeouts`. Threads: the training thread (Horovod's elastic loop:
+``sync``, ``restore``, ``step``, ...), the agent thread (the agent's ``on_stop``: a broken
+world's sockets shut down before the training thread notices).
 May import: torch, Horovod (its ``State`` base class and exceptions),
 :mod:`pgc_hvd.runtime.agreement` (the world's agreement on version and digest, the joint host
 check), :mod:`pgc_hvd.runtime.elastic` (the cache setting),

@@ -4,6 +4,9 @@
 and plain types only (:func:`bcast_object`, :func:`horovod_bcast`: the ``bcast_object`` that
 Horovod's ``State`` base class gets).
 
+Owns no state: these edges, as functions. Threads: the training thread (the elastic state's
+``restore`` and ``sync``, Horovod's ``State``); :func:`world_error` also on the agent thread
+(the elastic state's ``on_stop``).
 May import: :mod:`pgc_hvd.runtime.agreement` (the byte broadcast),
 :mod:`pgc_hvd.runtime.plain`, :mod:`pgc_hvd.runtime.errors`; Horovod's exceptions, lazily.
 """
