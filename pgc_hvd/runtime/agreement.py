@@ -2,9 +2,8 @@
 agreement of the runtime is made of, each written once here, and the digest the ranks compare.
 
 * :func:`poll_until` / :func:`wait_for_handle`: poll a condition (an asynchronous handle, a
-  store counter) until it holds or a deadline passes -- short sleeps first (a small allgather
-  takes 1-3 ms here), then at most 1 ms between polls; a blocking ``synchronize`` could not
-  time out on a hung rank;
+  store counter) until it holds or a deadline passes: the runtime's one poll loop, the data
+  plane's (:mod:`pgc_hvd.runtime.communicator`, on the step's path), re-exported here;
 * :func:`finish`: a handle's result, or :class:`~pgc_hvd.runtime.errors.AgentError` with the
   caller's message when no answer came in time (``timeout=None``: blocking, for the elastic
   world's agreement, where gloo's own timeout reports a dead rank as Horovod's error);
@@ -25,37 +24,20 @@ with this Horovod build). The callers choose the names, the deadline and what th
 Owns no state: the polled small collectives and the digest. Threads: the
 caller's: the training thread (the checks, ``load_checkpoint``, the elastic ``sync``, the
 control store's set-up), the agent thread (the control store's bye: :func:`poll_until`).
-May import: torch, numpy, :mod:`pgc_hvd.runtime.errors`.
+May import: torch, numpy, :mod:`pgc_hvd.runtime.errors`, :mod:`pgc_hvd.runtime.communicator`
+(its poll loop).
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 
+from pgc_hvd.runtime.communicator import poll_until, wait_for_handle
 from pgc_hvd.runtime.errors import AgentError
-
-
-def poll_until(ready: Callable[[], bool], timeout: float) -> bool:
-    """Call ``ready()`` until it returns true (True) or ``timeout`` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    sleep = 0.0001
-    while not ready():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(sleep)
-        sleep = min(sleep * 1.5, 0.001)
-    return True
-
-
-def wait_for_handle(hvd, handle, timeout: float) -> bool:
-    """Poll an asynchronous Horovod handle until it completes (True) or ``timeout`` seconds pass
-    (False)."""
-    return poll_until(lambda: hvd.poll(handle), timeout)
 
 
 def no_answer(rank: int, what: str, timeout: float) -> str:

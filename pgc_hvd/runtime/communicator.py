@@ -69,21 +69,29 @@ NARROW_REDUCE = ("auto", "alltoall", "allreduce")
 # ---- the collectives: deadlines, stable names, the user's unnamed ops named ------------------
 
 
-def wait_for_handle(hvd, handle, timeout: float, abort=None, nap=None) -> bool:
-    """Poll an asynchronous Horovod handle until it completes (True) or ``timeout`` seconds pass
-    (False), or ``abort()`` (when given) says to give up (False). Short sleeps first (a small
-    allgather takes 1-3 ms here), then at most 1 ms between polls; a blocking ``synchronize``
-    could not time out on a hung rank. ``nap(seconds)``: the sleep between polls (default
-    ``time.sleep``; one that returns early lets ``abort()`` serve an event at once)."""
+def poll_until(ready, timeout: float, abort=None, nap=None) -> bool:
+    """The runtime's one poll loop: call ``ready()`` until it returns true (True) or
+    ``timeout`` seconds pass (False), or ``abort()`` (when given) says to give up (False).
+    Short sleeps first (a small allgather takes 1-3 ms here), then at most 1 ms between polls;
+    a blocking ``synchronize`` could not time out on a hung rank. ``nap(seconds)``: the sleep
+    between polls (default ``time.sleep``; one that returns early lets ``abort()`` serve an
+    event at once). The cross-rank checks poll through it too (:mod:`pgc_hvd.runtime.
+    agreement`)."""
     deadline = time.monotonic() + timeout
     sleep = 0.0001
     nap = time.sleep if nap is None else nap
-    while not hvd.poll(handle):
+    while not ready():
         if time.monotonic() > deadline or (abort is not None and abort()):
             return False
         nap(sleep)
         sleep = min(sleep * 1.5, 0.001)
     return True
+
+
+def wait_for_handle(hvd, handle, timeout: float, abort=None, nap=None) -> bool:
+    """Poll an asynchronous engine handle until it completes (True), ``timeout`` seconds pass
+    or ``abort()`` says to give up (False): :func:`poll_until`."""
+    return poll_until(lambda: hvd.poll(handle), timeout, abort, nap)
 
 
 class Collectives:
