@@ -66,6 +66,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if is_quick(item):
             item.add_marker(pytest.mark.quick)
+    # the unit tests first, while the fault launches run in the background (fault_launches);
+    # then the multi-rank tests, in collection order
+    items.sort(key=lambda item: "multirank" in item.keywords)
 
 
 def _horovodrun_path() -> str | None:
@@ -355,75 +358,73 @@ torch2, torch3, torch4 = (_group_fixture("torchrun", n) for n in (2, 3, 4))
 
 
 #: how many fault launches run at once (:func:`fault_launches`): they spend much of their time
-#: waiting for a timeout to name a rank, so two overlap on 2 cores
+#: waiting for a timeout to name a rank, so two run beside the unit tests on 2 cores
 FAULT_CONCURRENCY = 2
 
 
-@pytest.fixture(scope="session")
-def fault_launches(tmp_path_factory):
+@pytest.fixture(scope="session", autouse=True)
+def fault_launches(tmp_path_factory, request):
     """``fault_launches(request, key)``: the CompletedProcess of the requesting module's fault
-    launch ``key`` (its exit status not checked), one of the session's fault launches run
-    side by side.
+    launch ``key`` (its exit status not checked), one of the session's fault launches, run in
+    the background.
 
     A run that kills or hangs a rank, or stops every rank with an error, keeps a launch of its
     own (it cannot be an entry of :func:`launch_group`'s shared launch), and most of its time
-    is spent waiting for a timeout to name the rank: so the first test that asks starts every
-    selected module's fault launches, ``FAULT_CONCURRENCY`` at a time, and later tests read
-    their result. A module lists them in ``FAULT_LAUNCHES = [(launcher, np, key, test_name,
-    script, args), ...]`` (``launcher`` ``"horovodrun"`` or ``"torchrun"``; ``args`` as the
-    script's command line; each launch in a folder of its own, 180 s at most)."""
+    is spent waiting for a timeout to name the rank. So the session starts every selected
+    module's fault launches when its first test starts, ``FAULT_CONCURRENCY`` at a time in
+    background threads, while the unit tests run (they come first:
+    :func:`pytest_collection_modifyitems` puts the multi-rank tests last); a fault test waits
+    for its own launch. A module lists them in ``FAULT_LAUNCHES = [(launcher, np, key,
+    test_name, script, args), ...]`` (``launcher`` ``"horovodrun"`` or ``"torchrun"``; ``args``
+    as the script's command line; each launch in a folder of its own, 180 s at most)."""
     from concurrent.futures import ThreadPoolExecutor
 
     results: dict = {}
-    started: list = []
-
-    def start(session):
-        started.append(True)
-        wanted, modules = set(), []
-        for item in session.items:
-            mod = getattr(item, "module", None)
-            if mod is None:
+    wanted, modules = set(), []
+    for item in request.session.items:
+        mod = getattr(item, "module", None)
+        if mod is None:
+            continue
+        wanted.add((mod.__name__, getattr(item, "originalname", item.name)))
+        if mod not in modules:
+            modules.append(mod)
+    jobs = []
+    for mod in modules:
+        for launcher, np_, key, test, script, args in getattr(mod, "FAULT_LAUNCHES", ()):
+            if (mod.__name__, test) not in wanted:
                 continue
-            wanted.add((mod.__name__, getattr(item, "originalname", item.name)))
-            if mod not in modules:
-                modules.append(mod)
-        jobs = []
-        for mod in modules:
-            for launcher, np_, key, test, script, args in getattr(mod, "FAULT_LAUNCHES", ()):
-                if (mod.__name__, test) not in wanted:
-                    continue
-                tmp = tmp_path_factory.mktemp(f"fault-{key}")
-                make = _horovodrun_launcher if launcher == "horovodrun" else _torchrun_launcher
-                try:
-                    run = make(tmp)
-                except pytest.skip.Exception as why:   # e.g. horovod not installed
-                    results[mod.__name__, key] = f"skip:{why}"
-                    continue
-                jobs.append(((mod.__name__, key), run, np_, script, args))
-
-        def one(job):
-            name, run, np_, script, args = job
+            tmp = tmp_path_factory.mktemp(f"fault-{key}")
+            make = _horovodrun_launcher if launcher == "horovodrun" else _torchrun_launcher
             try:
-                return name, run(np_, script, *args, timeout=180, check=False)
-            except subprocess.TimeoutExpired as err:
-                return name, f"fail:the fault launch {name[1]!r} timed out: {err}\n{err.output}"
+                run = make(tmp)
+            except pytest.skip.Exception as why:   # e.g. horovod not installed
+                results[mod.__name__, key] = f"skip:{why}"
+                continue
+            jobs.append(((mod.__name__, key), run, np_, script, args))
 
-        with ThreadPoolExecutor(max_workers=FAULT_CONCURRENCY) as pool:
-            results.update(pool.map(one, jobs))
+    def one(run, np_, script, args, key):
+        try:
+            return run(np_, script, *args, timeout=180, check=False)
+        except subprocess.TimeoutExpired as err:
+            return f"fail:the fault launch {key!r} timed out: {err}\n{err.output}"
+
+    pool = ThreadPoolExecutor(max_workers=FAULT_CONCURRENCY, thread_name_prefix="fault-launch")
+    for name, run, np_, script, args in jobs:
+        results[name] = pool.submit(one, run, np_, script, args, name[1])
 
     def get(request, key):
-        if not started:
-            start(request.session)
         name = (request.module.__name__, key)
         if name not in results:
             pytest.fail(f"fault launch {key!r} is not in {request.module.__name__}'s "
                         f"FAULT_LAUNCHES (or its test was not selected)")
         res = results[name]
+        res = res if isinstance(res, str) else res.result()
         if isinstance(res, str):
             (pytest.skip if res.startswith("skip:") else pytest.fail)(res.split(":", 1)[1])
         return res
 
-    return get
+    yield get
+    pool.shutdown(wait=True)
 
 
 @pytest.fixture

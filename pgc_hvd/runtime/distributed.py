@@ -141,9 +141,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             torch's own store).
             ``"log"``: no polling (:mod:`pgc_hvd.runtime.control_log`): a rank appends its row
             to an ordered log in that store when its message is ready, rank 0 decides as the
-            rows arrive and publishes each step's outcome, every rank reads it with one blocking
-            ``get``: about 3 store operations per rank per step whatever the compute time
-            (records: ``control_ops``); no payloads with the rows (``optimistic`` unset).
+            rows arrive and publishes each step's outcome by one broadcast: 4 control
+            operations per rank > 0 per step whatever the compute time (the append's ``add`` and
+            ``set``, the broadcast, the delete of its row once taken; records: ``control_ops``);
+            no payloads with the rows (``optimistic`` unset).
         overlap: None (default): True when the parameters live on a GPU, False on the CPU
             (there the agent thread's sums compete with the backward for the cores and the
             interpreter: no gain measured on 2 cores). True: the data collective overlaps the
