@@ -39,15 +39,38 @@ def loader():
                        batch_size=16, seed=2)
 
 
+_BUILT: list = []
+
+
+def request_stop(parts) -> None:
+    """Stop ``parts``' control-log reader when the test ends (:func:`stop_built_parts`)."""
+    _BUILT.append(parts)
+
+
+@pytest.fixture(autouse=True)
+def stop_built_parts():
+    """The parts a test built by hand (their agent never started): their control log's reader
+    thread stopped (``LogChannel.stop``), so none outlives the test blocked in a store ``get``
+    (a reader whose wait ends while the interpreter exits aborts it)."""
+    yield
+    while _BUILT:
+        _BUILT.pop().agent.channel.stop()
+
+
 def test_the_parts_are_wired_to_each_other_and_tell_the_recorder():
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5)
-    cfg = DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1),
-                               name="wiring.cfg", timeout=30, scheme="pgc-cr").config
+    first = DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1),
+                                 name="wiring.cfg", timeout=30, scheme="pgc-cr")
+    cfg = first.config
+    first.close()
     lay = FlatLayout(list(m.parameters()))
     rec = StepRecorder(None, None, scheme_name="?", n=1, s=7)
     parts = build_parts(hvd, cfg, rank=0, n=1, layout=lay, names={}, reports=False,
                         param_groups=opt.param_groups, name="wiring.a", recorder=rec)
+    # its agent never starts: its control log's reader thread is stopped when the test ends
+    # (one left blocked in the store's get would outlive the session and abort the exit)
+    request_stop(parts)
     assert isinstance(parts, Parts)
     assert parts.scheme.name == "pgc-cr" and parts.scheme.n == 1 and parts.scheme.s == 0
     assert parts.step.capture is parts.capture and parts.step.encoder is parts.encoder
@@ -71,6 +94,7 @@ def test_a_replans_parts_continue_where_the_old_ones_stopped():
     new = build_parts(hvd, opt.config, rank=0, n=1, layout=FlatLayout(list(m.parameters())),
                       names={}, param_groups=opt.param_groups, reports=False,
                       name="wiring.new")
+    request_stop(new)
     step.capture.amp = True   # a habit seen at the first step
     carry_over(old, new)
     assert new.step.version == step.version == 3
