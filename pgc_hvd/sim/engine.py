@@ -252,6 +252,10 @@ class Simulator(WorkerSteps):
         check_trace_covers(self.delay, self.n, config.steps)
         self.comm = config.comm
         self.collective = isinstance(self.comm, CollectiveModel)
+        if config.auto is not None:
+            # the master model's decoder runs no control round at any s: s = 0 and s >= 1
+            # steps pay the same fixed cost (the rule's prior for the round: none)
+            config.auto.round_prior = 0.0
         self.element_size = int(element_size)
         self.model_bytes = self.d * self.element_size
         self.kappa = (None if config.compression is None else config.compression.kappa(self.d))
