@@ -126,7 +126,12 @@ def observations(run_dir: Path, partition_time: Optional[float] = None) -> dict:
     st = np.array([r["step_time"] for r in recs], dtype=float)
     used_max = np.array([max(r["busy"][w] for w in r["workers_used"]) for r in recs])
     prot = (st - used_max)[body]
+    # records of the runtime's control plane (or of the simulator's collective model) carry
+    # control_ops: a step at s >= 1 there pays a control round the s = 0 path does not
+    from pgc_hvd.control.progress_model import DEFAULT_ROUND_COST
+    plane = any("control_ops" in (r.get("extra") or {}) for r in recs)
     return {"source": "records", "n": n, "delays": per, "tau": tau,
+            "round_cost": DEFAULT_ROUND_COST if plane else 0.0,
             "protocol": float(max(0.0, np.mean(prot))), "protocol_median": float(np.median(prot)),
             "steps": len(recs), "scheme": scheme_name, "s": s, "all_wait": all_wait,
             "observed_time_per_step": float(np.mean(st[body]))}
@@ -161,14 +166,19 @@ def attach_model(rows: list, obs: dict, seed: int = 0) -> float:
     with the observed per-rank delays, tau and protocol cost; lambda (the staleness effect) is
     the median of the values the simulations measured (steps to target of a stale candidate
     against DGD's), else the default. Returns the lambda used."""
-    from pgc_hvd.control.progress_model import (DEFAULT_STALENESS_COST, measured_staleness_cost,
-                                                predict)
+    from pgc_hvd.control.progress_model import (DEFAULT_STALENESS_COST, FixedCost,
+                                                measured_staleness_cost, predict)
     exact = next((r.get("steps_to_target") for r in rows if r["scheme"] == "dgd"), None)
     measured = [m for m in (measured_staleness_cost(r["scheme"], r["s"], r.get("steps_to_target"),
                                                     exact) for r in rows) if m is not None]
     lam = float(np.median(measured)) if measured else DEFAULT_STALENESS_COST
+    # the observed protocol cost is o_0 or o_1 by the observed run's s (the rule's FixedCost)
+    seen = obs["protocol"]
+    zero_path = not obs.get("s")
+    fc = FixedCost.calibrated(seen if zero_path else None, None if zero_path else seen,
+                              obs.get("round_cost", 0.0))
     for r in rows:
-        r["model"] = predict(r["scheme"], r["s"], obs["delays"], obs["tau"], obs["protocol"],
+        r["model"] = predict(r["scheme"], r["s"], obs["delays"], obs["tau"], fc,
                              staleness_cost=lam, seed=seed).as_dict()
         r["model"]["staleness_cost"] = lam
     return lam

@@ -51,17 +51,20 @@ def _budget(text: str):
 
 
 def _auto_options(p, items) -> dict:
-    """--auto KEY=VALUE -> AutoConfig's options (ints where the field is an int)."""
+    """--auto KEY=VALUE -> AutoConfig's options (ints where the field is an int, raise_to a
+    word)."""
     from pgc_hvd.control.auto_s import AutoConfig
     try:
         raw = parse_options(items, "--auto")
     except ValueError as err:
         p.error(str(err))
-    ints = {"every", "window", "s_max", "s_start", "min_samples", "draws"}
+    ints = {"every", "first", "cooldown", "horizon", "window", "s_max", "s_start",
+            "min_samples", "draws"}
+    words = {"raise_to"}
     out = {}
     for k, v in raw.items():
         try:
-            out[k] = int(v) if k in ints else float(v)
+            out[k] = v if k in words else int(v) if k in ints else float(v)
         except (TypeError, ValueError):
             p.error(f"--auto {k}={v}: not a number")
     try:

@@ -15,7 +15,10 @@ The rule (docs/control.md, "s chosen online"):
   sample counts as a (censored) sample at the boundary. tau is the configured compute time of
   a partition or, unknown, the smallest seconds / k seen (the shift estimate ``advise``
   uses). The last ``window`` step times of the current s calibrate the model's fixed cost
-  o = max(0, mean step time - T(current s) without o).
+  of that kind of s, o = max(0, mean step time - T(current s) without o): o_0 at s = 0 (no
+  control round: the runtime's s = 0 path), o_1 at s >= 1 (with it); the kind not observed
+  yet is the other plus or minus a prior for the round (``round_cost``, else the engine's
+  ``round_prior``; :class:`~.progress_model.FixedCost`).
 * **Decide, at a safe boundary** (step ``first``, then every ``every`` steps: by default
   every step boundary, where the simulator's plan can change; once every rank has
   ``min_samples`` samples and ``cooldown`` steps have passed since the last switch):
@@ -26,7 +29,10 @@ The rule (docs/control.md, "s chosen online"):
   (c_warm - k) tau is spread over ``horizon`` steps. Then:
 
   - **more redundancy** (best s > current) only if its expected progress per second beats
-    the current s's by more than ``min_gain`` (hysteresis; default 8%);
+    the current s's by more than ``min_gain`` (hysteresis; default 8%); to the best s
+    (``raise_to="best"``, the simulator's default) or to the smallest s above the current one
+    predicted within ``min_gain`` of the best (``"smallest"``, the runtime's: a larger s must
+    beat it by the margin too, as it must beat the current one);
   - **less redundancy** (best s < current) as soon as it is predicted at least as good: a
     smaller s costs fewer evaluations and less staleness than the model charges (it is the
     safe side), so s = 0 is reached when nothing is slow. Going back up needs the margin
@@ -49,8 +55,8 @@ from typing import Optional
 
 import numpy as np
 
-from .progress_model import (DEFAULT_STALENESS_COST, Prediction, draw_delays,
-                             order_statistic_time, predict, step_partitions)
+from .progress_model import (DEFAULT_ROUND_COST, DEFAULT_STALENESS_COST, FixedCost, Prediction,
+                             draw_delays, order_statistic_time, predict, step_partitions)
 
 _SWITCHES_KEPT = 64
 
@@ -70,6 +76,10 @@ class AutoConfig:
     min_samples: int = 1     # samples per rank before a decision
     tau: Optional[float] = None   # seconds per partition (None: estimated, min seconds / k)
     draws: int = 256         # Monte Carlo draws of the order statistic
+    round_cost: Optional[float] = None   # prior seconds of a control round (s >= 1 over s = 0)
+                             # until both are observed (None: the engine's, AutoStragglers.round_prior)
+    raise_to: str = "best"   # "best": the best candidate; "smallest": the smallest s whose
+                             # predicted rate is within min_gain of the best (the runtime's)
 
     @classmethod
     def from_options(cls, opts) -> "AutoConfig":
@@ -94,6 +104,13 @@ class AutoConfig:
         if not cfg.half_life > 0:
             raise ValueError(f"stragglers='auto': half_life must be > 0 samples, "
                              f"got {cfg.half_life}")
+        if cfg.round_cost is not None and not (cfg.round_cost >= 0
+                                               and math.isfinite(cfg.round_cost)):
+            raise ValueError(f"stragglers='auto': round_cost must be seconds >= 0, "
+                             f"got {cfg.round_cost}")
+        if cfg.raise_to not in ("best", "smallest"):
+            raise ValueError(f"stragglers='auto': raise_to must be 'best' or 'smallest', "
+                             f"got {cfg.raise_to!r}")
         if cfg.tau is not None and not cfg.tau > 0:
             raise ValueError(f"stragglers='auto': tau must be seconds > 0, got {cfg.tau}")
         if cfg.min_samples > cfg.window:
@@ -201,6 +218,19 @@ class AutoStragglers:
         self.switches: collections.deque = collections.deque(maxlen=_SWITCHES_KEPT)
         self.n_switches = 0
         self.last_predictions: list = []
+        #: the engine's prior for the control round when ``round_cost`` is None (the runtime's
+        #: log path: DEFAULT_ROUND_COST; the simulator's master model prices none: 0)
+        self.round_prior = DEFAULT_ROUND_COST
+        #: the fixed cost per step calibrated at s = 0 (key 0) and at s >= 1 (key 1), None
+        #: until steps at such an s were observed
+        self.observed_cost: dict = {0: None, 1: None}
+        self.fixed_cost = FixedCost.calibrated(round_cost=self.round_cost)
+
+    @property
+    def round_cost(self) -> float:
+        """The prior for a control round: ``round_cost`` or the engine's ``round_prior``."""
+        return float(self.cfg.round_cost if self.cfg.round_cost is not None
+                     else self.round_prior)
 
     def candidates(self) -> list[tuple[str, int]]:
         return [(self.scheme, s) for s in range(0, self.s_max + 1)]
@@ -237,36 +267,40 @@ class AutoStragglers:
         return ((self.last_switch is None or step - self.last_switch >= c.cooldown)
                 and min(self.stats.counts()) >= c.min_samples)
 
-    def predictions(self, running=None) -> tuple[list[Prediction], float]:
-        """The candidates ranked (best first) and the fixed cost o calibrated on the current s;
-        ``running`` as :meth:`ArrivalStats.delays`."""
+    def predictions(self, running=None) -> tuple[list[Prediction], FixedCost]:
+        """The candidates ranked (best first) and the fixed costs per step (o_0 at s = 0, o_1
+        at s >= 1): the current s's kind calibrated on its step times (the observed mean step
+        time minus the model's T without o), the other kind as last calibrated, else from
+        this one and the round's prior (:meth:`FixedCost.calibrated`); ``running`` as
+        :meth:`ArrivalStats.delays`."""
         st = self.stats
         delays, tau = st.delays(running), st.tau
         hl = self.cfg.half_life
         D = draw_delays(delays, self.cfg.draws, self.n_switches, hl)
-        o = 0.0
         if st.step_times:
             bare = order_statistic_time(D, tau, self.partitions(self.s), self.s)
-            o = max(0.0, float(np.mean(st.step_times)) - bare)
+            self.observed_cost[min(1, self.s)] = max(0.0, float(np.mean(st.step_times)) - bare)
+        fc = self.fixed_cost = FixedCost.calibrated(self.observed_cost[0], self.observed_cost[1],
+                                                    self.round_cost)
         preds = []
         for scheme, s in self.candidates():
             try:
                 k = self.partitions(s)
                 replan = 0.0 if s == self.s else \
                     max(0, self.warmup_partitions(s) - k) * tau / self.cfg.horizon
-                preds.append(predict(scheme, s, delays, tau, o + replan,
+                preds.append(predict(scheme, s, delays, tau, fc.at(s) + replan,
                                      self.cfg.staleness_cost, k=k, drawn=D))
             except ValueError:     # no code for (n, s)
                 continue
         preds.sort(key=lambda p: (-p.rate, p.s))
-        return preds, o
+        return preds, fc
 
     def decide(self, step: int, running=None) -> Optional[Switch]:
         """At a boundary (:meth:`ready`): the switch to make before step ``step``, or None.
         ``running``: {rank: (seconds so far, partitions)} of the steps being computed now."""
         if not self.ready(step):
             return None
-        preds, o = self.predictions(running)
+        preds, fc = self.predictions(running)
         self.last_predictions = [p.as_dict() for p in preds]
         cur = next((p for p in preds if p.s == self.s), None)
         if not preds or cur is None:
@@ -279,13 +313,22 @@ class AutoStragglers:
             return None
         if best.s < self.s and best.rate < cur.rate:
             return None
-        why = (f"+{gain:.1%} > min_gain {self.cfg.min_gain:.0%}" if best.s > self.s else
+        if best.s > self.s and self.cfg.raise_to == "smallest":
+            # the smallest s above the current one predicted within min_gain of the best:
+            # a larger s must beat it by the margin too (the hysteresis of raising s)
+            bar = best.rate / (1.0 + self.cfg.min_gain)
+            best = min((p for p in preds if p.s > self.s and p.rate >= bar),
+                       key=lambda p: p.s)
+            gain = best.rate / cur.rate - 1.0 if cur.rate > 0 else math.inf
+        why = (f"+{gain:.1%}, the best +{preds[0].rate / cur.rate - 1.0:.1%} > min_gain "
+               f"{self.cfg.min_gain:.0%}" if best.s > self.s else
                f"less redundancy, predicted at least as good ({gain:+.1%})")
         reason = (f"predicted progress/s {best.rate:.4g} at s={best.s} (T {best.time_per_step:.3g} s"
                   f" incl. re-plan, progress/step {best.progress_per_step:.3g}) vs {cur.rate:.4g} "
                   f"at s={cur.s} (T {cur.time_per_step:.3g} s, progress/step "
                   f"{cur.progress_per_step:.3g}): {why}; tau {self.stats.tau:.3g} s, fixed cost "
-                  f"{o:.3g} s, {min(self.stats.counts())}+ samples per rank")
+                  f"{fc.zero:.3g} s at s=0, {fc.round:.3g} s at s>=1, "
+                  f"{min(self.stats.counts())}+ samples per rank")
         sw = Switch(step, self.s, best.s, reason, float(gain), self.last_predictions)
         self.s = best.s
         self.last_switch = step

@@ -18,6 +18,13 @@ The model, with the design note's symbols (n workers, budget s, c partitions per
   expectation is a Monte Carlo over ``draws`` joint draws, each rank's D_r drawn from its own
   observed samples (independent across ranks, a rank's persistent slowness kept). With s = 0
   this is the slowest rank's time: Horovod's step.
+* **Fixed cost per step** o (:class:`FixedCost`): o_0 at s = 0, o_1 at s >= 1. The runtime's
+  s = 0 step runs no control round (the rows ride in the data allreduce,
+  ``runtime/sum_rows.py``; the simulator's collective model prices it so too), every s >= 1
+  step pays one, so o_1 - o_0 is the round. Each is calibrated from step times observed at
+  such an s (:meth:`FixedCost.calibrated`); one not observed yet is the other plus or minus a
+  prior for the round (``round_cost``: :data:`DEFAULT_ROUND_COST` in the runtime, 0 under the
+  simulator's master model, whose decoder runs no round at any s).
 * **Progress per step** gamma relative to the exact gradient (DGD's step = 1): 1 for schemes
   that use no stale gradient (DGD, IS-SGD, GC-CR, BCGC, and every scheme at s = 0); for
   schemes that use stale gradients (PGC's ring of the last c - 1 = s versions, bounded
@@ -48,6 +55,47 @@ import numpy as np
 
 # extra steps per unit of ring depth for the stale schemes (module doc; docs/control.md)
 DEFAULT_STALENESS_COST = 0.005
+#: seconds a control round adds to a step at s >= 1 over the s = 0 path, before both have been
+#: observed: the log path's round at n = 4 by the simulator's formulas (pgc_hvd/sim/log_costs.py)
+#: with the constants measured on this machine (docs/figures/log_control_fit.json): the append
+#: (1.5 rtt + rtt / 2), the decider's runs on the 4 rows (2 runs + 4 rows, two batches), the
+#: follower's delete (rtt) and replay (3 runs + 4 rows); the broadcast's link time is left out
+#: (loopback). tests/control/test_progress_model.py recomputes it from those sources.
+DEFAULT_ROUND_COST = 2.9e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedCost:
+    """The fixed cost per step (decode, control, broadcast, apply) beside the order statistic:
+    ``zero`` at s = 0 (the s = 0 path: no control round) and ``round`` at s >= 1 (with it)."""
+
+    zero: float
+    round: float
+
+    def at(self, s: int) -> float:
+        return self.zero if s <= 0 else self.round
+
+    @classmethod
+    def calibrated(cls, zero: Optional[float] = None, round: Optional[float] = None,
+                   round_cost: float = 0.0) -> "FixedCost":
+        """o_0 and o_1 from what was observed (None: not observed): one observed gives the
+        other as itself plus (o_1) or minus (o_0, not below 0) ``round_cost``, the prior for
+        the control round; neither: 0 and ``round_cost``."""
+        rc = max(0.0, float(round_cost))
+        if zero is None and round is None:
+            zero = 0.0
+        if zero is None:
+            zero = max(0.0, round - rc)
+        if round is None:
+            round = zero + rc
+        return cls(float(zero), float(round))
+
+    @classmethod
+    def of(cls, overhead) -> "FixedCost":
+        """``overhead`` as a FixedCost: a number is the same cost at every s."""
+        if isinstance(overhead, FixedCost):
+            return overhead
+        return cls(float(overhead), float(overhead))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,23 +193,25 @@ def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
 
 
 def predict(scheme: str, s: int, delays: Sequence[Sequence[float]], tau: float,
-            overhead: float = 0.0, staleness_cost: float = DEFAULT_STALENESS_COST,
+            overhead=0.0, staleness_cost: float = DEFAULT_STALENESS_COST,
             k: Optional[int] = None, draws: int = 256, seed: int = 0,
             progress: Optional[float] = None, half_life: Optional[float] = None,
             drawn: Optional[np.ndarray] = None) -> Prediction:
     """One candidate's :class:`Prediction`; ``k`` (partitions per step) from the scheme when
     None; ``progress`` (gamma) measured elsewhere (advise's simulations) instead of the
     staleness model when given; ``drawn``: :func:`draw_delays` made once for every candidate
-    (else drawn here with ``draws``, ``seed``, ``half_life``)."""
+    (else drawn here with ``draws``, ``seed``, ``half_life``); ``overhead``: seconds, or a
+    :class:`FixedCost` (o_0 at s = 0, o_1 above)."""
     n = len(delays)
     if k is None:
         k = step_partitions(scheme, n, s)
     g = progress_per_step(scheme, s, staleness_cost) if progress is None else float(progress)
     D = drawn if drawn is not None else draw_delays(delays, draws, seed, half_life)
-    return Prediction(scheme, int(s), int(k), order_statistic_time(D, tau, k, s, overhead), g)
+    o = FixedCost.of(overhead).at(int(s))
+    return Prediction(scheme, int(s), int(k), order_statistic_time(D, tau, k, s, o), g)
 
 
-def rank(candidates, delays: Sequence[Sequence[float]], tau: float, overhead: float = 0.0,
+def rank(candidates, delays: Sequence[Sequence[float]], tau: float, overhead=0.0,
          staleness_cost: float = DEFAULT_STALENESS_COST, draws: int = 256,
          seed: int = 0) -> list[Prediction]:
     """Predictions of ``candidates`` ((scheme, s) pairs; one whose code does not exist for
@@ -198,6 +248,6 @@ def estimate_tau(busy: np.ndarray, k: np.ndarray) -> float:
     return float(b.min())
 
 
-__all__ = ["DEFAULT_STALENESS_COST", "Prediction", "step_partitions", "progress_per_step",
+__all__ = ["DEFAULT_STALENESS_COST", "DEFAULT_ROUND_COST", "FixedCost", "Prediction", "step_partitions", "progress_per_step",
            "time_per_step", "draw_delays", "order_statistic_time", "predict", "rank", "measured_staleness_cost", "estimate_tau",
            "uses_stale_gradients"]

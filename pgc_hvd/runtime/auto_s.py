@@ -13,7 +13,11 @@ staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
   new message gives one sample (seconds = busy now - busy at its previous message, k = the
   steady-state partitions of the s in force), i.e. what the simulator observes, (seconds, k)
   of a finished step. The first message of a plan (its warm-up evaluates the whole ring) gives
-  none. Memory: the rule's windows, O(n * window), whatever the run's length.
+  none. The rows' ready times give the step time (a rank's seconds per version between two of
+  its messages, on its own clock; the median over the ranks with a new message), which
+  calibrates the model's fixed cost per step of the s in force (o_0 on the s = 0 path, o_1
+  with the control round); the round's prior until both were seen is
+  :data:`~pgc_hvd.control.progress_model.DEFAULT_ROUND_COST`. Memory: the rule's windows, O(n * window), whatever the run's length.
 * **Who decides.** Every rank, the same decision, without a collective: the rule is a pure,
   deterministic function of the rows in decision order (its Monte Carlo draws are seeded by the
   number of switches). When the agent decides step V - 1 and V is a boundary of the rule
@@ -50,7 +54,7 @@ from typing import Optional
 
 from pgc_hvd.control.auto_s import AutoConfig, AutoStragglers
 from pgc_hvd.runtime.config import AUTO_DEFAULTS  # noqa: F401  (the runtime defaults, re-exported)
-from pgc_hvd.runtime.rows import CTRL_BUSY, CTRL_READY_STEP
+from pgc_hvd.runtime.rows import CTRL_BUSY, CTRL_READY_STEP, CTRL_READY_TIME
 
 class RuntimeAutoS:
     """The rule on one rank (module doc). ``s``: the budget in force."""
@@ -62,6 +66,7 @@ class RuntimeAutoS:
         self._lock = threading.Lock()
         self._seen_step = [None] * self.n    # the newest message step each row showed
         self._seen_busy = [None] * self.n    # the rank's busy seconds at that message
+        self._seen_time = [None] * self.n    # the message's ready time (the rank's clock)
         #: every switch made (dicts, without the candidates' predictions), the newest last
         self.switches: collections.deque = collections.deque(maxlen=64)
         #: steps decided at each s: {s: steps}
@@ -82,14 +87,27 @@ class RuntimeAutoS:
         rule = self.rule
         with self._lock:
             k = rule.partitions(rule.s)
+            periods = []
             for w in range(self.n):
                 step, busy = int(ctl[w][CTRL_READY_STEP]), float(ctl[w][CTRL_BUSY])
                 if step < 0 or step == self._seen_step[w]:
                     continue
-                prev = self._seen_busy[w]
+                ready = float(ctl[w][CTRL_READY_TIME])
+                prev, prev_step, prev_time = (self._seen_busy[w], self._seen_step[w],
+                                              self._seen_time[w])
                 if prev is not None and busy > prev:
                     rule.observe(w, busy - prev, k)
+                if prev_time is not None and step > prev_step and ready > prev_time:
+                    periods.append((ready - prev_time) / (step - prev_step))
                 self._seen_step[w], self._seen_busy[w] = step, busy
+                self._seen_time[w] = ready
+            if periods:
+                # the step time: seconds per version between a rank's messages (its own
+                # clock), the median over the ranks with a new one; the same on every rank
+                periods.sort()
+                m = len(periods)
+                rule.observe_step(periods[m // 2] if m % 2 else
+                                  0.5 * (periods[m // 2 - 1] + periods[m // 2]))
             self.steps_at_s[rule.s] = self.steps_at_s.get(rule.s, 0) + 1
             sw = rule.decide(int(update.step) + 1)
             if sw is not None:
@@ -104,6 +122,7 @@ class RuntimeAutoS:
         with self._lock:
             self._seen_step = [None] * self.n
             self._seen_busy = [None] * self.n
+            self._seen_time = [None] * self.n
 
     def summary(self) -> dict:
         """For ``summary.json``: the switches (without predictions), steps decided at each s,

@@ -48,8 +48,10 @@ DEFAULT_CONTROL = "log"
 #: ``stragglers="auto"`` (:mod:`pgc_hvd.runtime.auto_s`): the runtime's defaults for the rule's
 #: options the user did not set (a switch costs the runtime a barrier and a new control
 #: channel, so boundaries are sparser than the simulator's); the others are AutoConfig's.
-#: s starts at 0 (Horovod's and DDP's step: no redundancy until the delays show it pays)
-AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20, "s_start": 0}
+#: s starts at 0 (Horovod's and DDP's step: no redundancy until the delays show it pays); s is raised
+#: to the smallest s predicted within min_gain of the best (the model misses costs of
+#: redundancy the runtime has: docs/control.md, "s chosen online")
+AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20, "s_start": 0, "raise_to": "smallest"}
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
 #: keywords of :func:`pgc_hvd.DistributedOptimizer` renamed: old name -> its one name now

@@ -69,6 +69,10 @@ Control paths (``control``; how a step's decision is reached before the data pla
     a what-if, the path before issue 38: the outcome read by every other rank from rank 0's
     one store (its n - 1 answers one after another, O(n^2) bytes a step).
 
+On ``"log"`` (and ``"log-bcast"``) a scheme that waits for every rank (dgd, any scheme at
+s = 0) with dense fp32 messages takes the runtime's s = 0 path: no control round, the rows in
+the data allreduce (``rows_in_sum``, :class:`pgc_hvd.sim.log_agents.SumRowsAgentModel`).
+
 Both log paths need the allreduce plane (the runtime's log path carries no payloads).
 """
 
@@ -183,6 +187,11 @@ class CollectiveModel:
     source: str = ""
     control: str = "allgather"
     log: Optional[LogCosts] = None
+    #: the runtime's s = 0 path on the log plane (runtime/sum_rows.py): a scheme that waits for
+    #: every rank runs no control round, its rows ride in the data allreduce
+    #: (:class:`~pgc_hvd.sim.log_agents.SumRowsAgentModel`); False: the control round at every
+    #: s, as the runtime before 2026-12-06
+    rows_in_sum: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.network, Network):

@@ -47,7 +47,9 @@ alpha-beta model:
   rest are shown again in the next round). With ``CollectiveModel.control`` ``"log"`` or
   ``"log-bcast"`` there are no rounds: :class:`~pgc_hvd.sim.log_agents.LogAgentModel` (rows
   appended to rank 0's store, one decider taking them in log order, its outcome delivered to
-  every rank; costs in :mod:`pgc_hvd.sim.log_costs`).
+  every rank; costs in :mod:`pgc_hvd.sim.log_costs`); there a scheme that waits for every rank
+  (dgd, s = 0) takes the runtime's s = 0 path, no control round at all
+  (:class:`~pgc_hvd.sim.log_agents.SumRowsAgentModel`: the rows ride in the data allreduce).
 * Data plane (``CollectiveModel.plane``, see :mod:`pgc_hvd.sim.comm`): ``allgather``: payloads
   ride with the first row that shows them ready (rows of n-s..n ranks carry 4d bytes each), a
   step that fires needs no more; ``allgather-2phase``: after the decision, an allgather of the
@@ -91,7 +93,7 @@ from pgc_hvd.options import is_count
 from pgc_hvd.schemes import Ring, Scheme
 
 from .agents import AgentModel
-from .log_agents import LogAgentModel
+from .log_agents import LogAgentModel, SumRowsAgentModel
 from .comm import CollectiveModel, CommModel, parse_comm_model
 from .gradients import PartitionGradients
 from .progress import Progress, stops
@@ -252,6 +254,10 @@ class Simulator(WorkerSteps):
         check_trace_covers(self.delay, self.n, config.steps)
         self.comm = config.comm
         self.collective = isinstance(self.comm, CollectiveModel)
+        if config.auto is not None:
+            # the master model's decoder runs no control round at any s: s = 0 and s >= 1
+            # steps pay the same fixed cost (the rule's prior for the round: none)
+            config.auto.round_prior = 0.0
         self.element_size = int(element_size)
         self.model_bytes = self.d * self.element_size
         self.kappa = (None if config.compression is None else config.compression.kappa(self.d))
@@ -284,9 +290,20 @@ class Simulator(WorkerSteps):
         self._auto_pending: Optional[dict] = None
         if self.collective:
             model = AgentModel if self.comm.control == "allgather" else LogAgentModel
+            if self._rows_in_sum(scheme):
+                model = SumRowsAgentModel
             self.agents = model(self.comm, scheme, self.workers, self.store,
                                 self.arrival_log, self._push, d=self.d,
                                 element_size=self.element_size, sparse=self.kappa is not None)
+
+    def _rows_in_sum(self, scheme) -> bool:
+        """Whether the runtime would run this scheme's steps on its s = 0 path
+        (:meth:`pgc_hvd.runtime.config.RuntimeConfig.rows_in_sum`): the log plane, a full
+        round known before any row, dense fp32 messages, real coefficients."""
+        cm = self.comm
+        return (cm.control in ("log", "log-bcast") and cm.rows_in_sum and self.kappa is None
+                and self.element_size == 4 and not self.workers[0].ring.complex
+                and scheme.full_round_weights() is not None)
 
     # ------------------------------------------------------------------ helpers
     def _flat(self) -> torch.Tensor:

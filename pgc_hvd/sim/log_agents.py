@@ -31,6 +31,9 @@ rank appended, the outcome's get, a delete per row of its that the outcome took)
 ``log_batches`` (b), ``follow_seconds`` (D to the last rank joining the data phase),
 ``decider_lag`` (the deciding row's landing to D), ``data_seconds``.
 
+The s = 0 path: :class:`SumRowsAgentModel` (no control round; the rows ride in the data
+allreduce), where the runtime takes it.
+
 Not modelled: an append's round trip on the appending rank's training thread (one ``rtt``,
 tens of microseconds, before its next compute); state rows (done, failed, non-finite; one per
 event, not per step); the extra body run when an offer uncovers a rank's next message; the
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import time as _time
 
-from .agents import AgentModel
+from .agents import CTRL_FIXED, AgentModel
 from .log_costs import line_bytes
 
 
@@ -193,4 +196,78 @@ class LogAgentModel(AgentModel):
         self.push(self._busy_until, "data_end", self._round_id, decision)
 
 
-__all__ = ["LogAgentModel"]
+class SumRowsAgentModel(AgentModel):
+    """The runtime's s = 0 path (:mod:`pgc_hvd.runtime.sum_rows`), chosen where the runtime
+    chooses it (:meth:`pgc_hvd.runtime.config.RuntimeConfig.rows_in_sum`: the default control
+    plane, ``"log"``, a scheme that waits for every rank with a decision known before any row,
+    ``Scheme.full_round_weights``, dense fp32 messages, real coefficients): no control round.
+    Each rank's agent waits for its own message of step t, then joins ONE allreduce of its
+    contribution with n row slots (3 ``ctrl_len`` float32 words each); the allreduce starts
+    when the last rank joins and the update is every rank's at its end, as DDP's step. Records'
+    ``extra``: ``control_rounds`` 0, ``control_ops`` 0, ``data_seconds``."""
+
+    def __init__(self, comm, scheme, workers, store, arrival_log, push, **kw):
+        super().__init__(comm, scheme, workers, store, arrival_log, push, **kw)
+        #: bytes of the n row slots the allreduce carries beside the d words
+        self.slot_bytes = 4 * 3 * self.n * (CTRL_FIXED + scheme.lookback)
+        self._ready: dict = {}             # step -> {rank: (ready time, entry)}
+        self._in_data = False
+
+    def begin(self) -> None:
+        self.step = 0
+        self.round = self.scheme.open_round(0)
+        self.decide_seconds = 0.0
+
+    def ready(self, wid: int, entry: dict, t: float) -> None:
+        self._ready.setdefault(entry["arrival"].step, {})[wid] = (t, entry)
+        self._join(t)
+
+    def on_event(self, t: float, kind: str, payload: tuple) -> None:
+        raise ValueError(f"SumRowsAgentModel: unknown event {kind!r}")
+
+    def fired(self) -> tuple[int, dict]:
+        step_bytes = int(self._recv.max())
+        self._recv[:] = 0.0
+        self.decide_seconds = 0.0
+        self.step += 1
+        return step_bytes, {"control_rounds": 0, "control_ops": 0,
+                            "data_seconds": self._data_seconds}
+
+    def next_round(self, t: float) -> None:
+        self.round = self.scheme.open_round(self.step)
+        self._in_data = False
+        self._join(t)
+
+    def _join(self, t: float) -> None:
+        """When every rank holds its message of the open step: the rows offered in (ready time,
+        rank) order (the full round decides), then the one allreduce."""
+        got = self._ready.get(self.step)
+        if self._in_data or got is None or len(got) < self.n:
+            return
+        del self._ready[self.step]
+        for old in [k for k in self._ready if k < self.step]:
+            del self._ready[old]
+        start = max(t, max(r for r, _ in got.values()))
+        decision = None
+        for ready, wid, entry in sorted((r, w, e) for w, (r, e) in got.items()):
+            arrival = entry["arrival"]
+            self.arrival_log.append((start, wid, arrival.step))
+            self.store[(wid, arrival.step)] = entry
+            w0 = _time.thread_time()
+            decision = self.round.offer(arrival) if decision is None else decision
+            self.decide_seconds = _time.thread_time() - w0
+        if decision is None:
+            decision = self.round.poll()
+        if decision is None:
+            raise RuntimeError(f"{self.scheme.name}: every rank's message of step {self.step} "
+                               "did not decide it (the s = 0 path needs a full round)")
+        self._in_data = True
+        cm = self.comm
+        self._data_seconds = (self._data_phase(decision)
+                              + cm.allreduce(self.n, self.model_bytes + self.slot_bytes)
+                              - cm.allreduce(self.n, self.model_bytes))
+        self._round_id += 1
+        self.push(start + self._data_seconds, "data_end", self._round_id, decision)
+
+
+__all__ = ["LogAgentModel", "SumRowsAgentModel"]

@@ -131,11 +131,12 @@ def test_one_dgd_step_timed_by_hand():
     5e-5), so they make the second batch, which fires: D = T + 2 run + 4 row. The outcome
     (4 rows in 2 batches, one separator line) goes out by one broadcast of the runtime's
     buffer (2 rounds of the tree); each follower deletes its row and replays 1 + 2 runs on the
-    4 rows; then the allreduce of 4d bytes."""
+    4 rows; then the allreduce of 4d bytes. (The runtime before its s = 0 path:
+    ``rows_in_sum=False``; with it, test_dgd_on_the_s0_path_runs_no_control_round.)"""
     n, d, T = 4, 1000, 0.2
     costs = LogCosts(rtt=1e-4, local_rtt=5e-5, get_beta=1e-9, fan_op=2e-4, fan_beta=2e-9,
                      decider=((1, 2.5e-4, 5e-5),), follower=((1, 1e-4, 1e-5),))
-    cm = model(costs=costs)
+    cm = model(costs=costs).replace(rows_in_sum=False)
     recs = time_steps(get_scheme("dgd", n, 0), d, 2, T, comm=cm)
     h = get_scheme("dgd", n, 0).lookback
     B = (4 + 1) * line_bytes(h)
@@ -150,6 +151,25 @@ def test_one_dgd_step_timed_by_hand():
     assert e["decider_lag"] == pytest.approx(D - (T + 1.75e-4 + 2 * 5e-5))
 
 
+def test_dgd_on_the_s0_path_runs_no_control_round():
+    """The runtime's s = 0 path (runtime/sum_rows.py): every rank ready at T, no control
+    round, ONE allreduce of the 4d bytes and the n row slots (3 ctrl_len float32 words each):
+    the step is T + that allreduce, however dear the log's costs; pgc-cr at s = 0 too, at
+    s = 1 the round again."""
+    n, d, T = 4, 1000, 0.2
+    costs = LogCosts(rtt=1e-4, local_rtt=5e-5, get_beta=1e-9, fan_op=2e-4, fan_beta=2e-9,
+                     decider=((1, 2.5e-4, 5e-5),), follower=((1, 1e-4, 1e-5),))
+    h = get_scheme("dgd", n, 0).lookback
+    slots = 4 * 3 * n * (11 + h)
+    for scheme, s in (("dgd", 0), ("pgc-cr", 0)):
+        recs = time_steps(get_scheme(scheme, n, s), d, 3, T, comm=model(costs=costs))
+        assert recs[0].time == pytest.approx(T + NET.allreduce.allreduce(n, 4 * d + slots))
+        assert all(r.extra["control_rounds"] == 0 == r.extra["control_ops"] for r in recs)
+        assert sorted(recs[-1].workers_used) == list(range(n))
+    one = time_steps(get_scheme("pgc-cr", n, 1), d, 3, T, comm=model(costs=costs))
+    assert one[0].extra["control_rounds"] >= 1
+
+
 @pytest.mark.parametrize("scheme,s", [("dgd", 0), ("pgc-cr", 1), ("bcgc", 1)])
 def test_a_few_control_operations_per_rank_per_step_whatever_the_compute(scheme, s):
     """As the runtime's records: a rank > 0 makes 4 control operations a step (add, set, the
@@ -158,7 +178,7 @@ def test_a_few_control_operations_per_rank_per_step_whatever_the_compute(scheme,
     n = 4
     for compute in (0.05, 0.5):
         recs = time_steps(get_scheme(scheme, n, s), 10_000, 12, compute,
-                          delay="exp:mean=0.1,seed=3", comm=model())
+                          delay="exp:mean=0.1,seed=3", comm=model().replace(rows_in_sum=False))
         ops = [r.extra["control_ops"] for r in recs[1:]]
         others = [r.extra["control_ops_others"] for r in recs[1:]]
         assert max(r.extra["control_ops_others_max"] for r in recs[1:]) <= 7

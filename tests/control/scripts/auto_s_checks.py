@@ -103,8 +103,11 @@ def switch_back(n: int, steps: int = 16) -> None:
         torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
         named_parameters=m.named_parameters(), scheme="pgc-cr", stragglers="auto",
         auto={"s_start": 1, "s_max": 1, "first": 4, "every": 4, "cooldown": 4, "window": 6,
-              "staleness_cost": 2.0},
-        delays=f"transient:n={n},count=1,delay=0.3,start=10,stop=1000", timeout=60,
+              "staleness_cost": 1.0},
+        # the slow steps dear enough that s = 1 pays at the first boundary after they start
+        # (step 12) whatever fixed cost a step pays on a loaded machine (the model calibrates
+        # it from the rows' ready times: up to ~0.19 s a step here)
+        delays=f"transient:n={n},count=1,delay=0.6,start=10,stop=1000", timeout=60,
         name="autoback", on_record=records.append if hvd.rank() == 0 else None)
     while opt.version < steps:
         modes[opt.version] = (opt.scheme.s, opt.agent.sum_rows is not None)
