@@ -360,6 +360,18 @@ torch2, torch3, torch4 = (_group_fixture("torchrun", n) for n in (2, 3, 4))
 #: how many fault launches run at once (:func:`fault_launches`): they spend much of their time
 #: waiting for a timeout to name a rank, so two run beside the unit tests on 2 cores
 FAULT_CONCURRENCY = 2
+#: the session's fault launches, which the first multi-rank test waits for
+#: (:func:`pytest_runtest_setup`)
+_FAULT_FUTURES: list = []
+
+
+def pytest_runtest_setup(item):
+    """A multi-rank test starts once the fault launches have ended: they overlap the unit tests
+    only, never a launch whose checks time a step or a fault (one elastic kill, noticed within
+    10 s alone, waited for the 60 s timeout once beside them)."""
+    if "multirank" in item.keywords:
+        while _FAULT_FUTURES:
+            _FAULT_FUTURES.pop().exception()   # waits; its outcome is read by its own test
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -373,10 +385,11 @@ def fault_launches(tmp_path_factory, request):
     is spent waiting for a timeout to name the rank. So the session starts every selected
     module's fault launches when its first test starts, ``FAULT_CONCURRENCY`` at a time in
     background threads, while the unit tests run (they come first:
-    :func:`pytest_collection_modifyitems` puts the multi-rank tests last); a fault test waits
-    for its own launch. A module lists them in ``FAULT_LAUNCHES = [(launcher, np, key,
-    test_name, script, args), ...]`` (``launcher`` ``"horovodrun"`` or ``"torchrun"``; ``args``
-    as the script's command line; each launch in a folder of its own, 180 s at most)."""
+    :func:`pytest_collection_modifyitems` puts the multi-rank tests last, and the first of them
+    waits until every fault launch has ended: :func:`pytest_runtest_setup`). A module lists
+    them in ``FAULT_LAUNCHES = [(launcher, np, key, test_name, script, args), ...]``
+    (``launcher`` ``"horovodrun"`` or ``"torchrun"``; ``args`` as the script's command
+    line; each launch in a folder of its own, 180 s at most)."""
     from concurrent.futures import ThreadPoolExecutor
 
     results: dict = {}
@@ -411,6 +424,7 @@ def fault_launches(tmp_path_factory, request):
     pool = ThreadPoolExecutor(max_workers=FAULT_CONCURRENCY, thread_name_prefix="fault-launch")
     for name, run, np_, script, args in jobs:
         results[name] = pool.submit(one, run, np_, script, args, name[1])
+        _FAULT_FUTURES.append(results[name])
 
     def get(request, key):
         name = (request.module.__name__, key)
