@@ -260,6 +260,23 @@ def _newest_write(folder: Path) -> float:
             except OSError:
                 continue
     return newest
+
+
+def _selected(session) -> tuple[set, list]:
+    """The session's selected tests as ``{(module name, test name)}`` and their modules in
+    collection order: what :func:`launch_group` and :func:`fault_launches` read the modules'
+    ``LAUNCH_GROUPS`` / ``FAULT_LAUNCHES`` against (so ``pytest -k`` launches only what runs)."""
+    wanted, modules = set(), []
+    for item in session.items:
+        mod = getattr(item, "module", None)
+        if mod is None:
+            continue
+        wanted.add((mod.__name__, getattr(item, "originalname", item.name)))
+        if mod not in modules:
+            modules.append(mod)
+    return wanted, modules
+
+
 ENTRY_TIMEOUT = 300   # seconds, per entry of a grouped launch (the longest single-test timeout)
 
 
@@ -287,14 +304,7 @@ def launch_group(tmp_path_factory):
     launches: dict = {}
 
     def start(session, launcher, np):
-        wanted, modules = set(), []
-        for item in session.items:
-            mod = getattr(item, "module", None)
-            if mod is None:
-                continue
-            wanted.add((mod.__name__, getattr(item, "originalname", item.name)))
-            if mod not in modules:
-                modules.append(mod)
+        wanted, modules = _selected(session)
         entries = [(mod.__name__, key, script, args, "last" in how)
                    for mod in modules for lau, n, group, *how in getattr(mod, "LAUNCH_GROUPS", ())
                    if (lau, n) == (launcher, np)
@@ -393,14 +403,7 @@ def fault_launches(tmp_path_factory, request):
     from concurrent.futures import ThreadPoolExecutor
 
     results: dict = {}
-    wanted, modules = set(), []
-    for item in request.session.items:
-        mod = getattr(item, "module", None)
-        if mod is None:
-            continue
-        wanted.add((mod.__name__, getattr(item, "originalname", item.name)))
-        if mod not in modules:
-            modules.append(mod)
+    wanted, modules = _selected(request.session)
     jobs = []
     for mod in modules:
         for launcher, np_, key, test, script, args in getattr(mod, "FAULT_LAUNCHES", ()):
