@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from launch_watch import run_watched
+from session_guards import leftover_threads
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent     # on the ranks' path too: checks.py (``ok``)
@@ -481,3 +482,18 @@ def unusable_runs(tmp_path):
             ([str(tmp_path / "done")], "already holds an earlier run"),
             ([str(tmp_path / "new"), "--delay", f"replay:{trace}"],
              "trace.json, entry 0 ([0, 0, -1.0]): the delay must be finite seconds >= 0")]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The session fails when a test left a package thread running (:func:`leftover_threads`),
+    naming it, instead of the interpreter aborting at its exit."""
+    alive = leftover_threads()
+    if alive:
+        names = ", ".join(sorted(t.name for t in alive))
+        session.config.get_terminal_writer().line(
+            f"\nERROR: package threads still running at the session's end: {names}. A test "
+            "started an optimizer or a control channel and never closed it: close the "
+            "optimizer (opt.close()) or stop the part (request_stop()) at the test's end.",
+            red=True)
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
