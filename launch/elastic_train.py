@@ -34,7 +34,10 @@ Fault injection for tests and benchmarks: ``--kill-host H --kill-at V`` makes th
 (benchmarks/elastic/elastic_random_kills.py). ``--compute-time S`` sleeps S seconds per partition
 evaluated (emulated compute: stable step times on a shared machine). ``--no-cascade`` turns off
 the fast leaving of a broken world (``ElasticState(cascade=False)``: a death then costs up to
-``HOROVOD_GLOO_TIMEOUT_SECONDS``).
+``HOROVOD_GLOO_TIMEOUT_SECONDS``). ``--slow-host H --slow S``: the rank on host H sleeps S
+seconds a step in every world (a persistent straggler); with ``--stragglers auto`` each world's
+optimizer has a fresh rule for its n, and each rank's results list the s in force whenever it
+changed (``s_seen``: [world, version, s]).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import torch.nn.functional as F
 
 import pgc_hvd
 from pgc_hvd.runtime import PartitionLoader
+from pgc_hvd.options import parse_options
 from pgc_hvd.runtime.consistency import tensors_digest
 from pgc_hvd.runtime.elastic import ElasticCheckpoints, ElasticState, response_cache_off
 
@@ -76,12 +80,20 @@ def process_started_at() -> float:
         return float("nan")
 
 
-def parse(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=60, help="model versions to train")
     p.add_argument("--scheme", default="pgc-cr")
-    p.add_argument("--stragglers", type=int, default=1,
-                   help="straggler budget s of every world (capped at n - 1)")
+    p.add_argument("--stragglers", default="1",
+                   help="straggler budget s of every world (capped at n - 1), or 'auto': chosen "
+                        "from the delays, a fresh rule for each world's n (docs/control.md)")
+    p.add_argument("--auto-options", dest="auto", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="options of --stragglers auto (AutoConfig's fields, comma-separated)")
+    p.add_argument("--slow-host", default=None,
+                   help="the rank on this host (HOROVOD_HOSTNAME) sleeps --slow seconds a step, "
+                        "in every world: a persistent straggler that follows the host")
+    p.add_argument("--slow", type=float, default=0.05)
     p.add_argument("--out", required=True, help="folder for the per-rank results")
     p.add_argument("--check-every", type=int, default=10,
                    help="versions between the joint checks for added hosts")
@@ -116,7 +128,22 @@ def parse(argv=None):
                         "version no rank has reached yet (benchmarks/elastic/elastic_soak.py)")
     p.add_argument("--no-cascade", action="store_true",
                    help="ElasticState(cascade=False): survivors wait for the gloo timeout")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv=None):
+    p = build_parser()
+    args = p.parse_args(argv)
+    try:
+        args.auto = parse_options(args.auto, "--auto-options") if args.auto else None
+        if args.stragglers != "auto":
+            args.stragglers = int(args.stragglers)
+    except ValueError as err:
+        p.error(f"--stragglers {args.stragglers} / --auto-options: {err} (an int s, or "
+                f"'auto' with --auto-options KEY=VALUE options)")
+    if args.auto is not None and args.stragglers != "auto":
+        p.error("--auto-options sets options of --stragglers auto: it needs --stragglers auto")
+    return args
 
 
 def main(argv=None) -> int:
@@ -141,9 +168,10 @@ def main(argv=None) -> int:
 
     def make_optimizer(base_opt):
         n = hvd.size()
+        s = "auto" if args.stragglers == "auto" else min(args.stragglers, n - 1)
         return pgc_hvd.DistributedOptimizer(
             base_opt, named_parameters=model.named_parameters(), scheme=args.scheme,
-            stragglers=min(args.stragglers, n - 1), timeout=args.timeout)
+            stragglers=s, auto=args.auto, timeout=args.timeout)
 
     state = ElasticState(model, base, make_optimizer,
                          make_loader=lambda n: PartitionLoader(X, y, n=n, batch_size=16, seed=5),
@@ -169,6 +197,7 @@ def main(argv=None) -> int:
                                      f"{attempt}-{host}-{os.getpid()}.txt"), "a")
 
     recorded = [None]   # the last version written to the progress file
+    s_seen = []         # --stragglers auto: [world, version, s] whenever the s in force changed
 
     def checkpoint(force=False):
         """The version this rank reached: recorded (``--progress``), then saved."""
@@ -225,7 +254,13 @@ def main(argv=None) -> int:
                 loss.backward()
                 if args.compute_time > 0:
                     time.sleep(args.compute_time)
+            if args.slow_host == host:
+                time.sleep(args.slow)
             state.step(loss=None if loss is None else loss.item())
+            rule = state.opt.auto_stragglers
+            if rule is not None and (not s_seen or s_seen[-1][0] != state.worlds
+                                     or s_seen[-1][2] != rule.s):
+                s_seen.append([state.worlds, int(state.opt.version), int(rule.s)])
             if len(state.step_times) == 1:
                 write_startup(state.step_times[0][1])
             if state.worlds == 1 and len(state.step_times) == 1:   # for a killer outside
@@ -257,7 +292,7 @@ def main(argv=None) -> int:
            "version": int(state.opt.version), "digest": tensors_digest(model.parameters()),
            "worlds": state.worlds, "seconds": time.time() - t0, "changes": state.changes,
            "step_times": state.step_times, "attempt": attempt, "resumed_from": resumed,
-           "start": start,
+           "start": start, "s_seen": s_seen,
            "checkpoint_writes": ckpt.writes if ckpt else 0,
            "checkpoint_s": ckpt.seconds if ckpt else 0.0}
     with open(os.path.join(args.out, f"rank-{host}-{os.getpid()}.json"), "w") as f:

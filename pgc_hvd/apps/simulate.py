@@ -51,11 +51,11 @@ def _budget(text: str):
 
 
 def _auto_options(p, items) -> dict:
-    """--auto KEY=VALUE -> AutoConfig's options (ints where the field is an int, raise_to a
+    """--auto-options KEY=VALUE -> AutoConfig's options (ints where the field is an int, raise_to a
     word)."""
     from pgc_hvd.control.auto_s import AutoConfig
     try:
-        raw = parse_options(items, "--auto")
+        raw = parse_options(items, "--auto-options")
     except ValueError as err:
         p.error(str(err))
     ints = {"every", "first", "cooldown", "horizon", "window", "s_max", "s_start",
@@ -66,11 +66,11 @@ def _auto_options(p, items) -> dict:
         try:
             out[k] = v if k in words else int(v) if k in ints else float(v)
         except (TypeError, ValueError):
-            p.error(f"--auto {k}={v}: not a number")
+            p.error(f"--auto-options {k}={v}: not a number")
     try:
         AutoConfig.from_options(out)
     except ValueError as err:
-        p.error(f"--auto: {err}")
+        p.error(f"--auto-options: {err}")
     return out
 
 
@@ -82,9 +82,10 @@ def main(argv=None) -> int:
     p.add_argument("--stragglers", "--straggler-budget", dest="s", type=_budget, default=None,
                    help="straggler budget s (default: the scheme's, 1; 0 for dgd, which waits "
                         "for every worker and takes 0 only), or 'auto': chosen online from the "
-                        "workers' delays (pgc_hvd.control.auto_s; options with --auto)")
+                        "workers' delays (pgc_hvd.control.auto_s; options with --auto-options)")
     p.add_argument("--s", dest="s", type=_budget, help=argparse.SUPPRESS)   # the old spelling
-    p.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--auto-options", dest="auto", action="append", default=[],
+                   metavar="KEY=VALUE",
                    help="--stragglers auto option: every (steps between re-plans, 10), window "
                         "(samples per rank, 32), min_gain (0.08), s_max, s_start, "
                         "staleness_cost, min_samples, tau")
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
         p.error(f"--scheme: {err}")
     auto = None
     if a.auto and a.s != "auto":
-        p.error("--auto sets options of --stragglers auto: it needs --stragglers auto")
+        p.error("--auto-options sets options of --stragglers auto: it needs --stragglers auto")
     if a.s == "auto":
         from pgc_hvd.control.auto_s import AutoStragglers
         auto = _auto_options(p, a.auto)

@@ -55,10 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "for every rank and takes 0 only, and on one rank; not `--s`: "
                         "horovodrun would take it for its own), or 'auto': chosen while "
                         "training from the ranks' delays (docs/control.md)")
-    p.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--auto-options", dest="auto", action="append", default=[],
+                   metavar="KEY=VALUE",
                    help="--stragglers auto option (repeat, or comma-separated): s_start, s_max, "
                         "every (20), first (10), cooldown (20), window (16), min_gain (0.08), "
-                        "staleness_cost, tau, ...")
+                        "staleness_cost, tau, ... (not `--auto`: horovodrun refuses it as an "
+                        "abbreviation of its --autotune options)")
     p.add_argument("--dataset", default="digits",
                    help="digits, breast_cancer, wine, iris, generated (in memory), or cifar10 / "
                         "imagefolder: torchvision's CIFAR10 / ImageFolder from --data-dir, fed "
@@ -165,11 +167,11 @@ def main(argv=None) -> int:
     except ValueError as err:
         parser.error(f"--stragglers {args.s}: {err}")
     try:   # stragglers="auto": its options, checked with n by the optimizer before any collective
-        auto_options = parse_options(args.auto, "--auto") if args.auto else None
+        auto_options = parse_options(args.auto, "--auto-options") if args.auto else None
     except ValueError as err:
         parser.error(str(err))
     if auto_options is not None and args.s != "auto":
-        parser.error("--auto sets options of --stragglers auto: it needs --stragglers auto")
+        parser.error("--auto-options sets options of --stragglers auto: it needs --stragglers auto")
     if args.s == "auto" and (args.adaptive or args.rule):
         parser.error("--stragglers auto and --adaptive are not combined yet (the control rule "
                      "binds its knob to the scheme a re-plan replaces); run one of them")

@@ -94,8 +94,11 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
 def carry_over(old: Parts, new: Parts) -> None:
     """A re-plan's hand-over: the new parts continue at the version the old ones reached, with
     the loop's habits (fed by the loop, under a GradScaler, may stream: seen at the first
-    step), the compute clock, the hyper-parameter digest and the last update (its metrics)."""
+    step), the compute clock, the hyper-parameter digest, the last update (its metrics) and
+    what the agent was told to do on a fault (elastic mode's: no census, leave the world at
+    once: ``census``, ``on_stop``)."""
     new.capture.loop_fed, new.capture.amp = old.capture.loop_fed, old.capture.amp
+    new.agent.census, new.agent.on_stop = old.agent.census, old.agent.on_stop
     step, was = new.step, old.step
     step.busy, step.hyper_digest, step.last = was.busy, was.hyper_digest, was.last
     step.may_stream = was.may_stream

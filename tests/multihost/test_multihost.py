@@ -134,12 +134,52 @@ def test_elastic_kill_one_of_four_trains_on_with_three(hosts, tmp_path, victim_h
     assert 20 <= ev["step"] <= 21, ev      # the version the survivors held: nothing rolled back
     assert not ev["parameters_broadcast"], ev   # the survivors already held the same model
     # every survivor left the broken world long before gloo's 30 s timeout could expire
-    assert ev["noticed_at"] - kill["time"] < 10, ev
+    assert ev["noticed_at"] - kill["time"] < 10, f"{ev}\n{tail}"
     assert 0 < ev["seconds_lost"] < 20, ev
     for r in rows:
         assert [c["step"] for c in r["changes"]] == [ev["step"]]
         ns = [n for _, _, n in r["step_times"]]
         assert ns[0] == 4 and ns[-1] == 3 and ns == sorted(ns, reverse=True)
+
+
+@pytest.mark.multirank
+def test_elastic_auto_s_replans_for_the_new_world(hosts, tmp_path):
+    """``stragglers="auto"`` across a re-form: the rank on the second host is slow in every
+    world; the rule raises s 0 -> 1 in the world of 4, the rank on the fourth host is killed,
+    and the world of 3 starts a fresh rule for n = 3 (s back at its start, 0) that raises s
+    again; the three survivors reach the last version with identical parameters and saw the
+    same s at the same versions."""
+    _, script = hosts.discovery(tmp_path, hosts.hosts[:4])
+    out = tmp_path / "run"
+    proc, cmd = _run(hosts, ["-np", "4", "--min-np", "3", "--max-np", "4",
+                             "--host-discovery-script", str(script), *hosts.horovodrun_args(),
+                             sys.executable, str(ELASTIC), "--steps", "50", "--out", str(out),
+                             "--stragglers", "auto", "--auto-options",
+                             "s_start=0,s_max=1,first=4,every=4,cooldown=4,window=6",
+                             "--slow-host", hosts.hosts[1], "--slow", "0.2",
+                             "--compute-time", "0.01", "--kill-host", hosts.hosts[3],
+                             "--kill-at", "20"],
+                     tmp_path, timeout=200, env_extra={"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"})
+    tail = f"{cmd}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, tail
+    rows, events = _results(out)
+    assert len(rows) == 3 and {r["n"] for r in rows} == {3}, tail
+    assert {r["version"] for r in rows} == {50}, rows
+    assert len({r["digest"] for r in rows}) == 1, [r["digest"] for r in rows]
+    assert len(events) == 1 and events[0]["new_n"] == 3, events
+    kill = json.loads((out / "kill.json").read_text())
+    # the re-planned agent keeps elastic mode's fault handling: no census, leave at once
+    assert events[0]["noticed_at"] - kill["time"] < 10, events
+    seen = [r["s_seen"] for r in rows]
+    assert all(x == seen[0] for x in seen), seen          # every rank, the same s at each version
+    by_world = {}
+    for world, version, s in seen[0]:
+        by_world.setdefault(world, []).append((version, s))
+    assert set(by_world) == {1, 2}, seen[0]
+    for world, changes in by_world.items():
+        # each world starts its own rule at s_start = 0 and raises s to 1 for the slow host
+        assert changes[0][1] == 0 and changes[-1][1] == 1, (world, changes)
+    assert by_world[2][0][0] >= events[0]["step"], (by_world, events)
 
 
 @pytest.mark.multirank

@@ -82,15 +82,17 @@ def test_refused_before_anything_runs(digits, tmp_path):
 
 def test_cli_auto(tmp_path, usage_error):
     from pgc_hvd.apps.simulate import main
-    err = usage_error(main, ["--stragglers", "auto", "--n", "4", "--auto", "s_max=6",
+    err = usage_error(main, ["--stragglers", "auto", "--n", "4", "--auto-options", "s_max=6",
                              "--out", str(tmp_path / "x")])
     assert "s_max <= 3" in err
-    err = usage_error(main, ["--stragglers", "2", "--auto", "every=5", "--out", str(tmp_path / "y")])
+    err = usage_error(main, ["--stragglers", "2", "--auto-options", "every=5",
+                             "--out", str(tmp_path / "y")])
     assert "needs --stragglers auto" in err
     err = usage_error(main, ["--stragglers", "most", "--out", str(tmp_path / "z")])
     assert "or 'auto'" in err
     out = tmp_path / "run"
-    assert main(["--scheme", "pgc-cr", "--n", "4", "--stragglers", "auto", "--auto", "every=5",
+    assert main(["--scheme", "pgc-cr", "--n", "4", "--stragglers", "auto",
+                 "--auto-options", "every=5",
                  "--model", "softmax", "--steps", "12", "--partition-time", "1", "--delay",
                  "none", "--batch-size", "16", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
