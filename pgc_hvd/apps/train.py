@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
                    help="--stragglers auto option (repeat, or comma-separated): s_start, s_max, "
                         "every (20), first (10), cooldown (20), window (16), min_gain (0.08), "
+                        "early_gain (1.0), "
                         "staleness_cost, tau, ...")
     p.add_argument("--dataset", default="digits",
                    help="digits, breast_cancer, wine, iris, generated (in memory), or cifar10 / "

@@ -21,7 +21,10 @@ The rule (docs/control.md, "s chosen online"):
   ``round_prior``; :class:`~.progress_model.FixedCost`).
 * **Decide, at a safe boundary** (step ``first``, then every ``every`` steps: by default
   every step boundary, where the simulator's plan can change; once every rank has
-  ``min_samples`` samples and ``cooldown`` steps have passed since the last switch):
+  ``min_samples`` samples and ``cooldown`` steps have passed since the last switch; with
+  ``early_gain`` every step before ``first`` is an early boundary too, where a switch needs
+  the best candidate predicted more than ``early_gain`` better than the current s: a
+  persistently slow rank is plain after one step, the noise of a few samples is not):
   predict every candidate s in 0..s_max with :mod:`.progress_model` (time per step from the
   order statistics of the observed delays plus k partitions' compute; progress per step from
   the staleness effect). A candidate other than the current s is charged its re-plan: the
@@ -80,6 +83,8 @@ class AutoConfig:
                              # until both are observed (None: the engine's, AutoStragglers.round_prior)
     raise_to: str = "best"   # "best": the best candidate; "smallest": the smallest s whose
                              # predicted rate is within min_gain of the best (the runtime's)
+    early_gain: Optional[float] = None   # boundaries at every step before `first` too, where a
+                             # switch needs a predicted gain > early_gain (None: none before first)
 
     @classmethod
     def from_options(cls, opts) -> "AutoConfig":
@@ -111,6 +116,12 @@ class AutoConfig:
         if cfg.raise_to not in ("best", "smallest"):
             raise ValueError(f"stragglers='auto': raise_to must be 'best' or 'smallest', "
                              f"got {cfg.raise_to!r}")
+        if cfg.early_gain is not None and not (isinstance(cfg.early_gain, (int, float))
+                                               and cfg.early_gain >= 0
+                                               and math.isfinite(cfg.early_gain)):
+            raise ValueError(f"stragglers='auto': early_gain must be a fraction >= 0 (e.g. "
+                             f"1.0: predicted twice as fast), or None for no boundary before "
+                             f"first; got {cfg.early_gain!r}")
         if cfg.tau is not None and not cfg.tau > 0:
             raise ValueError(f"stragglers='auto': tau must be seconds > 0, got {cfg.tau}")
         if cfg.min_samples > cfg.window:
@@ -260,9 +271,13 @@ class AutoStragglers:
         self.stats.observe_step(step_time)
 
     # -- the decision --------------------------------------------------------------------
+    def early(self, step: int) -> bool:
+        """Whether ``step`` is an early boundary (before ``first``, with ``early_gain``)."""
+        return self.cfg.early_gain is not None and 1 <= step < self.cfg.first
+
     def ready(self, step: int) -> bool:
         c = self.cfg
-        if step < c.first or (step - c.first) % c.every:
+        if not self.early(step) and (step < c.first or (step - c.first) % c.every):
             return False
         return ((self.last_switch is None or step - self.last_switch >= c.cooldown)
                 and min(self.stats.counts()) >= c.min_samples)
@@ -313,6 +328,9 @@ class AutoStragglers:
             return None
         if best.s < self.s and best.rate < cur.rate:
             return None
+        early = self.early(step)
+        if early and not gain > self.cfg.early_gain:
+            return None      # few samples: only a large predicted gain is evidence enough
         if best.s > self.s and self.cfg.raise_to == "smallest":
             # the smallest s above the current one predicted within min_gain of the best:
             # a larger s must beat it by the margin too (the hysteresis of raising s)
@@ -323,6 +341,10 @@ class AutoStragglers:
         why = (f"+{gain:.1%}, the best +{preds[0].rate / cur.rate - 1.0:.1%} > min_gain "
                f"{self.cfg.min_gain:.0%}" if best.s > self.s else
                f"less redundancy, predicted at least as good ({gain:+.1%})")
+        if early:
+            why += (f"; early boundary (before step {self.cfg.first}): the best "
+                    f"+{preds[0].rate / cur.rate - 1.0:.1%} > early_gain "
+                    f"{self.cfg.early_gain:.0%}")
         reason = (f"predicted progress/s {best.rate:.4g} at s={best.s} (T {best.time_per_step:.3g} s"
                   f" incl. re-plan, progress/step {best.progress_per_step:.3g}) vs {cur.rate:.4g} "
                   f"at s={cur.s} (T {cur.time_per_step:.3g} s, progress/step "

@@ -50,6 +50,31 @@ def test_a_replan_is_charged_its_warm_up():
     assert rule.decide(10).new >= 1
 
 
+def test_early_boundaries_switch_only_on_a_large_predicted_gain():
+    """Before ``first`` every step is an early boundary where a switch needs the best candidate
+    predicted > early_gain better: one rank 4x slow is left out after its first step (the
+    runtime's slow-rank start, which otherwise runs at s = 0 until ``first``), a rank 1.5x
+    slow (predicted +50%) waits for the regular boundary and its 8% margin."""
+    opts = {"first": 10, "every": 20, "cooldown": 20, "s_start": 0, "s_max": 2, "tau": 1.0,
+            "raise_to": "smallest", "staleness_cost": 0.0}
+    slow = AutoStragglers("pgc-cr", 4, {**opts, "early_gain": 1.0})
+    feed(slow, lambda r, t: 3.0 if r == 2 else 0.0, 1)
+    sw = slow.decide(1)
+    assert sw is not None and (sw.step, sw.old, sw.new) == (1, 0, 1), slow.last_predictions
+    assert "early boundary" in sw.reason and sw.gain > 1.0
+    assert all(slow.decide(t) is None for t in range(2, 21)) and slow.s == 1   # cooldown
+    # the same rows without early boundaries: nothing before step 10 (the old start)
+    plain = AutoStragglers("pgc-cr", 4, opts)
+    feed(plain, lambda r, t: 3.0 if r == 2 else 0.0, 1)
+    assert plain.decide(1) is None and not plain.ready(1)
+    mild = AutoStragglers("pgc-cr", 4, {**opts, "early_gain": 1.0})
+    for t in range(10):
+        feed(mild, lambda r, t: 0.5 if r == 2 else 0.0, 1, start=t)
+        assert mild.decide(t + 1) is None or t + 1 == 10
+    assert mild.s == 1 and mild.switches[-1].step == 10
+    assert "early" not in mild.switches[-1].reason
+
+
 def test_memory_is_bounded():
     rule = AutoStragglers("pgc-cr", 4, {"every": 5, "window": 8, "tau": 1.0})
     feed(rule, lambda r, t: 0.0, 500)
@@ -75,6 +100,8 @@ def test_tau_estimated_from_the_smallest_step():
     (4, {"every": 0}, "every must be an int >= 1"),
     (4, {"bogus": 1}, "unknown stragglers='auto' options"),
     (4, {"min_samples": 40, "window": 8}, "exceeds"),
+    (4, {"early_gain": -0.5}, "early_gain must be a fraction >= 0"),
+    (4, {"early_gain": "big"}, "early_gain must be a fraction >= 0"),
 ])
 def test_refused_before_anything_runs(n, opts, message):
     with pytest.raises(ValueError, match=message):
