@@ -83,7 +83,6 @@ class AutoConfig:
                              # until both are observed (None: the engine's, AutoStragglers.round_prior)
     raise_to: str = "best"   # "best": the best candidate; "smallest": the smallest s whose
                              # predicted rate is within min_gain of the best (the runtime's)
-    lower_gain: float = 0.0  # lower s only when the smaller s is predicted > lower_gain better
     early_gain: Optional[float] = None   # boundaries at every step before `first` too, where a
                              # switch needs a predicted gain > early_gain (None: none before first)
 
@@ -327,7 +326,7 @@ class AutoStragglers:
             return None
         if best.s > self.s and gain <= self.cfg.min_gain:
             return None
-        if best.s < self.s and not best.rate >= cur.rate * (1.0 + self.cfg.lower_gain):
+        if best.s < self.s and best.rate < cur.rate:
             return None
         early = self.early(step)
         if early and not gain > self.cfg.early_gain:
