@@ -23,7 +23,8 @@ The rule (docs/control.md, "s chosen online"):
   every step boundary, where the simulator's plan can change; once every rank has
   ``min_samples`` samples and ``cooldown`` steps have passed since the last switch; with
   ``early_gain`` every step before ``first`` is an early boundary too, where a switch needs
-  the best candidate predicted more than ``early_gain`` better than the current s: a
+  the best candidate predicted more than ``early_gain`` better than the current s, and
+  ``raise_to="smallest"`` takes the smallest s within ``early_gain`` of the best: a
   persistently slow rank is plain after one step, the noise of a few samples is not):
   predict every candidate s in 0..s_max with :mod:`.progress_model` (time per step from the
   order statistics of the observed delays plus k partitions' compute; progress per step from
@@ -332,9 +333,11 @@ class AutoStragglers:
         if early and not gain > self.cfg.early_gain:
             return None      # few samples: only a large predicted gain is evidence enough
         if best.s > self.s and self.cfg.raise_to == "smallest":
-            # the smallest s above the current one predicted within min_gain of the best:
-            # a larger s must beat it by the margin too (the hysteresis of raising s)
-            bar = best.rate / (1.0 + self.cfg.min_gain)
+            # the smallest s above the current one predicted within the margin (min_gain, at
+            # an early boundary early_gain) of the best: a larger s must beat it by the
+            # margin too (the hysteresis of raising s; few samples tell s apart no better)
+            margin = max(self.cfg.min_gain, self.cfg.early_gain) if early else self.cfg.min_gain
+            bar = best.rate / (1.0 + margin)
             best = min((p for p in preds if p.s > self.s and p.rate >= bar),
                        key=lambda p: p.s)
             gain = best.rate / cur.rate - 1.0 if cur.rate > 0 else math.inf

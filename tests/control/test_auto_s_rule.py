@@ -75,6 +75,22 @@ def test_early_boundaries_switch_only_on_a_large_predicted_gain():
     assert "early" not in mild.switches[-1].reason
 
 
+def test_an_early_raise_takes_the_smallest_s_within_early_gain_of_the_best():
+    """One sample per rank: fast ranks 0.10 / 0.13 / 0.16 s, one 0.42 s. s = 3 is predicted the
+    best, 60% above s = 1: a regular boundary (8%) takes s = 3, an early one (few samples
+    cannot tell s = 1 from s = 3 by their spread) the smallest s within early_gain of the best,
+    s = 1 (the runtime's slow-rank smoke took s = 3 at step 2 and paid its deeper ring's steps)."""
+    busy = [0.10, 0.13, 0.16, 0.42]
+    opts = {"s_start": 0, "s_max": 3, "tau": 0.1, "raise_to": "smallest", "staleness_cost": 0.0,
+            "round_cost": 0.0}
+    early = AutoStragglers("pgc-cr", 4, {**opts, "first": 10, "every": 20, "early_gain": 1.0})
+    regular = AutoStragglers("pgc-cr", 4, {**opts, "first": 1, "every": 20})
+    for rule in (early, regular):
+        for r, b in enumerate(busy):
+            rule.observe(r, b, 1)
+    assert early.decide(1).new == 1 and regular.decide(1).new == 3
+
+
 def test_memory_is_bounded():
     rule = AutoStragglers("pgc-cr", 4, {"every": 5, "window": 8, "tau": 1.0})
     feed(rule, lambda r, t: 0.0, 500)
