@@ -40,7 +40,9 @@ The rule (docs/control.md, "s chosen online"):
   - **less redundancy** (best s < current) as soon as it is predicted at least as good: a
     smaller s costs fewer evaluations and less staleness than the model charges (it is the
     safe side), so s = 0 is reached when nothing is slow. Going back up needs the margin
-    again, so the rule does not oscillate between two budgets.
+    again, so the rule does not oscillate between two budgets. With ``lower_gain`` > 0 only
+    when predicted more than ``lower_gain`` better: redundancy that costs (almost) nothing is
+    kept as insurance against stragglers still to come.
 * **Apply.** The engine re-plans at the boundary: code, c, ring and assignment of the new s
   (the simulator drops the old plan's messages still in flight, and the new ring's first step
   evaluates its c partitions, as a pipelined scheme's warm-up). Every switch is a
@@ -84,6 +86,8 @@ class AutoConfig:
                              # until both are observed (None: the engine's, AutoStragglers.round_prior)
     raise_to: str = "best"   # "best": the best candidate; "smallest": the smallest s whose
                              # predicted rate is within min_gain of the best (the runtime's)
+    lower_gain: float = 0.0  # lower s only when the smaller s is predicted > lower_gain better
+                             # (0: at least as good; > 0 keeps cheap redundancy as insurance)
     early_gain: Optional[float] = None   # boundaries at every step before `first` too, where a
                              # switch needs a predicted gain > early_gain (None: none before first)
 
@@ -117,6 +121,10 @@ class AutoConfig:
         if cfg.raise_to not in ("best", "smallest"):
             raise ValueError(f"stragglers='auto': raise_to must be 'best' or 'smallest', "
                              f"got {cfg.raise_to!r}")
+        if not (isinstance(cfg.lower_gain, (int, float)) and cfg.lower_gain >= 0
+                and math.isfinite(cfg.lower_gain)):
+            raise ValueError(f"stragglers='auto': lower_gain must be a fraction >= 0 (0: lower "
+                             f"s when predicted at least as good), got {cfg.lower_gain!r}")
         if cfg.early_gain is not None and not (isinstance(cfg.early_gain, (int, float))
                                                and cfg.early_gain >= 0
                                                and math.isfinite(cfg.early_gain)):
@@ -327,7 +335,8 @@ class AutoStragglers:
             return None
         if best.s > self.s and gain <= self.cfg.min_gain:
             return None
-        if best.s < self.s and best.rate < cur.rate:
+        if best.s < self.s and (best.rate < cur.rate if not self.cfg.lower_gain else
+                                not gain > self.cfg.lower_gain):
             return None
         early = self.early(step)
         if early and not gain > self.cfg.early_gain:

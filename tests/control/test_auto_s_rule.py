@@ -91,6 +91,22 @@ def test_an_early_raise_takes_the_smallest_s_within_early_gain_of_the_best():
     assert early.decide(1).new == 1 and regular.decide(1).new == 3
 
 
+def test_lower_gain_keeps_cheap_redundancy():
+    """No stragglers at n = 12: s = 0 is predicted a little better than the start s = 1 (the
+    staleness tie-break), so the rule drops to 0 at step 1 (the simulator's transient pattern:
+    the burst then finds s = 0); with lower_gain 5% the cheap s = 1 is kept as insurance, and
+    a slow rank still raises s."""
+    opts = {"tau": 1.0, "s_max": 3}
+    drop, keep = (AutoStragglers("pgc-cr", 12, {**opts, **o}) for o in ({}, {"lower_gain": 0.05}))
+    for rule in (drop, keep):
+        feed(rule, lambda r, t: 0.0, 1)
+    sw = drop.decide(1)
+    assert sw is not None and (sw.old, sw.new) == (1, 0) and 0 <= sw.gain < 0.05
+    assert keep.decide(1) is None and keep.s == 1
+    feed(keep, lambda r, t: 4.0 if r in (3, 7) else 0.0, 4, start=1)
+    assert keep.decide(12).new >= 2
+
+
 def test_memory_is_bounded():
     rule = AutoStragglers("pgc-cr", 4, {"every": 5, "window": 8, "tau": 1.0})
     feed(rule, lambda r, t: 0.0, 500)
@@ -117,6 +133,7 @@ def test_tau_estimated_from_the_smallest_step():
     (4, {"bogus": 1}, "unknown stragglers='auto' options"),
     (4, {"min_samples": 40, "window": 8}, "exceeds"),
     (4, {"early_gain": -0.5}, "early_gain must be a fraction >= 0"),
+    (4, {"lower_gain": -0.1}, "lower_gain must be a fraction >= 0"),
     (4, {"early_gain": "big"}, "early_gain must be a fraction >= 0"),
 ])
 def test_refused_before_anything_runs(n, opts, message):
