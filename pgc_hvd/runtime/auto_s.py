@@ -12,11 +12,10 @@ staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
   of its rank and the rank's cumulative busy seconds when it sent it; a rank whose row shows a
   new message gives one sample (seconds = busy now - busy at its previous message, k = the
   steady-state partitions of the s in force), i.e. what the simulator observes, (seconds, k)
-  of a finished step. The first message after a re-plan (its warm-up evaluates the whole
-  ring; the rows do not show busy at the switch) gives none; the run's first message does
-  (busy counts from 0) when its step evaluates the steady k partitions (s = 0's, or a scheme
-  without a ring), so an early boundary (``early_gain``, before ``first``) can leave a slow
-  rank out after one step. The rows' ready times give the step time (a rank's seconds per version between two of
+  of a finished step. The first message of a plan gives none (a re-plan's evaluates the whole
+  ring; the run's first step pays the first forward and backward, an outlier that made the
+  early boundary take s = 2 where s = 1 was right in docs/control.md's smoke launches), so the
+  first early boundary (``early_gain``, before ``first``) that can switch is at step 2. The rows' ready times give the step time (a rank's seconds per version between two of
   its messages, on its own clock; the median over the ranks with a new message), which
   calibrates the model's fixed cost per step of the s in force (o_0 on the s = 0 path, o_1
   with the control round); the round's prior until both were seen is
@@ -72,10 +71,6 @@ class RuntimeAutoS:
         self._seen_step = [None] * self.n    # the newest message step each row showed
         self._seen_busy = [None] * self.n    # the rank's busy seconds at that message
         self._seen_time = [None] * self.n    # the message's ready time (the rank's clock)
-        #: busy seconds at the start of the plan (0 for the run's first plan; None after a
-        #: re-plan, whose start the rows do not show): the first message's sample, when that
-        #: step evaluates the steady k partitions (not a ring's warm-up)
-        self._start_busy = [0.0] * self.n
         #: every switch made (dicts, without the candidates' predictions), the newest last
         self.switches: collections.deque = collections.deque(maxlen=64)
         #: steps decided at each s: {s: steps}
@@ -106,11 +101,6 @@ class RuntimeAutoS:
                                               self._seen_time[w])
                 if prev is not None and busy > prev:
                     rule.observe(w, busy - prev, k)
-                elif prev is None and self._start_busy[w] is not None \
-                        and busy > self._start_busy[w] and rule.warmup_partitions(rule.s) == k:
-                    # the run's first message, a step like the others (no ring to fill:
-                    # s = 0's, or a scheme without one); a pipelined warm-up is not a sample
-                    rule.observe(w, busy - self._start_busy[w], k)
                 if prev_time is not None and step > prev_step and ready > prev_time:
                     periods.append((ready - prev_time) / (step - prev_step))
                 self._seen_step[w], self._seen_busy[w] = step, busy
@@ -132,13 +122,11 @@ class RuntimeAutoS:
     # -- training thread -------------------------------------------------------------------
     def restarted(self) -> None:
         """A new plan starts (a re-plan): the next message of each rank is its warm-up (the
-        whole ring); the rows do not show each rank's busy seconds at the switch, so it gives
-        no sample (the run's first message does: its busy seconds count from 0)."""
+        whole ring), so it gives no sample; the busy seconds restart with the new step."""
         with self._lock:
             self._seen_step = [None] * self.n
             self._seen_busy = [None] * self.n
             self._seen_time = [None] * self.n
-            self._start_busy = [None] * self.n
 
     def summary(self) -> dict:
         """For ``summary.json``: the switches (without predictions), steps decided at each s,

@@ -89,22 +89,16 @@ def test_rows_with_a_slow_rank_raise_s_at_the_first_boundary_and_record_why():
     assert auto.s >= 1 and auto.summary()["auto_switches"][0]["step"] == 4
 
 
-def test_the_runs_first_message_is_a_sample_and_a_slow_rank_is_left_out_after_it():
-    """The run's first message counts (busy from 0 over the plan's warm-up partitions), so
-    with the runtime's default early_gain one rank 5x slow is left out from step 1 on (it
-    used to cost every step before ``first`` at s = 0); after a re-plan the first message
-    gives none (the rows do not show busy at the switch)."""
+def test_a_slow_rank_is_left_out_at_the_first_early_boundary_with_a_sample():
+    """With the runtime's default early_gain one rank 5x slow is left out at step 2, the first
+    boundary with a sample per rank (the first message of a plan gives none): it used to cost
+    every step before ``first`` (10 by default) at s = 0. Equal ranks: no early switch."""
     auto = _auto(s_start=0, s_max=2)
     assert auto.rule.cfg.early_gain == AUTO_DEFAULTS["early_gain"] == 1.0
-    got = _feed(auto, [0.01, 0.011, 0.012, 0.05], 1)
-    assert auto.rule.stats.counts() == [1] * 4
-    assert got[0] and (got[0]["step"], got[0]["old_s"], got[0]["new_s"]) == (1, 0, 1), got
-    assert "early boundary" in got[0]["reason"]
-    auto.restarted()
-    rows = [_row(1, 3 * b) for b in (0.01, 0.011, 0.012, 0.05)]
-    auto.on_decided(Update(1, None, None, 0.0, {}), rows)
-    assert auto.rule.stats.counts() == [1] * 4
-    # equal ranks: no early switch, s stays 0 until the regular boundaries
+    got = _feed(auto, [0.01, 0.011, 0.012, 0.05], 2)
+    assert got[0] is None and auto.rule.stats.counts() == [1] * 4
+    assert got[1] and (got[1]["step"], got[1]["old_s"], got[1]["new_s"]) == (2, 0, 1), got
+    assert "early boundary" in got[1]["reason"]
     calm = _auto(s_start=0, s_max=2)
     assert not any(_feed(calm, [0.01, 0.0102, 0.0104, 0.0106], 12)) and calm.s == 0
 

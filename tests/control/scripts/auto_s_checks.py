@@ -7,8 +7,8 @@
    fixed s above n - 1, raise ValueError naming the fix on every rank (no collective runs:
    the ranks go on to the next check without a hang);
 2. a switch: pgc-cr from s = 0, one rank persistently slow (``slow:worker=n-1``): the rule
-   raises s at an early boundary (before ``first`` = 4: the runtime's default ``early_gain``,
-   the run's first message a sample) on every rank at the same version, the optimizer
+   raises s at an early boundary (step 2 or 3, before ``first`` = 4: the runtime's default
+   ``early_gain``) on every rank at the same version, the optimizer
    re-plans (code, ring, agent) and trains on; every rank saw the same switches, every loop
    ends at the same version with identical parameters (cross-rank hash);
 3. and back: pgc-cr from s = 1 on the control plane, no straggler at first and a heavy
