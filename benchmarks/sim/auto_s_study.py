@@ -27,6 +27,11 @@ the steps to the target (noisy: a trajectory that switches s once is another tra
 lambda of :mod:`pgc_hvd.control.progress_model` (steps(s) / steps(0) = 1 + lambda s, least
 squares over the seeds' medians of every (n, s)).
 
+``--auto-options KEY=VALUE`` (repeat, or comma-separated): options of the auto rows
+(AutoConfig's), e.g. ``--auto-options s_start=2,lower_gain=0.05``; they join the rows' labels,
+so one OUT can hold auto
+rows of several option sets beside the same fixed rows (the table reads those of this call).
+
 Rows go to OUT/runs.jsonl as they finish; a rerun with the same OUT skips the rows it has
 (so a long study can be resumed). The table is printed and written to OUT/table.md.
 """
@@ -94,12 +99,14 @@ def specs_of(args) -> list[dict]:
             for s in budgets:
                 if s != "auto" and s > n - 1:
                     continue
+                tag = "".join(f"_{k}={v}" for k, v in sorted(args.auto.items())) \
+                    if s == "auto" else ""
                 for seed in range(args.seeds):
-                    out.append({"label": f"n{n}_{pattern}_s{s}_seed{seed}", "n": n,
+                    out.append({"label": f"n{n}_{pattern}_s{s}{tag}_seed{seed}", "n": n,
                                 "pattern": pattern, "s": s, "seed": seed,
                                 "target": args.target, "max_steps": args.max_steps,
                                 "pattern_steps": args.pattern_steps,
-                                "auto": {} if s == "auto" else None})
+                                "auto": dict(args.auto) if s == "auto" else None})
     return out
 
 
@@ -179,6 +186,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=400)
     p.add_argument("--pattern-steps", type=int, default=60,
                    help="the run length the transient pattern is laid out for (25%%-60%%)")
+    p.add_argument("--auto-options", dest="auto", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="options of the auto rows (AutoConfig's, e.g. s_start=2,lower_gain=0.05; "
+                        "default: none, the simulator's defaults); they join the rows' labels")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--calibrate", action="store_true")
     p.add_argument("--out", required=True)
@@ -194,6 +205,13 @@ def main(argv=None) -> int:
         a.patterns = [pattern_name(x) for x in a.patterns]
     except ValueError as err:
         p.error(f"--patterns: {err}")
+    try:
+        from pgc_hvd.control.auto_s import AutoConfig
+        from pgc_hvd.options import parse_options
+        a.auto = parse_options(a.auto, "--auto-options")
+        AutoConfig.from_options(a.auto)
+    except (TypeError, ValueError) as err:
+        p.error(f"--auto-options: {err}")
     if min(a.n) < 2 or a.seeds < 1 or a.jobs < 1:
         p.error("--n >= 2, --seeds >= 1 and --jobs >= 1")
     out = Path(a.out)

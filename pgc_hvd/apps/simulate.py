@@ -86,9 +86,9 @@ def main(argv=None) -> int:
     p.add_argument("--s", dest="s", type=_budget, help=argparse.SUPPRESS)   # the old spelling
     p.add_argument("--auto-options", dest="auto", action="append", default=[],
                    metavar="KEY=VALUE",
-                   help="--stragglers auto option: every (steps between re-plans, 10), window "
-                        "(samples per rank, 32), min_gain (0.08), s_max, s_start, "
-                        "staleness_cost, min_samples, tau")
+                   help="--stragglers auto option: every (steps between re-plans, 1), first "
+                        "(1), window (samples per rank, 16), min_gain (0.08), early_gain, "
+                        "s_max, s_start, staleness_cost, min_samples, tau")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option, e.g. c=2, r=2, decoder=min-error")
     p.add_argument("--dataset", default="digits")

@@ -21,7 +21,11 @@ The rule (docs/control.md, "s chosen online"):
   ``round_prior``; :class:`~.progress_model.FixedCost`).
 * **Decide, at a safe boundary** (step ``first``, then every ``every`` steps: by default
   every step boundary, where the simulator's plan can change; once every rank has
-  ``min_samples`` samples and ``cooldown`` steps have passed since the last switch):
+  ``min_samples`` samples and ``cooldown`` steps have passed since the last switch; with
+  ``early_gain`` every step before ``first`` is an early boundary too, where a switch needs
+  the best candidate predicted more than ``early_gain`` better than the current s, and
+  ``raise_to="smallest"`` takes the smallest s within ``early_gain`` of the best: a
+  persistently slow rank is plain after one step, the noise of a few samples is not):
   predict every candidate s in 0..s_max with :mod:`.progress_model` (time per step from the
   order statistics of the observed delays plus k partitions' compute; progress per step from
   the staleness effect). A candidate other than the current s is charged its re-plan: the
@@ -36,7 +40,9 @@ The rule (docs/control.md, "s chosen online"):
   - **less redundancy** (best s < current) as soon as it is predicted at least as good: a
     smaller s costs fewer evaluations and less staleness than the model charges (it is the
     safe side), so s = 0 is reached when nothing is slow. Going back up needs the margin
-    again, so the rule does not oscillate between two budgets.
+    again, so the rule does not oscillate between two budgets. With ``lower_gain`` > 0 only
+    when predicted more than ``lower_gain`` better: redundancy that costs (almost) nothing is
+    kept as insurance against stragglers still to come.
 * **Apply.** The engine re-plans at the boundary: code, c, ring and assignment of the new s
   (the simulator drops the old plan's messages still in flight, and the new ring's first step
   evaluates its c partitions, as a pipelined scheme's warm-up). Every switch is a
@@ -80,6 +86,10 @@ class AutoConfig:
                              # until both are observed (None: the engine's, AutoStragglers.round_prior)
     raise_to: str = "best"   # "best": the best candidate; "smallest": the smallest s whose
                              # predicted rate is within min_gain of the best (the runtime's)
+    lower_gain: float = 0.0  # lower s only when the smaller s is predicted > lower_gain better
+                             # (0: at least as good; > 0 keeps cheap redundancy as insurance)
+    early_gain: Optional[float] = None   # boundaries at every step before `first` too, where a
+                             # switch needs a predicted gain > early_gain (None: none before first)
 
     @classmethod
     def from_options(cls, opts) -> "AutoConfig":
@@ -111,6 +121,16 @@ class AutoConfig:
         if cfg.raise_to not in ("best", "smallest"):
             raise ValueError(f"stragglers='auto': raise_to must be 'best' or 'smallest', "
                              f"got {cfg.raise_to!r}")
+        if not (isinstance(cfg.lower_gain, (int, float)) and cfg.lower_gain >= 0
+                and math.isfinite(cfg.lower_gain)):
+            raise ValueError(f"stragglers='auto': lower_gain must be a fraction >= 0 (0: lower "
+                             f"s when predicted at least as good), got {cfg.lower_gain!r}")
+        if cfg.early_gain is not None and not (isinstance(cfg.early_gain, (int, float))
+                                               and cfg.early_gain >= 0
+                                               and math.isfinite(cfg.early_gain)):
+            raise ValueError(f"stragglers='auto': early_gain must be a fraction >= 0 (e.g. "
+                             f"1.0: predicted twice as fast), or None for no boundary before "
+                             f"first; got {cfg.early_gain!r}")
         if cfg.tau is not None and not cfg.tau > 0:
             raise ValueError(f"stragglers='auto': tau must be seconds > 0, got {cfg.tau}")
         if cfg.min_samples > cfg.window:
@@ -260,9 +280,13 @@ class AutoStragglers:
         self.stats.observe_step(step_time)
 
     # -- the decision --------------------------------------------------------------------
+    def early(self, step: int) -> bool:
+        """Whether ``step`` is an early boundary (before ``first``, with ``early_gain``)."""
+        return self.cfg.early_gain is not None and 1 <= step < self.cfg.first
+
     def ready(self, step: int) -> bool:
         c = self.cfg
-        if step < c.first or (step - c.first) % c.every:
+        if not self.early(step) and (step < c.first or (step - c.first) % c.every):
             return False
         return ((self.last_switch is None or step - self.last_switch >= c.cooldown)
                 and min(self.stats.counts()) >= c.min_samples)
@@ -311,18 +335,28 @@ class AutoStragglers:
             return None
         if best.s > self.s and gain <= self.cfg.min_gain:
             return None
-        if best.s < self.s and best.rate < cur.rate:
+        if best.s < self.s and (best.rate < cur.rate if not self.cfg.lower_gain else
+                                not gain > self.cfg.lower_gain):
             return None
+        early = self.early(step)
+        if early and not gain > self.cfg.early_gain:
+            return None      # few samples: only a large predicted gain is evidence enough
         if best.s > self.s and self.cfg.raise_to == "smallest":
-            # the smallest s above the current one predicted within min_gain of the best:
-            # a larger s must beat it by the margin too (the hysteresis of raising s)
-            bar = best.rate / (1.0 + self.cfg.min_gain)
+            # the smallest s above the current one predicted within the margin (min_gain, at
+            # an early boundary early_gain) of the best: a larger s must beat it by the
+            # margin too (the hysteresis of raising s; few samples tell s apart no better)
+            margin = max(self.cfg.min_gain, self.cfg.early_gain) if early else self.cfg.min_gain
+            bar = best.rate / (1.0 + margin)
             best = min((p for p in preds if p.s > self.s and p.rate >= bar),
                        key=lambda p: p.s)
             gain = best.rate / cur.rate - 1.0 if cur.rate > 0 else math.inf
         why = (f"+{gain:.1%}, the best +{preds[0].rate / cur.rate - 1.0:.1%} > min_gain "
                f"{self.cfg.min_gain:.0%}" if best.s > self.s else
                f"less redundancy, predicted at least as good ({gain:+.1%})")
+        if early:
+            why += (f"; early boundary (before step {self.cfg.first}): the best "
+                    f"+{preds[0].rate / cur.rate - 1.0:.1%} > early_gain "
+                    f"{self.cfg.early_gain:.0%}")
         reason = (f"predicted progress/s {best.rate:.4g} at s={best.s} (T {best.time_per_step:.3g} s"
                   f" incl. re-plan, progress/step {best.progress_per_step:.3g}) vs {cur.rate:.4g} "
                   f"at s={cur.s} (T {cur.time_per_step:.3g} s, progress/step "

@@ -12,8 +12,10 @@ staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
   of its rank and the rank's cumulative busy seconds when it sent it; a rank whose row shows a
   new message gives one sample (seconds = busy now - busy at its previous message, k = the
   steady-state partitions of the s in force), i.e. what the simulator observes, (seconds, k)
-  of a finished step. The first message of a plan (its warm-up evaluates the whole ring) gives
-  none. The rows' ready times give the step time (a rank's seconds per version between two of
+  of a finished step. The first message of a plan gives none (a re-plan's evaluates the whole
+  ring; the run's first step pays the first forward and backward, an outlier that made the
+  early boundary take s = 2 where s = 1 was right in docs/control.md's smoke launches), so the
+  first early boundary (``early_gain``, before ``first``) that can switch is at step 2. The rows' ready times give the step time (a rank's seconds per version between two of
   its messages, on its own clock; the median over the ranks with a new message), which
   calibrates the model's fixed cost per step of the s in force (o_0 on the s = 0 path, o_1
   with the control round); the round's prior until both were seen is
@@ -36,7 +38,9 @@ staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
   step's partitions, so it follows. The model, the user's optimizer and its state carry over.
 
 Defaults differ from the simulator's (:data:`pgc_hvd.runtime.config.AUTO_DEFAULTS`; checked once there, :func:`~pgc_hvd.runtime.config.auto_setting`): a switch costs the runtime a
-barrier and a new control channel, so boundaries are every 20 steps, the first at step 10.
+barrier and a new control channel, so boundaries are every 20 steps, the first at step 10;
+before it, every step is an early boundary where only a predicted gain > ``early_gain`` (100%)
+switches.
 
 Owns :class:`RuntimeAutoS` (the rule and its statistics on this rank, under its lock) and the
 re-plan's small helpers (:func:`switch_of`, :func:`replanned_config`, :func:`agent_name`); the

@@ -50,8 +50,12 @@ DEFAULT_CONTROL = "log"
 #: channel, so boundaries are sparser than the simulator's); the others are AutoConfig's.
 #: s starts at 0 (Horovod's and DDP's step: no redundancy until the delays show it pays); s is raised
 #: to the smallest s predicted within min_gain of the best (the model misses costs of
-#: redundancy the runtime has: docs/control.md, "s chosen online")
-AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20, "s_start": 0, "raise_to": "smallest"}
+#: redundancy the runtime has: docs/control.md, "s chosen online"); before the first regular
+#: boundary every step is an early one, where a switch needs a predicted gain > early_gain
+#: (100%: twice as fast), so a persistently slow rank is left out after one step while the
+#: noise of a few samples cannot move s
+AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20, "s_start": 0, "raise_to": "smallest",
+                 "early_gain": 1.0}
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
 #: keywords of :func:`pgc_hvd.DistributedOptimizer` renamed: old name -> its one name now

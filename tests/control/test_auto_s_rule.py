@@ -50,6 +50,63 @@ def test_a_replan_is_charged_its_warm_up():
     assert rule.decide(10).new >= 1
 
 
+def test_early_boundaries_switch_only_on_a_large_predicted_gain():
+    """Before ``first`` every step is an early boundary where a switch needs the best candidate
+    predicted > early_gain better: one rank 4x slow is left out after its first step (the
+    runtime's slow-rank start, which otherwise runs at s = 0 until ``first``), a rank 1.5x
+    slow (predicted +50%) waits for the regular boundary and its 8% margin."""
+    opts = {"first": 10, "every": 20, "cooldown": 20, "s_start": 0, "s_max": 2, "tau": 1.0,
+            "raise_to": "smallest", "staleness_cost": 0.0}
+    slow = AutoStragglers("pgc-cr", 4, {**opts, "early_gain": 1.0})
+    feed(slow, lambda r, t: 3.0 if r == 2 else 0.0, 1)
+    sw = slow.decide(1)
+    assert sw is not None and (sw.step, sw.old, sw.new) == (1, 0, 1), slow.last_predictions
+    assert "early boundary" in sw.reason and sw.gain > 1.0
+    assert all(slow.decide(t) is None for t in range(2, 21)) and slow.s == 1   # cooldown
+    # the same rows without early boundaries: nothing before step 10 (the old start)
+    plain = AutoStragglers("pgc-cr", 4, opts)
+    feed(plain, lambda r, t: 3.0 if r == 2 else 0.0, 1)
+    assert plain.decide(1) is None and not plain.ready(1)
+    mild = AutoStragglers("pgc-cr", 4, {**opts, "early_gain": 1.0})
+    for t in range(10):
+        feed(mild, lambda r, t: 0.5 if r == 2 else 0.0, 1, start=t)
+        assert mild.decide(t + 1) is None or t + 1 == 10
+    assert mild.s == 1 and mild.switches[-1].step == 10
+    assert "early" not in mild.switches[-1].reason
+
+
+def test_an_early_raise_takes_the_smallest_s_within_early_gain_of_the_best():
+    """One sample per rank: fast ranks 0.10 / 0.13 / 0.16 s, one 0.42 s. s = 3 is predicted the
+    best, 60% above s = 1: a regular boundary (8%) takes s = 3, an early one (few samples
+    cannot tell s = 1 from s = 3 by their spread) the smallest s within early_gain of the best,
+    s = 1 (the runtime's slow-rank smoke took s = 3 at step 2 and paid its deeper ring's steps)."""
+    busy = [0.10, 0.13, 0.16, 0.42]
+    opts = {"s_start": 0, "s_max": 3, "tau": 0.1, "raise_to": "smallest", "staleness_cost": 0.0,
+            "round_cost": 0.0}
+    early = AutoStragglers("pgc-cr", 4, {**opts, "first": 10, "every": 20, "early_gain": 1.0})
+    regular = AutoStragglers("pgc-cr", 4, {**opts, "first": 1, "every": 20})
+    for rule in (early, regular):
+        for r, b in enumerate(busy):
+            rule.observe(r, b, 1)
+    assert early.decide(1).new == 1 and regular.decide(1).new == 3
+
+
+def test_lower_gain_keeps_cheap_redundancy():
+    """No stragglers at n = 12: s = 0 is predicted a little better than the start s = 1 (the
+    staleness tie-break), so the rule drops to 0 at step 1 (the simulator's transient pattern:
+    the burst then finds s = 0); with lower_gain 5% the cheap s = 1 is kept as insurance, and
+    a slow rank still raises s."""
+    opts = {"tau": 1.0, "s_max": 3}
+    drop, keep = (AutoStragglers("pgc-cr", 12, {**opts, **o}) for o in ({}, {"lower_gain": 0.05}))
+    for rule in (drop, keep):
+        feed(rule, lambda r, t: 0.0, 1)
+    sw = drop.decide(1)
+    assert sw is not None and (sw.old, sw.new) == (1, 0) and 0 <= sw.gain < 0.05
+    assert keep.decide(1) is None and keep.s == 1
+    feed(keep, lambda r, t: 4.0 if r in (3, 7) else 0.0, 4, start=1)
+    assert keep.decide(12).new >= 2
+
+
 def test_memory_is_bounded():
     rule = AutoStragglers("pgc-cr", 4, {"every": 5, "window": 8, "tau": 1.0})
     feed(rule, lambda r, t: 0.0, 500)
@@ -75,6 +132,9 @@ def test_tau_estimated_from_the_smallest_step():
     (4, {"every": 0}, "every must be an int >= 1"),
     (4, {"bogus": 1}, "unknown stragglers='auto' options"),
     (4, {"min_samples": 40, "window": 8}, "exceeds"),
+    (4, {"early_gain": -0.5}, "early_gain must be a fraction >= 0"),
+    (4, {"lower_gain": -0.1}, "lower_gain must be a fraction >= 0"),
+    (4, {"early_gain": "big"}, "early_gain must be a fraction >= 0"),
 ])
 def test_refused_before_anything_runs(n, opts, message):
     with pytest.raises(ValueError, match=message):

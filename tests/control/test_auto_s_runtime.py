@@ -81,12 +81,26 @@ def _auto(**opts):
 
 
 def test_rows_with_a_slow_rank_raise_s_at_the_first_boundary_and_record_why():
-    auto = _auto(s_start=0, s_max=2)
+    auto = _auto(s_start=0, s_max=2, early_gain=None)
     got = _feed(auto, [0.01, 0.011, 0.012, 0.05], 12)
     sw = [(t, d["old_s"], d["new_s"]) for t, d in enumerate(got) if d]
     assert sw[0][:2] == (3, 0) and sw[0][2] >= 1, sw   # decided with step 3: from version 4
     assert "predicted progress/s" in got[3]["reason"] and got[3]["predictions"]
     assert auto.s >= 1 and auto.summary()["auto_switches"][0]["step"] == 4
+
+
+def test_a_slow_rank_is_left_out_at_the_first_early_boundary_with_a_sample():
+    """With the runtime's default early_gain one rank 5x slow is left out at step 2, the first
+    boundary with a sample per rank (the first message of a plan gives none): it used to cost
+    every step before ``first`` (10 by default) at s = 0. Equal ranks: no early switch."""
+    auto = _auto(s_start=0, s_max=2)
+    assert auto.rule.cfg.early_gain == AUTO_DEFAULTS["early_gain"] == 1.0
+    got = _feed(auto, [0.01, 0.011, 0.012, 0.05], 2)
+    assert got[0] is None and auto.rule.stats.counts() == [1] * 4
+    assert got[1] and (got[1]["step"], got[1]["old_s"], got[1]["new_s"]) == (2, 0, 1), got
+    assert "early boundary" in got[1]["reason"]
+    calm = _auto(s_start=0, s_max=2)
+    assert not any(_feed(calm, [0.01, 0.0102, 0.0104, 0.0106], 12)) and calm.s == 0
 
 
 def test_equal_ranks_bring_s_down_to_zero():
@@ -114,7 +128,8 @@ def test_agent_name_keeps_a_new_plans_channel_apart():
 @pytest.mark.multirank
 @pytest.mark.parametrize("engine", ["horovodrun", "torchrun"])
 def test_auto_switch_at_np3_ends_with_identical_parameters(engine, request):
-    """pgc-cr from s = 0 with one rank persistently slow: s rises to 1 at step 4 on every rank
+    """pgc-cr from s = 0 with one rank persistently slow: s rises to 1 at an early boundary
+    (before first = 4, the runtime's early_gain) on every rank
     (the same switches everywhere, the records say why), the re-planned run reaches the same
     version with identical parameters (cross-rank hash); auto with s_max > n - 1 and a fixed
     s > n - 1 are refused on every rank before any collective (the ranks go on without a
