@@ -14,7 +14,14 @@ no two ranks on a host hold the same GPU (one allgather of (host, GPU index) on 
 refuses with the fix (:func:`shared_gpu_message`) instead of NCCL's failure in that collective.
 
 Handles: an asynchronous collective returns a :class:`Handle`; :meth:`Handle.poll` (torch's
-``Work.is_completed()``) never blocks, :meth:`Handle.wait` (``Work.wait()``) does. A failed
+``Work.is_completed()``) never blocks, :meth:`Handle.wait` (``Work.wait()``) does, and
+:meth:`Handle.wait_for` blocks up to a deadline (``Work.wait(timeout)``: the thread sleeps in
+torch with the GIL released and wakes when the collective ends, where a poll loop's sleep
+added up to its nap to every collective; CPU tensors only: a CUDA ``Work.wait`` returns before
+the data is there, so CUDA handles are polled). :meth:`Handle.notify` sets a
+``threading.Event`` when the collective ends (a waiter that must also wake for something
+else: the control log's follower, whose wait in the outcome's broadcast also writes the rows
+its training thread appends). A failed
 collective raises :class:`CollectiveError`, naming the ranks whose processes are gone when the
 engine can tell (``explain``).
 
@@ -34,6 +41,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
+from datetime import timedelta
 from typing import Callable, Optional
 
 import torch
@@ -115,11 +124,13 @@ class Handle:
 
     _PENDING = object()
 
-    def __init__(self, ops: "GroupOps", name: str, work, then: Callable):
+    def __init__(self, ops: "GroupOps", name: str, work, then: Callable, cpu: bool = True):
         self.ops, self.name = ops, name
         self.work, self.then = work, then
         self.result = Handle._PENDING
         self.error: Optional[BaseException] = None
+        #: CPU tensors: :meth:`wait_for` may block in ``Work.wait(timeout)`` (module doc)
+        self.cpu = bool(cpu)
 
     @property
     def done(self) -> bool:
@@ -145,6 +156,38 @@ class Handle:
                 return False
             self._advance()
         return True
+
+    def wait_for(self, seconds: float) -> bool:
+        """Whether the collective has completed (or failed), blocking up to ``seconds`` for it
+        (CPU tensors; a CUDA handle is polled once: module doc). A stage still running after
+        ``seconds`` goes on; call again."""
+        if not self.cpu:
+            return self.poll()
+        deadline = time.monotonic() + float(seconds)
+        while not self.done:
+            if not self.work.is_completed():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                try:   # whole milliseconds, at least 1: torch reads 0 ms as "no timeout"
+                    self.work.wait(timedelta(milliseconds=max(1, int(left * 1000))))
+                except Exception:        # noqa: BLE001 -- a timeout, or the failure _advance keeps
+                    if not self.work.is_completed():
+                        return False     # timed out: the collective goes on
+            self._advance()
+        return True
+
+    def notify(self, event) -> None:
+        """Set ``event`` (a ``threading.Event``) when the current stage ends (at once when it
+        has; one-stage collectives: the control log's broadcast). CUDA handles: nothing (the
+        waiter's own polling sees them)."""
+        if not self.cpu or self.done or self.work.is_completed():
+            event.set()
+            return
+        try:
+            self.work.get_future().add_done_callback(lambda _fut: event.set())
+        except Exception:                # noqa: BLE001 -- a Work without a future: polled
+            event.set()
 
     def wait(self):
         """The result; blocks until the collective completes; CollectiveError if it failed."""
@@ -231,19 +274,31 @@ class GroupOps:
                             f"{self.label!r}): ranks {bad} issued a different collective at this "
                             f"point: the ranks' call orders differ")
                     return issue()
-                return Handle(self, name, work, check)
+                return Handle(self, name, work, check, device is None or
+                              torch.device(device).type == "cpu")
             first = issue()
         except CollectiveError:
             raise
         except Exception as err:
             raise CollectiveError(self.failure(name, err)) from err
+        cpu = device is None or torch.device(device).type == "cpu"
         if isinstance(first, _Next):
-            return Handle(self, name, first.work, first.then)
-        return Handle(self, name, _Done(), lambda: first)
+            return Handle(self, name, first.work, first.then, cpu)
+        return Handle(self, name, _Done(), lambda: first, cpu)
 
     @staticmethod
     def poll(handle: Handle) -> bool:
         return handle.poll()
+
+    @staticmethod
+    def wait_for(handle: Handle, seconds: float) -> bool:
+        """Whether ``handle`` completed, blocking up to ``seconds`` (:meth:`Handle.wait_for`)."""
+        return handle.wait_for(seconds)
+
+    @staticmethod
+    def notify(handle: Handle, event) -> None:
+        """``event`` is set when ``handle``'s collective ends (:meth:`Handle.notify`)."""
+        handle.notify(event)
 
     @staticmethod
     def synchronize(handle: Handle):

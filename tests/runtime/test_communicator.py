@@ -335,3 +335,70 @@ def test_narrow_reduce_is_checked():
                      narrow_reduce="ring")
     assert Communicator(None, codec, n=2, d=D, rank=0, device="cpu",
                         own=lambda s: None).narrow_reduce == "alltoall"   # auto on CPU
+
+
+# -- waiting for a collective: the torch engine blocks, with a deadline ---------------------------
+def test_the_torch_engine_is_waited_for_by_blocking_not_polling():
+    """The agent's wait for a collective of the torch engine (CPU tensors) sleeps in torch's
+    ``Work.wait`` until the collective ends: no poll loop, whose sleeps (up to 1 ms) added to
+    every collective of a step."""
+    polls = []
+
+    def body(rank, ops):
+        counted = ops.poll
+        ops.poll = lambda handle: polls.append(rank) or counted(handle)
+        coll = Collectives(ops, rank, "t-block", 30.0)
+        if rank == 1:
+            time.sleep(0.2)     # rank 0 waits for it in the allreduce
+        got = coll.allreduce_sum_(torch.full((8,), float(rank + 1)), "sum")
+        return got.tolist()
+
+    assert world(2, body) == [[3.0] * 8, [3.0] * 8]
+    assert polls == []
+
+
+def test_a_blocking_wait_ends_at_its_deadline_while_the_peer_is_away():
+    """A peer that does not join: the wait returns at its deadline (the last slice shorter
+    than a millisecond included, which torch would read as "no timeout") while the peer is still
+    away, and the agent's error says no answer came."""
+    from pgc_hvd.runtime.errors import AgentError
+    back = __import__("threading").Event()
+
+    def body(rank, ops):
+        if rank == 1:
+            time.sleep(3.0)
+            back.set()
+            return None
+        first = ops.allreduce_async_(torch.ones(4), name="first", op=ops.Sum)
+        sub_ms = ops.wait_for(first, 0.0004)
+        coll = Collectives(ops, rank, "t-deadline", 0.3)
+        with pytest.raises(AgentError, match="got no answer within") as err:
+            coll.allreduce_sum_(torch.ones(4), "sum")
+        return sub_ms, back.is_set(), str(err.value)
+
+    (sub_ms, away_over, text), _ = world(2, body, timeout=20.0)
+    assert sub_ms is False and not away_over, text
+
+
+def test_notify_sets_the_event_when_the_collective_ends():
+    """``notify``: the control log's follower naps on an event that an append ends early; the
+    engine sets the same event when the outcome's broadcast ends, so its naps may be long."""
+    import threading
+    joined = threading.Event()
+
+    def body(rank, ops):
+        buf = torch.full((4,), float(rank))
+        if rank == 1:
+            joined.wait(10)
+            ops.broadcast_async_(buf, 0, name="b").wait()
+            return buf.tolist()
+        ev = threading.Event()
+        h = ops.broadcast_async_(buf, 0, name="b")
+        ops.notify(h, ev)
+        early = ev.is_set()
+        joined.set()
+        return early, ev.wait(10), ops.wait_for(h, 10)
+
+    (early, ended, done), got = world(2, body)
+    assert not early and ended and done
+    assert got == [0.0] * 4
