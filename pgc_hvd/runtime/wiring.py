@@ -70,10 +70,12 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
         recorder.momentum_correction = corrects
     optimistic = config.effective_optimistic(encoder.codec, layout.device, n)
     # the data collective overlapped with backward: the buckets (runtime.overlap)
-    capture.buckets = (Buckets.worth_it(layout, config.bucket_cap_mb)
-                       if config.overlaps(scheme, encoder.codec, optimistic=optimistic,
-                                          complex_code=ring.complex, device=layout.device)
-                       else None)
+    # ("forward": the message announced at the loop's forward, one bucket or more)
+    overlaps = config.overlaps(scheme, encoder.codec, optimistic=optimistic,
+                               complex_code=ring.complex, device=layout.device)
+    forward = overlaps and config.overlap == "forward"
+    capture.buckets = (None if not overlaps else Buckets(layout, config.bucket_cap_mb)
+                       if forward else Buckets.worth_it(layout, config.bucket_cap_mb))
     agent = CommAgent(hvd, scheme, rank, layout.numel, scheme.lookback, codec=encoder.codec,
                       device=layout.device, timeout=config.timeout,
                       poll_interval=config.poll_interval, reports=reports, name=name,
@@ -86,7 +88,7 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
     # the step: version, plan, clock, message, update (the capture asks it for the plan)
     step = Step(capture, encoder, agent, scheme, rank, param_groups=param_groups,
                 delay=config.delay, cancel=config.cancel, replay_steps=replay_steps,
-                op_scale=config.op_scale, on_update=config.on_update)
+                op_scale=config.op_scale, on_update=config.on_update, forward_open=forward)
     faults = FaultMonitor(agent, rank, layout.params, names=names, timeout=config.timeout)
     return Parts(scheme, encoder, capture, agent, step, faults, corrects)
 

@@ -226,3 +226,43 @@ def test_a_gradient_that_fits_one_bucket_is_not_overlapped():
     lay = FlatLayout(list(mlp().parameters()))
     assert Buckets.worth_it(lay) is None                       # d = 137: one 1 MiB bucket
     assert len(Buckets.worth_it(lay, 20 * 4 / MIB).ranges) > 1
+
+
+def test_overlap_forward_announces_the_message_at_the_loops_forward_even_in_one_bucket():
+    """``overlap="forward"`` (the DDP door): from the second step on, the forward that begins
+    step t submits the message of t, ready, before any gradient (the control round runs during
+    the forward and backward passes); the one bucket leaves when the backward has filled it;
+    the update is the gradient, as without it."""
+    def body(rank, ops):
+        r = StreamedRank(ops, forward_open=True, cap_mb=25.0, poll_interval=0.001, timeout=30,
+                         optimistic=False, control="allgather")
+        try:
+            assert len(r.buckets) == 1
+            for t in range(4):
+                g = r.true_grad(t)
+                r.step.begin_loop()                            # the forward begins step t
+                announced = t in r.agent.handoff.outbox
+                assert announced == (t > 0), t                 # the first shows the habits
+                info = r.one(t)
+                assert info["buckets"] == 1                      # summed in its one bucket
+                torch.testing.assert_close(r.seen[-1][1], g, rtol=1e-6, atol=1e-7)
+            assert r.step.streamed_steps == 3
+        finally:
+            r.close()
+    in_world(1, body)
+
+
+def test_overlap_forward_without_a_backward_is_refused_and_stops_the_agent():
+    def body(rank, ops):
+        r = StreamedRank(ops, forward_open=True, cap_mb=25.0, poll_interval=0.001, timeout=30,
+                         optimistic=False, control="allgather")
+        try:
+            r.one(0)
+            r.step.begin_loop()                                # announced, no backward
+            with pytest.raises(RuntimeError, match="no backward before optimizer.step"):
+                r.step.send()
+        finally:
+            r.capture.remove_hooks()
+            r.agent.fail()
+            assert r.agent.join(10), "the agent thread outlived its rank's failure"
+    in_world(1, body)

@@ -128,3 +128,24 @@ def test_delay_and_its_old_name_delays_reach_the_step():
         finally:
             opt.close()
     assert "delays" in WARNED_RENAMES
+
+
+@pytest.mark.parametrize("overlap", [False, True, "forward"])
+def test_overlap_forward_cuts_even_one_bucket_and_opens_at_the_forward(overlap):
+    """``overlap="forward"``: the message is announced at the loop's forward (the DDP door),
+    so a gradient of one bucket streams too; ``True`` keeps one bucket on the one-collective
+    path (``Buckets.worth_it``)."""
+    import dataclasses
+    m = model()
+    first = DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1),
+                                 name="wiring.fwd", timeout=30, scheme="pgc-cr")
+    cfg = dataclasses.replace(first.config, overlap=overlap)
+    first.close()
+    parts = build_parts(hvd, cfg, rank=0, n=1, layout=FlatLayout(list(m.parameters())),
+                        names={}, reports=False, param_groups=first.param_groups,
+                        name=f"wiring.fwd.{overlap}")
+    request_stop(parts)
+    buckets = parts.capture.buckets
+    assert parts.step.forward_open == (overlap == "forward")
+    assert (buckets is not None and len(buckets) == 1) == (overlap == "forward")
+    assert parts.agent.comm.buckets is buckets
