@@ -69,11 +69,14 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
         recorder.scheme_name, recorder.s = scheme.name, scheme.s
         recorder.momentum_correction = corrects
     optimistic = config.effective_optimistic(encoder.codec, layout.device, n)
-    # the data collective overlapped with backward: the buckets (runtime.overlap)
-    # ("forward": the message announced at the loop's forward, one bucket or more)
+    # the data collective overlapped with backward: the buckets (runtime.overlap); "forward":
+    # the message announced at the loop's forward, one bucket or more, where a control round
+    # runs (s >= 1; the s = 0 path has none to hide: there it is True)
     overlaps = config.overlaps(scheme, encoder.codec, optimistic=optimistic,
                                complex_code=ring.complex, device=layout.device)
-    forward = overlaps and config.overlap == "forward"
+    in_sum = config.rows_in_sum(scheme, encoder.codec, optimistic=optimistic,
+                                complex_code=ring.complex)
+    forward = overlaps and config.overlap == "forward" and not in_sum
     capture.buckets = (None if not overlaps else Buckets(layout, config.bucket_cap_mb)
                        if forward else Buckets.worth_it(layout, config.bucket_cap_mb))
     agent = CommAgent(hvd, scheme, rank, layout.numel, scheme.lookback, codec=encoder.codec,
@@ -81,8 +84,7 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
                       poll_interval=config.poll_interval, reports=reports, name=name,
                       replay=replay, optimistic=optimistic, control=config.control,
                       metrics=len(config.metrics), buckets=capture.buckets,
-                      rows_in_sum=config.rows_in_sum(scheme, encoder.codec, optimistic=optimistic,
-                                                     complex_code=ring.complex))
+                      rows_in_sum=in_sum)
     if on_decided is not None:
         agent.on_decided = on_decided
     # the step: version, plan, clock, message, update (the capture asks it for the plan)
