@@ -7,9 +7,7 @@
 
 A door ``SCHEME+overlap`` runs the door with ``overlap=True`` (the default on the CPU is off),
 ``SCHEME+serial`` with ``overlap=False`` (the message formed and sent at
-``step()``, the data collective after it), ``SCHEME+forward`` with ``overlap="forward"`` (the
-message announced at the forward, the control round during the forward and backward passes),
-for the overlap's before/after in one launch; the
+``step()``, the data collective after it), for the overlap's before/after in one launch; the
 profile's ``step()`` column is the exposed communication (from the end of ``backward()`` to the
 update applied).
 
@@ -88,9 +86,9 @@ def main() -> None:
         else:
             sampler = pgc_hvd.CodedSampler(ds, batch_size=batch)
             opts = {"control": args.control} if args.control else {}
-            scheme, _, how = door.partition("+")   # pgc-cr+overlap / +serial / +forward
+            scheme, _, how = door.partition("+")   # pgc-cr+overlap / pgc-cr+serial
             if how:
-                opts["overlap"] = {"overlap": True, "serial": False, "forward": "forward"}[how]
+                opts["overlap"] = how == "overlap"
             model = pgc_hvd.DistributedDataParallel(model, scheme=scheme, name=f"cost{k}",
                                                     timeout=120, **opts)
             sampler.bind(model)

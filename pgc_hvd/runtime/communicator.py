@@ -66,10 +66,10 @@ NARROW_REDUCE = ("auto", "alltoall", "allreduce")
 BLOCK_SLICE = 0.05
 
 
-def poll_until(ready, timeout: float, abort=None, nap=None, longest: float = 0.001) -> bool:
+def poll_until(ready, timeout: float, abort=None, nap=None) -> bool:
     """The runtime's one poll loop: call ``ready()`` until it returns true (True) or
     ``timeout`` seconds pass (False), or ``abort()`` (when given) says to give up (False).
-    Short sleeps first, then at most ``longest`` between polls. ``nap(seconds)``: the sleep
+    Short sleeps first, then at most 1 ms between polls. ``nap(seconds)``: the sleep
     between polls (default ``time.sleep``; one that returns early lets ``abort()`` serve an
     event at once). The cross-rank checks poll through it too (``runtime.agreement``)."""
     deadline = time.monotonic() + timeout
@@ -79,17 +79,17 @@ def poll_until(ready, timeout: float, abort=None, nap=None, longest: float = 0.0
         if time.monotonic() > deadline or (abort is not None and abort()):
             return False
         nap(sleep)
-        sleep = min(sleep * 1.5, longest)
+        sleep = min(sleep * 1.5, 0.001)
     return True
 
 
-def wait_for_handle(hvd, handle, timeout: float, abort=None, nap=None, wake=None) -> bool:
+def wait_for_handle(hvd, handle, timeout: float, abort=None, nap=None) -> bool:
     """Wait for an engine handle until it completes (True), ``timeout`` seconds pass or
     ``abort()`` says to give up (False). The torch engine (CPU tensors) blocks on it in slices
     of :data:`BLOCK_SLICE` (``wait_for``), so the agent wakes when the collective ends (a poll's
-    sleep, up to 1 ms, was added to each of a step's collectives); with a ``nap`` ended early by
-    the event ``wake`` (the control log's follower), the engine sets ``wake`` at the end
-    (``notify``). Horovod's handles are polled (:func:`poll_until`)."""
+    sleep, up to 1 ms, was added to each of a step's collectives). A wait with a ``nap`` (a
+    sleep that an event ends early: the control log's follower, which also writes the rows its
+    training thread appends) and Horovod's handles are polled (:func:`poll_until`)."""
     block = getattr(hvd, "wait_for", None) if nap is None else None
     if block is not None:
         deadline = time.monotonic() + timeout
@@ -97,11 +97,7 @@ def wait_for_handle(hvd, handle, timeout: float, abort=None, nap=None, wake=None
             if time.monotonic() > deadline or (abort is not None and abort()):
                 return False
         return True
-    longest = 0.001
-    if wake is not None and getattr(hvd, "notify", None) is not None:
-        hvd.notify(handle, wake)
-        longest = BLOCK_SLICE
-    return poll_until(lambda: hvd.poll(handle), timeout, abort, nap, longest)
+    return poll_until(lambda: hvd.poll(handle), timeout, abort, nap)
 
 
 class Collectives:
@@ -126,14 +122,13 @@ class Collectives:
         self.hvd = _Gone()
         self._into = None
 
-    def _run(self, kind: str, start, timeout: Optional[float] = None, abort=None, nap=None,
-             wake=None):
+    def _run(self, kind: str, start, timeout: Optional[float] = None, abort=None, nap=None):
         self.ops += 1
         name = f"{self.name}.{kind}"
         limit = self.timeout if timeout is None else float(timeout)
         try:
             handle = start(name)
-            if not wait_for_handle(self.hvd, handle, limit, abort, nap, wake):
+            if not wait_for_handle(self.hvd, handle, limit, abort, nap):
                 if abort is not None and abort():
                     raise AgentError(f"rank {self.rank}: collective {name} #{self.ops} (step "
                                      f"{self.step}) given up: another rank's collective "
@@ -182,15 +177,14 @@ class Collectives:
         return got[0] if isinstance(got, (tuple, list)) else got
 
     def broadcast_(self, tensor: torch.Tensor, root: int, kind: str,
-                   timeout: Optional[float] = None, abort=None, nap=None,
-                   wake=None) -> torch.Tensor:
+                   timeout: Optional[float] = None, abort=None, nap=None) -> torch.Tensor:
         """In place: every rank's ``tensor`` (same shape and dtype everywhere) becomes rank
         ``root``'s; waits up to ``timeout`` seconds (default: the agent's), or until
         ``abort()`` says to give up (AgentError, ``broken_world``); ``nap``: the sleep between
-        polls and ``wake`` the event that ends it (:func:`wait_for_handle`)."""
+        polls (:func:`wait_for_handle`)."""
         hvd = self.hvd
         return self._run(kind, lambda nm: hvd.broadcast_async_(tensor, int(root), name=nm),
-                         timeout, abort, nap, wake)
+                         timeout, abort, nap)
 
     def allreduce_sum_(self, tensor: torch.Tensor, kind: str) -> torch.Tensor:
         """In-place sum over ranks: every rank ends with the same bits (the ring's allgather

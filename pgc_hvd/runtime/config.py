@@ -223,9 +223,8 @@ class RuntimeConfig:
     wire_dtype: Optional[torch.dtype] = None   # checked: torch.float32, or float16 (fp16 wire)
     metrics: tuple = ()                  # names of the user metrics step(metrics=) carries
     momentum_correction: bool = True     # pgc_hvd.control.momentum (stale gradients' momentum)
-    overlap: Any = None                  # the data collective overlapped with backward
-                                         # (None: on GPU parameters, off on the CPU;
-                                         # "forward": ready at the loop's forward)
+    overlap: Optional[bool] = None       # the data collective overlapped with backward
+                                         # (None: on GPU parameters, off on the CPU)
     bucket_cap_mb: float = 25.0          # its buckets' size (DDP's name and default)
     #: stragglers="auto": the rule's options (a dict of pgc_hvd.control.auto_s.AutoConfig
     #: fields); checked: the AutoConfig with s_start and s_max resolved, None for a fixed s
@@ -256,11 +255,9 @@ class RuntimeConfig:
         if self.control not in CONTROLS:
             raise ValueError(f"control must be 'allgather', 'store' or 'log', "
                              f"got {self.control!r}")
-        if self.overlap is not None and not isinstance(self.overlap, bool) \
-                and self.overlap != "forward":
+        if self.overlap is not None and not isinstance(self.overlap, bool):
             raise TypeError(f"overlap must be None (default: on for GPU parameters, off on the "
-                            f"CPU), True (the data collective overlapped with backward), "
-                            f"'forward' (and the message announced at the loop's forward) or "
+                            f"CPU), True (the data collective overlapped with backward) or "
                             f"False, got {self.overlap!r}")
         cap = self.bucket_cap_mb
         if not (isinstance(cap, (int, float)) and not isinstance(cap, bool)
@@ -298,7 +295,7 @@ class RuntimeConfig:
         the parameters live on a GPU (``device``), off on the CPU, where the agent thread's
         bucket sums compete with the backward for the cores and the interpreter and measured
         no gain on 2 cores (docs/benchmarks.md, "The overlap")."""
-        want = (bool(self.overlap) if self.overlap is not None
+        want = (self.overlap if self.overlap is not None
                 else device is not None and torch.device(device).type == "cuda")
         return (want and not self.metrics and not codec.sparse
                 and codec.wire_dtype == torch.float32

@@ -404,8 +404,7 @@ class LogChannel(LogLife):
         if self._pending:
             self.flush()
         self._count(1)
-        self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._serve, nap=self._nap,
-                             wake=self._wake)
+        self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._serve, nap=self._nap)
         size, kind = (int(x) for x in np.frombuffer(buf[:HEAD].numpy().tobytes(),
                                                      dtype=np.int64))
         got = buf[HEAD: HEAD + min(size, self.capacity)].numpy().tobytes()

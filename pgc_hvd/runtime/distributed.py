@@ -34,7 +34,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          on_update=None, replay_arrivals=None, straggler_policy: str = "continue",
                          optimistic: Optional[bool] = None, control: str = DEFAULT_CONTROL,
                          name: str = "pgc", metrics=(), momentum_correction: bool = True,
-                         overlap=None, bucket_cap_mb: float = 25.0,
+                         overlap: Optional[bool] = None, bucket_cap_mb: float = 25.0,
                          hvd=None, engine=None, auto: Optional[dict] = None, delays=None):
     """Wrap ``optimizer`` so that each step uses the messages of the n-s fastest ranks.
 
@@ -158,11 +158,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             ranks' previous batches). A loop whose first ``step()`` gets a GradScaler's scale,
             or that changes ``p.grad`` after the backward (clipping), is not overlapped; one
             that starts doing so later is refused with the fix. False: the message is formed
-            and sent at ``step()``. ``"forward"`` (the DDP door, ``pgc_hvd.DistributedDataParallel``):
-            as True, and the message is declared ready when the loop's forward pass begins the
-            step, so the control round runs during the forward and backward passes, also for a
-            gradient of one bucket; a rank slow before its forward is left out as before, one
-            slow inside its forward or backward once chosen delays the step.
+            and sent at ``step()``.
         bucket_cap_mb: the overlap's bucket size in MiB (default 25, the first bucket 1 MiB, as
             DDP's; ``pgc_hvd.DistributedDataParallel`` takes DDP's own ``bucket_cap_mb``).
         engine: whose collectives: ``"horovod"`` (``horovod.torch``), ``"torch"``

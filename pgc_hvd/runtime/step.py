@@ -1,21 +1,30 @@
 """One step of this rank, on the training thread: its plan, its message, its update, and its
 faults.
 
-Two objects, driven by the facade (:mod:`pgc_hvd.runtime.optimizer`; docs/architecture.md,
-"The runtime's parts"); the partition being evaluated is :mod:`pgc_hvd.runtime.capture`'s:
+Two objects (the facade, :mod:`pgc_hvd.runtime.optimizer`, drives them; docs/architecture.md,
+"The runtime's parts"); the partition being evaluated (gradient capture into the ring slots,
+the forward pass's randomness) is :mod:`pgc_hvd.runtime.capture`'s, the replicas' first-step
+checks :mod:`pgc_hvd.runtime.replicas`':
 
-* :class:`Step`: the model version t, the step's plan (formed by :meth:`Step.begin`, never by
-  a getter: which partitions this rank evaluates, whether it computes at t or catches up,
-  whether ``straggler_policy="cancel"`` overtook it), the compute clock (busy seconds), the
-  message's path (the partition still in ``p.grad`` ended, empty slots refused, AMP unscaled,
-  formed -- straight into the payload row when rows are dense --, the configured delay,
-  the finite check, encoded, handed to the agent; or streamed: :meth:`Step.open_stream`) and
-  the update (into ``p.grad`` in each parameter's dtype: ``on_update``, Horovod's ``op``
-  factor, the user's rule under the momentum correction, the hyper-parameter digest).
-* :class:`FaultMonitor`: the check of this rank's parameters after a non-finite message of
-  its own, the report of a failure to the other ranks, and the explanation added to an
-  :class:`~pgc_hvd.runtime.errors.AgentError` from its typed ``failed_ranks``; the agent is
-  used through its public members (``bad_log``, ``fail``, ``cond``, ``error``).
+* :class:`Step`: the model version t (the number of decided updates applied), the step's plan
+  (which partitions this rank evaluates at t, whether it computes at t -- a rank whose step was
+  decided without it catches up -- and whether the step was overtaken under
+  ``straggler_policy="cancel"``), the compute clock (busy seconds, sent in the control rows),
+  the path of the message (end the partition still in ``p.grad``, refuse slots that got no
+  gradient, unscale under AMP, form it -- :class:`~pgc_hvd.compress.encoder.MessageEncoder`,
+  straight into the payload row when rows are dense --, inject the configured delay, check it
+  is finite, encode it, hand it to the agent) and the update (the decided update into
+  ``p.grad`` in each parameter's dtype: ``on_update``, Horovod's ``op`` factor, the user's rule
+  with the momentum correction around it, the hyper-parameter digest compared at ``close()``).
+* :class:`FaultMonitor`: the step's faults. How far the agent's log of non-finite messages
+  has been looked at, the check of this rank's parameters that it triggers after an update
+  (:meth:`FaultMonitor.check_params`), the report of a failure to the other ranks
+  (:meth:`FaultMonitor.fail`), and the explanation added to an
+  :class:`~pgc_hvd.runtime.errors.AgentError` from its typed ``failed_ranks`` (never from its
+  text). The agent is used through its public members (``bad_log``, ``fail``, ``cond``,
+  ``error``).
+
+The plan is formed by :meth:`Step.begin`, never by a getter (:meth:`Step.peek_plan`).
 
 Owns :class:`Step`, :class:`FaultMonitor` and the hyper-parameter digest (:func:`hyper_digest`).
 Thread: the training thread (:meth:`Step.current` and :meth:`Step.open_stream` from the
@@ -101,16 +110,18 @@ def _hyper_term(param_groups) -> bytes:
 
 class Step:
     """This rank's current step: version, plan, clock, message and update (module doc).
-    ``capture``, ``encoder`` (a ``MessageEncoder``) and ``agent`` (a ``CommAgent``, or any
-    object with its training-thread members) are used through their public members;
-    ``param_groups`` are the optimizer's (a version ``hvd.broadcast_optimizer_state`` wrote
-    there is adopted at the first use, :meth:`adopt`)."""
+
+    ``capture`` (a :class:`GradientCapture`), ``encoder`` (a
+    :class:`~pgc_hvd.compress.encoder.MessageEncoder`) and ``agent`` (a
+    :class:`~pgc_hvd.runtime.agent.CommAgent`, or any object with its training-thread members)
+    are used through their public members; ``param_groups`` are the optimizer's (a version
+    ``hvd.broadcast_optimizer_state`` wrote there is adopted at the first use,
+    :meth:`adopt`)."""
 
     def __init__(self, capture: GradientCapture, encoder, agent, scheme, rank: int, *,
                  param_groups, delay=None, cancel: bool = False, replay_steps=(),
-                 op_scale: float = 1.0, on_update=None, forward_open: bool = False):
+                 op_scale: float = 1.0, on_update=None):
         self.capture, self.encoder, self.agent, self.scheme = capture, encoder, agent, scheme
-        self.forward_open = bool(forward_open)   # overlap="forward": open_at_forward
         self.worker_ring, self.layout = capture.worker_ring, capture.layout
         self.rank = int(rank)
         self.param_groups = param_groups
@@ -185,24 +196,25 @@ class Step:
         return self.plan
 
     def begin_loop(self) -> bool:
-        """A training forward of the user's loop (the DDP door) begins the step (and with
-        ``overlap="forward"`` announces its message); whether this rank computes at it (False:
-        decided without it, the loop's gradient dropped; under a GradScaler p.grad zeros)."""
+        """A training forward of the user's loop (the DDP door) begins the step (:meth:`begin`);
+        returns whether this rank computes at it (False: the step was decided without it; the
+        loop's gradient is dropped and ``step()`` applies the decided update; under a
+        GradScaler p.grad then holds zeros for its inf check)."""
         self.begin()
         if not self.computes and self.capture.amp:
             self.capture.zero_grads()
-        elif self.forward_open:
-            self.open_at_forward()
         return self.computes
 
     def plan_at(self, version: int):
-        """The plan of step ``version``: the ring's, or the loop's (:func:`loop_plan`)."""
+        """The plan of step ``version``: the ring's, or :func:`loop_plan` when the user's loop
+        feeds the partitions (:attr:`GradientCapture.loop_fed`)."""
         if self.capture.loop_fed:
             return loop_plan(self.scheme, self.rank, version, self.capture.ring_mode)
         return self.worker_ring.plan(version)
 
     def current(self) -> tuple:
-        """``(plan, version)`` of the step, begun if needed (by the capture's hook)."""
+        """``(plan, version)`` of the step, begun if needed (a backward pass outside
+        ``batches()`` begins it: the capture's hook)."""
         return self.begin(), self.version
 
     def peek_plan(self):
@@ -217,8 +229,9 @@ class Step:
 
     def would_compute(self) -> bool:
         """Whether this rank computes at the current step: as decided when it began, else as
-        it would be now (nothing changes): not at a step decided without it (it catches up);
-        replaying a schedule, exactly the steps it computed there."""
+        it would be now (nothing changes). A step decided without this rank is caught up on;
+        replaying a schedule (``replay_arrivals``) it computes exactly the steps it computed
+        there."""
         if self.plan is not None:
             return self.computes
         version = self.version
@@ -227,14 +240,16 @@ class Step:
         return not self.started or version >= self.agent.decided()
 
     def overtaken(self) -> bool:
-        """``straggler_policy="cancel"``: was the current step decided without this rank?
-        (Then the rest is abandoned: nothing sent, evaluated slots kept, the newest model.)"""
+        """``straggler_policy="cancel"``: has the current step been decided without this rank's
+        message? (Then the rest of the step is abandoned: no message is sent, evaluated ring
+        slots are kept, and the rank moves on to the newest model.)"""
         if self.cancel and self.started and self.agent.decided() > self.version:
             self.cancelled = True
         return self.cancelled
 
     def next(self) -> None:
-        """An update was applied (or the version changed): the next step begins at first use."""
+        """An update was applied (or the version changed): the next step begins at its first
+        use."""
         self.plan = None
         self.cancelled = False
 
@@ -249,56 +264,37 @@ class Step:
         self.busy += time.monotonic() - self._since
 
     # -- the message -----------------------------------------------------------------------------
-    def _may_open(self) -> bool:
-        """One slot by one backward, no habit at the first ``send()`` that needs the whole
-        message at ``step()`` (a GradScaler, clipping), not overtaken."""
-        cap = self.capture
-        return bool(self.may_stream and self.computes and not self.overtaken()
-                    and cap.passes_per_step == 1
-                    and (len(self.plan.evaluate) == 1 or cap.loop_fed))
-
-    def open_at_forward(self) -> None:
-        """``overlap="forward"``: the loop's forward pass begins the step (the DDP door), and
-        the message of step t is submitted there, ready: the control round runs during the
-        forward and backward passes (:meth:`open_stream` then only forms its buckets)."""
-        if self.forward_open and self._streamed is None and self._may_open():
-            self._submit_stream(self.plan.evaluate[0][1])
-
-    def _submit_stream(self, slot: int) -> Outgoing:
-        """The streamed message submitted, ready (the configured delay, a straggler's, slept
-        first), with the loss and metrics of this rank's previous streamed step."""
+    def open_stream(self, slot: int):
+        """The step's first gradient (the capture's hook): stream the message
+        (:mod:`pgc_hvd.runtime.overlap`) when the step evaluates one slot by one backward, the
+        first ``send()`` showed no habit that needs the whole message at ``step()`` (a
+        GradScaler's scale, ``p.grad`` changed after the backward) and the step is not
+        overtaken. Then the message is submitted now, its buckets to come (the configured
+        delay, a straggler's, is slept first), with the loss and metrics of this rank's
+        previous streamed step, and the bucket callback is returned; else None."""
         plan, t, cap = self.plan, self.version, self.capture
+        if (not self.may_stream or not self.computes or self.overtaken()
+                or cap.passes_per_step != 1
+                or (len(plan.evaluate) != 1 and not cap.loop_fed)):
+            return None
         self._delay(t)
         if self._stream_buf is None:
             self._stream_buf = self.layout.zeros()
+        buf = self._stream_buf
         for sl in cap.evaluated(plan, slot):
             self.worker_ring.fill(sl, t)     # its gradient is on the way
         (loss, metrics), self._lagged = self._lagged, (math.nan, ())
-        out = Outgoing(t, t, self._stream_buf, time.time(), loss,
-                       self.worker_ring.message_versions(plan), metrics=metrics,
-                       stream=Stream(len(cap.buckets.ranges)))
+        out = Outgoing(t, t, buf, time.time(), loss, self.worker_ring.message_versions(plan),
+                       metrics=metrics, stream=Stream(len(cap.buckets.ranges)))
         self._streamed = out
         self.streamed_steps += 1
         self.agent.submit(out, self.busy)
-        return out
-
-    def open_stream(self, slot: int):
-        """The step's first gradient (the capture's hook): stream the message
-        (:mod:`pgc_hvd.runtime.overlap`) when :meth:`_may_open`: it is submitted now (unless
-        the forward did, :meth:`open_at_forward`), its buckets to come; returns the bucket
-        callback, else None."""
-        out = self._streamed
-        if out is None:
-            if not self._may_open():
-                return None
-            out = self._submit_stream(slot)
-        plan, cap = self.plan, self.capture
         if cap.ring_mode:
             slots, coeffs = cap.slots(plan)
         else:   # GC's one slot: the loop's rows carried the coefficients (loop-fed) or b_l
             slots = [cap.ring[0]]
             coeffs = [1.0 if cap.loop_fed else float(dict(plan.combine)[slot])]
-        ranges, enc, buf = cap.buckets.ranges, self.encoder, out.payload
+        ranges, enc = cap.buckets.ranges, self.encoder
 
         def bucket_done(k: int) -> None:
             lo, hi = ranges[k]
@@ -309,8 +305,9 @@ class Step:
 
     def _end_stream(self, loss, metrics: tuple, grad_scale) -> None:
         """``send()`` of a streamed step: the buckets no gradient completed are formed now;
-        the loss and metrics wait for the next message. ``p.grad`` changed after the backward
-        or a loss scale, after the message left: refused with the fix."""
+        the loss and metrics wait for the next message. A change to ``p.grad`` after the
+        backward (clipping, ``unscale_``) or a loss scale came after the message left: refused
+        with the fix (the first ``step()`` shows whether the loop does these)."""
         cap, t = self.capture, self.version
         late = ("p.grad was changed after loss.backward() (clip_grad_norm_, "
                 "GradScaler.unscale_, ...)" if cap.touched() else
@@ -324,10 +321,6 @@ class Step:
                 f"clip_grad_norm_(...); with optimizer.skip_synchronize(): optimizer.step(); "
                 f"or build the optimizer with overlap=False (the message is then formed at "
                 f"step())")
-        if self._bucket_done is None:   # opened at the forward, and no backward came
-            raise RuntimeError(f"pgc_hvd: step {t}: a training forward pass and no backward "
-                               f"before optimizer.step() (this rank's message was announced "
-                               f"at the forward): run loss.backward() before step()")
         for k in cap.end_stream(self.plan, t):
             self._bucket_done(k)
         out, self._streamed, self._bucket_done = self._streamed, None, None
@@ -342,8 +335,9 @@ class Step:
 
     def send(self, *, loss=None, metrics: tuple = (), grad_scale=None) -> None:
         """Form, check, encode and submit the message of the current (begun) step (module
-        doc); nothing once the step fired without this rank (:meth:`overtaken`); a streamed
-        step's last buckets (:meth:`open_stream`)."""
+        doc); nothing is sent once the step fired without this rank (:meth:`overtaken`). A
+        streamed step's message went at its first gradient (:meth:`open_stream`); here its
+        last buckets are formed."""
         plan = self.plan
         cap, enc, agent, t = self.capture, self.encoder, self.agent, self.version
         if self._streamed is not None:
@@ -413,7 +407,8 @@ class Step:
 
     @property
     def behind(self) -> bool:
-        """Whether a step at or after :attr:`version` is decided (an update not applied yet)."""
+        """Whether a step at or after :attr:`version` is already decided (an update this rank
+        has not applied yet)."""
         return self.version < self.agent.decided()
 
     def _delay(self, t: int) -> None:
@@ -426,9 +421,10 @@ class Step:
 
     # -- the update ------------------------------------------------------------------------------
     def metrics(self, names: tuple) -> dict:
-        """What the control rows said about the last update: ``step``, ``loss`` and each
-        declared user metric (their means over the used messages; NaN where none carried one),
-        ``ranks`` (whose messages were used); empty before the first update."""
+        """What the control rows said about the last update: ``step``, ``loss`` (the mean of
+        the losses sent with the messages the decision used), each declared user metric's mean
+        over those messages (NaN where none carried it), and ``ranks`` (whose messages were
+        used); empty before the first update."""
         upd = self.last
         if upd is None:
             return {}
@@ -466,10 +462,11 @@ class Step:
             p.grad = v
 
     def apply(self, rule, *, correct_momentum: bool) -> None:
-        """The user's rule (``rule()``: the wrapped class's ``step``, run by the caller
-        without a GradScaler's attributes) on the loaded update, then :meth:`applied`; with
-        ``correct_momentum``, under the user's momentum less the stale gradients' implicit
-        one (:mod:`pgc_hvd.control.momentum`)."""
+        """The user's rule (``rule()``, the wrapped class's ``step``, which the caller runs
+        without a GradScaler's ``grad_scale`` / ``found_inf``: the ring was unscaled) on the
+        loaded update, then :meth:`applied`. With ``correct_momentum`` the rule runs with the
+        user's momentum less the stale gradients' implicit momentum
+        (:mod:`pgc_hvd.control.momentum`)."""
         if correct_momentum:
             last = self.last
             mean_age = last.decision.info.get("mean_age") if last is not None else None
@@ -515,17 +512,24 @@ class FaultMonitor:
     def check_params(self, *, report: bool = True, started: bool = True) -> None:
         """Stop every rank when this rank's parameters are non-finite.
 
-        The decoded updates are finite and the same on every rank, so parameters that hold
-        NaN/Inf on one rank were changed outside the optimizer (code that runs on one rank
-        only, a hardware fault); its messages would be non-finite from then on, a straggler for
-        good that uses up s and ends the run with ranks that differ. The run is stopped, not
-        repaired (a copy from the others would need a collective mid-step and hide the fault);
-        the ranks still hold a good copy, so the run restarts from a checkpoint. Cost: nothing
-        per step; only after a control round showed a non-finite message of this rank
-        (``bad_log``) does it look at its parameters (one pass over d: a transient non-finite
-        loss finds them finite and training goes on). The error names the rank, the step of
-        its first non-finite message and the parameters; with ``report`` this rank's agent
-        tells the others (:meth:`fail`), whose error names it too (:meth:`explain`)."""
+        The decoded updates are finite (non-finite messages are never used) and the same on
+        every rank, so parameters that hold NaN/Inf on one rank were changed outside the
+        optimizer (code that runs on one rank only, a hardware fault). Such a rank's messages
+        are non-finite at every later step: left to itself it would be a straggler for good,
+        use up the budget s, and end the run with ranks that differ (an inf model on rank 0 is
+        the one evaluated and saved). The run is stopped, not repaired: copying the others'
+        parameters would need a collective every rank joins at the same point, which the
+        agent's protocol does not have mid-step, and it would hide the fault (a bug in the
+        training script, or hardware) that made them non-finite; the ranks still hold a good
+        copy, so the run restarts from a checkpoint.
+
+        Cost: nothing per step. Only when a control round showed a non-finite message of this
+        rank (``bad_log``) does it look at its parameters, one pass over d: a message that is
+        non-finite because the loss was (a transient fault, the message is left out as a
+        straggler's) finds finite parameters and training goes on. The error names the rank,
+        the step of its first non-finite message and the parameters; with ``report`` this
+        rank's agent tells the others (:meth:`fail`), whose :class:`AgentError` names the rank
+        and that step too (:meth:`explain`)."""
         log = self.agent.bad_log
         if len(log) == self._bad_checked:
             return
@@ -552,8 +556,10 @@ class FaultMonitor:
 
     def fail(self, started: bool) -> None:
         """The training thread raised: tell the other ranks, and wait (at most ``timeout``)
-        until this rank's agent has stopped on the round that shows it, so that the others name
-        this rank even when this process exits right after (not just a rank that died)."""
+        until this rank's agent has stopped on the control round that shows it, so that the
+        others stop with an error naming this rank even when this process exits right after
+        (an exiting process shuts Horovod down, which the others would only see as a rank that
+        died)."""
         agent = self.agent
         agent.fail()
         if not started:
@@ -567,8 +573,9 @@ class FaultMonitor:
                 agent.cond.wait(min(left, 0.05))
 
     def explain(self, err: AgentError) -> AgentError:
-        """``err`` with what this rank knows about ``err.failed_ranks``: a rank that failed
-        right after its messages turned non-finite (:meth:`check_params`); else ``err``."""
+        """``err`` with what this rank knows about its cause: a rank that failed right after
+        its messages turned non-finite (:meth:`check_params`: its parameters are); the same
+        error when there is nothing to add. The failed ranks are ``err.failed_ranks``."""
         notes = []
         for w in getattr(err, "failed_ranks", ()):
             steps = sorted({k for v, k in self.agent.bad_log if v == w})

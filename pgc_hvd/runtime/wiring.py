@@ -69,28 +69,24 @@ def build_parts(hvd, config, *, rank: int, n: int, layout, names: dict, param_gr
         recorder.scheme_name, recorder.s = scheme.name, scheme.s
         recorder.momentum_correction = corrects
     optimistic = config.effective_optimistic(encoder.codec, layout.device, n)
-    # the data collective overlapped with backward: the buckets (runtime.overlap); "forward":
-    # the message announced at the loop's forward, one bucket or more, where a control round
-    # runs (s >= 1; the s = 0 path has none to hide: there it is True)
-    overlaps = config.overlaps(scheme, encoder.codec, optimistic=optimistic,
-                               complex_code=ring.complex, device=layout.device)
-    in_sum = config.rows_in_sum(scheme, encoder.codec, optimistic=optimistic,
-                                complex_code=ring.complex)
-    forward = overlaps and config.overlap == "forward" and not in_sum
-    capture.buckets = (None if not overlaps else Buckets(layout, config.bucket_cap_mb)
-                       if forward else Buckets.worth_it(layout, config.bucket_cap_mb))
+    # the data collective overlapped with backward: the buckets (runtime.overlap)
+    capture.buckets = (Buckets.worth_it(layout, config.bucket_cap_mb)
+                       if config.overlaps(scheme, encoder.codec, optimistic=optimistic,
+                                          complex_code=ring.complex, device=layout.device)
+                       else None)
     agent = CommAgent(hvd, scheme, rank, layout.numel, scheme.lookback, codec=encoder.codec,
                       device=layout.device, timeout=config.timeout,
                       poll_interval=config.poll_interval, reports=reports, name=name,
                       replay=replay, optimistic=optimistic, control=config.control,
                       metrics=len(config.metrics), buckets=capture.buckets,
-                      rows_in_sum=in_sum)
+                      rows_in_sum=config.rows_in_sum(scheme, encoder.codec, optimistic=optimistic,
+                                                     complex_code=ring.complex))
     if on_decided is not None:
         agent.on_decided = on_decided
     # the step: version, plan, clock, message, update (the capture asks it for the plan)
     step = Step(capture, encoder, agent, scheme, rank, param_groups=param_groups,
                 delay=config.delay, cancel=config.cancel, replay_steps=replay_steps,
-                op_scale=config.op_scale, on_update=config.on_update, forward_open=forward)
+                op_scale=config.op_scale, on_update=config.on_update)
     faults = FaultMonitor(agent, rank, layout.params, names=names, timeout=config.timeout)
     return Parts(scheme, encoder, capture, agent, step, faults, corrects)
 

@@ -18,10 +18,7 @@ Handles: an asynchronous collective returns a :class:`Handle`; :meth:`Handle.pol
 :meth:`Handle.wait_for` blocks up to a deadline (``Work.wait(timeout)``: the thread sleeps in
 torch with the GIL released and wakes when the collective ends, where a poll loop's sleep
 added up to its nap to every collective; CPU tensors only: a CUDA ``Work.wait`` returns before
-the data is there, so CUDA handles are polled). :meth:`Handle.notify` sets a
-``threading.Event`` when the collective ends (a waiter that must also wake for something
-else: the control log's follower, whose wait in the outcome's broadcast also writes the rows
-its training thread appends). A failed
+the data is there, so CUDA handles are polled). A failed
 collective raises :class:`CollectiveError`, naming the ranks whose processes are gone when the
 engine can tell (``explain``).
 
@@ -177,18 +174,6 @@ class Handle:
             self._advance()
         return True
 
-    def notify(self, event) -> None:
-        """Set ``event`` (a ``threading.Event``) when the current stage ends (at once when it
-        has; one-stage collectives: the control log's broadcast). CUDA handles: nothing (the
-        waiter's own polling sees them)."""
-        if not self.cpu or self.done or self.work.is_completed():
-            event.set()
-            return
-        try:
-            self.work.get_future().add_done_callback(lambda _fut: event.set())
-        except Exception:                # noqa: BLE001 -- a Work without a future: polled
-            event.set()
-
     def wait(self):
         """The result; blocks until the collective completes; CollectiveError if it failed."""
         while not self.done:
@@ -294,11 +279,6 @@ class GroupOps:
     def wait_for(handle: Handle, seconds: float) -> bool:
         """Whether ``handle`` completed, blocking up to ``seconds`` (:meth:`Handle.wait_for`)."""
         return handle.wait_for(seconds)
-
-    @staticmethod
-    def notify(handle: Handle, event) -> None:
-        """``event`` is set when ``handle``'s collective ends (:meth:`Handle.notify`)."""
-        handle.notify(event)
 
     @staticmethod
     def synchronize(handle: Handle):

@@ -170,7 +170,7 @@ def check_sequential(rank):
         same_on_every_rank(params_digest(model), f"parameters of model {i}")
         del model, opt
     ok("sequential_models", rank)
-    check_forward_announce(rank, ds)
+    check_no_cycles(rank, ds)
     # stragglers="auto" through the door: the last rank slowed, s goes 0 -> 1 at step 4 on
     # every rank, the re-plan keeps feeding the sampler (it asks the optimizer every step)
     model = pgc_hvd.DistributedDataParallel(
@@ -191,19 +191,15 @@ def check_sequential(rank):
     ok("auto_switch_through_the_door", rank)
 
 
-def check_forward_announce(rank, ds):
-    """``overlap="forward"`` (pgc-cr, one bucket, the last rank slowed before its forward):
-    from the second step on, the forward that begins a step announces this rank's message (its
-    outbox holds it before the backward), the slowed rank's steps are decided without it, and
-    the parameters end identical. Then: a step of the door leaves no reference cycle behind
-    (torch's ``tree_flatten`` made two a step, and the garbage collector ran every ~20 steps)."""
+def check_no_cycles(rank, ds):
+    """A step of the door (pgc-cr, the last rank slowed) leaves no reference cycle behind:
+    torch's ``tree_flatten`` made two a step, and the garbage collector ran every ~20 steps of
+    LeNet; the parameters end identical."""
     import gc
     import types
     world = dist.get_world_size()
-    model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", name="fwd", timeout=30,
-                                            overlap="forward")
+    model = pgc_hvd.DistributedDataParallel(net(), scheme="pgc-cr", name="cycles", timeout=30)
     opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    announced = steps = 0
     garbage: list = []
     for i, (xb, yb) in enumerate(DataLoader(ds, batch_size=16,
                                             sampler=pgc_hvd.CodedSampler(ds, 16))):
@@ -212,13 +208,9 @@ def check_forward_announce(rank, ds):
             gc.disable()
             gc.set_debug(gc.DEBUG_SAVEALL)
         if rank == world - 1:
-            time.sleep(0.03)
+            time.sleep(0.01)
         opt.zero_grad()
-        out = model(xb)
-        if opt.current_step.computes and i > 0:
-            steps += 1
-            announced += opt.version in opt.agent.handoff.outbox
-        F.cross_entropy(out, yb).backward()
+        F.cross_entropy(model(xb), yb).backward()
         opt.step()
         if i == 20:
             gc.collect()
@@ -227,14 +219,10 @@ def check_forward_announce(rank, ds):
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
-    streamed = opt.current_step.streamed_steps
-    caught_up = opt.catch_up_steps
     opt.close()
-    assert announced == steps and streamed >= steps, (announced, steps, streamed)
-    assert caught_up > 0 if rank == world - 1 else steps > 0, (caught_up, steps)
     assert not garbage, garbage
-    same_on_every_rank(params_digest(model), "parameters, overlap='forward'")
-    ok("forward_announce_no_cycles", rank)
+    same_on_every_rank(params_digest(model), "parameters (no cycles)")
+    ok("no_reference_cycles_per_step", rank)
 
 
 def check_dead(rank, first: bool):

@@ -36,8 +36,7 @@ class StreamedRank:
     buckets, agent (``CommAgent(..., buckets=..., **agent_kw)``), capture and step.
     ``unused=True`` adds a parameter that never has a gradient."""
 
-    def __init__(self, ops, rank: int = 0, n: int = 1, *, unused: bool = False,
-                 forward_open: bool = False, cap_mb: float = BUCKET_CAP_MB, **agent_kw):
+    def __init__(self, ops, rank: int = 0, n: int = 1, *, unused: bool = False, **agent_kw):
         self.rank = rank
         self.model = mlp((5, 9, 8, 3))
         self.spare = nn.Linear(3, 3) if unused else None   # a parameter with no gradient
@@ -48,7 +47,7 @@ class StreamedRank:
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.3)
         self.opt = torch.optim.SGD(params, lr=0.1)
         self.layout = lay = FlatLayout(params)
-        self.buckets = Buckets(lay, cap_mb)
+        self.buckets = Buckets(lay, BUCKET_CAP_MB)
         self.scheme = get_scheme("dgd", n, 0)
         enc = MessageEncoder(lay.numel, None, complex_messages=False, device="cpu")
         self.seen: list = []
@@ -58,10 +57,8 @@ class StreamedRank:
                                        passes_per_step=1, scheme=self.scheme, rank=rank)
         self.capture.buckets = self.buckets
         self.step = Step(self.capture, enc, self.agent, self.scheme, rank,
-                         param_groups=self.opt.param_groups, forward_open=forward_open,
+                         param_groups=self.opt.param_groups,
                          on_update=lambda t, flat: self.seen.append((t, flat.clone())))
-        if forward_open:     # the DDP door's: the loop feeds the step, its forward begins it
-            self.capture.feed_from_loop(self.step.version)
         self.capture.attach()
         self.step.start()
 
@@ -86,10 +83,7 @@ class StreamedRank:
     def one(self, seed: int, *, loss=None, clip: bool = False) -> dict:
         """One step on batch ``seed`` (``loss`` handed to the step; ``clip``: the gradient
         clipped after the backward); returns the step's info."""
-        if self.step.forward_open:
-            self.step.begin_loop()        # the DDP door's forward
-        else:
-            self.step.begin()
+        self.step.begin()
         self.loss(seed).backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e-3)

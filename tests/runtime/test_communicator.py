@@ -378,27 +378,3 @@ def test_a_blocking_wait_ends_at_its_deadline_while_the_peer_is_away():
 
     (sub_ms, away_over, text), _ = world(2, body, timeout=20.0)
     assert sub_ms is False and not away_over, text
-
-
-def test_notify_sets_the_event_when_the_collective_ends():
-    """``notify``: the control log's follower naps on an event that an append ends early; the
-    engine sets the same event when the outcome's broadcast ends, so its naps may be long."""
-    import threading
-    joined = threading.Event()
-
-    def body(rank, ops):
-        buf = torch.full((4,), float(rank))
-        if rank == 1:
-            joined.wait(10)
-            ops.broadcast_async_(buf, 0, name="b").wait()
-            return buf.tolist()
-        ev = threading.Event()
-        h = ops.broadcast_async_(buf, 0, name="b")
-        ops.notify(h, ev)
-        early = ev.is_set()
-        joined.set()
-        return early, ev.wait(10), ops.wait_for(h, 10)
-
-    (early, ended, done), got = world(2, body)
-    assert not early and ended and done
-    assert got == [0.0] * 4

@@ -128,30 +128,3 @@ def test_delay_and_its_old_name_delays_reach_the_step():
         finally:
             opt.close()
     assert "delays" in WARNED_RENAMES
-
-
-@pytest.mark.parametrize("overlap,control", [(False, "allgather"), (True, "allgather"),
-                                             ("forward", "allgather"), ("forward", "log")])
-def test_overlap_forward_cuts_even_one_bucket_and_opens_at_the_forward(overlap, control):
-    """``overlap="forward"``: the message is announced at the loop's forward (the DDP door),
-    so a gradient of one bucket streams too, where a control round decides the step (one rank:
-    s = 0, so on the log plane the s = 0 path, which has no round to hide: as ``True``);
-    ``True`` keeps one bucket on the one-collective path (``Buckets.worth_it``)."""
-    import dataclasses
-    m = model()
-    first = DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1),
-                                 name="wiring.fwd", timeout=30, scheme="pgc-cr")
-    cfg = dataclasses.replace(first.config, overlap=overlap, control=control,
-                              optimistic=False)
-    first.close()
-    parts = build_parts(hvd, cfg, rank=0, n=1, layout=FlatLayout(list(m.parameters())),
-                        names={}, reports=False, param_groups=first.param_groups,
-                        name=f"wiring.fwd.{overlap}.{control}")
-    if control == "log":
-        request_stop(parts)
-    forward = overlap == "forward" and control != "log"
-    buckets = parts.capture.buckets
-    assert parts.step.forward_open == forward
-    assert (buckets is not None and len(buckets) == 1) == forward
-    assert parts.agent.comm.buckets is buckets
-    assert (parts.agent.sum_rows is not None) == (control == "log")
