@@ -359,8 +359,8 @@ def test_the_torch_engine_is_waited_for_by_blocking_not_polling():
 
 def test_a_blocking_wait_ends_at_its_deadline_while_the_peer_is_away():
     """A peer that does not join: the wait returns at its deadline (the last slice shorter
-    than a millisecond included, which torch would read as "no timeout") while the peer is still
-    away, and the agent's error says no answer came."""
+    than a millisecond included, which torch would read as "no timeout"; a CUDA handle's, which
+    is polled) while the peer is still away, and the agent's error says no answer came."""
     from pgc_hvd.runtime.errors import AgentError
     back = __import__("threading").Event()
 
@@ -371,6 +371,8 @@ def test_a_blocking_wait_ends_at_its_deadline_while_the_peer_is_away():
             return None
         first = ops.allreduce_async_(torch.ones(4), name="first", op=ops.Sum)
         sub_ms = ops.wait_for(first, 0.0004)
+        first.cpu = False          # as a CUDA handle: polled with sleeps, up to its deadline
+        sub_ms = sub_ms or ops.wait_for(first, 0.05)
         coll = Collectives(ops, rank, "t-deadline", 0.3)
         with pytest.raises(AgentError, match="got no answer within") as err:
             coll.allreduce_sum_(torch.ones(4), "sum")
