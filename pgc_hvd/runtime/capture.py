@@ -132,7 +132,8 @@ class GradientCapture:
         direct = self.loop_fed and not self.ring_mode
         target = self.msg if direct else self._slot()
         grads = [p.grad for p in lay.params]
-        if all(g is not None and g.dtype == torch.float32 for g in grads):
+        if all(g is not None and g.dtype == torch.float32 and g.layout == torch.strided
+               for g in grads):
             torch.cat([g.reshape(-1) for g in grads], out=target)   # one op, not one a tensor
         else:
             target.zero_()

@@ -405,3 +405,15 @@ def test_the_hyper_digest_terms_are_cached_by_value_and_type():
     assert hyper_digest(ints, 0) == hyper_digest([{"params": [], "lr": 1}], 0)
     tensors = [{"params": [], "lr": torch.tensor(0.5)}]      # no key: computed each time
     assert hyper_digest(tensors, 0) == hyper_digest([{"params": [], "lr": 0.5}], 0)
+
+
+def test_a_sparse_gradient_is_moved_too(world):
+    w = world("dgd")
+    want = w.true_grad(0)
+    plan = w.step.begin()
+    w.capture.begin(plan.evaluate[0][1], plan, w.step.version)
+    w.loss(0).backward()
+    first = w.layout.params[0]
+    first.grad = first.grad.to_sparse()      # an embedding's sparse=True gradient, say
+    w.capture.end(plan, w.step.version)
+    torch.testing.assert_close(w.capture.msg, want)
