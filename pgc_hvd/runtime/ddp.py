@@ -43,8 +43,9 @@ of :func:`pgc_hvd.DistributedOptimizer`). What differs is who communicates:
 
 Refused at the wrap, with the fix: ``SyncBatchNorm`` (a collective inside every forward),
 complex-coefficient codes (``rs``), a model on several devices (``device_ids`` of more than one
-device). Limits (docs/architecture.md, "The DDP door"): the data collective does not yet
-overlap the backward pass; ``clip_grad_norm_`` between ``backward()`` and ``step()`` clips this
+device). Limits (docs/architecture.md, "The DDP door"): the data collective overlaps the
+backward pass only with ``overlap=`` on (by default on GPUs, for a gradient of several
+buckets); ``clip_grad_norm_`` between ``backward()`` and ``step()`` clips this
 rank's message, not the decoded update (clip that with ``synchronize()`` /
 ``skip_synchronize()``); a pipelined scheme's ring starts with zeros (its first c - 1 messages
 hold the gradients computed so far); dropout masks and augmentations come from each rank's own
