@@ -128,15 +128,22 @@ class GradientCapture:
         if slot is None:
             return
         lay = self.layout
-        target = self._slot()
-        target.zero_()
+        # loop-fed GC: the one backward of the step is the message (its rows carried b_l)
+        direct = self.loop_fed and not self.ring_mode
+        target = self.msg if direct else self._slot()
+        grads = [p.grad for p in lay.params]
+        if all(g is not None and g.dtype == torch.float32 and g.layout == torch.strided
+               for g in grads):
+            torch.cat([g.reshape(-1) for g in grads], out=target)   # one op, not one a tensor
+        else:
+            target.zero_()
+            for p, g in zip(lay.params, grads):
+                if g is not None:
+                    lay.view(target, p).add_(g)
         for p in lay.params:
-            if p.grad is not None:
-                lay.view(target, p).add_(p.grad)
-                p.grad = None
-        if not self.ring_mode:   # loop-fed: the rows carried b_l already
-            ops.add_slot(self.msg, self.ring[0],
-                         1.0 if self.loop_fed else float(dict(plan.combine)[slot]))
+            p.grad = None
+        if not self.ring_mode and not direct:
+            ops.add_slot(self.msg, self.ring[0], float(dict(plan.combine)[slot]))
         self._close(plan, version)
 
     def evaluated(self, plan, slot: int) -> list:

@@ -13,27 +13,20 @@ overlap`) a dense fp32 sum moves bucket by bucket (:meth:`Communicator.bucketed`
 message still being formed by the training thread is a :class:`Stream` (which of its buckets
 are ready: the one object both threads touch for it, through its condition variable).
 
-fp16 messages (``codec.wire_dtype`` float16: :class:`~pgc_hvd.compress.encoder.Fp16Codec`,
-``Fp16SparseCodec``): payload rows hold fp16 entries (2d + 4 bytes dense; 6 kappa + 4 top-kappa),
-so riding payloads and the data allgather move half the bytes (three quarters for top-kappa),
-and the sum of contributions moves in fp16 (``narrow_reduce``: an alltoall of fp16 chunks summed
-in fp32 by their owner + an allgather of the sums on CPU, where Gloo's fp16 sum is slow;
-Horovod's fp16 ring allreduce on GPU), widened back to fp32; a sum that overflows fp16 (seen
-identically on every rank as a non-finite result) is repeated in fp32 for that step, never
-applied (``info["fp16_fallback"]``). ``Update.info["bytes"]`` counts what really moved.
+fp16 messages (``codec.wire_dtype`` float16: ``Fp16Codec``, ``Fp16SparseCodec``): payload rows
+hold fp16 entries, riding payloads and the data allgather move half the bytes, and the sum of
+contributions moves in fp16 (``narrow_reduce``), widened back to fp32; a sum that overflows
+fp16 (seen identically on every rank) is repeated in fp32 for that step, never applied
+(``info["fp16_fallback"]``). ``Update.info["bytes"]`` counts what really moved.
 
-The collectives it runs on (:class:`Collectives`, the first part of this module): asynchronous
-engine ops polled with a deadline (:func:`wait_for_handle`; a dead or hung rank raises
-:class:`~pgc_hvd.runtime.errors.AgentError` instead of hanging), under stable names
-(``{name}.{kind}``: Horovod's response cache can then skip the negotiation of a name it has
-seen; one op per kind is in flight at a time, so reusing the name is safe), into recycled
-outputs through Horovod's private ``mpi_ops`` entry points where they exist
-(:func:`_output_entry_points`). The control channels (:mod:`pgc_hvd.runtime.channel`) run on
-the same object. Horovod's surface that pgc_hvd patches is here too: the user's unnamed ops are
-named from a count of their own (:func:`name_unnamed_ops`), so that pgc_hvd's collectives,
-issued by the agent thread at no fixed point of the user's program, never shift their names;
-its wrapper runs in every collective of the step, beside the collectives it protects. Which
-engine runs them is :mod:`pgc_hvd.runtime.engine`'s.
+The collectives it runs on (:class:`Collectives`): asynchronous engine ops waited for with a
+deadline (:func:`wait_for_handle`; a dead or hung rank raises :class:`~pgc_hvd.runtime.errors.
+AgentError` instead of hanging), under stable names (``{name}.{kind}``, one op per kind in
+flight), into recycled outputs through Horovod's private ``mpi_ops`` entry points where they
+exist. The control channels (:mod:`pgc_hvd.runtime.channel`) run on the same object. The
+user's unnamed Horovod ops are named from a count of their own (:func:`name_unnamed_ops`), so
+pgc_hvd's collectives, issued by the agent thread at no fixed point of the user's program,
+never shift their names. Which engine runs them is :mod:`pgc_hvd.runtime.engine`'s.
 
 Threads: the agent thread; :func:`name_unnamed_ops`: the training thread, once, at the
 optimizer's construction (its wrapper: whichever thread calls an op); :meth:`Stream.mark`:
@@ -69,14 +62,16 @@ NARROW_REDUCE = ("auto", "alltoall", "allreduce")
 # ---- the collectives: deadlines, stable names, the user's unnamed ops named ------------------
 
 
+#: the longest slice of a blocking wait between looks at its deadline and ``abort()``
+BLOCK_SLICE = 0.05
+
+
 def poll_until(ready, timeout: float, abort=None, nap=None) -> bool:
     """The runtime's one poll loop: call ``ready()`` until it returns true (True) or
     ``timeout`` seconds pass (False), or ``abort()`` (when given) says to give up (False).
-    Short sleeps first (a small allgather takes 1-3 ms here), then at most 1 ms between polls;
-    a blocking ``synchronize`` could not time out on a hung rank. ``nap(seconds)``: the sleep
+    Short sleeps first, then at most 1 ms between polls. ``nap(seconds)``: the sleep
     between polls (default ``time.sleep``; one that returns early lets ``abort()`` serve an
-    event at once). The cross-rank checks poll through it too (:mod:`pgc_hvd.runtime.
-    agreement`)."""
+    event at once). The cross-rank checks poll through it too (``runtime.agreement``)."""
     deadline = time.monotonic() + timeout
     sleep = 0.0001
     nap = time.sleep if nap is None else nap
@@ -89,8 +84,19 @@ def poll_until(ready, timeout: float, abort=None, nap=None) -> bool:
 
 
 def wait_for_handle(hvd, handle, timeout: float, abort=None, nap=None) -> bool:
-    """Poll an asynchronous engine handle until it completes (True), ``timeout`` seconds pass
-    or ``abort()`` says to give up (False): :func:`poll_until`."""
+    """Wait for an engine handle until it completes (True), ``timeout`` seconds pass or
+    ``abort()`` says to give up (False). The torch engine (CPU tensors) blocks on it in slices
+    of :data:`BLOCK_SLICE` (``wait_for``), so the agent wakes when the collective ends (a poll's
+    sleep, up to 1 ms, was added to each of a step's collectives). A wait with a ``nap`` (a
+    sleep that an event ends early: the control log's follower, which also writes the rows its
+    training thread appends) and Horovod's handles are polled (:func:`poll_until`)."""
+    block = getattr(hvd, "wait_for", None) if nap is None else None
+    if block is not None:
+        deadline = time.monotonic() + timeout
+        while not block(handle, max(0.0, min(BLOCK_SLICE, deadline - time.monotonic()))):
+            if time.monotonic() > deadline or (abort is not None and abort()):
+                return False
+        return True
     return poll_until(lambda: hvd.poll(handle), timeout, abort, nap)
 
 
@@ -528,26 +534,16 @@ class Communicator:
 
     def _allreduce_narrow(self, mine: list, keep: set) -> tuple[torch.Tensor, bool, int]:
         """The sum over ranks of the contributions with the bytes in the codec's narrow
-        ``wire_dtype`` (fp16: half the bytes), c_r = this rank's sum_{u owned} a_u D(p_u),
-        rounded once to fp16 (:meth:`~pgc_hvd.compress.encoder.Fp16Codec.add_weighted_narrow`).
-        Two ways, both 2 (n-1)/n * 2d bytes received (``narrow_reduce``):
-
-        * ``"alltoall"`` (default on CPU): the n fp16 vectors are cut into n chunks of
-          m = ceil(d/n); an alltoall hands rank j the j-th chunk of every rank, rank j sums
-          them in fp32 in rank order and rounds once to fp16, and an allgather of the summed
-          chunks hands every rank the same fp16 update: fp16(sum_r fp16(c_r)), |error| <=
-          2^-11 (|g| + sum_r |c_r|) entrywise. Horovod's fp16 allreduce over Gloo on CPU
-          measured 3x slower than its fp32 one at d = 11.7M here (benchmarks/data_plane/fp16_bytes.py):
-          the fp16 ring would lose more time than the bytes save; this sums with torch, in
-          fp32.
-        * ``"allreduce"`` (default on GPU, where NCCL sums fp16 natively): one in-place fp16
-          ring allreduce, Horovod's fp16 compression: each partial sum rounded to fp16,
-          |error| <= about (n + 1) 2^-11 sum_r |c_r|.
-
-        Returns ``(update, fell_back, bytes)``. When the summed fp16 update is not finite (a sum
-        passed 65504) every rank sees it (the same bits everywhere) and every rank repeats the
-        sum in fp32 from its contributions (the payloads are still in its outbox): one more
-        allreduce, this step only; an overflowed sum is never applied."""
+        ``wire_dtype`` (fp16), c_r = this rank's sum_{u owned} a_u D(p_u) rounded once to fp16
+        (``Fp16Codec.add_weighted_narrow``). Two ways, both 2 (n-1)/n * 2d bytes received:
+        ``"alltoall"`` (default on CPU, where Horovod's fp16 allreduce over Gloo measured 3x
+        slower than fp32, benchmarks/data_plane/fp16_bytes.py): chunks of m = ceil(d/n), an
+        alltoall hands rank j the j-th chunk of every rank, summed in fp32 in rank order and
+        rounded once, an allgather of the sums: fp16(sum_r fp16(c_r)), |error| <= 2^-11 (|g| +
+        sum_r |c_r|); ``"allreduce"`` (default on GPU, NCCL sums fp16): one fp16 ring
+        allreduce, |error| <= about (n + 1) 2^-11 sum_r |c_r|. Returns ``(update, fell_back,
+        bytes)``; a summed update that is not finite (past 65504, the same bits on every rank)
+        is summed again in fp32 from the outbox, this step only, never applied."""
         codec, n, d = self.codec, self.n, self.d
         payloads = [self._own(u.step).payload for u in mine]
         weights = [u.weight for u in mine]

@@ -43,8 +43,9 @@ of :func:`pgc_hvd.DistributedOptimizer`). What differs is who communicates:
 
 Refused at the wrap, with the fix: ``SyncBatchNorm`` (a collective inside every forward),
 complex-coefficient codes (``rs``), a model on several devices (``device_ids`` of more than one
-device). Limits (docs/architecture.md, "The DDP door"): the data collective does not yet
-overlap the backward pass; ``clip_grad_norm_`` between ``backward()`` and ``step()`` clips this
+device). Limits (docs/architecture.md, "The DDP door"): the data collective overlaps the
+backward pass only with ``overlap=`` on (by default on GPUs, for a gradient of several
+buckets); ``clip_grad_norm_`` between ``backward()`` and ``step()`` clips this
 rank's message, not the decoded update (clip that with ``synchronize()`` /
 ``skip_synchronize()``); a pipelined scheme's ring starts with zeros (its first c - 1 messages
 hold the gradients computed so far); dropout masks and augmentations come from each rank's own
@@ -82,8 +83,13 @@ def _scale_hook(door, output):
     return None if door is None else door.scale_rows(output)
 
 
-def _first_tensor(tree):
-    leaves, _ = tree_flatten(tree)
+def _first_tensor(args: tuple, kwargs: dict):
+    """The first tensor of a forward's arguments (in tree order): the first argument when it
+    is one, without torch's ``tree_flatten`` (it builds a recursive closure, a reference cycle,
+    at every call: two a step made the garbage collector run every ~20 steps)."""
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    leaves, _ = tree_flatten((args, kwargs))
     for x in leaves:
         if isinstance(x, torch.Tensor):
             return x
@@ -101,7 +107,10 @@ class _Placeholder:
     """The last output's structure: zeros of its shapes for a step this rank does not compute."""
 
     def __init__(self, output):
-        leaves, self.spec = tree_flatten(output)
+        if isinstance(output, torch.Tensor):    # one tensor: no tree_flatten (its cycle)
+            leaves, self.spec = [output], None
+        else:
+            leaves, self.spec = tree_flatten(output)
         self.leaves = [_TensorSpec(x.shape, x.dtype, x.device, x.requires_grad)
                        if isinstance(x, torch.Tensor) else x for x in leaves]
 
@@ -113,7 +122,7 @@ class _Placeholder:
                 out.append(z.requires_grad_() if x.requires_grad and z.is_floating_point() else z)
             else:
                 out.append(x)
-        return tree_unflatten(out, self.spec)
+        return out[0] if self.spec is None else tree_unflatten(out, self.spec)
 
 
 def _scale_rows(output, scale: torch.Tensor, rows: int, hit: list):
@@ -240,7 +249,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         if not opt.begin_loop_step():
             if self._pgc_placeholder is not None:
                 return self._pgc_placeholder.make()
-        x = _first_tensor((inputs, kwargs))
+        x = _first_tensor(inputs, kwargs)
         rows = None if x is None or x.dim() == 0 else int(x.shape[0])
         if self._pgc_batch is not None and rows is not None and rows != self._pgc_batch:
             raise ValueError(

@@ -24,9 +24,7 @@ checks :mod:`pgc_hvd.runtime.replicas`':
   text). The agent is used through its public members (``bad_log``, ``fail``, ``cond``,
   ``error``).
 
-The plan is formed by :meth:`Step.begin` (``batches()``, ``synchronize()``, or a backward pass
-outside ``batches()``), never by a getter; reading it (:meth:`Step.peek_plan`,
-:meth:`Step.would_compute`) changes nothing.
+The plan is formed by :meth:`Step.begin`, never by a getter (:meth:`Step.peek_plan`).
 
 Owns :class:`Step`, :class:`FaultMonitor` and the hyper-parameter digest (:func:`hyper_digest`).
 Thread: the training thread (:meth:`Step.current` and :meth:`Step.open_stream` from the
@@ -76,21 +74,38 @@ def declared_metrics(names: tuple, metrics) -> tuple:
         raise TypeError(f"metrics values must be numbers, got {metrics!r}") from None
 
 
+_TERMS: dict = {}   # hyper_digest's terms by the groups' values: a lookup while they stay
+
+
 def hyper_digest(param_groups, prev: int) -> int:
     """A running CRC32 over every scalar hyper-parameter of every param group (lr, momentum,
     betas, weight decay, ...), one term per applied update: equal on every rank iff every
     update was applied with the same hyper-parameters everywhere."""
+    try:   # values and their types (1, 1.0 and True: equal keys, distinct terms)
+        key = tuple(tuple((k, type(v), v) for k, v in g.items() if k != "params")
+                    for g in param_groups)
+        term = _TERMS.get(key)
+    except TypeError:      # a value that cannot be a key (a tensor, a list): no cache
+        key = term = None
+    if term is None:
+        term = _hyper_term(param_groups)
+        if key is not None:
+            if len(_TERMS) >= 256:
+                _TERMS.clear()
+            _TERMS[key] = term
+    return zlib.crc32(term, prev)
+
+
+def _hyper_term(param_groups) -> bytes:
     parts = []
     for g in param_groups:
         for k in sorted(g):
             v = g[k]
-            if k == "params" or torch.is_tensor(v):
-                v = float(v) if torch.is_tensor(v) and v.numel() == 1 else None
-                if v is None:
-                    continue
+            if k == "params" or torch.is_tensor(v):   # a one-element tensor: its float
+                v = float(v) if torch.is_tensor(v) and v.numel() == 1 else ...
             if isinstance(v, (bool, int, float, str, tuple, type(None))):
                 parts.append(f"{k}={v!r}")
-    return zlib.crc32(";".join(parts).encode(), prev)
+    return ";".join(parts).encode()
 
 
 class Step:

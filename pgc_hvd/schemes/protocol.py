@@ -327,6 +327,7 @@ class Scheme(SchemeChecks):
         self.n = int(n)
         self._entry_cache: dict = {}   # message_key -> message_entries
         self._entries: dict = {}       # the distinct message_entries
+        self._coef_cache: dict = {}    # (entries, weight) per use -> effective_coefficients
 
     @property
     def wait_for(self) -> int:
@@ -364,11 +365,9 @@ class Scheme(SchemeChecks):
         return (worker, 1 + (step - 1) % len(self.supports()[worker]))
 
     def message_key(self, worker: int, step: int):
-        """A key such that ``work_plan(worker, t).message_partitions`` and ``work_plan(worker,
-        t').message_partitions`` are the same when ``message_key(worker, t) == message_key(
-        worker, t')``: the worker for this class's plan (the sum of the ring S_j with
-        :meth:`slot_coefficients`, whatever the step), else the plan key (a subclass that
-        overrides :meth:`work_plan` overrides this when it knows better)."""
+        """Equal keys at steps t, t' mean equal ``work_plan(worker, .).message_partitions``: the
+        worker for this class's plan (its ring's sum, whatever the step), else the plan key (a
+        subclass that overrides :meth:`work_plan` overrides this when it knows better)."""
         if type(self).work_plan is Scheme.work_plan:
             return worker
         return self.plan_key(worker, step)
@@ -457,13 +456,20 @@ class Scheme(SchemeChecks):
         return got
 
     def effective_coefficients(self, uses: Sequence[Use]) -> dict:
-        """alpha_{m,k} = n * weight_m * coef_{m,k} and per-partition sums (see module doc), from
-        the messages' nonzero coefficients (:meth:`message_entries`): O(sum of the used L_j + n),
-        not O(len(uses) * n); the same values as from their dense rows (the per-partition sums
-        add in use order, as a sum over the rows does)."""
+        """alpha_{m,k} = n * weight_m * coef_{m,k} and per-partition sums (module doc), from the
+        messages' nonzero coefficients (:meth:`message_entries`), cached by entries and weights
+        (a decision's diagnostics cost a lookup while the uses repeat: every step of dgd)."""
         if not uses:
             return {}
         entries = [self.message_entries(u.worker, u.step) for u in uses]
+        key = tuple((id(e), u.weight) for e, u in zip(entries, uses))   # entries are kept
+        if key not in self._coef_cache:
+            if len(self._coef_cache) >= 1024:
+                self._coef_cache.clear()
+            self._coef_cache[key] = self._coefficients(uses, entries)
+        return dict(self._coef_cache[key])
+
+    def _coefficients(self, uses: Sequence[Use], entries: list) -> dict:
         w = np.array([u.weight for u in uses])
         parts = np.concatenate([p for p, _ in entries])
         coefs = np.concatenate([c for _, c in entries])

@@ -14,7 +14,11 @@ no two ranks on a host hold the same GPU (one allgather of (host, GPU index) on 
 refuses with the fix (:func:`shared_gpu_message`) instead of NCCL's failure in that collective.
 
 Handles: an asynchronous collective returns a :class:`Handle`; :meth:`Handle.poll` (torch's
-``Work.is_completed()``) never blocks, :meth:`Handle.wait` (``Work.wait()``) does. A failed
+``Work.is_completed()``) never blocks, :meth:`Handle.wait` (``Work.wait()``) does, and
+:meth:`Handle.wait_for` blocks up to a deadline (``Work.wait(timeout)``: the thread sleeps in
+torch with the GIL released and wakes when the collective ends, where a poll loop's sleep
+added up to its nap to every collective; CPU tensors only: a CUDA ``Work.wait`` returns before
+the data is there, so CUDA handles are polled). A failed
 collective raises :class:`CollectiveError`, naming the ranks whose processes are gone when the
 engine can tell (``explain``).
 
@@ -34,6 +38,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
+from datetime import timedelta
 from typing import Callable, Optional
 
 import torch
@@ -115,11 +121,13 @@ class Handle:
 
     _PENDING = object()
 
-    def __init__(self, ops: "GroupOps", name: str, work, then: Callable):
+    def __init__(self, ops: "GroupOps", name: str, work, then: Callable, cpu: bool = True):
         self.ops, self.name = ops, name
         self.work, self.then = work, then
         self.result = Handle._PENDING
         self.error: Optional[BaseException] = None
+        #: CPU tensors: :meth:`wait_for` may block in ``Work.wait(timeout)`` (module doc)
+        self.cpu = bool(cpu)
 
     @property
     def done(self) -> bool:
@@ -143,6 +151,31 @@ class Handle:
         while not self.done:
             if not self.work.is_completed():
                 return False
+            self._advance()
+        return True
+
+    def wait_for(self, seconds: float) -> bool:
+        """Whether the collective has completed (or failed), blocking up to ``seconds`` for it
+        (CPU tensors; a CUDA handle is polled, with sleeps of 0.1 ms growing to 1 ms: module
+        doc). A stage still running after ``seconds`` goes on; call again."""
+        deadline = time.monotonic() + float(seconds)
+        nap = 0.0001
+        while not self.cpu and not self.poll():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(nap, left))
+            nap = min(nap * 1.5, 0.001)
+        while not self.done:
+            if not self.work.is_completed():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                try:   # whole milliseconds, at least 1: torch reads 0 ms as "no timeout"
+                    self.work.wait(timedelta(milliseconds=max(1, int(left * 1000))))
+                except Exception:        # noqa: BLE001 -- a timeout, or the failure _advance keeps
+                    if not self.work.is_completed():
+                        return False     # timed out: the collective goes on
             self._advance()
         return True
 
@@ -231,19 +264,26 @@ class GroupOps:
                             f"{self.label!r}): ranks {bad} issued a different collective at this "
                             f"point: the ranks' call orders differ")
                     return issue()
-                return Handle(self, name, work, check)
+                return Handle(self, name, work, check, device is None or
+                              torch.device(device).type == "cpu")
             first = issue()
         except CollectiveError:
             raise
         except Exception as err:
             raise CollectiveError(self.failure(name, err)) from err
+        cpu = device is None or torch.device(device).type == "cpu"
         if isinstance(first, _Next):
-            return Handle(self, name, first.work, first.then)
-        return Handle(self, name, _Done(), lambda: first)
+            return Handle(self, name, first.work, first.then, cpu)
+        return Handle(self, name, _Done(), lambda: first, cpu)
 
     @staticmethod
     def poll(handle: Handle) -> bool:
         return handle.poll()
+
+    @staticmethod
+    def wait_for(handle: Handle, seconds: float) -> bool:
+        """Whether ``handle`` completed, blocking up to ``seconds`` (:meth:`Handle.wait_for`)."""
+        return handle.wait_for(seconds)
 
     @staticmethod
     def synchronize(handle: Handle):

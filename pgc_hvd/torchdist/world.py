@@ -215,6 +215,7 @@ class AgentOps:
         self.ctl, self.data = ctl, data
         self.Sum, self.Average = data.Sum, data.Average
         self.poll, self.synchronize = GroupOps.poll, GroupOps.synchronize
+        self.wait_for = GroupOps.wait_for
         self.rank, self.size = data.rank, data.size
 
     def _on(self, name: Optional[str]) -> GroupOps:

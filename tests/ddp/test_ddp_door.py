@@ -66,7 +66,7 @@ def test_ddp_door_refusals(torchrun):
     proc = torchrun(2, CHECKS, "refusals", timeout=180)
     assert {"syncbatchnorm_refused", "forward_before_optimizer_refused",
             "batch_size_mismatch_refused", "accumulation_refused", "trains_after_refusals",
-            "complex_scheme_refused", "sequential_models",
+            "complex_scheme_refused", "sequential_models", "no_reference_cycles_per_step",
             "auto_switch_through_the_door"} <= _checks(proc, 2)
 
 

@@ -335,3 +335,48 @@ def test_narrow_reduce_is_checked():
                      narrow_reduce="ring")
     assert Communicator(None, codec, n=2, d=D, rank=0, device="cpu",
                         own=lambda s: None).narrow_reduce == "alltoall"   # auto on CPU
+
+
+# -- waiting for a collective: the torch engine blocks, with a deadline ---------------------------
+def test_the_torch_engine_is_waited_for_by_blocking_not_polling():
+    """The agent's wait for a collective of the torch engine (CPU tensors) sleeps in torch's
+    ``Work.wait`` until the collective ends: no poll loop, whose sleeps (up to 1 ms) added to
+    every collective of a step."""
+    polls = []
+
+    def body(rank, ops):
+        counted = ops.poll
+        ops.poll = lambda handle: polls.append(rank) or counted(handle)
+        coll = Collectives(ops, rank, "t-block", 30.0)
+        if rank == 1:
+            time.sleep(0.2)     # rank 0 waits for it in the allreduce
+        got = coll.allreduce_sum_(torch.full((8,), float(rank + 1)), "sum")
+        return got.tolist()
+
+    assert world(2, body) == [[3.0] * 8, [3.0] * 8]
+    assert polls == []
+
+
+def test_a_blocking_wait_ends_at_its_deadline_while_the_peer_is_away():
+    """A peer that does not join: the wait returns at its deadline (the last slice shorter
+    than a millisecond included, which torch would read as "no timeout"; a CUDA handle's, which
+    is polled) while the peer is still away, and the agent's error says no answer came."""
+    from pgc_hvd.runtime.errors import AgentError
+    back = __import__("threading").Event()
+
+    def body(rank, ops):
+        if rank == 1:
+            time.sleep(3.0)
+            back.set()
+            return None
+        first = ops.allreduce_async_(torch.ones(4), name="first", op=ops.Sum)
+        sub_ms = ops.wait_for(first, 0.0004)
+        first.cpu = False          # as a CUDA handle: polled with sleeps, up to its deadline
+        sub_ms = sub_ms or ops.wait_for(first, 0.05)
+        coll = Collectives(ops, rank, "t-deadline", 0.3)
+        with pytest.raises(AgentError, match="got no answer within") as err:
+            coll.allreduce_sum_(torch.ones(4), "sum")
+        return sub_ms, back.is_set(), str(err.value)
+
+    (sub_ms, away_over, text), _ = world(2, body, timeout=20.0)
+    assert sub_ms is False and not away_over, text

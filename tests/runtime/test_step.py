@@ -349,3 +349,71 @@ def test_an_agent_error_is_explained_by_the_failed_ranks_non_finite_messages(wor
     assert "rank 1 stopped right after its messages from step 7 on held NaN/Inf" in str(better)
     plain = AgentError("x", failed_ranks=[])
     assert faults.explain(plain) is plain
+
+
+# -- the partition's gradient into its slot ---------------------------------------------------
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops that run inside the mode (their names)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("loop_fed", [False, True])
+def test_a_partitions_gradient_moves_into_its_slot_in_one_op(world, loop_fed):
+    """``p.grad`` of every parameter into the slot by one concatenation (an add into a view per
+    parameter cost 10-15 us each on the step's path); fed by the loop (the DDP door), GC's one
+    partition goes straight into the message."""
+    w = world("dgd")
+    if loop_fed:
+        w.capture.feed_from_loop(w.step.version)
+    want = w.true_grad(0)
+    plan = w.step.begin()
+    w.capture.begin(plan.evaluate[0][1], plan, w.step.version)
+    w.loss(0).backward()
+    with _Ops() as ops:
+        w.capture.end(plan, w.step.version)
+    assert ops.names.count("cat.out") == 1 and "add_.Tensor" not in ops.names, ops.names
+    torch.testing.assert_close(w.capture.msg, want)
+    assert all(p.grad is None for p in w.layout.params)
+
+
+def test_a_parameter_without_a_gradient_or_of_another_dtype_is_moved_too(world):
+    w = world("dgd", dtype=torch.float64)
+    want = w.true_grad(0).clone()
+    plan = w.step.begin()
+    w.capture.begin(plan.evaluate[0][1], plan, w.step.version)
+    w.loss(0).backward()
+    first = w.layout.params[0]
+    k = first.numel()
+    first.grad = None                 # no gradient: zeros in its segment
+    want[:k] = 0
+    w.capture.end(plan, w.step.version)
+    torch.testing.assert_close(w.capture.msg, want.float())
+
+
+def test_the_hyper_digest_terms_are_cached_by_value_and_type():
+    """The digest of a step is a lookup while the hyper-parameters stay; 1, 1.0 and True are
+    equal keys of a dict but distinct hyper-parameters."""
+    ints, floats = [{"params": [], "lr": 1}], [{"params": [], "lr": 1.0}]
+    assert hyper_digest(ints, 0) != hyper_digest(floats, 0)
+    assert hyper_digest(ints, 0) == hyper_digest([{"params": [], "lr": 1}], 0)
+    tensors = [{"params": [], "lr": torch.tensor(0.5)}]      # no key: computed each time
+    assert hyper_digest(tensors, 0) == hyper_digest([{"params": [], "lr": 0.5}], 0)
+
+
+def test_a_sparse_gradient_is_moved_too(world):
+    w = world("dgd")
+    want = w.true_grad(0)
+    plan = w.step.begin()
+    w.capture.begin(plan.evaluate[0][1], plan, w.step.version)
+    w.loss(0).backward()
+    first = w.layout.params[0]
+    first.grad = first.grad.to_sparse()      # an embedding's sparse=True gradient, say
+    w.capture.end(plan, w.step.version)
+    torch.testing.assert_close(w.capture.msg, want)

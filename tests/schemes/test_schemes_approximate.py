@@ -463,3 +463,22 @@ def test_pgc_cr_decay_one_is_the_paper_scheme_and_zero_keeps_only_fresh_gradient
 def test_pgc_cr_decay_out_of_range_is_refused(bad):
     with pytest.raises(ValueError, match="decay must be in"):
         get_scheme("pgc-cr", 6, 1, decay=bad)
+
+
+def test_a_decisions_diagnostics_are_cached_by_its_uses_and_never_shared():
+    """The effective coefficients of a decision (weights, alphas, per-partition sums) are a
+    function of the used messages' entries and weights, cached by them: the same values as
+    computed afresh, and every decision gets its own dict."""
+    scheme = get_scheme("pgc-cr", 5, 2)
+    infos = []
+    for t in range(12):          # the ring's rotation repeats the uses' entries
+        order = [(t + j) % 5 for j in range(5)]
+        d = scheme.decide(t, [Arrival(j, t, t, None) for j in order])
+        fresh = scheme._coefficients(d.uses, [scheme.message_entries(u.worker, u.step)
+                                               for u in d.uses])
+        assert {k: d.info[k] for k in fresh} == fresh
+        infos.append(d.info)
+    assert len({id(i) for i in infos}) == len(infos)
+    infos[0]["weight_min"] = -1.0
+    again = scheme.decide(0, [Arrival(j, 0, 0, None) for j in range(5)])
+    assert again.info["weight_min"] != -1.0
