@@ -171,8 +171,9 @@ def check_sequential(rank):
         del model, opt
     ok("sequential_models", rank)
     check_no_cycles(rank, ds)
-    # stragglers="auto" through the door: the last rank slowed, s goes 0 -> 1 at step 4 on
-    # every rank, the re-plan keeps feeding the sampler (it asks the optimizer every step)
+    # stragglers="auto" through the door: the last rank slowed, s goes 0 -> 1 on every rank at
+    # an early boundary (step 2 or 3: the runtime's early_gain) or at the first regular one (4),
+    # the re-plan keeps feeding the sampler (it asks the optimizer every step)
     model = pgc_hvd.DistributedDataParallel(
         net(), scheme="pgc-cr", name="seq-auto", timeout=30, stragglers="auto",
         auto={"s_start": 0, "s_max": 1, "first": 4, "every": 4, "cooldown": 4, "window": 6})
@@ -186,7 +187,7 @@ def check_sequential(rank):
         opt.step()
     switches = [(d["step"], d["old_s"], d["new_s"]) for d in opt.auto_stragglers.switches]
     opt.close()
-    assert switches and switches[0] == (4, 0, 1), switches
+    assert switches and switches[0][1:] == (0, 1) and 2 <= switches[0][0] <= 4, switches
     same_on_every_rank(params_digest(model), "parameters after an auto switch")
     ok("auto_switch_through_the_door", rank)
 
