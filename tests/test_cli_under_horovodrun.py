@@ -25,7 +25,8 @@ def _parsers():
         import elastic_train
     finally:
         sys.path.remove(str(ROOT / "launch"))
-    return {"pgc-hvd train": train_parser(), "launch/elastic_train.py": elastic_train.build_parser()}
+    return {"pgc-hvd train": train_parser(),
+            "launch/elastic_train.py": elastic_train.build_parser()}
 
 
 def test_every_option_of_the_launched_commands_passes_horovodruns_parser(monkeypatch):

@@ -13,13 +13,15 @@ staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
   new message gives one sample (seconds = busy now - busy at its previous message, k = the
   steady-state partitions of the s in force), i.e. what the simulator observes, (seconds, k)
   of a finished step. The first message of a plan gives none (a re-plan's evaluates the whole
-  ring; the run's first step pays the first forward and backward, an outlier that made the
-  early boundary take s = 2 where s = 1 was right in docs/control.md's smoke launches), so the
-  first early boundary (``early_gain``, before ``first``) that can switch is at step 2. The rows' ready times give the step time (a rank's seconds per version between two of
-  its messages, on its own clock; the median over the ranks with a new message), which
-  calibrates the model's fixed cost per step of the s in force (o_0 on the s = 0 path, o_1
-  with the control round); the round's prior until both were seen is
-  :data:`~pgc_hvd.control.progress_model.DEFAULT_ROUND_COST`. Memory: the rule's windows, O(n * window), whatever the run's length.
+  ring; the run's first step pays the first forward and backward, an outlier that made the early
+  boundary take s = 2 where s = 1 was right in docs/control.md's smoke launches), so the first
+  early boundary (``early_gain``, before ``first``) that can switch is at step 2. The rows'
+  ready times give the step time (a rank's seconds per version between two of its messages, on
+  its own clock; the median over the ranks with a new message), which calibrates the model's
+  fixed cost per step of the s in force (o_0 on the s = 0 path, o_1 with the control round); the
+  round's prior until both were seen is
+  :data:`~pgc_hvd.control.progress_model.DEFAULT_ROUND_COST`. Memory: the rule's windows, O(n *
+  window), whatever the run's length.
 * **Who decides.** Every rank, the same decision, without a collective: the rule is a pure,
   deterministic function of the rows in decision order (its Monte Carlo draws are seeded by the
   number of switches). When the agent decides step V - 1 and V is a boundary of the rule
@@ -37,7 +39,8 @@ staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
   name, and re-binds the coded loader; the DDP door's sampler asks the optimizer for each
   step's partitions, so it follows. The model, the user's optimizer and its state carry over.
 
-Defaults differ from the simulator's (:data:`pgc_hvd.runtime.config.AUTO_DEFAULTS`; checked once there, :func:`~pgc_hvd.runtime.config.auto_setting`): a switch costs the runtime a
+Defaults differ from the simulator's (:data:`pgc_hvd.runtime.config.AUTO_DEFAULTS`; checked
+once there, :func:`~pgc_hvd.runtime.config.auto_setting`): a switch costs the runtime a
 barrier and a new control channel, so boundaries are every 20 steps, the first at step 10;
 before it, every step is an early boundary where only a predicted gain > ``early_gain`` (100%)
 switches.
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import statistics
 import threading
 from typing import Optional
 
@@ -108,10 +112,7 @@ class RuntimeAutoS:
             if periods:
                 # the step time: seconds per version between a rank's messages (its own
                 # clock), the median over the ranks with a new one; the same on every rank
-                periods.sort()
-                m = len(periods)
-                rule.observe_step(periods[m // 2] if m % 2 else
-                                  0.5 * (periods[m // 2 - 1] + periods[m // 2]))
+                rule.observe_step(statistics.median(periods))
             self.steps_at_s[rule.s] = self.steps_at_s.get(rule.s, 0) + 1
             sw = rule.decide(int(update.step) + 1)
             if sw is not None:

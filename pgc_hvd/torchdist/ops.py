@@ -250,6 +250,7 @@ class GroupOps:
             self.check_gpu(device)
         self.calls += 1
         name = name or f"{self.label}.{self.calls}"
+        cpu = device is None or torch.device(device).type == "cpu"   # may block: wait_for
         try:
             if CHECK_ORDER and self._size > 1:
                 mine = torch.tensor([_digest(name)], dtype=torch.int64)
@@ -264,14 +265,12 @@ class GroupOps:
                             f"{self.label!r}): ranks {bad} issued a different collective at this "
                             f"point: the ranks' call orders differ")
                     return issue()
-                return Handle(self, name, work, check, device is None or
-                              torch.device(device).type == "cpu")
+                return Handle(self, name, work, check, cpu)
             first = issue()
         except CollectiveError:
             raise
         except Exception as err:
             raise CollectiveError(self.failure(name, err)) from err
-        cpu = device is None or torch.device(device).type == "cpu"
         if isinstance(first, _Next):
             return Handle(self, name, first.work, first.then, cpu)
         return Handle(self, name, _Done(), lambda: first, cpu)
