@@ -48,7 +48,7 @@ from pgc_hvd.runtime.errors import AgentError
 class NonFiniteParameters(AgentError):
     """This rank's parameters hold NaN/Inf while the decoded updates are finite: they were
     changed outside the optimizer; every rank stops
-    (:meth:`pgc_hvd.runtime.step.FaultMonitor.check_params`)."""
+    (:meth:`pgc_hvd.runtime.faults.FaultMonitor.check_params`)."""
 
 #: why a field must agree, appended to the error when it differs
 HINTS = {

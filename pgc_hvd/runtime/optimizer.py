@@ -584,8 +584,9 @@ class PGCOptimizer(Lifecycle):
         self._pgc_check_params()
 
     def _pgc_check_params(self) -> None:
-        self._pgc_faults.check_params(report=not self._pgc_closed,
-                                      started=self._pgc_step.started)
+        if self._pgc_agent.bad_log:   # a non-finite message was seen: look (runtime/faults.py)
+            self._pgc_faults.check_params(report=not self._pgc_closed,
+                                          started=self._pgc_step.started)
 
     def _pgc_apply_decided(self, upto: Optional[int] = None) -> None:
         """Apply every decided update not applied yet (up to ``upto``), without new messages."""

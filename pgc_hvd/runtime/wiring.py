@@ -14,7 +14,7 @@ attached by the caller, last (a construction that fails leaves no hook on the mo
 Owns :class:`Parts`, :func:`build_parts`, :func:`carry_over`. Thread: training, at
 construction and at a re-plan; never in a step.
 May import: ``compress.encoder``, ``control.momentum``, ``schemes``, ``runtime.agent``,
-``runtime.capture``, ``runtime.overlap``, ``runtime.step``.
+``runtime.capture``, ``runtime.faults``, ``runtime.overlap``, ``runtime.step``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pgc_hvd.control.momentum import applies_to
 from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.capture import GradientCapture
 from pgc_hvd.runtime.overlap import Buckets
-from pgc_hvd.runtime.step import FaultMonitor, Step
+from pgc_hvd.runtime.faults import FaultMonitor
+from pgc_hvd.runtime.step import Step
 
 
 @dataclasses.dataclass

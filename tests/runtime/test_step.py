@@ -1,5 +1,5 @@
 """The step on its own, in one process: :class:`~pgc_hvd.runtime.step.Step`,
-:class:`~pgc_hvd.runtime.capture.GradientCapture` and :class:`~pgc_hvd.runtime.step.FaultMonitor`
+:class:`~pgc_hvd.runtime.capture.GradientCapture` (the faults: tests/runtime/test_faults.py)
 with a real model, real gradients, the compiled extension and the real
 :class:`~pgc_hvd.runtime.agent.CommAgent` on a world of one rank (``LoopbackChannel``: the agent
 decides every step from this rank's message alone; it is not what is tested here). What the
@@ -23,10 +23,8 @@ from pgc_hvd.control.momentum import implicit_momentum
 from pgc_hvd.flat_layout import FlatLayout
 from pgc_hvd.runtime.agent import CommAgent
 from pgc_hvd.runtime.channel import LoopbackChannel
-from pgc_hvd.runtime.consistency import NonFiniteParameters
-from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.capture import GradientCapture
-from pgc_hvd.runtime.step import FaultMonitor, Step, all_finite, declared_metrics, hyper_digest
+from pgc_hvd.runtime.step import Step, all_finite, declared_metrics, hyper_digest
 from pgc_hvd.runtime.rows import ctrl_len
 from pgc_hvd.schemes import Ring, get_scheme
 
@@ -325,30 +323,6 @@ def test_a_gradient_changed_after_the_last_backward_is_refused_where_it_is_one_o
     torch.nn.utils.clip_grad_norm_(w.layout.params, 1e-3)
     with pytest.raises(RuntimeError, match="p.grad was changed after the last backward"):
         w.capture.check_untouched(w.step.plan, 0, None)
-
-
-# -- faults ------------------------------------------------------------------------------------
-def test_non_finite_parameters_after_a_non_finite_message_stop_the_run(world):
-    w = world()
-    faults = FaultMonitor(w.agent, 0, w.layout.params, names={id(w.layout.params[0]): "0.weight"})
-    faults.check_params(report=False)          # nothing logged: nothing looked at
-    with torch.no_grad():
-        w.layout.params[0][0, 0] = math.nan
-    w.agent.bad_log.append((0, 4))            # this rank's message of step 4 was non-finite
-    with pytest.raises(NonFiniteParameters, match=r"rank 0's parameters hold NaN/Inf at step 4 "
-                                                  r"\(entries non-finite: 0.weight \(1 of 35\)"):
-        faults.check_params(report=False)
-
-
-def test_an_agent_error_is_explained_by_the_failed_ranks_non_finite_messages(world):
-    w = world()
-    faults = FaultMonitor(w.agent, 0, w.layout.params)
-    w.agent.bad_log.extend([(1, 7), (1, 8)])
-    err = AgentError("rank 1 failed", failed_ranks=[1])
-    better = faults.explain(err)
-    assert "rank 1 stopped right after its messages from step 7 on held NaN/Inf" in str(better)
-    plain = AgentError("x", failed_ranks=[])
-    assert faults.explain(plain) is plain
 
 
 # -- the partition's gradient into its slot ---------------------------------------------------
