@@ -65,6 +65,9 @@ class GradientCapture:
         nslots = worker_ring.size if self.ring_mode else 1
         self.ring = [layout.zeros() for _ in range(nslots)]
         self.msg = layout.zeros() if not self.complex else None
+        #: where the step's message is (not ring mode): ``msg``, or the payload row a loop-fed
+        #: step's gradient was moved into (:meth:`end`'s ``out``)
+        self.message = self.msg
         self.passes_per_step = int(passes_per_step)
         self.current: Optional[Callable[[], tuple]] = None   # Step.current, set by the Step
         self.scheme, self.rank = scheme, int(rank)
@@ -104,10 +107,12 @@ class GradientCapture:
 
     # -- the plan's partitions ------------------------------------------------------------
     def new_step(self) -> None:
-        """A new plan: no slot evaluated yet (GC: the message restarts from zero)."""
+        """A new plan: no slot evaluated yet (GC: the message restarts from zero; a loop-fed
+        step's one backward overwrites it: no pass to zero it)."""
         self.done_slots = set()
         self._left = self._bucket_done = None
-        if not self.ring_mode:
+        self.message = self.msg
+        if not self.ring_mode and not self.loop_fed:
             self.msg.zero_()
 
     def begin(self, slot: int, plan, version: int) -> None:
@@ -121,16 +126,21 @@ class GradientCapture:
         self._passes = 0
         self.got_grad = False
 
-    def end(self, plan, version: int) -> None:
+    def end(self, plan, version: int, out: Optional[torch.Tensor] = None) -> None:
         """Move ``p.grad`` (fp16/bf16/fp64 cast to fp32) into the current slot (GC: add b_l
-        times it into the message) and clear ``p.grad``."""
+        times it into the message) and clear ``p.grad``. A loop-fed GC step's gradient is its
+        message: it goes into ``out`` when given (the payload row that is sent: no copy), else
+        into ``msg``; :attr:`message` says where."""
         slot = self.target_slot
         if slot is None:
             return
         lay = self.layout
         # loop-fed GC: the one backward of the step is the message (its rows carried b_l)
         direct = self.loop_fed and not self.ring_mode
-        target = self.msg if direct else self._slot()
+        if direct:
+            self.message = target = self.msg if out is None else out
+        else:
+            target = self._slot()
         grads = [p.grad for p in lay.params]
         if all(g is not None and g.dtype == torch.float32 and g.layout == torch.strided
                for g in grads):
@@ -159,11 +169,11 @@ class GradientCapture:
         self.target_slot = None
         self._sentinel = None
 
-    def end_pending(self, plan, version: int) -> None:
-        """End the partition whose gradient is still in p.grad (a backward ran) or drop the
-        target (none did: the slot stays missing and step() names it)."""
+    def end_pending(self, plan, version: int, out: Optional[torch.Tensor] = None) -> None:
+        """End the partition whose gradient is still in p.grad (a backward ran; ``out``: as in
+        :meth:`end`) or drop the target (none did: the slot stays missing and step() names it)."""
         if self.got_grad:
-            self.end(plan, version)
+            self.end(plan, version, out)
         else:
             self.target_slot = None
 
@@ -360,7 +370,7 @@ class GradientCapture:
             for sl in self.done_slots:
                 self.ring[sl].mul_(inv)
         else:
-            self.msg.mul_(inv)
+            self.message.mul_(inv)
 
     def discard(self) -> None:
         """A rank that catches up computes nothing: a gradient its loop computed anyway (its

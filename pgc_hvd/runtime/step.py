@@ -133,6 +133,9 @@ class Step:
         self.busy = 0.0
         self._since: Optional[float] = None   # start of the current step's compute
         self._bufs: dict = {}          # param id -> update buffer in the parameter's dtype
+        #: (data_ptr, numel) of an update's vector -> its per-parameter views (a kept view keeps
+        #: its buffer's memory, so an address seen again is the same buffer); at most 4
+        self._views: dict = {}
         #: running digest of the hyper-parameters of every applied update (:func:`hyper_digest`)
         self.hyper_digest = 0
         #: the last update loaded (its decision and info), None before the first
@@ -336,10 +339,12 @@ class Step:
         if self.may_stream is None and cap.buckets is not None:   # the first send: habits
             self.may_stream = (grad_scale is None and not cap.amp
                                and not (cap.target_slot is not None and cap.touched()))
+        packed = payload = msg = None
         if cap.target_slot is not None:   # the last partition's gradient is in p.grad
             cap.check_untouched(plan, t, grad_scale)
-            cap.end_pending(plan, t)
-        packed = payload = msg = None
+            if cap.loop_fed and not cap.ring_mode and enc.dense_rows:   # it is the message:
+                packed, payload = agent.payload_buffer()   # moved straight into the row sent
+            cap.end_pending(plan, t, out=payload)
         if not self.overtaken():
             missing = cap.missing(plan)
             if missing:
@@ -350,7 +355,7 @@ class Step:
                     f"(or use optimizer.partition(slot)) and run backward on each batch")
             cap.unscale(grad_scale)
             if not cap.ring_mode:
-                msg = cap.msg
+                msg = cap.message
             else:
                 if enc.dense_rows:   # the dense payload row is the message: formed in place
                     packed, payload = agent.payload_buffer()
@@ -441,8 +446,13 @@ class Step:
                 self.on_update(self.version, flat)
         if self.op_scale != 1.0:
             flat.mul_(self.op_scale)
-        bufs = self._bufs
-        for p, v in self.layout.views(flat):
+        bufs, key = self._bufs, (flat.data_ptr(), flat.numel())
+        views = self._views.get(key)     # the pool's buffers recur: their views are kept
+        if views is None:
+            if len(self._views) >= 4:
+                self._views.clear()
+            views = self._views[key] = list(self.layout.views(flat))
+        for p, v in views:
             if p.dtype != v.dtype:
                 buf = bufs.get(id(p))
                 if buf is None:

@@ -148,10 +148,10 @@ class WorkPlan:
         return tuple((self.slot_partitions[slot], coef) for slot, coef in self.combine)
 
 
-
 def _scalar(x):
     """numpy scalar -> python float/complex (python scalars multiply torch tensors cleanly)."""
-    return complex(x) if np.iscomplexobj(x) or isinstance(x, complex) else float(x)
+    real = isinstance(x, float) or not (isinstance(x, complex) or np.iscomplexobj(x))
+    return float(x) if real else complex(x)   # a float asks no more (the usual weight)
 
 
 class Round:
