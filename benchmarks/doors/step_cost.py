@@ -15,7 +15,9 @@ One launch: each door in turn (a fresh model, the same seed) runs ``--warmup`` +
 of the DDP tutorial's loop on random data (LeNet-5 on 28x28 inputs, batch 32, d = 61,706; or
 torchvision's ResNet-18 on 2 images of 32x32, d = 11,689,512), sleeping ``--compute`` seconds
 per batch (emulated accelerator time). Prints rank 0's median and mean ms per step and the ratio
-to DDP's; ``--profile`` adds, for the door, where rank 0's step time goes (forward, backward,
+to DDP's, and the CPU a step costs the machine (each rank's median process time a step, all its
+threads, summed over the ranks: on a machine with fewer cores than ranks this is what the
+ranks' time per step follows, and it moves less with other jobs' load); ``--profile`` adds, for the door, where rank 0's step time goes (forward, backward,
 ``optimizer.step()``) as medians in ms. ``--rounds R`` runs the doors' sequence R times (each
 round a fresh model per door), so a load that changes during the launch falls on every door
 alike; the table pools the R rounds' steps and a second one gives each round's median / DDP's.
@@ -96,11 +98,12 @@ def main() -> None:
                                                               momentum=0.9))
         loader = DataLoader(ds, batch_size=batch, sampler=sampler)
         return {"door": door, "model": model, "opt": opt, "it": iter(loader), "times": [],
-                "parts": []}
+                "parts": [], "cpu": []}
 
     def one(st: dict, step: int) -> None:
         model, opt = st["model"], st["opt"]
         xb, yb = next(st["it"])
+        c0 = time.process_time()
         t0 = time.perf_counter()
         time.sleep(args.compute)
         opt.zero_grad()
@@ -111,8 +114,10 @@ def main() -> None:
         t2 = time.perf_counter()
         opt.step()
         t3 = time.perf_counter()
+        c3 = time.process_time()
         if step >= args.warmup:
             st["times"].append(t3 - t0)
+            st["cpu"].append(c3 - c0)
             st["parts"].append((t1 - t0 - args.compute, t2 - t1, t3 - t2))
 
     results = {}
@@ -134,22 +139,31 @@ def main() -> None:
                     st["opt"].close()
             dist.barrier()
             for st in states:
-                got = results.setdefault(st["door"], ([], []))
+                got = results.setdefault(st["door"], ([], [], []))
                 got[0].extend(st["times"])
                 got[1].extend(st["parts"])
+                got[2].extend(st["cpu"])
                 per_round.append((r, st["door"], statistics.median(st["times"])))
+    # the CPU a step costs the machine: every rank's median process time a step (all its
+    # threads: training, agent, gloo's), summed over the ranks
+    cpu = torch.tensor([statistics.median(got[2]) for got in results.values()],
+                       dtype=torch.float64)
+    dist.all_reduce(cpu)
+    cpu = dict(zip(results, cpu.tolist()))
     if rank == 0:
         d = sum(p.numel() for p in build().parameters())
         print(f"{n} ranks, {args.model} (d = {d:,}), batch {batch}, compute {args.compute} s, "
               f"{args.steps} steps after {args.warmup}")
         base = statistics.median(results["ddp"][0]) if "ddp" in results else None
-        print("| door | median ms/step | mean ms/step | median / DDP |" +
-              (" forward | backward | step() |" if args.profile else ""))
-        print("|---|---|---|---|" + ("---|---|---|" if args.profile else ""))
-        for door, (times, parts) in results.items():
+        print("| door | median ms/step | mean ms/step | median / DDP | CPU ms/step, all ranks "
+              "| CPU / DDP's |" + (" forward | backward | step() |" if args.profile else ""))
+        print("|---|---|---|---|---|---|" + ("---|---|---|" if args.profile else ""))
+        for door, (times, parts, _) in results.items():
             med = statistics.median(times)
             row = (f"| {door} | {1e3 * med:.1f} | {1e3 * statistics.fmean(times):.1f} | "
                    f"{med / base:.2f} |" if base else f"| {door} | {1e3 * med:.1f} | - | - |")
+            row += (f" {1e3 * cpu[door]:.1f} | "
+                    + (f"{cpu[door] / cpu['ddp']:.2f} |" if "ddp" in cpu else "- |"))
             if args.profile:
                 row += "".join(f" {1e3 * statistics.median(p[i] for p in parts):.1f} |"
                                for i in range(3))

@@ -10,15 +10,16 @@ named ``name``:
 
 * **append** (a rank > 0, when something happens to it: a message submitted, a non-finite
   message, the loop done, the training thread failed): the rank's control row
-  (:func:`~pgc_hvd.runtime.rows.pack_row`, showing the message it just submitted), packed by
-  the thread where the event happens, is queued for the agent thread, which gets it its place
-  in the log with ``idx = add("pgc/<name>/log/count", 1) - 1`` and writes it with
-  ``set("pgc/<name>/log/<idx>", [rank | row])``: 2 store operations, before and while it waits
-  in the outcome's broadcast (the append ends its sleep between two polls, so the row leaves
-  at once; the store I/O is off the training thread). Rank 0's own rows go to the decider
-  in-process (0 operations).
-* **decide** (rank 0's agent; a reader thread does blocking ``get``s of ``log/0``,
-  ``log/1``, ... and hands the rows over, beside rank 0's own): the decider keeps
+  (:func:`~pgc_hvd.runtime.rows.pack_row`, showing the message it just submitted) is pushed by
+  the thread where the event happens onto the log, a queue on the store:
+  ``queue_push("pgc/<name>/log", [rank | row])``, one store operation that does not wait for
+  the server's answer (about a microsecond). Rank 0's own rows go to the decider in-process
+  (0 operations). (Until 2026-12-06 the agent thread wrote each row by ``add`` of a counter and
+  ``set`` of ``log/<idx>``, two round trips, about 1 ms a step at np 4 on the 2-core machine,
+  and deleted it once taken, so it had to wake on appends while it waited for the outcome:
+  it polled that broadcast some 16 times a step.)
+* **decide** (rank 0's agent; a reader thread does blocking ``queue_pop``s of the log and
+  hands the rows over, beside rank 0's own): the decider keeps
   :class:`LogView`, the n rows the body reads (each rank's latest row with the oldest message
   the scheme has not been offered yet), refreshed only for the ranks with a new row or a
   message waiting, and runs the agent's decision body (the very code of the polled path:
@@ -43,23 +44,23 @@ named ``name``:
   metrics, busy seconds and non-finite log, which travel in the rows), with no second encoding
   of decisions to keep in step with the schemes.
 
-So a rank > 0 makes 4 control operations per step (add, set, the broadcast, and the delete
-below), rank 0 about n (a get per other rank's row, the broadcast), whatever the compute time;
-late messages stay usable (the decider sees every row, in log order); payloads move in the
-data phase (``carries_payloads`` False).
+So a rank > 0 makes 2 control operations per step (the push and the broadcast), rank 0 about
+n (a pop per other rank's row, the broadcast), whatever the compute time; late messages stay
+usable (the decider sees every row, in log order); payloads move in the data phase
+(``carries_payloads`` False). An agent waits for the outcome's broadcast by blocking in it
+(slices of ``BLOCK_SLICE``; rank 0 looks for a follower's fault notice between them), not by
+polling.
 
 Faults, the set-up and the end (off the step's path): :mod:`pgc_hvd.runtime.log_life`.
 
-Nothing grows with the run: a follower deletes each of its log rows once it reads an outcome
-that took it (1 operation, about one a step: 4 a step in all); outcomes never enter the store.
-The store holds about n log rows.
+Nothing grows with the run: a row leaves the store when the reader pops it; outcomes never
+enter the store. The queue holds the rows pushed and not yet popped (about n).
 
-Owns :class:`LogChannel` (the rows queued and written, rank 0's reader thread and its queue),
+Owns :class:`LogChannel` (the rows pushed, rank 0's reader thread and its queue),
 :class:`LogView`, the outcome's encoding and :func:`log_loop`; the channel is built on the
 training thread (the agent's construction: a collective, and rank 0's reader started).
-Threads: the agent thread (``log_loop``, the outcome's broadcast, a follower's rows written to
-the store: :meth:`LogChannel.flush`), rank 0's reader thread, and the thread where an event
-happens (``append``: the training thread packs and queues the row).
+Threads: the agent thread (``log_loop``, the outcome's broadcast), rank 0's reader thread, and
+the thread where an event happens (``append``: the training thread packs and pushes the row).
 May import: numpy, torch, the standard library, ``runtime.errors``, ``runtime.log_life``,
 ``runtime.rows``, ``runtime.control_store`` (the store's set-up), ``schemes``.
 """
@@ -259,6 +260,7 @@ class LogChannel(LogLife):
         from pgc_hvd.runtime.control_store import StoreChannel  # noqa: F401 (the set-up)
         self.rank, self.n, self.length = int(rank), int(n), int(length)
         self.prefix = f"pgc/{name}"
+        self.key = f"{self.prefix}/log"   # the log: a queue on the store (push, blocking pop)
         self.timeout = float(timeout)
         #: the outcome's broadcast of step t ends ``timeout`` after the decider's wait for its
         #: rows does (2 ``timeout`` after step t - 1's data phase, on every rank alike), so a
@@ -281,9 +283,6 @@ class LogChannel(LogLife):
         self._fault: Optional[int] = None  # rank 0: a follower that went to the census
         self._closing = False
         self._reader = None
-        self._mine: list = []             # rank > 0: log indices of its rows not yet seen taken
-        self._pending: list = []          # rank > 0: rows appended, not yet written (flush)
-        self._wake = threading.Event()    # rank > 0: set by append, ends the agent's nap
         if self.rank == 0:
             self._reader = threading.Thread(target=self._read_log, name=f"{name}-log-reader",
                                             daemon=True)
@@ -295,53 +294,32 @@ class LogChannel(LogLife):
 
     # -- every rank: append a row ------------------------------------------------------
     def append(self, row: torch.Tensor) -> None:
-        """This rank's control row joins the log (rank 0: handed to the decider directly;
-        rank > 0: queued for the agent thread, which writes it: :meth:`flush`)."""
+        """This rank's control row joins the log, from the thread where the event happens
+        (rank 0: handed to the decider directly; rank > 0: one ``queue_push``, which does not
+        wait for the server's answer)."""
         if self.rank == 0:
             with self.cond:
                 self._queue.append((0, row.tolist()))
                 self.cond.notify_all()
             return
         line = np.concatenate([[float(self.rank)], row.numpy()]).astype(np.float64).tobytes()
-        with self._append_lock:
-            self._pending.append(line)
-        self._wake.set()
+        self._push(line)
 
-    def flush(self) -> None:
-        """Agent thread, rank > 0: the rows appended since the last flush, in order, into the
-        log (2 store operations each); before and while it waits for an outcome."""
-        with self._append_lock:
-            lines, self._pending = self._pending, []
-        for line in lines:
-            try:
-                idx = int(self.writer.add(f"{self.prefix}/log/count", 1)) - 1
-                self.writer.set(f"{self.prefix}/log/{idx}", line)
-                with self._append_lock:
-                    self._mine.append(idx)
-            except Exception as err:  # the store is gone: the agent's read reports it
-                log.debug("rank %d: control log append failed: %s", self.rank, err)
-            finally:
-                self._count(2)
-
-    def _nap(self, seconds: float) -> None:
-        """The agent's sleep between polls of the outcome's broadcast, ended by an append."""
-        if self._wake.wait(seconds):
-            self._wake.clear()
-
-    def _serve(self) -> bool:
-        """While the agent thread waits in the outcome's broadcast: write the rows appended
-        meanwhile; whether to give the broadcast up (:meth:`_noticed`)."""
-        if self._pending:
-            self.flush()
-        return self._noticed()
+    def _push(self, line: bytes) -> None:
+        """Rank > 0: one line onto the log's queue (its rows in the order they are pushed)."""
+        try:
+            with self._append_lock:
+                self.writer.queue_push(self.key, line)
+        except Exception as err:  # the store is gone: the agent's read reports it
+            log.debug("rank %d: control log append failed: %s", self.rank, err)
+        finally:
+            self._count(1)
 
     # -- rank 0: the reader thread and the decider's wait -------------------------------
     def _read_log(self) -> None:
-        idx = 0
         while True:
-            key = f"{self.prefix}/log/{idx}"
             try:
-                raw = self.reader.get(key)
+                raw = self.reader.queue_pop(self.key)   # blocks (up to the client's timeout)
             except Exception as err:
                 if self._closing:
                     return
@@ -352,7 +330,6 @@ class LogChannel(LogLife):
                     self.cond.notify_all()
                 return
             self._count(1)
-            idx += 1
             got = decode_rows(raw, self.length)
             with self.cond:
                 for w, r in got:
@@ -401,10 +378,10 @@ class LogChannel(LogLife):
                 buf[HEAD: HEAD + len(first)] = torch.frombuffer(bytearray(first),
                                                                 dtype=torch.uint8)
         self.coll.step = step
-        if self._pending:
-            self.flush()
         self._count(1)
-        self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._serve, nap=self._nap)
+        # blocks in the broadcast (slices of BLOCK_SLICE; rank 0 looks for a fault notice
+        # between them): rows are pushed by the threads where they happen, nothing to serve
+        self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._noticed)
         size, kind = (int(x) for x in np.frombuffer(buf[:HEAD].numpy().tobytes(),
                                                      dtype=np.int64))
         got = buf[HEAD: HEAD + min(size, self.capacity)].numpy().tobytes()
@@ -444,23 +421,7 @@ class LogChannel(LogLife):
             rec = decode_error(raw[8: 8 + k])
             rec.batches = decode_batches(raw[8 + k:], self.length)
             return rec
-        batches = decode_batches(raw, self.length)
-        self._forget_mine(sum(1 for b in batches for w, _ in b if w == self.rank))
-        return LogRecord(batches=batches)
-
-    def _forget_mine(self, taken: int) -> None:
-        """Delete this rank's ``taken`` oldest log rows: the decider has taken them (they are in
-        an outcome this rank read; it takes a rank's rows in the order they were appended), so
-        nobody reads them again. One store operation per row, about one a step."""
-        with self._append_lock:
-            done, self._mine = self._mine[:taken], self._mine[taken:]
-        for idx in done:
-            self._count(1)
-            try:
-                self.store.delete_key(f"{self.prefix}/log/{idx}")
-            except Exception as err:   # the store is gone: the next read reports it
-                log.debug("rank %d: could not delete log row %d: %s", self.rank, idx, err)
-                return
+        return LogRecord(batches=decode_batches(raw, self.length))
 
 
 # -- the agent's side (CommAgent under control="log"; the agent is passed in) -----------

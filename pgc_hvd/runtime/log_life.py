@@ -76,17 +76,12 @@ class LogLife:
     def notify_fault(self) -> None:
         """A follower whose collective failed: a notice in the log, so the decider, which may
         be waiting for rows and in no collective, or in a broadcast that hangs on, stops at
-        once (:class:`FaultNotice`; failure path only, 2 store operations)."""
+        once (:class:`FaultNotice`; failure path only, 1 store operation)."""
         if self.rank == 0 or self.writer is None:
             return
         notice = np.full(self.length + 1, 0.0, dtype=np.float64)
         notice[0], notice[1] = FAULT, float(self.rank)
-        try:
-            with self._append_lock:
-                idx = int(self.writer.add(f"{self.prefix}/log/count", 1)) - 1
-                self.writer.set(f"{self.prefix}/log/{idx}", notice.tobytes())
-        except Exception as err:
-            log.debug("rank %d: could not post the fault notice: %s", self.rank, err)
+        self._push(notice.tobytes())
 
     def census(self, step: int, err: AgentError) -> AgentError:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
@@ -139,9 +134,8 @@ class LogLife:
         if self.rank != 0:
             return
         try:
-            idx = int(self.store.add(f"{self.prefix}/log/count", 1)) - 1
-            self.store.set(f"{self.prefix}/log/{idx}",
-                           np.full(self.length + 1, STOP, dtype=np.float64).tobytes())
+            self.store.queue_push(self.key, np.full(self.length + 1, STOP,
+                                                    dtype=np.float64).tobytes())
         except Exception as err:
             log.debug("rank 0: could not stop the log reader: %s", err)
 
