@@ -46,6 +46,8 @@ TIMED = {
     comm_m.Collectives: "allreduce_sum_ broadcast_",
     log_m.LogChannel: "append flush _push _forget_mine next_rows publish decision",
     torch.optim.SGD: "step",
+    step_m: "all_finite",          # module functions, as the module calls them
+    sum_m: "split_rows join_rows",
 }
 CALLS: dict = collections.defaultdict(list)
 
@@ -54,7 +56,7 @@ def timed(owner, name: str) -> None:
     f = vars(owner).get(name)
     if f is None:
         return
-    label = f"{owner.__name__}.{name}"
+    label = f"{owner.__name__.rpartition('.')[2]}.{name}"
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):

@@ -42,8 +42,6 @@ May import: numpy, torch, the standard library, ``compress`` (codecs), ``schemes
 
 from __future__ import annotations
 
-import array
-
 import numpy as np
 import torch
 
@@ -60,18 +58,10 @@ def split_rows(rows) -> np.ndarray:
     """float64 words (a tensor or an array) -> ``PIECES`` float32 words each (``[hi..., mid...,
     lo...]``): x = hi + mid + lo to the last bit for finite x (each part is the float32 rounding
     of what the previous ones left), so a sum with zeros (the other ranks' contribution to a
-    slot) gives them back; Inf and NaN keep hi alone. A row in range (the usual one) is split in
-    Python's ``array`` (a dozen words: fewer calls than numpy's), any other in numpy."""
+    slot) gives them back; Inf and NaN keep hi alone. In numpy: a few words cost
+    microseconds, where each torch op costs several."""
     x = np.asarray(rows.numpy() if isinstance(rows, torch.Tensor) else rows,
                    dtype=np.float64).reshape(-1)
-    v = x.tolist()
-    if all(-3e38 <= a <= 3e38 for a in v):   # the usual row (NaN is not in range): in
-        hi = array.array("f", v)            # Python, a row of a few words is faster so
-        rest = [a - b for a, b in zip(v, hi)]
-        mid = array.array("f", rest)
-        hi.extend(mid)
-        hi.extend(array.array("f", [a - b for a, b in zip(rest, mid)]))
-        return np.frombuffer(hi, dtype=np.float32)
     out = np.empty(PIECES * x.size, dtype=np.float32)
     hi, mid, lo = out[: x.size], out[x.size: 2 * x.size], out[2 * x.size:]
     big = np.abs(x) > 3e38           # Inf, or beyond float32 (NaN is not > 3e38)
