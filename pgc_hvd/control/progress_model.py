@@ -58,10 +58,10 @@ DEFAULT_STALENESS_COST = 0.005
 #: seconds a control round adds to a step at s >= 1 over the s = 0 path, before both have been
 #: observed: the log path's round at n = 4 by the simulator's formulas (pgc_hvd/sim/log_costs.py)
 #: with the constants measured on this machine (docs/figures/log_control_fit.json): the append
-#: (1.5 rtt + rtt / 2), the decider's runs on the 4 rows (2 runs + 4 rows, two batches), the
-#: follower's delete (rtt) and replay (3 runs + 4 rows); the broadcast's link time is left out
-#: (loopback). tests/control/test_progress_model.py recomputes it from those sources.
-DEFAULT_ROUND_COST = 2.9e-4
+#: (a push: rtt / 2 + rtt / 2), the decider's runs on the 4 rows (2 runs + 4 rows, two
+#: batches), the follower's replay (3 runs + 4 rows); the broadcast's link time is left out
+#: (loopback). tests/control/test_auto_s_costs.py recomputes it from those sources.
+DEFAULT_ROUND_COST = 2.55e-4
 
 
 @dataclasses.dataclass(frozen=True)

@@ -251,8 +251,9 @@ class CollectiveModel:
         ``"log"``: one broadcast of the runtime's buffer (:func:`~pgc_hvd.sim.log_costs.
         bcast_bytes`), which the decider is in too; ``"log-store"``: the publish, then the
         store's answers to the n - 1 followers one after another, and the decider's delete of
-        an outcome every follower has read. Then each follower deletes its taken row (one
-        round trip) and replays the body: (1 + b) runs on the m rows."""
+        an outcome every follower has read, then each follower deletes its taken row (one
+        round trip: the runtime of that time). Then each follower replays the body: (1 + b)
+        runs on the m rows."""
         lc = self.log
         if n <= 1:
             return 0.0, 0.0
@@ -263,15 +264,19 @@ class CollectiveModel:
         else:
             deliver = own = (self.log_bcast(n, bcast_bytes(n, B, lookback))
                              if lc.broadcast else 0.0)
-        follow = deliver + lc.rtt + lc.body_seconds("follower", n, 1 + batches, rows)
+        delete = lc.rtt if self.control == "log-store" else 0.0   # the log is a queue now
+        follow = deliver + delete + lc.body_seconds("follower", n, 1 + batches, rows)
         return follow, own
 
     def log_ops(self, rows_read: int, appended: int, taken: int) -> tuple[int, int]:
-        """Control operations in a step: rank 0 reads ``rows_read`` rows of the others and
+        """Control operations in a step: rank 0 pops ``rows_read`` rows of the others and
         broadcasts the outcome (``"log-store"``: publishes it and deletes an old one); a rank
-        > 0 appends ``appended`` rows (add + set each), receives the outcome (the broadcast,
-        or a get) and deletes its ``taken`` rows. Returns (rank 0's, that rank's)."""
-        return rows_read + (2 if self.control == "log-store" else 1), 2 * appended + 1 + taken
+        > 0 pushes ``appended`` rows and receives the outcome's broadcast (``"log-store"``, the
+        runtime of its time: add + set each, a get, a delete of its ``taken`` rows). Returns
+        (rank 0's, that rank's)."""
+        if self.control == "log-store":
+            return rows_read + 2, 2 * appended + 1 + taken
+        return rows_read + 1, appended + 1
 
     def replace(self, **changes) -> "CollectiveModel":
         return dataclasses.replace(self, **changes)

@@ -6,7 +6,7 @@ polled :class:`~pgc_hvd.sim.agents.AgentModel` repeats control rounds, here (the
 :func:`pgc_hvd.runtime.control_log.log_loop`; costs and formulas in :mod:`pgc_hvd.sim.log_costs`):
 
 1. a rank's message ready at r reaches the decider's queue at r + a (a = 0 on rank 0,
-   1.5 rtt + local_rtt / 2 elsewhere; rank 0's reader takes one row per ``local_rtt`` at most);
+   rtt / 2 + local_rtt / 2 elsewhere: one push; rank 0's reader takes one row per ``local_rtt`` at most);
 2. the decider, when free, takes every queued row as one batch: a run of the body on k rows
    lasts run(n) + k row(n), and offers the batch's arrivals to the open round in (ready time,
    rank) order; the round fires at the end of the run whose batch completes it (time D), and
@@ -14,7 +14,7 @@ polled :class:`~pgc_hvd.sim.agents.AgentModel` repeats control rounds, here (the
    the next batch;
 3. the m rows taken since the previous outcome, in b batches, are published and delivered
    (:meth:`~pgc_hvd.sim.comm.CollectiveModel.log_follow`: the store's n - 1 answers one after
-   another, or a tree broadcast); every follower deletes its row and replays the body on the b
+   another, or a tree broadcast); every follower replays the body on the b
    batches; the data phase (the inherited :meth:`~pgc_hvd.sim.agents.AgentModel._data_phase`,
    allreduce plane) starts when the last rank joins: the update is every rank's at
    D + follow + data seconds;
@@ -24,18 +24,17 @@ polled :class:`~pgc_hvd.sim.agents.AgentModel` repeats control rounds, here (the
    make the next batch.
 
 Records' ``extra``: ``control_rounds`` (the decider's body runs in the step), ``control_ops``
-(rank 0's store operations: its reader's gets of the others' rows, the publish and a delete, as
-in the runtime's records, which are rank 0's), ``control_ops_others`` and
-``control_ops_others_max`` (the mean and the most over the ranks > 0: add + set per row the
-rank appended, the outcome's get, a delete per row of its that the outcome took),
+(rank 0's store operations: its reader's pops of the others' rows and the broadcast, as in the
+runtime's records, which are rank 0's), ``control_ops_others`` and ``control_ops_others_max``
+(the mean and the most over the ranks > 0: a push per row the rank appended and the
+outcome's broadcast; ``"log-store"``: add + set per row, the get, a delete per row taken),
 ``log_batches`` (b), ``follow_seconds`` (D to the last rank joining the data phase),
 ``decider_lag`` (the deciding row's landing to D), ``data_seconds``.
 
 The s = 0 path: :class:`SumRowsAgentModel` (no control round; the rows ride in the data
 allreduce), where the runtime takes it.
 
-Not modelled: an append's round trip on the appending rank's training thread (one ``rtt``,
-tens of microseconds, before its next compute); state rows (done, failed, non-finite; one per
+Not modelled: an append's push on the appending rank's training thread (about a microsecond); state rows (done, failed, non-finite; one per
 event, not per step); the extra body run when an offer uncovers a rank's next message; the
 decider's and followers' CPU taken from their ranks' compute.
 

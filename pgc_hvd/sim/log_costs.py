@@ -2,12 +2,15 @@
 
 The runtime's ordered control log (:mod:`pgc_hvd.runtime.control_log`) exchanges, per step t:
 
-* **append** (every rank w > 0 whose message is ready at r_w): ``add`` on rank 0's TCPStore
-  (one round trip, ``rtt``) then ``set`` of its log line (one way, no answer), and rank 0's
-  reader thread, blocked in ``get`` of that index, is answered (one way on rank 0's own
-  machine): the row reaches the decider at
+* **append** (every rank w > 0 whose message is ready at r_w): ``queue_push`` of its log line
+  onto the log, a queue on rank 0's TCPStore (one way, no answer), and rank 0's reader thread,
+  blocked in ``queue_pop``, is answered (one way on rank 0's own machine): the row reaches the
+  decider at
 
-      r_w + a,    a = rtt + rtt / 2 + local_rtt / 2          (rank 0's own rows: a = 0)
+      r_w + a,    a = rtt / 2 + local_rtt / 2          (rank 0's own rows: a = 0)
+
+  (until 2026-12-06 the row took an ``add`` of a counter, one round trip, before its ``set``:
+  a = rtt + rtt / 2 + local_rtt / 2, and a delete once taken);
 
   and the reader takes one row per ``local_rtt`` at most (a backlog drains at that rate);
 * **decide** (rank 0's agent, one thread): the decision body runs once per *batch*, every row
@@ -37,14 +40,13 @@ The runtime's ordered control log (:mod:`pgc_hvd.runtime.control_log`) exchanges
     outcome after ``fan_latency + k (fan_op + B fan_beta)``: (n - 1) B ~ n^2 line_bytes bytes
     leave one server per step;
 
-  then each follower deletes its taken row (one ``rtt``) and replays the body on the same
-  batches, (1 + b) run_fol(n) + m row_fol(n) seconds (``follower``; the first run is the one
+  then each follower replays the body on the same batches, (1 + b) run_fol(n) + m row_fol(n) seconds (``follower``; the first run is the one
   the decider made after the previous outcome; O(1) a row like the decider's), and joins the
   data collective, which starts when the last rank joins.
 
-So a rank > 0 issues 4 control operations per step (add, set, the broadcast, delete) and rank 0
-about m (its reader's gets) + 1 (the broadcast); rank 0's store serves about 4n operations a
-step, O(n) bytes.
+So a rank > 0 issues 2 control operations per step (the push, the broadcast) and rank 0 about m
+(its reader's pops) + 1 (the broadcast); rank 0's store serves about 2n operations a step, O(n)
+bytes. (The ``"log-store"`` what-if keeps the runtime of its time: add + set, the get, a delete.)
 
 The constants are measured by ``benchmarks/control/measure_log_control.py`` (JSON format
 :data:`FORMAT`, read by :func:`load_log_fit`); :meth:`LogCosts.on_link` moves the network
@@ -130,7 +132,7 @@ class LogCosts:
         """Seconds from a message ready on ``rank`` to its row in the decider's hands."""
         if rank == 0:
             return 0.0
-        return 1.5 * self.rtt + 0.5 * self.local_rtt
+        return 0.5 * self.rtt + 0.5 * self.local_rtt
 
     def run_seconds(self, role: str, n: int) -> float:
         """One run of the decision body at n ranks, beside its rows (``role``: decider,

@@ -31,7 +31,7 @@ def model(control="log", costs=COSTS, **kw):
 def test_cost_formulas():
     c = COSTS
     assert c.append_delay(0) == 0.0                       # rank 0's rows: in-process
-    assert c.append_delay(3) == pytest.approx(1.5e-4 + 2.5e-5)   # add, one-way set, reader's answer
+    assert c.append_delay(3) == pytest.approx(5e-5 + 2.5e-5)   # one-way push, reader's answer
     assert c.run_seconds("decider", 100) == pytest.approx(6e-5 + 1e-4)
     assert c.row_seconds("decider", 100) == pytest.approx(2e-5)
     assert c.body_seconds("follower", 100, 3, 7) == pytest.approx(3 * 1.5e-4 + 7 * 1e-5)
@@ -79,19 +79,20 @@ def test_control_paths_are_checked():
 def test_follow_is_log_depth_by_the_broadcast_and_quadratic_through_one_store():
     """m = n rows a step in b = 5 batches, B = (m + b - 1) L bytes: the runtime's broadcast
     of its buffer (bcast_bytes) costs ceil(log2 n) (alpha + B_bcast beta) for the decider and
-    the last follower; the store (the what-if) answers (n-1)(fan_op + B fan_beta). Then each
-    follower deletes its row (rtt) and replays the body, (1 + b) runs on the m rows."""
+    the last follower; the store (the what-if) answers (n-1)(fan_op + B fan_beta), then each
+    follower deletes its row (rtt: the runtime of that time). Then each follower replays the
+    body, (1 + b) runs on the m rows (the log is a queue: nothing to delete)."""
     L, b = line_bytes(4), 5
     for n in (8, 64, 1024):
         B = (n + b - 1) * L
-        body = 1e-4 + COSTS.body_seconds("follower", n, 1 + b, n)
+        body = COSTS.body_seconds("follower", n, 1 + b, n)
         tree = tree_depth(n) * (1e-3 + bcast_bytes(n, B, 4) * 1e-9)
         follow, own = model().log_follow(n, n, b, 4)
         assert own == pytest.approx(tree)
         assert follow == pytest.approx(tree + body)
         store, own = model(control="log-store").log_follow(n, n, b, 4)
         assert own == pytest.approx(B * 1e-9 + 5e-5)
-        assert store == pytest.approx(B * 1e-9 + (n - 1) * (2e-4 + B * 2e-9) + body)
+        assert store == pytest.approx(B * 1e-9 + (n - 1) * (2e-4 + B * 2e-9) + 1e-4 + body)
     # the bytes alone (no per-answer or body cost): the store's delivery grows like n^2
     # ((n-1) n L bytes leave one server), the broadcast's like n log n (its buffer ~ 2n lines,
     # log2 n rounds)
@@ -127,11 +128,10 @@ def test_load_log_fit(tmp_path):
 def test_one_dgd_step_timed_by_hand():
     """DGD, n = 4, no delays, free local passes: every rank is ready at T = 0.2 s. Rank 0's
     row is in the decider's hands at T and makes a batch alone: run + row = 3e-4 s. Ranks 1-3
-    land meanwhile (T + a, + r, + 2r with a = 1.5 rtt + r / 2 = 1.75e-4, r = local_rtt =
+    land meanwhile (T + a, + r, + 2r with a = rtt / 2 + r / 2 = 7.5e-5, r = local_rtt =
     5e-5), so they make the second batch, which fires: D = T + 2 run + 4 row. The outcome
     (4 rows in 2 batches, one separator line) goes out by one broadcast of the runtime's
-    buffer (2 rounds of the tree); each follower deletes its row and replays 1 + 2 runs on the
-    4 rows; then the allreduce of 4d bytes. (The runtime before its s = 0 path:
+    buffer (2 rounds of the tree); each follower replays 1 + 2 runs on the 4 rows; then the allreduce of 4d bytes. (The runtime before its s = 0 path:
     ``rows_in_sum=False``; with it, test_dgd_on_the_s0_path_runs_no_control_round.)"""
     n, d, T = 4, 1000, 0.2
     costs = LogCosts(rtt=1e-4, local_rtt=5e-5, get_beta=1e-9, fan_op=2e-4, fan_beta=2e-9,
@@ -141,14 +141,14 @@ def test_one_dgd_step_timed_by_hand():
     h = get_scheme("dgd", n, 0).lookback
     B = (4 + 1) * line_bytes(h)
     D = T + 2 * 2.5e-4 + 4 * 5e-5
-    follow = 2 * (1e-3 + bcast_bytes(n, B, h) * 1e-9) + 1e-4 + 3 * 1e-4 + 4 * 1e-5
+    follow = 2 * (1e-3 + bcast_bytes(n, B, h) * 1e-9) + 3 * 1e-4 + 4 * 1e-5
     assert recs[0].time == pytest.approx(D + follow + NET.allreduce.allreduce(n, 4 * d))
     e = recs[0].extra
     assert e["log_batches"] == 2 and e["control_rounds"] == 2
     assert e["control_ops"] == 3 + 1     # rank 0: 3 reads, the broadcast
-    assert e["control_ops_others"] == e["control_ops_others_max"] == 4  # add, set, bcast, delete
+    assert e["control_ops_others"] == e["control_ops_others_max"] == 2  # the push, the bcast
     assert e["follow_seconds"] == pytest.approx(follow)
-    assert e["decider_lag"] == pytest.approx(D - (T + 1.75e-4 + 2 * 5e-5))
+    assert e["decider_lag"] == pytest.approx(D - (T + 7.5e-5 + 2 * 5e-5))
 
 
 def test_dgd_on_the_s0_path_runs_no_control_round():
