@@ -98,8 +98,9 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
 
 
-class _Next:
-    """The next stage of a multi-stage collective: its Work and what to do when it is done."""
+class Stage:
+    """The next stage of a multi-stage collective: its Work and what to do when it is done (an
+    ``issue`` callable of :meth:`GroupOps._start` returns one; a test's own collective may)."""
 
     def __init__(self, work, then: Callable):
         self.work, self.then = work, then
@@ -141,7 +142,7 @@ class Handle:
         except Exception as err:         # noqa: BLE001 -- re-raised by wait() with the rank
             self.error = err
             return
-        if isinstance(nxt, _Next):
+        if isinstance(nxt, Stage):
             self.work, self.then = nxt.work, nxt.then
         else:
             self.result = nxt
@@ -241,7 +242,7 @@ class GroupOps:
         return (f"collective {name!r} (#{self.calls} on process group {self.label!r}) failed"
                 f"{': ' + why if why else ''} ({type(err).__name__}: {err})")
 
-    def _start(self, name: Optional[str], issue: Callable[[], "_Next | object"],
+    def _start(self, name: Optional[str], issue: Callable[[], "Stage | object"],
                device: Optional[torch.device] = None) -> Handle:
         """Issue a collective on tensors on ``device`` (``issue`` returns its first stage), with
         the one-GPU-per-rank check before the group's first CUDA one (:meth:`check_gpu`) and
@@ -271,7 +272,7 @@ class GroupOps:
             raise
         except Exception as err:
             raise CollectiveError(self.failure(name, err)) from err
-        if isinstance(first, _Next):
+        if isinstance(first, Stage):
             return Handle(self, name, first.work, first.then, cpu)
         return Handle(self, name, _Done(), lambda: first, cpu)
 
@@ -325,18 +326,18 @@ class GroupOps:
                 return data.view(t.dtype).reshape(shape)
             out = torch.empty(shape, dtype=t.dtype, device=t.device)
             if len(set(sizes)) == 1:
-                return _Next(_all_gather(out, t, group=self.group, async_op=True), lambda: out)
+                return Stage(_all_gather(out, t, group=self.group, async_op=True), lambda: out)
             # rows of different lengths: exact splits, no padding (module doc)
             send = t.repeat((n,) + (1,) * len(rest)) if k else t
             work = dist.all_to_all_single(out, send, output_split_sizes=sizes,
                                           input_split_sizes=[k] * n, group=self.group,
                                           async_op=True)
-            return _Next(work, lambda: out)
+            return Stage(work, lambda: out)
 
         def issue():
             if n == 1:
                 return t.clone()
-            return _Next(_all_gather(slots, mine, group=self.group, async_op=True), gathered)
+            return Stage(_all_gather(slots, mine, group=self.group, async_op=True), gathered)
         return self._start(name, issue, t.device)
 
     def allgather(self, tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
@@ -368,7 +369,7 @@ class GroupOps:
                 tensor.mul_(prescale_factor)
             if self._size == 1:
                 return finish()
-            return _Next(dist.all_reduce(tensor, op=op.torch_op, group=self.group,
+            return Stage(dist.all_reduce(tensor, op=op.torch_op, group=self.group,
                                          async_op=True), finish)
         return self._start(name, issue, tensor.device)
 
@@ -398,7 +399,7 @@ class GroupOps:
         def issue():
             if self._size == 1:
                 return t.clone()
-            return _Next(dist.all_to_all_single(out, t, group=self.group, async_op=True),
+            return Stage(dist.all_to_all_single(out, t, group=self.group, async_op=True),
                          lambda: out)
         return self._start(name, issue, t.device)
 
@@ -413,7 +414,7 @@ class GroupOps:
         def issue():
             if self._size == 1:
                 return tensor
-            return _Next(dist.broadcast(tensor, src=int(root_rank), group=self.group,
+            return Stage(dist.broadcast(tensor, src=int(root_rank), group=self.group,
                                         async_op=True), lambda: tensor)
         return self._start(name, issue, tensor.device)
 

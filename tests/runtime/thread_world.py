@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from pgc_hvd.torchdist.ops import GroupOps, _Next
+from pgc_hvd.torchdist.ops import GroupOps, Stage
 
 _worlds = itertools.count()
 
@@ -28,7 +28,7 @@ class ThreadGroupOps(GroupOps):
         def issue():   # asynchronous, as GroupOps' (the log plane's outcome is polled)
             if self.size() == 1:
                 return tensor
-            return _Next(dist.broadcast(tensor, group_src=int(root_rank), group=self.group,
+            return Stage(dist.broadcast(tensor, group_src=int(root_rank), group=self.group,
                                         async_op=True), lambda: tensor)
         return self._start(name, issue)
 
