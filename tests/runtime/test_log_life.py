@@ -1,7 +1,8 @@
 """The control log's life around its steps (:mod:`pgc_hvd.runtime.log_life`), in one process:
 a follower's fault notice and census on a real TCPStore (the other rank never answers, so it
-is named), the decider's timeout message, and the choice between the census and a notice
-alone (elastic mode)."""
+is named), the decider's timeout message, the choice between the census and a notice alone
+(elastic mode), and the log itself: a queue on the store that followers push to and rank 0's
+reader pops."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 
 from pgc_hvd.runtime.control_log import LogChannel, decode_rows
@@ -58,3 +60,41 @@ def test_the_deciders_timeout_names_the_ranks_the_step_waits_for():
     decider = SimpleNamespace(step=7, n=4, current_round=SimpleNamespace(arrived=[0]))
     msg = timeout_message(decider, rows, [0.0] * 4, timeout=30)
     assert "step 7 was not decided within 30s" in msg and "rank(s) [1]" in msg
+
+
+def test_a_followers_rows_are_one_push_each_and_the_reader_pops_them_in_order():
+    """The log is a queue on the store (runtime/control_log.py): a follower's row is one
+    ``queue_push`` (one control operation, no round trip), rank 0's reader thread pops the rows
+    in the order they were pushed and hands them to the decider, and a popped row has left the
+    store (nothing to delete, nothing grows); the stop entry ends the reader."""
+    import threading
+    import time
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10))
+    connect = lambda: dist.TCPStore("127.0.0.1", server.port, 1, False,   # noqa: E731
+                                    timeout=timedelta(seconds=10))
+    decider = LogChannel({"main": server, "reader": connect()}, rank=0, n=2, name="queue",
+                         timeout=5.0, length=LENGTH)
+    client = connect()
+    follower = LogChannel({"main": client, "writer": client}, rank=1, n=2, name="queue",
+                          timeout=5.0, length=LENGTH)
+    try:
+        rows = [np.full(LENGTH, float(k)) for k in range(3)]
+        for r in rows:
+            follower.append(torch.from_numpy(r))
+        assert follower.ops == 3                       # one push a row
+        got, deadline = [], time.monotonic() + 5.0
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += decider.next_rows(deadline) or []
+        assert [w for w, _ in got] == [1, 1, 1]
+        assert [row[0] for _, row in got] == [0.0, 1.0, 2.0]   # in push order
+        assert decider.ops == 3                        # the reader's pops
+        assert server.queue_len("pgc/queue/log") == 0 and server.num_keys() <= 2
+    finally:
+        decider.stop()
+        follower.stop()
+    deadline = time.monotonic() + 5.0
+    while (any(t.name == "queue-log-reader" for t in threading.enumerate())
+           and time.monotonic() < deadline):
+        time.sleep(0.01)
+    assert not any(t.name == "queue-log-reader" for t in threading.enumerate())
