@@ -61,7 +61,9 @@ def worker(args) -> None:
     data = digits_split()
     out = [train_one(v, i, trial, hvd, data) for i, v in enumerate(args.variants.split(","))]
     for r in out:              # rank 0's series stay out of the launch's result line
-        del r["step_times"], r["evals"]
+        del r["step_times"]
+        if not args.keep_evals:
+            del r["evals"]
     if hvd.rank() == 0:
         print_result({"pattern": args.pattern, "optimizer": args.optimizer,
                       "seed": args.seed, "runs": out})
@@ -144,6 +146,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--json", default=None, help="write the launches' results and the rows here")
+    p.add_argument("--keep-evals", action="store_true",
+                   help="keep each run's evaluations [(step, seconds, accuracy)] in the JSON "
+                        "(benchmarks/tta/staleness_cost.py reads steps to several targets)")
     p.add_argument("--quick", action="store_true",
                    help="np 2, hvd and pgc-cr, exp delays, one seed, target 0.5 (a smoke run)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -172,6 +177,8 @@ def main(argv=None) -> int:
                          "--variants", args.variants, "--target", args.target,
                          "--compute", args.compute, "--batch-size", args.batch_size,
                          "--eval-every", args.eval_every, "--max-steps", args.max_steps]
+                if args.keep_evals:
+                    wargs.append("--keep-evals")
                 t0 = time.time()
                 res = run_ranks(args.np, __file__, wargs, timeout=3600)
                 results.append(res)
