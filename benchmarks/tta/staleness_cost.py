@@ -56,9 +56,11 @@ def runs_by_seed(results: list, scheme: str) -> dict:
     return out
 
 
-def fit(results: list, scheme: str, targets: list) -> dict:
+def fit(results: list, scheme: str, targets: list, n: int = 4) -> dict:
     """Per target: each seed's steps at each s, the ratios to s = 0, lambda (linear fit
-    through the origin), each s's median ratio and (ratio - 1) / s, and the quadratic fit."""
+    through the origin), each s's median ratio and (ratio - 1) / s, the quadratic fit, and a
+    fit in the late messages per deciding one, ratio - 1 = lambda_late s / (n - s) (a step
+    fires with n - s of the n ranks' messages; the other s are counted late)."""
     from pgc_hvd.control.progress_model import fit_staleness_cost
     seeds = runs_by_seed(results, scheme)
     out = {}
@@ -81,10 +83,14 @@ def fit(results: list, scheme: str, targets: list) -> dict:
             y = np.array([r - 1.0 for _, r in xs])
             a, b = np.linalg.lstsq(A, y, rcond=None)[0]
             quad = {"a": float(a), "b": float(b)}
+        late = [(s / (n - s), r) for s, r in xs if s < n]
+        lam_late = (sum(x * (r - 1.0) for x, r in late) / sum(x * x for x, _ in late)
+                    if late else None)
         out[str(target)] = {"steps": {str(k): {str(s): v for s, v in d.items()}
                                       for k, d in steps.items()},
                             "per_s": {str(s): v for s, v in per_s.items()},
                             "lambda": fit_staleness_cost(points), "quadratic": quad,
+                            "lambda_late": lam_late,
                             "missed": [(seed, s) for seed, d in steps.items()
                                        for s, v in d.items() if v is None]}
     return out
@@ -99,7 +105,10 @@ def report(fits: dict) -> str:
                      f"1 + lambda s, least squares through the origin)"
                      + (f"; quadratic fit a = {f['quadratic']['a']:.3f}, "
                         f"b = {f['quadratic']['b']:.3f} (1 + a s + b s^2)"
-                        if f["quadratic"] else ""))
+                        if f["quadratic"] else "")
+                     + (f"; in s / (n - s): lambda_late = {f['lambda_late']:.3f} "
+                        f"(1 + lambda_late s / (n - s))" if f.get("lambda_late") is not None
+                        else ""))
         lines.append("| seed | " + " | ".join(f"s = {s}" for s in
                                                  next(iter(f["steps"].values()), {})) + " |")
         for seed, d in f["steps"].items():
@@ -154,7 +163,7 @@ def main(argv=None) -> int:
         meta["seconds"] = round(time.time() - t0, 1)
         if rc:
             print("time_to_accuracy reported parameters that differ across ranks")
-    fits = fit(results, args.scheme, targets)
+    fits = fit(results, args.scheme, targets, args.np)
     print(report(fits))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,9 @@ The model, with the design note's symbols (n workers, budget s, c partitions per
   at lambda = -0.007 (no measurable cost up to s = 25 at n = 100: the remedy's ring decay
   works there), so the default is a small 0.005, a tie-break towards less staleness; on a
   workload where staleness costs steps set it (``advise`` measures it per candidate from its
-  simulations: :func:`measured_staleness_cost`).
+  simulations: :func:`measured_staleness_cost`; the runtime's rule defaults to the figure
+  measured on its own workload, ``runtime.config.RUNTIME_STALENESS_COST``, fitted by
+  :func:`fit_staleness_cost`).
 * **Expected progress per second** ``rate = gamma / T``; :func:`rank` orders candidates by it
   and the rule switches only when the best beats the current by a margin (hysteresis).
 
