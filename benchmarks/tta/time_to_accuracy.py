@@ -5,6 +5,7 @@
         [--patterns none,slow,exp,lognormal] [--optimizers sgd,adam] [--seeds 0,1,2]
         [--target 0.95] [--compute 0.1] [--max-steps 300] [--json runs/tta.json]
     python benchmarks/tta/time_to_accuracy.py --quick      # one short launch (the smoke test's)
+    python benchmarks/tta/time_to_accuracy.py --from A.json --from B.json   # re-summarize, merged
 
 The workload, the straggler patterns and the variants are those of ``pgc_hvd/apps/tta.py``
 (the loop this benchmark shares with the main job, ``launch/demo.sh``): the 3-layer CNN on
@@ -61,7 +62,9 @@ def worker(args) -> None:
     data = digits_split()
     out = [train_one(v, i, trial, hvd, data) for i, v in enumerate(args.variants.split(","))]
     for r in out:              # rank 0's series stay out of the launch's result line
-        del r["step_times"], r["evals"]
+        del r["step_times"]
+        if not args.keep_evals:
+            del r["evals"]
     if hvd.rank() == 0:
         print_result({"pattern": args.pattern, "optimizer": args.optimizer,
                       "seed": args.seed, "runs": out})
@@ -111,6 +114,27 @@ def summarize(results: list) -> list:
     return rows
 
 
+def against_fixed(rows: list) -> list:
+    """Per (pattern, optimizer) with an ``s=auto`` variant: auto's median time to the target
+    over the best fixed budget's (the pgc_hvd variant of that scheme with the smallest median
+    time, ``s=N`` or the default), and auto's time over it seed by seed."""
+    from pgc_hvd.apps.tta import parse_variant
+    out = []
+    for auto in (r for r in rows if parse_variant(r["variant"])[2] == "auto"):
+        scheme = parse_variant(auto["variant"])[0]
+        fixed = [r for r in rows if (r["pattern"], r["optimizer"]) ==
+                 (auto["pattern"], auto["optimizer"]) and r["variant"] != auto["variant"]
+                 and parse_variant(r["variant"])[0] == scheme and r["time_median"] is not None]
+        if not fixed or auto["time_median"] is None:
+            continue
+        best = min(fixed, key=lambda r: r["time_median"])
+        per_seed = [a / b if a and b else None for a, b in zip(auto["time"], best["time"])]
+        out.append({"pattern": auto["pattern"], "optimizer": auto["optimizer"],
+                    "auto": auto["variant"], "best_fixed": best["variant"],
+                    "ratio": auto["time_median"] / best["time_median"], "per_seed": per_seed})
+    return out
+
+
 def table(rows: list, target: float) -> str:
     def f(x, fmt):
         if x is None:
@@ -144,6 +168,12 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--json", default=None, help="write the launches' results and the rows here")
+    p.add_argument("--keep-evals", action="store_true",
+                   help="keep each run's evaluations [(step, seconds, accuracy)] in the JSON "
+                        "(benchmarks/tta/staleness_cost.py reads steps to several targets)")
+    p.add_argument("--from", dest="sources", action="append", default=[],
+                   help="summarize the launches of earlier --json files (repeat to merge, e.g. "
+                        "more seeds of a pattern) instead of launching")
     p.add_argument("--quick", action="store_true",
                    help="np 2, hvd and pgc-cr, exp delays, one seed, target 0.5 (a smoke run)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -157,9 +187,10 @@ def main(argv=None) -> int:
     if args.quick:
         args.np, args.variants, args.patterns, args.seeds = 2, "hvd,pgc-cr", "exp", "0"
         args.target, args.max_steps, args.compute = 0.5, 60, 0.02
-    results = []
+    results = [launch for src in args.sources
+               for launch in json.loads(Path(src).read_text())["results"]]
     t_start = time.time()
-    for pattern in args.patterns.split(","):
+    for pattern in ([] if args.sources else args.patterns.split(",")):
         try:                                          # refuse an unknown pattern at once
             delay_spec(pattern, args.np, args.compute, 0, args.max_steps)
         except ValueError as err:
@@ -172,6 +203,8 @@ def main(argv=None) -> int:
                          "--variants", args.variants, "--target", args.target,
                          "--compute", args.compute, "--batch-size", args.batch_size,
                          "--eval-every", args.eval_every, "--max-steps", args.max_steps]
+                if args.keep_evals:
+                    wargs.append("--keep-evals")
                 t0 = time.time()
                 res = run_ranks(args.np, __file__, wargs, timeout=3600)
                 results.append(res)
@@ -180,12 +213,19 @@ def main(argv=None) -> int:
                     for r in res["runs"]) + f"  ({time.time() - t0:.0f} s)", flush=True)
     rows = summarize(results)
     print(f"\nnp {args.np}, compute {args.compute} s per batch, target {args.target:.0%} "
-          f"validation accuracy, {time.time() - t_start:.0f} s in all")
+          f"validation accuracy, {time.time() - t_start:.0f} s in all"
+          + (f" (the launches of {', '.join(args.sources)})" if args.sources else ""))
     print(table(rows, args.target))
+    verdict = against_fixed(rows)
+    for v in verdict:
+        print(f"{v['pattern']} {v['optimizer']}: {v['auto']} / the best fixed s "
+              f"({v['best_fixed']}) = {v['ratio']:.2f} on the median time to the target "
+              f"(per seed {', '.join('-' if x is None else f'{x:.2f}' for x in v['per_seed'])})")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results,
-                                               "rows": rows}, indent=1))
+                                               "rows": rows, "auto_vs_fixed": verdict},
+                                              indent=1))
     bad = [r for r in rows if not r["same_params"]]
     if bad:
         print("PARAMETERS DIFFER ACROSS RANKS in: " + ", ".join(

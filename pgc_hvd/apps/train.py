@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="KEY=VALUE",
                    help="--stragglers auto option (repeat, or comma-separated): s_start, s_max, "
                         "every (20), first (10), cooldown (20), window (16), min_gain (0.08), "
-                        "early_gain (1.0), staleness_cost, tau, ... (not `--auto`: horovodrun "
+                        "early_gain (1.0), staleness_cost (measured on the runtime's "
+                        "workload: RUNTIME_STALENESS_COST), tau, ... (not `--auto`: horovodrun "
                         "refuses it as an abbreviation of its --autotune options)")
     p.add_argument("--dataset", default="digits",
                    help="digits, breast_cancer, wine, iris, generated (in memory), or cifar10 / "

@@ -38,7 +38,9 @@ The model, with the design note's symbols (n workers, budget s, c partitions per
   at lambda = -0.007 (no measurable cost up to s = 25 at n = 100: the remedy's ring decay
   works there), so the default is a small 0.005, a tie-break towards less staleness; on a
   workload where staleness costs steps set it (``advise`` measures it per candidate from its
-  simulations: :func:`measured_staleness_cost`).
+  simulations: :func:`measured_staleness_cost`; the runtime's rule defaults to the figure
+  measured on its own workload, ``runtime.config.RUNTIME_STALENESS_COST``, fitted by
+  :func:`fit_staleness_cost`).
 * **Expected progress per second** ``rate = gamma / T``; :func:`rank` orders candidates by it
   and the rule switches only when the best beats the current by a margin (hysteresis).
 
@@ -237,6 +239,20 @@ def measured_staleness_cost(scheme: str, s: int, steps: Optional[int],
     return max(0.0, (steps / exact_steps - 1.0) / s)
 
 
+def fit_staleness_cost(points) -> Optional[float]:
+    """lambda fitted to measured steps to one target: ``points`` are (s, steps, exact_steps)
+    triples (a stale scheme at ring depth s and the exact run of the same seed), and lambda
+    is the least-squares slope through the origin of steps / exact_steps - 1 = lambda s
+    (:func:`progress_per_step`'s model), not below 0; None without a point at s >= 1 whose
+    runs both reached the target. ``benchmarks/tta/staleness_cost.py`` measures the runtime's."""
+    num = den = 0.0
+    for s, steps, exact in points:
+        if s >= 1 and steps and exact:
+            num += s * (steps / exact - 1.0)
+            den += s * s
+    return max(0.0, num / den) if den else None
+
+
 def estimate_tau(busy: np.ndarray, k: np.ndarray) -> float:
     """Compute seconds of one partition from per-step busy seconds and partitions evaluated:
     the smallest busy / k (the shift of a shifted exponential's MLE; ``advise`` and the online
@@ -249,5 +265,6 @@ def estimate_tau(busy: np.ndarray, k: np.ndarray) -> float:
 
 
 __all__ = ["DEFAULT_STALENESS_COST", "DEFAULT_ROUND_COST", "FixedCost", "Prediction", "step_partitions", "progress_per_step",
-           "time_per_step", "draw_delays", "order_statistic_time", "predict", "rank", "measured_staleness_cost", "estimate_tau",
+           "time_per_step", "draw_delays", "order_statistic_time", "predict", "rank", "measured_staleness_cost",
+           "fit_staleness_cost", "estimate_tau",
            "uses_stale_gradients"]

@@ -45,6 +45,14 @@ CONTROLS = ("allgather", "store", "log")
 #: Horovod ops on every rank whatever the arrival order (the user's unnamed collectives keep
 #: matching; docs/architecture.md "The control plane and the user's collectives")
 DEFAULT_CONTROL = "log"
+#: the staleness cost lambda of the runtime's rule (progress per step 1 / (1 + lambda s) at
+#: ring depth s, pgc_hvd.control.progress_model): measured on the runtime's own workload (the
+#: time-to-accuracy benchmark's digits CNN, SGD momentum 0.9, the default remedy; fixed s = 0..3
+#: with no stragglers, `benchmarks/tta/staleness_cost.py`, docs/figures/
+#: runtime_staleness_cost.json; docs/control.md, "The staleness cost in the runtime"), where
+#: deep rings cost steps; the simulator keeps progress_model.DEFAULT_STALENESS_COST (MNIST-1D:
+#: no measurable cost)
+RUNTIME_STALENESS_COST = 0.05
 #: ``stragglers="auto"`` (:mod:`pgc_hvd.runtime.auto_s`): the runtime's defaults for the rule's
 #: options the user did not set (a switch costs the runtime a barrier and a new control
 #: channel, so boundaries are sparser than the simulator's); the others are AutoConfig's.
@@ -53,9 +61,10 @@ DEFAULT_CONTROL = "log"
 #: redundancy the runtime has: docs/control.md, "s chosen online"); before the first regular
 #: boundary every step is an early one, where a switch needs a predicted gain > early_gain
 #: (100%: twice as fast), so a persistently slow rank is left out after one step while the
-#: noise of a few samples cannot move s
+#: noise of a few samples cannot move s; the staleness cost is the runtime workload's,
+#: :data:`RUNTIME_STALENESS_COST`
 AUTO_DEFAULTS = {"every": 20, "first": 10, "cooldown": 20, "s_start": 0, "raise_to": "smallest",
-                 "early_gain": 1.0}
+                 "early_gain": 1.0, "staleness_cost": RUNTIME_STALENESS_COST}
 #: names ``step(metrics=...)`` may not use (:attr:`DistributedOptimizer.metrics` has them)
 RESERVED_METRICS = ("step", "loss", "ranks")
 #: keywords of :func:`pgc_hvd.DistributedOptimizer` renamed: old name -> its one name now

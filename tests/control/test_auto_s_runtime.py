@@ -3,6 +3,7 @@ online"): the setting checked once (config), the rule fed from control rows, and
 np 3 under both engines ending with identical parameters (one entry in each engine's shared
 np 3 launch, ``launch_group``; a few seconds each)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,12 @@ from checks import passed
 
 from pgc_hvd.runtime.agent import Update
 from pgc_hvd.runtime.auto_s import RuntimeAutoS, agent_name, switch_of
-from pgc_hvd.runtime.config import AUTO_DEFAULTS, RuntimeConfig, cross_rank_fields
+from pgc_hvd.runtime.config import (AUTO_DEFAULTS, RUNTIME_STALENESS_COST, RuntimeConfig,
+                                    cross_rank_fields)
 from pgc_hvd.runtime.rows import CTRL_BUSY, CTRL_READY_STEP
 
 SCRIPT = Path(__file__).parent / "scripts" / "auto_s_checks.py"
+ROOT = Path(__file__).resolve().parents[2]
 ENTRY = [("auto-switch", "test_auto_switch_at_np3_ends_with_identical_parameters", SCRIPT,
           ["16"])]
 LAUNCH_GROUPS = [("horovodrun", 3, ENTRY), ("torchrun", 3, ENTRY)]
@@ -30,6 +33,30 @@ def test_auto_setting_resolves_the_rules_settings_with_runtime_defaults():
     assert cross_rank_fields(c)["extra"]["auto (stragglers='auto' options)"]["s_max"] == 2
     assert cross_rank_fields(RuntimeConfig().checked(4))["extra"][
         "auto (stragglers='auto' options)"] is None
+
+
+def test_the_runtime_staleness_cost_is_the_one_measured_on_its_workload():
+    """The runtime rule's default staleness_cost is RUNTIME_STALENESS_COST, the fit of
+    benchmarks/tta/staleness_cost.py at its highest target, recomputed here from the launches'
+    evaluations it recorded (docs/figures/runtime_staleness_cost.json; steps(s) / steps(0) =
+    1 + lambda s, the same seed's s = 0 run the exact one), to its two digits; the
+    simulator's rule keeps its own default (MNIST-1D's, docs/control.md)."""
+    from pgc_hvd.apps.tta import parse_variant
+    from pgc_hvd.control.auto_s import AutoConfig
+    from pgc_hvd.control.progress_model import DEFAULT_STALENESS_COST, fit_staleness_cost
+    data = json.loads((ROOT / "docs" / "figures" / "runtime_staleness_cost.json").read_text())
+    target = max(float(x) for x in data["fit"])
+    points = []
+    for launch in data["results"]:
+        steps = {parse_variant(r["variant"])[2]: next(
+            (st for st, _, acc in r["evals"] if acc >= target), None) for r in launch["runs"]}
+        points += [(s, st, steps[0]) for s, st in steps.items()]
+    assert len(points) >= 3 * 4 and {s for s, _, _ in points} >= {0, 1, 2, 3}
+    assert RUNTIME_STALENESS_COST == pytest.approx(fit_staleness_cost(points), abs=0.005)
+    assert AUTO_DEFAULTS["staleness_cost"] == RUNTIME_STALENESS_COST
+    assert RuntimeConfig(stragglers="auto").checked(4).auto.staleness_cost == \
+        RUNTIME_STALENESS_COST
+    assert AutoConfig().staleness_cost == DEFAULT_STALENESS_COST
 
 
 @pytest.mark.parametrize("kw,words", [

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from pgc_hvd.control.progress_model import (measured_staleness_cost, predict, progress_per_step,
-                                            rank, step_partitions, time_per_step)
+from pgc_hvd.control.progress_model import (fit_staleness_cost, measured_staleness_cost, predict,
+                                            progress_per_step, rank, step_partitions,
+                                            time_per_step)
 
 
 def test_partitions_per_step_from_the_scheme():
@@ -23,6 +24,18 @@ def test_progress_per_step_staleness_effect():
     assert progress_per_step("pgc-cr", 2, staleness_cost=0.5) == pytest.approx(0.5)
     assert measured_staleness_cost("pgc-cr", 2, 300, 100) == pytest.approx(1.0)
     assert measured_staleness_cost("gc-cr", 2, 300, 100) is None
+
+
+def test_staleness_cost_fitted_through_the_origin():
+    """lambda from (s, steps, exact steps) of several seeds: the least-squares slope of
+    steps / exact - 1 against s; points with a run that missed the target are left out."""
+    pts = [(0, 100, 100), (1, 110, 100), (2, 120, 100), (3, 130, 100), (2, None, 100)]
+    assert fit_staleness_cost(pts) == pytest.approx(0.1)
+    # s = 1 costs 0.1, s = 3 costs 0.3 and 0.9 over two seeds: (1*0.1 + 3*0.3 + 3*0.9) / 19
+    pts = [(1, 110, 100), (3, 130, 100), (3, 190, 100)]
+    assert fit_staleness_cost(pts) == pytest.approx(3.7 / 19)
+    assert fit_staleness_cost([(1, 90, 100)]) == 0.0           # never below 0
+    assert fit_staleness_cost([(0, 100, 100), (1, None, 100)]) is None
 
 
 def test_order_statistic_matches_exponential_closed_form():
