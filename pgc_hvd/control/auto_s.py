@@ -67,6 +67,17 @@ from .progress_model import (DEFAULT_ROUND_COST, DEFAULT_STALENESS_COST, FixedCo
 _SWITCHES_KEPT = 64
 
 
+def default_s_max(n: int) -> int:
+    """The largest s ``stragglers="auto"`` considers unless told: max(3, n / 4), and never
+    n - 1 where n >= 3, where ONE rank's message decides every step (pgc-cr's ring then holds
+    n - 1 stale gradients): measured on the runtime's workload at np 4, s = 3 took 1.13x s = 0's
+    steps to the target without stragglers (s = 1, 2: no more) and 1.17x s = 2's time under
+    exponential delays, which the model's one staleness cost does not see (docs/control.md,
+    "The staleness cost in the runtime")."""
+    n = int(n)
+    return min(max(1, n - 2), max(3, n // 4))
+
+
 @dataclasses.dataclass
 class AutoConfig:
     every: int = 1           # steps between re-plan boundaries (after the first, at `first`)
@@ -76,7 +87,7 @@ class AutoConfig:
     min_gain: float = 0.08   # raise s only when the best predicted rate > (1 + min_gain) x current
     horizon: int = 50        # steps over which a re-plan's warm-up step is charged
     half_life: float = 4.0   # samples: recent steps weigh more (a straggler that comes or goes)
-    s_max: Optional[int] = None   # largest s considered (None: min(n - 1, max(3, n // 4)))
+    s_max: Optional[int] = None   # largest s considered (None: default_s_max(n))
     s_start: Optional[int] = None  # s of the first steps (None: the scheme's default, 1)
     staleness_cost: float = DEFAULT_STALENESS_COST   # lambda of progress_model
     min_samples: int = 1     # samples per rank before a decision
@@ -149,7 +160,7 @@ class AutoConfig:
                              f"'gc-cr', 'bcgc', 'is-sgd') or stragglers=0")
         if n < 2:
             raise ValueError(f"stragglers='auto' needs n >= 2 workers, got n={n}")
-        s_max = min(n - 1, max(3, n // 4)) if self.s_max is None else int(self.s_max)
+        s_max = default_s_max(n) if self.s_max is None else int(self.s_max)
         if not 0 <= s_max <= n - 1:
             raise ValueError(f"stragglers='auto': s_max = {s_max} is not possible with n = {n} "
                              f"workers (s <= n - 1 = {n - 1}); pass auto options s_max <= {n - 1} "
@@ -372,4 +383,4 @@ class AutoStragglers:
         return sw
 
 
-__all__ = ["AutoConfig", "ArrivalStats", "AutoStragglers", "Switch"]
+__all__ = ["AutoConfig", "ArrivalStats", "AutoStragglers", "Switch", "default_s_max"]
