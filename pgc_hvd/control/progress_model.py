@@ -236,7 +236,7 @@ def measured_staleness_cost(scheme: str, s: int, steps: Optional[int],
     scheme uses no stale gradients."""
     if not steps or not exact_steps or s <= 0 or not uses_stale_gradients(scheme):
         return None
-    return max(0.0, (steps / exact_steps - 1.0) / s)
+    return fit_staleness_cost([(s, steps, exact_steps)])   # the fit of one point
 
 
 def fit_staleness_cost(points) -> Optional[float]:

@@ -135,8 +135,7 @@ class GradientCapture:
         if slot is None:
             return
         lay = self.layout
-        # loop-fed GC: the one backward of the step is the message (its rows carried b_l)
-        direct = self.loop_fed and not self.ring_mode
+        direct = self.gradient_is_message
         if direct:
             self.message = target = self.msg if out is None else out
         else:
@@ -155,6 +154,11 @@ class GradientCapture:
         if not self.ring_mode and not direct:
             ops.add_slot(self.msg, self.ring[0], float(dict(plan.combine)[slot]))
         self._close(plan, version)
+
+    @property
+    def gradient_is_message(self) -> bool:
+        """Loop-fed GC (no ring): the step's one backward is its message (:meth:`end`'s out)."""
+        return self.loop_fed and not self.ring_mode
 
     def evaluated(self, plan, slot: int) -> list:
         """The ring slots one backward of ``slot`` evaluates: every slot of the plan when the

@@ -342,8 +342,8 @@ class Step:
         packed = payload = msg = None
         if cap.target_slot is not None:   # the last partition's gradient is in p.grad
             cap.check_untouched(plan, t, grad_scale)
-            if cap.loop_fed and not cap.ring_mode and enc.dense_rows:   # it is the message:
-                packed, payload = agent.payload_buffer()   # moved straight into the row sent
+            if cap.gradient_is_message and enc.dense_rows:   # moved straight into the row:
+                packed, payload = agent.payload_buffer()   # no copy, no zeroed message
             cap.end_pending(plan, t, out=payload)
         if not self.overtaken():
             missing = cap.missing(plan)
