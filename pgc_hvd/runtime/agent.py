@@ -31,12 +31,12 @@ it queues a :class:`Report` of each decided step, which the training thread turn
 * ``control="log"`` (:mod:`pgc_hvd.runtime.control_log`): no control rounds; a rank appends its
   row where an event happens, rank 0 decides on the log and broadcasts each outcome's rows,
   the others run the same decision body on them (4 control operations per follower per step);
-  with s = 0 (``rows_in_sum``) not even that: the rows ride in the data allreduce (sum_rows).
+  with s = 0 (``rows_in_sum``) none: the rows ride in the data allreduce (sum_rows; ``inline``).
 * Replay (``replay=[(worker, step), ...]``, a simulator's arrival log): arrivals are offered in
   that order while it lasts, so a real run takes the simulated run's decisions (the twin test).
 
-Threads: the agent thread (its loop, :meth:`CommAgent.fire`); the training thread calls the
-handoff's members (``submit``, ``wait_for``, ``take``, ``release_before``, ``leave``, ...).
+Threads: the agent thread (its loop, ``fire``; ``inline``: the training thread's ``submit``
+runs them); the training thread: ``submit``, ``wait_for``, ``take``, ``leave``, ... (the handoff).
 May import: ``compress``, ``schemes``, ``runtime.agent_life`` (its base class),
 ``runtime.channel``, ``runtime.communicator`` (``Collectives`` and the data plane),
 ``runtime.errors``, ``runtime.rows``, ``runtime.control_log`` (``control="log"``),
@@ -343,6 +343,10 @@ class CommAgent(AgentLife):
         self.channel = channel
         #: the s = 0 path (runtime.sum_rows): rows ride in the data allreduce, no control round
         self.sum_rows = SumRows(scheme, self.rank, self.ctrl_len) if rows_in_sum else None
+        #: s = 0 without the overlap: the training thread runs each round itself, in submit
+        #: (no hand-off to a thread and back); the thread serves the end (leave, fail)
+        self.inline = self.sum_rows is not None and buckets is None
+        self.started = False
         # control='log': rows are appended where events happen, decisions read (control_log)
         self._log = getattr(channel, "kind", None) == "log" and self.sum_rows is None
         self._ops_prev = 0     # the channel's control operations at the previous decision
@@ -353,7 +357,11 @@ class CommAgent(AgentLife):
 
     # -- training-thread side ------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        self.started = True
+        if self.inline:
+            self.decider.open_round()
+        else:
+            self._thread.start()
 
     def payload_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A fresh ``(packed, payload)`` pair for one message: the training thread writes the
@@ -369,6 +377,8 @@ class CommAgent(AgentLife):
         self.handoff.submit(out, busy_total)
         if self._log:
             self._append_row()
+        elif self.inline and self._thread.ident is None:   # not taken over (agent_life)
+            self.sum_rows.inline(self, out)
         self._raise_if_failed()
 
     def report_bad(self, step: int, busy_total: float) -> None:
@@ -376,6 +386,8 @@ class CommAgent(AgentLife):
         self.handoff.report_bad(step, busy_total)
         if self._log:
             self._append_row()
+        elif self.inline and self._thread.ident is None:
+            self.sum_rows.inline(self, None)
 
     def wait_for(self, step: int, timeout: Optional[float] = None) -> None:
         """Block until the update of ``step`` is decided (or raise the agent's error)."""
@@ -496,18 +508,7 @@ class CommAgent(AgentLife):
             self._loop()
             self.channel.close()
         except BaseException as err:  # surfaced to the training thread
-            log.error("pgc_hvd agent on rank %d stopped: %s", self.rank, err)
-            # the channel's own threads end with the agent (rank 0's log reader would
-            # otherwise stay blocked in the store until the process exits, and a read that
-            # times out while the interpreter finalises aborts the process)
-            self.channel.stop()
-            if self.on_stop is not None:
-                try:
-                    self.on_stop(err)
-                except Exception as hook_err:   # never hides the agent's own error
-                    log.warning("pgc_hvd agent on rank %d: on_stop failed: %s", self.rank,
-                                hook_err)
-            self.handoff.stop(err)
+            self.stopped(err)
 
     def _idle(self, hurry: bool) -> None:
         """Wait before the next control round. ``hurry`` (the same on every rank: some message
@@ -529,7 +530,7 @@ class CommAgent(AgentLife):
 
     def _loop(self) -> None:
         if self.sum_rows is not None:   # s = 0: the data allreduce carries the rows
-            return self.sum_rows.loop(self)
+            return self.sum_rows.loop(self, opened=self.inline)
         if self._log:   # one decider, every other rank follows its published rows
             from pgc_hvd.runtime.control_log import log_loop
             return log_loop(self.decider, self.channel, self.fire, timeout=self.timeout,

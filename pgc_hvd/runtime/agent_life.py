@@ -20,11 +20,14 @@ May import: ``runtime.errors``, ``runtime.rows``, the standard library.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Optional
 
 from pgc_hvd.runtime.errors import AgentError
 from pgc_hvd.runtime.rows import not_decided_message
+
+log = logging.getLogger("pgc_hvd.runtime")
 
 
 class AgentLife:
@@ -44,7 +47,7 @@ class AgentLife:
 
     def restart_at(self, step: int) -> None:
         """Before :meth:`start`: decide from ``step`` on (a restored checkpoint's version)."""
-        if self._thread.is_alive():
+        if self.started:
             raise RuntimeError("restart_at must be called before the agent starts")
         self.decider.step = int(step)
         self.handoff.restart_at(step)
@@ -91,6 +94,7 @@ class AgentLife:
         again = self.handoff.mark("done")
         if self._log and not again:
             self._append_row()
+        self._take_over()
 
     def finish(self, timeout: Optional[float] = None) -> None:
         """This rank's loop is done: keep serving collectives until every rank is done."""
@@ -106,6 +110,31 @@ class AgentLife:
         again = self.handoff.mark("failed")
         if self._log and not again:
             self._append_row()
+        self._take_over()
+
+    def _take_over(self) -> None:
+        """``inline`` (s = 0, the training thread ran the rounds): the agent thread serves the
+        rounds left (this rank's done or failed row, then every rank's until all are done),
+        so that neither a finaliser nor a failing training thread runs a collective."""
+        if (self.inline and self.started and self.error is None
+                and self._thread.ident is None):
+            self._thread.start()
+
+    def stopped(self, err: BaseException) -> None:
+        """What stopped the agent's rounds: logged, the channel stopped, ``on_stop`` told, the
+        error handed to the training thread."""
+        log.error("pgc_hvd agent on rank %d stopped: %s", self.rank, err)
+        # the channel's own threads end with the agent (rank 0's log reader would
+        # otherwise stay blocked in the store until the process exits, and a read that
+        # times out while the interpreter finalises aborts the process)
+        self.channel.stop()
+        if self.on_stop is not None:
+            try:
+                self.on_stop(err)
+            except Exception as hook_err:   # never hides the agent's own error
+                log.warning("pgc_hvd agent on rank %d: on_stop failed: %s", self.rank,
+                            hook_err)
+        self.handoff.stop(err)
 
     @property
     def staleness_c0(self) -> Optional[int]:

@@ -5,7 +5,8 @@ with s = 0, which is where ``stragglers="auto"`` starts), the decision of step t
 before any row arrives: every rank's message of step t, with the weights of the scheme's full
 round (:meth:`~pgc_hvd.schemes.protocol.Scheme.full_round_weights`). The control plane (a row
 appended, rank 0's decision broadcast and replayed) only delays the data collective, which is
-the step's barrier anyway, as in DDP. So here, per step t, each rank's agent thread:
+the step's barrier anyway, as in DDP. So here, per step t, each rank (the thread that runs
+its round, below):
 
 1. waits for its own event of step t: its message submitted, or its message of t non-finite,
    its loop done, its training thread failed (no other rank is waited for here);
@@ -33,9 +34,14 @@ cannot take this path keeps the control plane (:meth:`~pgc_hvd.runtime.config.Ru
 rows_in_sum`, the one place it is chosen): s >= 1, bounded staleness (late messages),
 top-kappa, fp16 wire, optimistic payloads, complex codes, replayed arrivals, the polled planes.
 
-Owns :class:`SumRows` (the s = 0 loop and its checks) and the rows as float32 words
-(:func:`split_rows`, :func:`join_rows`). Threads: the agent thread (:meth:`SumRows.loop`; built
-in the agent's construction, on the training thread).
+Which thread: without the overlap (``agent.inline``) the training thread runs each round itself
+in ``submit`` (:meth:`SumRows.inline`: no hand-off to the agent thread and back), and the agent
+thread serves only the rounds after this rank is done or failed (:meth:`SumRows.loop` with
+``opened``); with the overlap the agent thread runs them all (:meth:`SumRows.loop`).
+
+Owns :class:`SumRows` (the s = 0 round, its loop and its checks) and the rows as float32 words
+(:func:`split_rows`, :func:`join_rows`). Threads: the training thread (built in the agent's
+construction; :meth:`SumRows.inline`), the agent thread (:meth:`SumRows.loop`).
 May import: numpy, torch, the standard library, ``compress`` (codecs), ``schemes``,
 ``runtime.errors``, ``runtime.rows``.
 """
@@ -99,41 +105,63 @@ class SumRows:
         self.tail = self.n * self.words
         self._row = torch.empty(self.length, dtype=torch.float64)
 
-    # -- the agent thread ------------------------------------------------------------------
-    def loop(self, agent) -> None:
-        """The agent's loop (module doc), on its public parts: ``decider``, ``handoff``,
-        ``comm``, ``channel`` (the census), ``census``, ``fire``."""
+    # -- the agent thread, or the training thread (inline) ----------------------------------
+    def loop(self, agent, opened: bool = False) -> None:
+        """The agent thread's loop (module doc): each round once this rank's event of its
+        step came; ``opened``: the training thread ran the rounds so far (``inline``), the
+        thread takes over at the end (this rank done or failed)."""
+        if not opened:
+            agent.decider.open_round()
+        while self.round(agent, self._ready(agent.handoff, agent.decider.step)) is not END:
+            pass
+
+    def inline(self, agent, out) -> None:
+        """``agent.inline`` (s = 0 without the overlap): this rank's round of the open step,
+        run by the training thread itself in its ``submit`` (no hand-off to the agent thread
+        and back); what stops it is the agent's error, as on the thread (``agent.stopped``)."""
+        if agent.error is not None:
+            return
+        try:
+            if self.round(agent, out) is END:
+                agent.channel.close()
+        except BaseException as err:
+            agent.stopped(err)
+            if not isinstance(err, Exception):
+                raise
+
+    def round(self, agent, out):
+        """Step ``t = decider.step`` (module doc, 2.-4.) with this rank's message ``out`` of it
+        (None: it has none, its row says why), on the agent's public parts: ``decider``,
+        ``handoff``, ``comm``, ``channel`` (the census), ``census``, ``fire``. Returns END
+        when every rank is done, else the Decision fired."""
         dec, hand, comm = agent.decider, agent.handoff, agent.comm
-        d = comm.d
-        dec.open_round()
-        while True:
-            t = dec.step
-            out = self._ready(hand, t)
-            hand.pack(self._row, lambda outbox: (outbox.get(t), False))
-            slots = np.zeros(self.tail, dtype=np.float32)
-            at = self.rank * self.words
-            slots[at: at + self.words] = split_rows(self._row)
-            comm.coll.step = t
-            try:
-                buf = self._sum(comm, out, t, slots)
-            except AgentError as err:
-                census = getattr(agent.channel, "census", None)
-                if census is None or not agent.census:
-                    raise
-                # a dead or frozen rank stops the allreduce: the control store's census names it
-                raise census(t, err) from err
-            comm.data_rounds += 1
-            comm.bytes_since += int(allreduce_bytes(self.n, buf.numel()))
-            rows = join_rows(buf[d:], self.n, self.length)
-            got = dec.decide(rows)
-            if got is END:
-                comm.pool.put(buf)
-                return
-            if not isinstance(got, Decision):
-                comm.pool.put(buf)
-                raise AgentError(self._not_decided(t, rows))
-            self._check(got, t)
-            agent.fire(got, rows, summed=buf[:d])
+        d, t = comm.d, dec.step
+        hand.pack(self._row, lambda outbox: (outbox.get(t), False))
+        slots = np.zeros(self.tail, dtype=np.float32)
+        at = self.rank * self.words
+        slots[at: at + self.words] = split_rows(self._row)
+        comm.coll.step = t
+        try:
+            buf = self._sum(comm, out, t, slots)
+        except AgentError as err:
+            census = getattr(agent.channel, "census", None)
+            if census is None or not agent.census:
+                raise
+            # a dead or frozen rank stops the allreduce: the control store's census names it
+            raise census(t, err) from err
+        comm.data_rounds += 1
+        comm.bytes_since += int(allreduce_bytes(self.n, buf.numel()))
+        rows = join_rows(buf[d:], self.n, self.length)
+        got = dec.decide(rows)
+        if got is END:
+            comm.pool.put(buf)
+            return END
+        if not isinstance(got, Decision):
+            comm.pool.put(buf)
+            raise AgentError(self._not_decided(t, rows))
+        self._check(got, t)
+        agent.fire(got, rows, summed=buf[:d])
+        return got
 
     def _ready(self, hand, t: int):
         """Wait for this rank's own event of step ``t`` (module doc); its message, or None."""

@@ -149,9 +149,12 @@ def test_each_step_is_one_allreduce_carrying_every_ranks_row(scheme):
 
     def body(rank, ops):
         agent = agent_of(ops, rank, n, f"t-sum-{scheme}", scheme=scheme, metrics=2)
-        rows_seen = []
-        agent.on_decided = lambda update, rows: rows_seen.append(
-            (update.step, [list(r) for r in rows]))
+        rows_seen, where = [], set()
+
+        def seen(update, rows):
+            rows_seen.append((update.step, [list(r) for r in rows]))
+            where.add(threading.get_ident())
+        agent.on_decided = seen
         agent.start()
         got = []
         for t in range(steps):
@@ -163,6 +166,9 @@ def test_each_step_is_one_allreduce_carrying_every_ranks_row(scheme):
             up = agent.take(t)
             got.append((up.flat.clone(), up.decision, dict(up.info)))
             agent.release_before(t + 1)
+        # inline: every round ran in submit, on this (the training) thread; no agent thread
+        # until this rank is done, when it takes over the rounds left
+        assert agent.inline and where == {threading.get_ident()} and not agent.running
         agent.finish()
         return got, rows_seen, agent.take_reports(), agent.data_rounds, agent.bookkeeping()
 
@@ -203,7 +209,10 @@ def _stops(n: int, name: str, act, *, timeout=20.0) -> list:
             submit(agent, rank, t, busy=0.0, loss=0.0)
             agent.wait_for(t)
             agent.release_before(t + 1)
-        act(agent, rank)
+        try:
+            act(agent, rank)
+        except AgentError:   # inline: the round that stops runs in submit, which raises
+            pass
         agent.join(3 * timeout + 10)
         return agent.error
     return in_world(n, body, timeout=3 * timeout + 20)
@@ -251,9 +260,11 @@ def test_a_rank_that_never_comes_is_named_by_the_census():
             gone.wait(30)
             agent.fail()        # let it end (its peers have left)
         else:
-            submit(agent, rank, 2, busy=0.0, loss=0.0)
-            agent.join(20)
-            gone.set()
+            try:
+                submit(agent, rank, 2, busy=0.0, loss=0.0)
+                agent.join(20)
+            finally:
+                gone.set()
     errs = _stops(3, "t-sum-hung", act, timeout=2.0)
     for err in errs[:2]:
         assert isinstance(err, AgentError) and tuple(err.hung_ranks) == (2,), err
