@@ -264,7 +264,9 @@ def estimate_tau(busy: np.ndarray, k: np.ndarray) -> float:
     return float(b.min())
 
 
-__all__ = ["DEFAULT_STALENESS_COST", "DEFAULT_ROUND_COST", "FixedCost", "Prediction", "step_partitions", "progress_per_step",
-           "time_per_step", "draw_delays", "order_statistic_time", "predict", "rank", "measured_staleness_cost",
-           "fit_staleness_cost", "estimate_tau",
-           "uses_stale_gradients"]
+__all__ = [
+    "DEFAULT_STALENESS_COST", "DEFAULT_ROUND_COST", "FixedCost", "Prediction", "step_partitions",
+    "progress_per_step", "time_per_step", "draw_delays", "order_statistic_time", "predict",
+    "rank", "measured_staleness_cost", "fit_staleness_cost", "estimate_tau",
+    "uses_stale_gradients"
+]

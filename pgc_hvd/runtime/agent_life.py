@@ -116,9 +116,10 @@ class AgentLife:
         """``inline`` (s = 0, the training thread ran the rounds): the agent thread serves the
         rounds left (this rank's done or failed row, then every rank's until all are done),
         so that neither a finaliser nor a failing training thread runs a collective."""
-        if (self.inline and self.started and self.error is None
-                and self._thread.ident is None):
-            self._thread.start()
+        with self.cond:   # leave() may come from a finaliser and from close() at exit
+            if (self.inline and self.started and self.error is None
+                    and self._thread.ident is None):
+                self._thread.start()
 
     def stopped(self, err: BaseException) -> None:
         """What stopped the agent's rounds: logged, the channel stopped, ``on_stop`` told, the
