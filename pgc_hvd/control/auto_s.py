@@ -22,10 +22,14 @@ The rule (docs/control.md, "s chosen online"):
 * **Decide, at a safe boundary** (step ``first``, then every ``every`` steps: by default
   every step boundary, where the simulator's plan can change; once every rank has
   ``min_samples`` samples and ``cooldown`` steps have passed since the last switch; with
-  ``early_gain`` every step before ``first`` is an early boundary too, where a switch needs
-  the best candidate predicted more than ``early_gain`` better than the current s, and
-  ``raise_to="smallest"`` takes the smallest s within ``early_gain`` of the best: a
-  persistently slow rank is plain after one step, the noise of a few samples is not):
+  ``early_gain`` every step before ``first`` is an early boundary too, and so is a later step
+  off the regular boundaries once ``half_life`` steps in a row took more than (1 +
+  ``early_gain``) x the window's fastest (an onset: stragglers that came between two
+  boundaries and stayed); there a switch
+  needs the best candidate predicted more than ``early_gain`` better than the current s, and
+  ``raise_to="smallest"`` takes the smallest s within ``early_gain`` of the best (at an onset,
+  with full windows, within ``min_gain``): a persistently slow rank is plain after one step,
+  the noise of a few samples is not):
   predict every candidate s in 0..s_max with :mod:`.progress_model` (time per step from the
   order statistics of the observed delays plus k partitions' compute; progress per step from
   the staleness effect). A candidate other than the current s is charged its re-plan: the
@@ -99,8 +103,9 @@ class AutoConfig:
                              # predicted rate is within min_gain of the best (the runtime's)
     lower_gain: float = 0.0  # lower s only when the smaller s is predicted > lower_gain better
                              # (0: at least as good; > 0 keeps cheap redundancy as insurance)
-    early_gain: Optional[float] = None   # boundaries at every step before `first` too, where a
-                             # switch needs a predicted gain > early_gain (None: none before first)
+    early_gain: Optional[float] = None   # boundaries at every step before `first` too, and at an
+                             # onset after it (half_life steps > 1 + early_gain x the fastest),
+                             # where a switch needs a predicted gain > early_gain (None: neither)
 
     @classmethod
     def from_options(cls, opts) -> "AutoConfig":
@@ -292,8 +297,23 @@ class AutoStragglers:
 
     # -- the decision --------------------------------------------------------------------
     def early(self, step: int) -> bool:
-        """Whether ``step`` is an early boundary (before ``first``, with ``early_gain``)."""
-        return self.cfg.early_gain is not None and 1 <= step < self.cfg.first
+        """Whether ``step`` is an early boundary (with ``early_gain``): every step before
+        ``first``; after it, a step off the regular boundaries whose newest ``half_life`` step
+        times were each more than (1 + ``early_gain``) x the window's fastest (an onset that
+        held for a half-life of the samples' weights, so the new delays weigh about half in
+        the model; a cheap test: the model runs only then)."""
+        c = self.cfg
+        if c.early_gain is None or step < 1:
+            return False
+        if step < c.first:
+            return True
+        if not (step - c.first) % c.every:
+            return False             # a regular boundary
+        times, last = self.stats.step_times, max(1, math.ceil(c.half_life))
+        if len(times) <= last:
+            return False
+        bar = (1.0 + c.early_gain) * min(times)
+        return all(times[-i] > bar for i in range(1, last + 1))
 
     def ready(self, step: int) -> bool:
         c = self.cfg
@@ -356,7 +376,9 @@ class AutoStragglers:
             # the smallest s above the current one predicted within the margin (min_gain, at
             # an early boundary early_gain) of the best: a larger s must beat it by the
             # margin too (the hysteresis of raising s; few samples tell s apart no better)
-            margin = max(self.cfg.min_gain, self.cfg.early_gain) if early else self.cfg.min_gain
+            # (before `first`; at an onset the windows are full: the regular margin)
+            margin = (max(self.cfg.min_gain, self.cfg.early_gain) if early and step < self.cfg.first
+                      else self.cfg.min_gain)
             bar = best.rate / (1.0 + margin)
             best = min((p for p in preds if p.s > self.s and p.rate >= bar),
                        key=lambda p: p.s)
@@ -365,7 +387,7 @@ class AutoStragglers:
                f"{self.cfg.min_gain:.0%}" if best.s > self.s else
                f"less redundancy, predicted at least as good ({gain:+.1%})")
         if early:
-            why += (f"; early boundary (before step {self.cfg.first}): the best "
+            why += (f"; early boundary (before step {self.cfg.first}, or an onset): the best "
                     f"+{preds[0].rate / cur.rate - 1.0:.1%} > early_gain "
                     f"{self.cfg.early_gain:.0%}")
         reason = (f"predicted progress/s {best.rate:.4g} at s={best.s} (T {best.time_per_step:.3g} s"

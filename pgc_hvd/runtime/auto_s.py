@@ -43,7 +43,8 @@ Defaults differ from the simulator's (:data:`pgc_hvd.runtime.config.AUTO_DEFAULT
 once there, :func:`~pgc_hvd.runtime.config.auto_setting`): a switch costs the runtime a
 barrier and a new control channel, so boundaries are every 20 steps, the first at step 10;
 before it, every step is an early boundary where only a predicted gain > ``early_gain`` (100%)
-switches; the staleness cost is the one measured on the runtime's own workload
+switches, and so is a step after an onset (``half_life`` steps in a row over twice the window's
+fastest: stragglers that came between two boundaries); the staleness cost is the one measured on the runtime's own workload
 (:data:`~pgc_hvd.runtime.config.RUNTIME_STALENESS_COST`), where deep rings cost steps.
 
 Owns :class:`RuntimeAutoS` (the rule and its statistics on this rank, under its lock) and the

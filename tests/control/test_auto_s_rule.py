@@ -75,6 +75,35 @@ def test_early_boundaries_switch_only_on_a_large_predicted_gain():
     assert "early" not in mild.switches[-1].reason
 
 
+def test_an_onset_between_regular_boundaries_is_an_early_boundary():
+    """After ``first``, a step off the regular boundaries is an early boundary once ``half_life``
+    steps in a row took more than (1 + early_gain) x the window's fastest: two ranks 5x slow
+    from step 75 (the runtime's transient pattern: tau 0.1 s, +0.4 s; its regular boundaries,
+    every 20 from 10, would wait for step 90) are left out after four slow steps, at s = 2, the
+    smallest s that leaves both out: at an onset the windows are full, so the smallest s is
+    taken within the regular margin of the best, not early_gain's (which took s = 1 there, and
+    the run stayed at it for 31 steps). Steady steps and a mild slowdown are no onset."""
+    opts = {"first": 10, "every": 20, "cooldown": 20, "s_start": 0, "s_max": 2, "tau": 0.1,
+            "raise_to": "smallest", "staleness_cost": 0.05, "early_gain": 1.0}
+    rule = AutoStragglers("pgc-cr", 4, opts)
+    mild = AutoStragglers("pgc-cr", 4, opts)
+    noise = lambda r, t: 0.02 * ((r + t) % 3)   # noqa: E731
+    for t in range(75):
+        feed(rule, noise, 1, start=t, tau=0.1)
+        feed(mild, noise, 1, start=t, tau=0.1)
+        assert rule.decide(t + 1) is None and mild.decide(t + 1) is None
+    assert not any(rule.early(t) for t in range(10, 76)) and rule.s == 0
+    switched = []
+    for t in range(75, 90):
+        feed(rule, lambda r, t: 0.4 if r in (1, 3) else noise(r, t), 1, start=t, tau=0.1)
+        feed(mild, lambda r, t: 0.1 if r in (1, 3) else noise(r, t), 1, start=t, tau=0.1)
+        sw = rule.decide(t + 1)
+        switched += [sw] if sw is not None else []
+        assert not mild.early(t + 1) and (t + 1 == 90 or mild.decide(t + 1) is None)
+    assert [(sw.step, sw.old, sw.new) for sw in switched] == [(75 + 4, 0, 2)], rule.last_predictions
+    assert "onset" in switched[0].reason
+
+
 def test_an_early_raise_takes_the_smallest_s_within_early_gain_of_the_best():
     """One sample per rank: fast ranks 0.10 / 0.13 / 0.16 s, one 0.42 s. s = 3 is predicted the
     best, 60% above s = 1: a regular boundary (8%) takes s = 3, an early one (few samples
