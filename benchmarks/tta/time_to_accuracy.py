@@ -82,6 +82,19 @@ def _pattern_order(name: str) -> int:
     return PATTERNS.index(name) if name in PATTERNS else len(PATTERNS)
 
 
+def merged(results: list) -> list:
+    """Launches of the same (pattern, optimizer, seed) as one: their runs by variant, a later
+    launch's run replacing an earlier one's of the same variant (``--from`` files given in
+    order: e.g. a rule's new runs over the old ones, beside the fixed budgets they shared)."""
+    out: dict = {}
+    for r in results:
+        key = (r["pattern"], r["optimizer"], r.get("seed"))
+        have = out.setdefault(key, {**r, "runs": []})
+        have["runs"] = [x for x in have["runs"]
+                        if x["variant"] not in {y["variant"] for y in r["runs"]}] + list(r["runs"])
+    return list(out.values())
+
+
 def summarize(results: list) -> list:
     """One row per (pattern, optimizer, variant): medians over seeds and ratios to ``hvd``."""
     rows = []
@@ -91,7 +104,7 @@ def summarize(results: list) -> list:
         launches = [r for r in results if (r["pattern"], r["optimizer"]) == (pattern, optimizer)]
         variants = list(dict.fromkeys(v["variant"] for r in launches for v in r["runs"]))
         for v in variants:
-            runs = [(r, next(x for x in r["runs"] if x["variant"] == v)) for r in launches]
+            runs = [(r, x) for r in launches for x in r["runs"] if x["variant"] == v]
             ratios_t, ratios_s = [], []
             for r, x in runs:
                 h = next((y for y in r["runs"] if y["variant"] == "hvd"), None)
@@ -172,8 +185,9 @@ def main(argv=None) -> int:
                    help="keep each run's evaluations [(step, seconds, accuracy)] in the JSON "
                         "(benchmarks/tta/staleness_cost.py reads steps to several targets)")
     p.add_argument("--from", dest="sources", action="append", default=[],
-                   help="summarize the launches of earlier --json files (repeat to merge, e.g. "
-                        "more seeds of a pattern) instead of launching")
+                   help="summarize the launches of earlier --json files (repeat to merge: more "
+                        "seeds, or newer runs of a variant, which replace a seed's earlier run "
+                        "of it) instead of launching")
     p.add_argument("--quick", action="store_true",
                    help="np 2, hvd and pgc-cr, exp delays, one seed, target 0.5 (a smoke run)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -187,8 +201,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.np, args.variants, args.patterns, args.seeds = 2, "hvd,pgc-cr", "exp", "0"
         args.target, args.max_steps, args.compute = 0.5, 60, 0.02
-    results = [launch for src in args.sources
-               for launch in json.loads(Path(src).read_text())["results"]]
+    results = merged([launch for src in args.sources
+                      for launch in json.loads(Path(src).read_text())["results"]])
     t_start = time.time()
     for pattern in ([] if args.sources else args.patterns.split(",")):
         try:                                          # refuse an unknown pattern at once
