@@ -508,7 +508,7 @@ class CommAgent(AgentLife):
             self._loop()
             self.channel.close()
         except BaseException as err:  # surfaced to the training thread
-            self.stopped(err)
+            self.stop_on(err)
 
     def _idle(self, hurry: bool) -> None:
         """Wait before the next control round. ``hurry`` (the same on every rank: some message

@@ -121,7 +121,7 @@ class AgentLife:
                     and self._thread.ident is None):
                 self._thread.start()
 
-    def stopped(self, err: BaseException) -> None:
+    def stop_on(self, err: BaseException) -> None:
         """What stopped the agent's rounds: logged, the channel stopped, ``on_stop`` told, the
         error handed to the training thread."""
         log.error("pgc_hvd agent on rank %d stopped: %s", self.rank, err)

@@ -118,14 +118,14 @@ class SumRows:
     def inline(self, agent, out) -> None:
         """``agent.inline`` (s = 0 without the overlap): this rank's round of the open step,
         run by the training thread itself in its ``submit`` (no hand-off to the agent thread
-        and back); what stops it is the agent's error, as on the thread (``agent.stopped``)."""
+        and back); what stops it is the agent's error, as on the thread (``agent.stop_on``)."""
         if agent.error is not None:
             return
         try:
             if self.round(agent, out) is END:
                 agent.channel.close()
         except BaseException as err:
-            agent.stopped(err)
+            agent.stop_on(err)
             if not isinstance(err, Exception):
                 raise
 
