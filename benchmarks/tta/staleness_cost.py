@@ -43,16 +43,16 @@ def steps_to(evals, target: float):
 
 def runs_by_seed(results: list, scheme: str) -> dict:
     """{seed: {s: evals}} from time_to_accuracy's launches (pattern none, evals kept)."""
+    from pgc_hvd.apps.tta import parse_variant
     out: dict = {}
     for launch in results:
         if launch["pattern"] != "none":
             continue
         for run in launch["runs"]:
-            name, *flags = run["variant"].split(":")
-            budget = [f[2:] for f in flags if f.startswith("s=")]
-            if name != scheme or len(flags) != 1 or not budget or not budget[0].isdigit():
+            name, flags, s = parse_variant(run["variant"])
+            if name != scheme or flags or not isinstance(s, int):
                 continue
-            out.setdefault(int(launch["seed"]), {})[int(budget[0])] = run["evals"]
+            out.setdefault(int(launch["seed"]), {})[s] = run["evals"]
     return out
 
 

@@ -115,6 +115,7 @@ def summarize(results: list) -> list:
             rows.append({
                 "pattern": pattern, "optimizer": optimizer, "variant": v, "seeds": len(runs),
                 "reached": sum(1 for _, x in runs if x["steps"] is not None),
+                "seed_list": [r.get("seed") for r, _ in runs],
                 "steps": [x["steps"] for _, x in runs], "time": [x["time"] for _, x in runs],
                 "steps_median": _med([x["steps"] for _, x in runs]),
                 "time_median": _med([x["time"] for _, x in runs]),
@@ -141,7 +142,10 @@ def against_fixed(rows: list) -> list:
         if not fixed or auto["time_median"] is None:
             continue
         best = min(fixed, key=lambda r: r["time_median"])
-        per_seed = [a / b if a and b else None for a, b in zip(auto["time"], best["time"])]
+        # seed by seed (merged --from files may give a variant fewer seeds than another)
+        best_of = dict(zip(best["seed_list"], best["time"]))
+        per_seed = [a / best_of[k] if a and best_of.get(k) else None
+                    for k, a in zip(auto["seed_list"], auto["time"])]
         out.append({"pattern": auto["pattern"], "optimizer": auto["optimizer"],
                     "auto": auto["variant"], "best_fixed": best["variant"],
                     "ratio": auto["time_median"] / best["time_median"], "per_seed": per_seed})
