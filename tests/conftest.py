@@ -10,7 +10,8 @@ Markers (declared in pyproject.toml):
     machine never talk over its network address (tests/multirank/test_loopback.py checks). The
     runs that end cleanly are entries of one launch per launcher and world size instead
     (:func:`launch_group`, through the same launchers); the runs that kill, freeze or stop
-    ranks have a launch each, two at a time (:func:`fault_launches`).
+    ranks have a launch each, two at a time, above the unit tests' priority
+    (:func:`fault_launches`).
   * ``bench``: pytest-benchmark suites, kept in ``benchmarks/`` (not collected by default).
   * ``slow``: a test that takes more than a few seconds on 2 cores without launching ranks.
   * ``quick``: set here, never by hand (:func:`is_quick`): ``bash launch/test.sh -m quick`` runs
@@ -371,18 +372,42 @@ torch2, torch3, torch4 = (_group_fixture("torchrun", n) for n in (2, 3, 4))
 #: how many fault launches run at once (:func:`fault_launches`): they spend much of their time
 #: waiting for a timeout to name a rank, so two run beside the unit tests on 2 cores
 FAULT_CONCURRENCY = 2
+#: how much lower the unit tests' priority is than the fault launches' while these run
+#: (:func:`_yield_to_fault_launches`)
+UNIT_NICE = 10
 #: the session's fault launches, which the first multi-rank test waits for
 #: (:func:`pytest_runtest_setup`)
 _FAULT_FUTURES: list = []
+_NICED: list = []
+
+
+def _yield_to_fault_launches() -> None:
+    """The unit tests run at a lower priority than the fault launches beside them: a fault
+    launch's checks read how its ranks saw a timeout (which rank the census names, whether the
+    control rounds kept coming), and a survivor starved for seconds by the unit tests' CPU
+    says something else (seen: a census that named a live rank, a rank said frozen that was
+    only slow). Linux keeps the nice value per thread, and a child process takes its forking
+    thread's: so only pytest's main thread (the unit tests and what they start) goes down; the
+    launcher threads, made before, and their ranks stay where they were."""
+    if not _NICED and hasattr(os, "nice"):
+        os.nice(UNIT_NICE)
+        _NICED.append(UNIT_NICE)
 
 
 def pytest_runtest_setup(item):
     """A multi-rank test starts once the fault launches have ended: they overlap the unit tests
     only, never a launch whose checks time a step or a fault (one elastic kill, noticed within
-    10 s alone, waited for the 60 s timeout once beside them)."""
+    10 s alone, waited for the 60 s timeout once beside them). Then the main thread's priority
+    goes back up where the system allows (root); else every launch runs at the lowered one,
+    with nothing beside it."""
     if "multirank" in item.keywords:
         while _FAULT_FUTURES:
             _FAULT_FUTURES.pop().exception()   # waits; its outcome is read by its own test
+        while _NICED:
+            try:
+                os.nice(-_NICED.pop())
+            except OSError:
+                pass
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -429,6 +454,8 @@ def fault_launches(tmp_path_factory, request):
     for name, run, np_, script, args in jobs:
         results[name] = pool.submit(one, run, np_, script, args, name[1])
         _FAULT_FUTURES.append(results[name])
+    if jobs:   # the pool's threads exist now (one per submitted job, up to its size)
+        _yield_to_fault_launches()
 
     def get(request, key):
         name = (request.module.__name__, key)

@@ -86,11 +86,14 @@ class LogLife:
     def census(self, step: int, err: AgentError) -> AgentError:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
         frozen rank is in it too, so it fails before the decider misses a row): every rank
-        that gets here says so under ``pgc/<name>/fault/<step>/<rank>`` and waits a little for
-        the others (up to ``timeout`` + 1 s: an alive rank's collective has failed by then);
-        the ranks that never say so are named. Only on this failure path."""
-        key = lambda w: f"{self.prefix}/fault/{int(step)}/{w}"   # noqa: E731
-        read = f"{self.prefix}/fault/{int(step)}/read"
+        that gets here says so under ``pgc/<name>/fault/<rank>`` and waits a little for the
+        others (up to ``timeout`` + 1 s: an alive rank's collective has failed by then); the
+        ranks that never say so are named. Only on this failure path. The key names no step:
+        the survivors reach the census from different places (the data phase, the log's fault
+        notice, the s = 0 round) whose step counters may differ by one, and a world holds one
+        census at most (the agent stops after it; elastic mode takes none)."""
+        key = lambda w: f"{self.prefix}/fault/{w}"   # noqa: E731
+        read = f"{self.prefix}/fault/read"
         # an alive rank's data collective fails at most `timeout` after the first one's
         wait = self.timeout + 1.0
         self.notify_fault()

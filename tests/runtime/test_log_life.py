@@ -39,7 +39,7 @@ def test_a_followers_notice_and_census_name_the_rank_that_never_answers(follower
     # its notice went into the log first, for a decider waiting for rows
     (w, row), = decode_rows(store.queue_pop("pgc/life/log"), LENGTH)
     assert w == int(FAULT) and row[0] == 1.0
-    assert store.check(["pgc/life/fault/5/1"]) and not store.check(["pgc/life/fault/5/0"])
+    assert store.check(["pgc/life/fault/1"]) and not store.check(["pgc/life/fault/0"])
     assert err.hung_ranks == (0,) and "rank(s) [0]" in str(err) and "step 5" in str(err)
 
 
