@@ -6,6 +6,12 @@ Prints one row per run (steps, mean/median step time, time to the target loss, f
 accuracy from ``summary.json`` when present, mean messages used, mean busy fraction) and writes
 ``RUN_DIR/report.md`` and ``RUN_DIR/report.png`` (training loss against wall time, and step-time
 distributions). Made from the records only, so simulated and real runs compare the same way.
+
+A run with ``stragglers="auto"`` (docs/control.md, "s chosen online") changes s at its
+switches, each in a step record's ``extra["auto_s"]`` (the simulator's and the runtime's
+alike, with the step before which it took effect): its ``s`` column reads ``auto 0->2`` (the s it started at, then each new one),
+``report.md`` lists every switch (the step before which it took effect, the time, old -> new
+and the rule's reason), and the plot marks each on the loss curve at that time.
 """
 
 from __future__ import annotations
@@ -62,9 +68,13 @@ def summarize(records_file: Path, target: float | None) -> dict:
     for r in recs:
         if r.get("busy") and r.get("step_time"):
             busy.extend(min(1.0, b / r["step_time"]) for b in r["busy"] if b is not None)
+    moves = switches(recs)
+    s = recs[0].get("s") if recs else None
+    if moves:   # stragglers="auto": where it started, then each switch
+        s = "auto " + "->".join(str(v) for v in [moves[0]["old_s"]] + [m["new_s"] for m in moves])
     return {
         "run": run.name, "scheme": recs[0].get("scheme") if recs else summary.get("scheme"),
-        "n": recs[0].get("n") if recs else None, "s": recs[0].get("s") if recs else None,
+        "n": recs[0].get("n") if recs else None, "s": s, "_switches": moves,
         "steps": len(recs),
         "mean_step_ms": 1e3 * statistics.fmean(st) if st else None,
         "median_step_ms": 1e3 * statistics.median(st) if st else None,
@@ -77,6 +87,36 @@ def summarize(records_file: Path, target: float | None) -> dict:
         "wall_s": recs[-1]["time"] if recs else None,
         "_records": recs,
     }
+
+
+def switches(recs: list[dict]) -> list[dict]:
+    """The run's switches of s (``stragglers="auto"``), in order: each switch dict of a
+    record's ``extra["auto_s"]`` with ``time``, that record's wall time (the switch took effect
+    before its step). A record whose ``auto_s`` is not a list of switch objects is a ValueError
+    naming the step."""
+    out = []
+    for r in recs:
+        moves = (r.get("extra") or {}).get("auto_s")
+        if moves is None:
+            continue
+        if not (isinstance(moves, list) and all(isinstance(m, dict) and {"step", "old_s", "new_s"}
+                                                <= m.keys() for m in moves)):
+            raise ValueError(f"the record of step {r.get('step')}: extra.auto_s is {moves!r}, "
+                             f"not a list of switches (step, old_s, new_s, reason) as "
+                             f"stragglers='auto' writes them")
+        out.extend(dict(m, time=r.get("time")) for m in moves)
+    return out
+
+
+def switches_text(rows: list[dict]) -> str:
+    """``report.md``'s list of each auto run's switches ('' when no run switched)."""
+    lines = []
+    for r in rows:
+        for m in r["_switches"]:
+            when = f"{m['time']:.1f} s" if isinstance(m.get("time"), (int, float)) else "-"
+            lines.append(f"* {r['run']}: before step {m['step']} ({when}): s {m['old_s']} -> "
+                         f"{m['new_s']}: {m.get('reason', '')}".rstrip(": "))
+    return ("\n\nSwitches of s (stragglers=\"auto\"):\n\n" + "\n".join(lines) + "\n") if lines else ""
 
 
 def _fmt(v, nd=2):
@@ -108,7 +148,14 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in rows:
         recs = [x for x in r["_records"] if x.get("loss") is not None]
-        a.plot([x["time"] for x in recs], [x["loss"] for x in recs], label=r["run"], lw=1.2)
+        line, = a.plot([x["time"] for x in recs], [x["loss"] for x in recs], label=r["run"],
+                       lw=1.2)
+        for m in r["_switches"]:   # stragglers="auto": each switch where it took effect
+            if isinstance(m.get("time"), (int, float)):
+                a.axvline(m["time"], color=line.get_color(), ls=":", lw=0.9)
+                a.annotate(f"s={m['new_s']}", (m["time"], 1.0), xycoords=("data", "axes fraction"),
+                           rotation=90, va="top", ha="right", fontsize=7,
+                           color=line.get_color())
         b.hist([1e3 * x["step_time"] for x in r["_records"] if x.get("step_time")], bins=30,
                alpha=0.5, label=r["run"])
     if rows and rows[0]["target_loss"] is not None:
@@ -143,7 +190,7 @@ def main(argv=None) -> int:
         rows = [summarize(r, args.target_loss) for r in runs]
     except (ValueError, OSError) as err:   # a damaged records file or summary.json, named
         p.error(str(err))
-    text = table(rows)
+    text = table(rows) + switches_text(rows)
     print(text)
     (root / "report.md").write_text(text + "\n")
     if not args.no_plot:

@@ -1,5 +1,6 @@
 """records.jsonl round trips: non-finite values, damaged files, no silent overwrite."""
 
+import json
 import math
 
 import pytest
@@ -83,6 +84,8 @@ def _run_folder(tmp_path, records=GOOD * 3, summary=None):
     (GOOD, b"\xff\xfe", "summary.json: damaged, not a JSON summary"),
     (GOOD, b"[1, 2]", "summary.json: a JSON list, not the summary object"),
     (GOOD, b'{"target_loss": "low"}', "summary.json: target_loss is 'low', not a number"),
+    ('{"step": 3, "time": 0.1, "extra": {"auto_s": {"new_s": 2}}}\n', None,
+     "step 3: extra.auto_s is {'new_s': 2}, not a list of switches"),
 ])
 def test_report_names_a_damaged_records_file_or_summary(tmp_path, usage_error, records, summary,
                                                          message):
@@ -104,3 +107,24 @@ def test_report_reads_a_good_run_and_checks_its_target(tmp_path, usage_error, ca
     (run / "records.jsonl").unlink()
     (run / "records.jsonl").mkdir()
     assert "records.jsonl is a folder" in usage_error(main, [str(run), "--no-plot"])
+
+
+def test_report_shows_each_switch_of_an_auto_run(tmp_path, capsys):
+    """stragglers="auto" (a simulated run, no stragglers: s = 1 -> 0 at its first boundary):
+    the report's s column reads where s started and went, report.md lists the switch with its
+    step and the rule's reason, and the plot is written with the switch marked."""
+    from pgc_hvd.apps.report import main
+    from pgc_hvd.apps.simulate import main as simulate
+    run = tmp_path / "auto"
+    assert simulate(["--scheme", "pgc-cr", "--n", "4", "--stragglers", "auto", "--auto-options",
+                     "every=5", "--model", "softmax", "--steps", "12", "--partition-time", "1",
+                     "--delay", "none", "--batch-size", "16", "--out", str(run)]) == 0
+    switch = json.loads((run / "summary.json").read_text())["auto_switches"][0]
+    assert (switch["old_s"], switch["new_s"]) == (1, 0)
+    capsys.readouterr()
+    assert main([str(run)]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert "| auto 1->0 |" in row, row
+    text = (run / "report.md").read_text()
+    assert f"before step {switch['step']} (" in text and "s 1 -> 0: predicted" in text, text
+    assert (run / "report.png").stat().st_size > 0
