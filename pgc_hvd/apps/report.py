@@ -9,9 +9,9 @@ distributions). Made from the records only, so simulated and real runs compare t
 
 A run with ``stragglers="auto"`` (docs/control.md, "s chosen online") changes s at its
 switches, each in a step record's ``extra["auto_s"]`` (the simulator's and the runtime's
-alike, with the step before which it took effect): its ``s`` column reads ``auto 0->2`` (the s it started at, then each new one),
-``report.md`` lists every switch (the step before which it took effect, the time, old -> new
-and the rule's reason), and the plot marks each on the loss curve at that time.
+alike, with the step before which it took effect): its ``s`` column reads ``auto 0->2`` (the
+s it started at, then each new one), ``report.md`` lists every switch (its step, the time,
+old -> new and the rule's reason), and the plot marks each on the loss curve at that time.
 """
 
 from __future__ import annotations
@@ -116,7 +116,9 @@ def switches_text(rows: list[dict]) -> str:
             when = f"{m['time']:.1f} s" if isinstance(m.get("time"), (int, float)) else "-"
             lines.append(f"* {r['run']}: before step {m['step']} ({when}): s {m['old_s']} -> "
                          f"{m['new_s']}: {m.get('reason', '')}".rstrip(": "))
-    return ("\n\nSwitches of s (stragglers=\"auto\"):\n\n" + "\n".join(lines) + "\n") if lines else ""
+    if not lines:
+        return ""
+    return "\n\nSwitches of s (stragglers=\"auto\"):\n\n" + "\n".join(lines) + "\n"
 
 
 def _fmt(v, nd=2):
