@@ -377,7 +377,7 @@ class CommAgent(AgentLife):
         self.handoff.submit(out, busy_total)
         if self._log:
             self._append_row()
-        elif self.inline and self._thread.ident is None:   # not taken over (agent_life)
+        elif self._inline_now():   # the training thread runs the round (agent_life)
             self.sum_rows.inline(self, out)
         self._raise_if_failed()
 
@@ -386,7 +386,7 @@ class CommAgent(AgentLife):
         self.handoff.report_bad(step, busy_total)
         if self._log:
             self._append_row()
-        elif self.inline and self._thread.ident is None:
+        elif self._inline_now():
             self.sum_rows.inline(self, None)
 
     def wait_for(self, step: int, timeout: Optional[float] = None) -> None:

@@ -112,13 +112,17 @@ class AgentLife:
             self._append_row()
         self._take_over()
 
+    def _inline_now(self) -> bool:
+        """Whether the training thread runs this rank's rounds: ``inline`` (s = 0 without the
+        overlap) and the agent thread has not taken them over (:meth:`_take_over`)."""
+        return self.inline and self._thread.ident is None
+
     def _take_over(self) -> None:
         """``inline`` (s = 0, the training thread ran the rounds): the agent thread serves the
         rounds left (this rank's done or failed row, then every rank's until all are done),
         so that neither a finaliser nor a failing training thread runs a collective."""
         with self.cond:   # leave() may come from a finaliser and from close() at exit
-            if (self.inline and self.started and self.error is None
-                    and self._thread.ident is None):
+            if self._inline_now() and self.started and self.error is None:
                 self._thread.start()
 
     def stop_on(self, err: BaseException) -> None:
