@@ -90,8 +90,8 @@ def merged(results: list) -> list:
     for r in results:
         key = (r["pattern"], r["optimizer"], r.get("seed"))
         have = out.setdefault(key, {**r, "runs": []})
-        have["runs"] = [x for x in have["runs"]
-                        if x["variant"] not in {y["variant"] for y in r["runs"]}] + list(r["runs"])
+        newer = {y["variant"] for y in r["runs"]}
+        have["runs"] = [x for x in have["runs"] if x["variant"] not in newer] + list(r["runs"])
     return list(out.values())
 
 

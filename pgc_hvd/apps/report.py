@@ -91,9 +91,9 @@ def summarize(records_file: Path, target: float | None) -> dict:
 
 def switches(recs: list[dict]) -> list[dict]:
     """The run's switches of s (``stragglers="auto"``), in order: each switch dict of a
-    record's ``extra["auto_s"]`` with ``time``, that record's wall time (the switch took effect
-    before its step). A record whose ``auto_s`` is not a list of switch objects is a ValueError
-    naming the step."""
+    record's ``extra["auto_s"]`` with ``time``, that record's wall time (a field every record
+    has; the switch took effect before its step). A record whose ``auto_s`` is not a list of
+    switch objects is a ValueError naming the step."""
     out = []
     for r in recs:
         moves = (r.get("extra") or {}).get("auto_s")
@@ -101,10 +101,10 @@ def switches(recs: list[dict]) -> list[dict]:
             continue
         if not (isinstance(moves, list) and all(isinstance(m, dict) and {"step", "old_s", "new_s"}
                                                 <= m.keys() for m in moves)):
-            raise ValueError(f"the record of step {r.get('step')}: extra.auto_s is {moves!r}, "
+            raise ValueError(f"the record of step {r['step']}: extra.auto_s is {moves!r}, "
                              f"not a list of switches (step, old_s, new_s, reason) as "
                              f"stragglers='auto' writes them")
-        out.extend(dict(m, time=r.get("time")) for m in moves)
+        out.extend(dict(m, time=r["time"]) for m in moves)
     return out
 
 
@@ -113,9 +113,8 @@ def switches_text(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         for m in r["_switches"]:
-            when = f"{m['time']:.1f} s" if isinstance(m.get("time"), (int, float)) else "-"
-            lines.append(f"* {r['run']}: before step {m['step']} ({when}): s {m['old_s']} -> "
-                         f"{m['new_s']}: {m.get('reason', '')}".rstrip(": "))
+            lines.append(f"* {r['run']}: before step {m['step']} ({m['time']:.1f} s): "
+                         f"s {m['old_s']} -> {m['new_s']}: {m.get('reason', '')}".rstrip(": "))
     if not lines:
         return ""
     return "\n\nSwitches of s (stragglers=\"auto\"):\n\n" + "\n".join(lines) + "\n"
@@ -153,11 +152,9 @@ def plot(rows: list[dict], path: Path) -> None:
         line, = a.plot([x["time"] for x in recs], [x["loss"] for x in recs], label=r["run"],
                        lw=1.2)
         for m in r["_switches"]:   # stragglers="auto": each switch where it took effect
-            if isinstance(m.get("time"), (int, float)):
-                a.axvline(m["time"], color=line.get_color(), ls=":", lw=0.9)
-                a.annotate(f"s={m['new_s']}", (m["time"], 1.0), xycoords=("data", "axes fraction"),
-                           rotation=90, va="top", ha="right", fontsize=7,
-                           color=line.get_color())
+            a.axvline(m["time"], color=line.get_color(), ls=":", lw=0.9)
+            a.annotate(f"s={m['new_s']}", (m["time"], 1.0), xycoords=("data", "axes fraction"),
+                       rotation=90, va="top", ha="right", fontsize=7, color=line.get_color())
         b.hist([1e3 * x["step_time"] for x in r["_records"] if x.get("step_time")], bins=30,
                alpha=0.5, label=r["run"])
     if rows and rows[0]["target_loss"] is not None:

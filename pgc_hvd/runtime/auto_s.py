@@ -44,8 +44,9 @@ once there, :func:`~pgc_hvd.runtime.config.auto_setting`): a switch costs the ru
 barrier and a new control channel, so boundaries are every 20 steps, the first at step 10;
 before it, every step is an early boundary where only a predicted gain > ``early_gain`` (100%)
 switches, and so is a step after an onset (``half_life`` steps in a row over twice the window's
-fastest: stragglers that came between two boundaries); the staleness cost is the one measured on the runtime's own workload
-(:data:`~pgc_hvd.runtime.config.RUNTIME_STALENESS_COST`), where deep rings cost steps.
+fastest: stragglers that came between two boundaries); the staleness cost is the one measured
+on the runtime's own workload (:data:`~pgc_hvd.runtime.config.RUNTIME_STALENESS_COST`),
+where deep rings cost steps.
 
 Owns :class:`RuntimeAutoS` (the rule and its statistics on this rank, under its lock) and the
 re-plan's small helpers (:func:`switch_of`, :func:`replanned_config`, :func:`agent_name`); the
