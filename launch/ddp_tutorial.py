@@ -5,7 +5,10 @@ torch's DDP or with pgc_hvd's DDP door. The two differ in the three lines marked
     GLOO_SOCKET_IFNAME=lo torchrun --nproc-per-node 4 launch/ddp_tutorial.py --door pgc
     GLOO_SOCKET_IFNAME=lo torchrun --nproc-per-node 4 launch/ddp_tutorial.py --door ddp
 
-``--slow-rank R --slow SECONDS``: rank R sleeps that long before every batch (a straggler).
+``--slow-rank R --slow SECONDS``: rank R's model takes that much longer in every training forward
+(a slow GPU: a forward pre-hook sleeps). The door leaves it out of the steps it is late for, and
+it catches up without computing; a rank slow *outside* its model (its data loader) is not
+tolerated over a run (docs/from_horovod.md, "Which slow ranks it tolerates").
 It ends by comparing a digest of the parameters across ranks (``PARAMS <digest>`` on rank 0).
 """
 
@@ -44,6 +47,8 @@ train_ds, val_ds = TensorDataset(X[:1440], y[:1440]), TensorDataset(X[1440:], y[
 
 model = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
                             torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
+if rank == args.slow_rank:                    # a slow GPU (the straggler of --slow-rank)
+    model.register_forward_pre_hook(lambda m, _: time.sleep(args.slow) if m.training else None)
 if args.door == "ddp":
     sampler = DistributedSampler(train_ds)
     model = DDP(model)
@@ -62,8 +67,6 @@ for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
     model.train()
     for xb, yb in loader:
-        if rank == args.slow_rank:
-            time.sleep(args.slow)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()

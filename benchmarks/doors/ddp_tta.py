@@ -2,15 +2,23 @@
 
     .venv/bin/python benchmarks/doors/ddp_tta.py [--np 4] [--seeds 0,1,2]
         [--patterns none,exp,slow,pareto] [--doors ddp,pgc-cr] [--compute 0.05]
-        [--target 0.9] [--max-steps 400] [--json out.json]
+        [--target 0.9] [--max-steps 400] [--workload digits|lenet28] [--json out.json]
 
 One torchrun launch per (door, pattern, seed), every rank running the DDP tutorial's loop
 (``launch/ddp_tutorial.py``'s shape: a ``DataLoader`` with ``DistributedSampler`` or
-``pgc_hvd.CodedSampler``, ``loss.backward()``, ``optimizer.step()``) on scikit-learn's digits
-(1440 training images, 357 for validation, a small CNN), SGD lr 0.05 momentum 0.9, batch 32.
-Each batch costs ``--compute`` seconds of emulated accelerator compute (a sleep: the CPU is
-free, as under a GPU) plus the straggler pattern's delay for (rank, step), the same seeded
-schedule for both doors; ``--patterns`` names patterns of :data:`pgc_hvd.delays.PATTERNS`
+``pgc_hvd.CodedSampler``, ``loss.backward()``, ``optimizer.step()``), batch 32, on one of:
+
+* ``digits``: scikit-learn's digits (1440 training images, 357 for validation), a small CNN
+  (d = 12,730), SGD lr 0.05 momentum 0.9;
+* ``lenet28``: the issue's held-out shape, LeNet-5 (d = 61,706) on 28x28 images: the digits
+  scaled to 20x20 on a 28x28 canvas, 9,600 training images drawn from the 1440 at random
+  offsets, the 357 centred for validation (:func:`digits28`), SGD lr 0.03 momentum 0.9.
+
+Each training forward costs ``--compute`` seconds of emulated accelerator compute plus the
+straggler pattern's delay for (rank, step), slept inside the model (:func:`emulated`: the CPU
+stays free, as under a GPU; a rank of the door that catches up runs no model and so spends
+none of it, as in ``pgc_hvd.apps.tta``), the same seeded schedule for every door;
+``--patterns`` names patterns of :data:`pgc_hvd.delays.PATTERNS`
 (:func:`pgc_hvd.delays.pattern_spec` with the run's seed), e.g.:
 
 * ``none``: no delay;
@@ -21,14 +29,19 @@ schedule for both doors; ``--patterns`` names patterns of :data:`pgc_hvd.delays.
   compute;
 * ``two-class``, ``transient`` (over ``--max-steps``), ``lognormal``.
 
-Every ``--eval-every`` steps rank 0's clock stops, every rank evaluates the validation set (its
-shard; ``dist.all_reduce`` of the counts) and the clock resumes: evaluation is not timed. A run
-stops at the first evaluation at or above ``--target`` (or at ``--max-steps``). Door
-``pgc-cr`` (or any scheme name, ``pgc-cr@1`` for s = 1, ``+overlap`` / ``+serial`` for overlap=True / False)
-is ``pgc_hvd.DistributedDataParallel``;
+Every ``--eval-every`` steps the clock stops, every rank evaluates the validation set (its
+shard; ``dist.all_reduce`` of the counts) and the clock resumes: evaluation is not timed, and
+the interval counts as its slowest rank's time (an ``all_reduce`` of the ranks' times, MAX: a
+rank ahead waits for the others in the evaluation's collective; before 2026-12-07 the
+benchmark counted rank 0's time and slept the compute in the loop, where a catching-up rank
+spends it too, so with one slow rank the door measured DDP's time when the slow rank was rank
+0 and hid the slow rank's lag in the evaluation's wait otherwise). A run stops at the first
+evaluation at or above ``--target`` (or at ``--max-steps``). Door ``pgc-cr`` (or any scheme
+name, ``pgc-cr@1`` for s = 1, ``pgc-cr@auto`` for ``stragglers="auto"``, ``+overlap`` /
+``+serial`` for overlap=True / False) is ``pgc_hvd.DistributedDataParallel``;
 ``lightning:ddp`` and ``lightning:pgc-cr`` run the same model as a LightningModule under
-``Trainer(strategy="ddp")`` and ``PGCStrategy(scheme="pgc-cr")`` (a callback sleeps the compute
-and delay before each batch and evaluates with the clock stopped). Prints per (pattern, door)
+``Trainer(strategy="ddp")`` and ``PGCStrategy(scheme="pgc-cr")`` (a callback evaluates with
+the clock stopped, timed as above). Prints per (pattern, door)
 the median over seeds of s/step, steps and seconds to the target, and the ratio to the seconds
 of the same pattern and seed under DDP (Lightning's doors: under ``strategy="ddp"``).
 """
@@ -71,14 +84,20 @@ def rank_main(args) -> None:
     g = torch.Generator().manual_seed(1234)
     order = torch.randperm(len(y), generator=g)
     X, y = X[order], y[order]
-    train, val = TensorDataset(X[:1440], y[:1440]), TensorDataset(X[1440:], y[1440:])
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
-    sgd = dict(lr=0.05, momentum=0.9)
-    delays = parse_delay(args.delay)
+    if args.workload == "lenet28":
+        from step_cost import lenet
+        train, val = digits28(X[:1440], y[:1440], 9600, g), digits28(X[1440:], y[1440:], None, g)
+        model, sgd = lenet(), dict(lr=0.03, momentum=0.9)
+    else:
+        train, val = TensorDataset(X[:1440], y[:1440]), TensorDataset(X[1440:], y[1440:])
+        model = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                    torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
+        sgd = dict(lr=0.05, momentum=0.9)
+    model = emulated(model, args.compute, parse_delay(args.delay), rank)
     if args.door.startswith("lightning:"):
-        return lightning_main(args, model, train, val, sgd, delays, rank, n)
+        return lightning_main(args, model, train, val, sgd, rank, n)
+    emu = model
     if args.door == "ddp":
         sampler = DistributedSampler(train, seed=args.seed)
         model = DDP(model)
@@ -88,11 +107,18 @@ def rank_main(args) -> None:
         scheme, _, s = door.partition("@")
         sampler = pgc_hvd.CodedSampler(train, batch_size=32, seed=args.seed)
         model = pgc_hvd.DistributedDataParallel(model, scheme=scheme,
-                                                stragglers=int(s) if s else None, timeout=120,
+                                                stragglers=stragglers(s), timeout=120,
                                                 overlap={"overlap": True, "serial": False}.get(how))
         opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), **sgd))
     loader = DataLoader(train, batch_size=32, sampler=sampler)
     val_loader = DataLoader(val, batch_size=128, sampler=DistributedSampler(val, shuffle=False))
+
+    def slowest(took: float) -> float:
+        """The interval's training time: its slowest rank's (a rank ahead waits for the others
+        in the evaluation's ``all_reduce``, which is not timed)."""
+        t = torch.tensor([took], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
 
     def evaluate() -> float:
         model.eval()
@@ -110,13 +136,13 @@ def rank_main(args) -> None:
     while hit is None and step < args.max_steps:
         sampler.set_epoch(epoch)
         for xb, yb in loader:
-            time.sleep(args.compute + float(delays.sample(rank, step)))
+            emu.step = step
             opt.zero_grad()
             F.cross_entropy(model(xb), yb).backward()
             opt.step()
             step += 1
             if step % args.eval_every == 0 or step >= args.max_steps:
-                trained += time.monotonic() - t0
+                trained += slowest(time.monotonic() - t0)
                 acc = evaluate()
                 if acc >= args.target and hit is None:
                     hit = (step, trained)
@@ -135,11 +161,54 @@ def rank_main(args) -> None:
     dist.barrier()
 
 
-def lightning_main(args, net, train, val, sgd, delays, rank: int, n: int) -> None:
-    """The same run as a LightningModule under ``Trainer(strategy="ddp")`` or ``PGCStrategy``:
-    a callback sleeps the compute and delay before each batch, another evaluates every
-    ``eval_every`` steps with the clock stopped (every rank the whole validation set: the
-    parameters are the same, so every rank stops at the same step)."""
+def emulated(net, compute: float, delays, rank: int):
+    """``net`` behind the accelerator's compute of a training batch: its forward in training
+    mode sleeps ``compute`` plus the pattern's delay for (rank, ``.step``) first (the CPU stays
+    free, as under a GPU). It is the model's own time, so a rank of the door that catches up
+    (its step decided without it: the door's forward gives zeros without running the model)
+    spends none of it, as its GPU would run no kernel (``pgc_hvd.apps.tta``'s convention); the
+    loop sets ``.step`` before each batch."""
+    import torch
+
+    class Emulated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net, self.step = net, 0
+
+        def forward(self, x):
+            if self.training:
+                time.sleep(compute + float(delays.sample(rank, self.step)))
+            return self.net(x)
+
+    return Emulated()
+
+
+def digits28(X, y, count, g):
+    """The digits as 28x28 images (``--workload lenet28``): each 8x8 image scaled to 20x20 and
+    placed on a 28x28 canvas; ``count`` images drawn with replacement at random offsets 0-8
+    (the training set), or each image once at the centre (``count`` None: the validation
+    set)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import TensorDataset
+    big = F.interpolate(X, size=(20, 20), mode="bilinear", align_corners=False)
+    if count is None:
+        idx, dx, dy = torch.arange(len(y)), torch.full((len(y),), 4), torch.full((len(y),), 4)
+    else:
+        idx = torch.randint(0, len(y), (count,), generator=g)
+        dx, dy = (torch.randint(0, 9, (count,), generator=g) for _ in range(2))
+    out = torch.zeros(len(idx), 1, 28, 28)
+    for i, (j, a, b) in enumerate(zip(idx.tolist(), dx.tolist(), dy.tolist())):
+        out[i, :, b:b + 20, a:a + 20] = big[j]
+    return TensorDataset(out, y[idx])
+
+
+def lightning_main(args, net, train, val, sgd, rank: int, n: int) -> None:
+    """The same run as a LightningModule under ``Trainer(strategy="ddp")`` or ``PGCStrategy``
+    (``net`` from :func:`emulated`): a callback numbers the batches' steps and evaluates
+    every ``eval_every`` steps with the clock stopped (the interval timed as its slowest
+    rank's; every rank the whole validation set: the parameters are the same, so every rank
+    stops at the same step)."""
     import lightning as L
     import torch
     import torch.nn.functional as F
@@ -170,13 +239,15 @@ def lightning_main(args, net, train, val, sgd, delays, rank: int, n: int) -> Non
             clock["t0"] = time.monotonic()
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            time.sleep(args.compute + float(delays.sample(rank, trainer.global_step)))
+            net.step = trainer.global_step
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             step = clock["step"] = trainer.global_step
             if step % args.eval_every and step < args.max_steps:
                 return
-            clock["trained"] += time.monotonic() - clock["t0"]
+            took = torch.tensor([time.monotonic() - clock["t0"]], dtype=torch.float64)
+            torch.distributed.all_reduce(took, op=torch.distributed.ReduceOp.MAX)
+            clock["trained"] += float(took)
             module.eval()
             with torch.no_grad():
                 clock["acc"] = float((module(Xv).argmax(1) == yv).float().mean())
@@ -191,7 +262,7 @@ def lightning_main(args, net, train, val, sgd, delays, rank: int, n: int) -> Non
         strategy = "ddp"
     else:
         scheme, _, s = which.partition("@")
-        strategy = pgc_hvd.lightning.PGCStrategy(scheme=scheme, stragglers=int(s) if s else None,
+        strategy = pgc_hvd.lightning.PGCStrategy(scheme=scheme, stragglers=stragglers(s),
                                                  timeout=120)
     trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=n, max_steps=args.max_steps,
                         callbacks=[Run()], logger=False, enable_checkpointing=False,
@@ -208,12 +279,18 @@ def lightning_main(args, net, train, val, sgd, delays, rank: int, n: int) -> Non
             flush=True)
 
 
+def stragglers(s: str):
+    """A door's ``@s``: an int, ``auto``, or the default (empty)."""
+    return None if not s else s if s == "auto" else int(s)
+
+
 def launch(args, door: str, pattern: str, seed: int) -> dict:
     spec = pattern_spec(pattern, args.np, args.compute, args.max_steps, seed)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(args.np), __file__, "--rank-main", "--door", door, "--delay", spec,
            "--seed", str(seed), "--compute", str(args.compute), "--target", str(args.target),
-           "--eval-every", str(args.eval_every), "--max-steps", str(args.max_steps)]
+           "--eval-every", str(args.eval_every), "--max-steps", str(args.max_steps),
+           "--workload", args.workload]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=ROOT)
     out = read_result(proc.stdout)
@@ -238,6 +315,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--max-steps", type=int, default=400)
+    p.add_argument("--workload", choices=("digits", "lenet28"), default="digits")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.rank_main:
