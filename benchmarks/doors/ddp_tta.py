@@ -297,7 +297,7 @@ def launch(args, door: str, pattern: str, seed: int) -> dict:
     if proc.returncode or out is None:
         raise SystemExit(f"{door} {pattern} seed {seed} failed:\n{proc.stdout[-3000:]}\n"
                          f"{proc.stderr[-3000:]}")
-    out["pattern"] = pattern
+    out["pattern"], out["workload"] = pattern, args.workload
     return out
 
 
@@ -336,7 +336,8 @@ def main(argv=None) -> int:
                 print(f"# {pattern} seed {seed} {door}: {r['s_per_step']:.3f} s/step, "
                       f"target at step {r['steps_to_target']} after {r['seconds_to_target']} s",
                       flush=True)
-    print(f"\n{args.np} ranks, compute {args.compute} s a batch, target {args.target}, "
+    print(f"\n{args.workload}, {args.np} ranks, compute {args.compute} s a batch, "
+          f"target {args.target}, "
           f"seeds {args.seeds} ({time.monotonic() - t_all:.0f} s)\n")
     print("| pattern | door | s/step | steps to target | s to target | s to target / DDP, "
           "each seed |")

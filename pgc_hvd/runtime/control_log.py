@@ -281,6 +281,7 @@ class LogChannel(LogLife):
         self._queue: list = []            # rank 0: (rank, row) in the decider's order
         self._reader_error: Optional[str] = None
         self._fault: Optional[int] = None  # rank 0: a follower that went to the census
+        self._ask_at: Optional[float] = 0.0   # rank > 0: census_open's next ask (None: open)
         self._closing = False
         self._reader = None
         if self.rank == 0:
@@ -361,8 +362,10 @@ class LogChannel(LogLife):
 
     # -- the outcome: one broadcast from rank 0 ----------------------------------------
     def _noticed(self) -> bool:
-        """Rank 0: a follower's notice says its collective failed (it is in the census)."""
-        return self._fault is not None
+        """Whether to leave the outcome's broadcast for the census: rank 0, a follower's
+        notice says its collective failed; rank > 0, rank 0 is in the census
+        (:meth:`~pgc_hvd.runtime.log_life.LogLife.census_open`)."""
+        return self._fault is not None or self.census_open()
 
     def _broadcast(self, step: int, value: Optional[bytes], kind: int, wait: float) -> tuple:
         """The outcome of ``step`` from rank 0 to every rank (``value``, ``kind`` on rank 0;
@@ -379,6 +382,7 @@ class LogChannel(LogLife):
                                                                 dtype=torch.uint8)
         self.coll.step = step
         self._count(1)
+        self.wait_from(time.monotonic())
         # blocks in the broadcast (slices of BLOCK_SLICE; rank 0 looks for a fault notice
         # between them): rows are pushed by the threads where they happen, nothing to serve
         self.coll.broadcast_(buf, 0, "dec", timeout=wait, abort=self._noticed)

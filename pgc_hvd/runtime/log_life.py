@@ -13,9 +13,12 @@ collective at once; a frozen one lets it time out: the decider's broadcast of st
 ``timeout`` after its wait for the rows, the followers' 2 ``timeout`` after their previous
 data phase, about the same moment. Either way every rank that gets there posts a notice in
 the log (so a decider waiting for rows, in no collective, comes at once:
-:class:`FaultNotice`), says so in the store (``fault/<t>/<rank>``) and waits up to ``timeout``
+:class:`FaultNotice`), says so in the store (``fault/<rank>``) and waits up to ``timeout``
 + 1 s for the others; the ranks that never say so are named (:meth:`LogLife.census`); a
-store that cannot be reached names rank 0. Close: as ``control="store"`` (every rank adds 1 to
+store that cannot be reached names rank 0. The other way round, a follower waiting in the
+outcome's broadcast that rank 0 has left for the census (its collective failed first) asks
+the store whether the census is open (:meth:`LogLife.census_open`, on long waits only), so it
+comes within the census's wait and is not named with the dead rank. Close: as ``control="store"`` (every rank adds 1 to
 ``pgc/<name>/bye``; rank 0 waits for n).
 * the end: :meth:`LogLife.close` (the bye protocol, then rank 0's reader stopped) and
   :meth:`LogLife.stop` (no bye: the agent stopped on an error, or an abandoned world).
@@ -82,6 +85,35 @@ class LogLife:
         notice = np.full(self.length + 1, 0.0, dtype=np.float64)
         notice[0], notice[1] = FAULT, float(self.rank)
         self._push(notice.tobytes())
+
+    def census_open(self) -> bool:
+        """Rank > 0, between the slices of its wait in the outcome's broadcast: whether rank 0
+        is in the census (``fault/0``: its collective failed, so it left the broadcast this
+        rank waits in, which would otherwise hold it up to ``2 timeout`` s, past the census's
+        ``timeout`` + 1 s). Asked once the wait has lasted ``timeout / 2`` s, then every
+        ``timeout / 4`` s (:meth:`wait_from` sets the clock), so a step's usual wait asks
+        nothing; one store operation each; a store that does not answer says no (the
+        broadcast fails or times out as before). Once yes, always yes (the caller asks
+        again to word its error)."""
+        now = time.monotonic()
+        if self._ask_at is None:
+            return True
+        if self.rank == 0 or now < self._ask_at:
+            return False
+        self._ask_at = now + self.timeout / 4
+        self._count(1)
+        try:
+            opened = bool(self.store.check([f"{self.prefix}/fault/0"]))
+        except Exception:     # noqa: BLE001 -- rank 0 gone: the broadcast says so
+            return False
+        if opened:
+            self._ask_at = None
+        return opened
+
+    def wait_from(self, now: float) -> None:
+        """A wait in the outcome's broadcast begins (:meth:`census_open`'s clock)."""
+        if self._ask_at is not None:
+            self._ask_at = now + self.timeout / 2
 
     def census(self, step: int, err: AgentError) -> AgentError:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or

@@ -43,6 +43,28 @@ def test_a_followers_notice_and_census_name_the_rank_that_never_answers(follower
     assert err.hung_ranks == (0,) and "rank(s) [0]" in str(err) and "step 5" in str(err)
 
 
+def test_a_follower_in_the_broadcast_asks_whether_the_census_is_open_on_long_waits_only(
+        follower):
+    """Rank 0 left the outcome's broadcast for the census (its collective failed first): the
+    follower waiting in it asks the store, once the wait has lasted timeout / 2 and then every
+    timeout / 4 (a step's usual wait asks nothing), and leaves for the census when ``fault/0``
+    is there, within the census's wait; yes stays yes."""
+    import time
+
+    chan, store = follower                 # timeout 0.3 s: asks after 0.15 s, then every 0.075
+    chan.wait_from(time.monotonic())
+    ops = chan.ops
+    assert not chan.census_open() and chan.ops == ops          # too early: no store operation
+    time.sleep(0.16)
+    assert not chan.census_open() and chan.ops == ops + 1      # asked: no census yet
+    assert not chan.census_open() and chan.ops == ops + 1      # not again before 0.075 s
+    store.set("pgc/life/fault/0", b"1")                        # rank 0 is in the census
+    time.sleep(0.08)
+    assert chan.census_open() and chan.ops == ops + 2
+    chan.wait_from(time.monotonic())
+    assert chan.census_open() and chan.ops == ops + 2          # yes stays yes, asks no more
+
+
 def test_without_the_census_a_notice_alone():
     calls = []
     chan = SimpleNamespace(census=lambda step, err: calls.append(("census", step)) or err,
