@@ -281,7 +281,7 @@ class LogChannel(LogLife):
         self._queue: list = []            # rank 0: (rank, row) in the decider's order
         self._reader_error: Optional[str] = None
         self._fault: Optional[int] = None  # rank 0: a follower that went to the census
-        self._ask_at: Optional[float] = 0.0   # rank > 0: census_open's next ask (None: open)
+        self._ask_at: Optional[float] = 0.0   # rank > 0: ask_census_open's next ask (None: open)
         self._closing = False
         self._reader = None
         if self.rank == 0:
@@ -364,8 +364,8 @@ class LogChannel(LogLife):
     def _noticed(self) -> bool:
         """Whether to leave the outcome's broadcast for the census: rank 0, a follower's
         notice says its collective failed; rank > 0, rank 0 is in the census
-        (:meth:`~pgc_hvd.runtime.log_life.LogLife.census_open`)."""
-        return self._fault is not None or self.census_open()
+        (:meth:`~pgc_hvd.runtime.log_life.LogLife.ask_census_open`)."""
+        return self._fault is not None or self.ask_census_open()
 
     def _broadcast(self, step: int, value: Optional[bytes], kind: int, wait: float) -> tuple:
         """The outcome of ``step`` from rank 0 to every rank (``value``, ``kind`` on rank 0;

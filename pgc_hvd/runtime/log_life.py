@@ -17,16 +17,17 @@ the log (so a decider waiting for rows, in no collective, comes at once:
 + 1 s for the others; the ranks that never say so are named (:meth:`LogLife.census`); a
 store that cannot be reached names rank 0. The other way round, a follower waiting in the
 outcome's broadcast that rank 0 has left for the census (its collective failed first) asks
-the store whether the census is open (:meth:`LogLife.census_open`, on long waits only), so it
-comes within the census's wait and is not named with the dead rank. Close: as ``control="store"`` (every rank adds 1 to
-``pgc/<name>/bye``; rank 0 waits for n).
+the store whether the census is open (:meth:`LogLife.ask_census_open`, on long waits only),
+so it comes within the census's wait and is not named with the dead rank. Close: as
+``control="store"`` (every rank adds 1 to ``pgc/<name>/bye``; rank 0 waits for n).
 * the end: :meth:`LogLife.close` (the bye protocol, then rank 0's reader stopped) and
   :meth:`LogLife.stop` (no bye: the agent stopped on an error, or an abandoned world).
 
 Owns :class:`FaultNotice` and the log's set-up, failure path and end; no state of its own: it
 uses the channel's members (``self``: store, writer, prefix, timeout, ...). Threads: the
 training thread (:meth:`LogLife.create`, in the agent's construction; ``stop`` when the agent is
-cut off), the agent thread (the census, :meth:`LogLife.notify_fault`, ``close``, ``stop``).
+cut off), the agent thread (the census, :meth:`LogLife.notify_fault`,
+:meth:`LogLife.ask_census_open` in the outcome's broadcast, ``close``, ``stop``).
 May import: numpy, the standard library, ``runtime.errors``, ``runtime.rows``,
 ``runtime.control_store`` (the store's set-up and bye).
 """
@@ -86,7 +87,7 @@ class LogLife:
         notice[0], notice[1] = FAULT, float(self.rank)
         self._push(notice.tobytes())
 
-    def census_open(self) -> bool:
+    def ask_census_open(self) -> bool:
         """Rank > 0, between the slices of its wait in the outcome's broadcast: whether rank 0
         is in the census (``fault/0``: its collective failed, so it left the broadcast this
         rank waits in, which would otherwise hold it up to ``2 timeout`` s, past the census's
@@ -111,7 +112,7 @@ class LogLife:
         return opened
 
     def wait_from(self, now: float) -> None:
-        """A wait in the outcome's broadcast begins (:meth:`census_open`'s clock)."""
+        """A wait in the outcome's broadcast begins (:meth:`ask_census_open`'s clock)."""
         if self._ask_at is not None:
             self._ask_at = now + self.timeout / 2
 

@@ -54,15 +54,15 @@ def test_a_follower_in_the_broadcast_asks_whether_the_census_is_open_on_long_wai
     chan, store = follower                 # timeout 0.3 s: asks after 0.15 s, then every 0.075
     chan.wait_from(time.monotonic())
     ops = chan.ops
-    assert not chan.census_open() and chan.ops == ops          # too early: no store operation
+    assert not chan.ask_census_open() and chan.ops == ops          # too early: no store operation
     time.sleep(0.16)
-    assert not chan.census_open() and chan.ops == ops + 1      # asked: no census yet
-    assert not chan.census_open() and chan.ops == ops + 1      # not again before 0.075 s
+    assert not chan.ask_census_open() and chan.ops == ops + 1      # asked: no census yet
+    assert not chan.ask_census_open() and chan.ops == ops + 1      # not again before 0.075 s
     store.set("pgc/life/fault/0", b"1")                        # rank 0 is in the census
     time.sleep(0.08)
-    assert chan.census_open() and chan.ops == ops + 2
+    assert chan.ask_census_open() and chan.ops == ops + 2
     chan.wait_from(time.monotonic())
-    assert chan.census_open() and chan.ops == ops + 2          # yes stays yes, asks no more
+    assert chan.ask_census_open() and chan.ops == ops + 2          # yes stays yes, asks no more
 
 
 def test_without_the_census_a_notice_alone():
