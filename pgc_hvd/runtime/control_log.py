@@ -77,7 +77,8 @@ import numpy as np
 import torch
 
 from pgc_hvd.runtime.errors import AgentError
-from pgc_hvd.runtime.log_life import FAULT, FaultNotice, LogLife, census_or_notice, timeout_message
+from pgc_hvd.runtime.log_life import (FAULT, FaultNotice, LogLife, census_or_notice, fault_key,
+                                      timeout_message)
 from pgc_hvd.runtime.rows import (CTRL_BAD_STEP, CTRL_BUSY, CTRL_DONE, CTRL_FAILED,
                                   CTRL_READY_STEP, CTRL_STALENESS_BOUND, CTRL_VERSION, END,
                                   ctrl_len, pack_row)
@@ -364,8 +365,37 @@ class LogChannel(LogLife):
     def _noticed(self) -> bool:
         """Whether to leave the outcome's broadcast for the census: rank 0, a follower's
         notice says its collective failed; rank > 0, rank 0 is in the census
-        (:meth:`~pgc_hvd.runtime.log_life.LogLife.ask_census_open`)."""
+        (:meth:`ask_census_open`)."""
         return self._fault is not None or self.ask_census_open()
+
+    def ask_census_open(self) -> bool:
+        """Rank > 0, between the slices of its wait in the outcome's broadcast (``_noticed``):
+        whether rank 0 is in the census (``fault/0``: its collective failed, so it left the
+        broadcast this rank waits in, which would otherwise hold it up to ``2 timeout`` s, past
+        the census's ``timeout`` + 1 s). Asked once the wait has lasted ``timeout / 2`` s,
+        then every ``timeout / 4`` s (:meth:`wait_from` sets the clock), so a step's usual
+        wait asks nothing; one store operation each; a store that does not answer says no
+        (the broadcast fails or times out as before). Once yes, always yes (the caller asks
+        again to word its error)."""
+        now = time.monotonic()
+        if self._ask_at is None:
+            return True
+        if self.rank == 0 or now < self._ask_at:
+            return False
+        self._ask_at = now + self.timeout / 4
+        self._count(1)
+        try:
+            opened = bool(self.store.check([fault_key(self.prefix, 0)]))
+        except Exception:     # noqa: BLE001 -- rank 0 gone: the broadcast says so
+            return False
+        if opened:
+            self._ask_at = None
+        return opened
+
+    def wait_from(self, now: float) -> None:
+        """A wait in the outcome's broadcast begins (:meth:`ask_census_open`'s clock)."""
+        if self._ask_at is not None:
+            self._ask_at = now + self.timeout / 2
 
     def _broadcast(self, step: int, value: Optional[bytes], kind: int, wait: float) -> tuple:
         """The outcome of ``step`` from rank 0 to every rank (``value``, ``kind`` on rank 0;

@@ -17,7 +17,7 @@ the log (so a decider waiting for rows, in no collective, comes at once:
 + 1 s for the others; the ranks that never say so are named (:meth:`LogLife.census`); a
 store that cannot be reached names rank 0. The other way round, a follower waiting in the
 outcome's broadcast that rank 0 has left for the census (its collective failed first) asks
-the store whether the census is open (:meth:`LogLife.ask_census_open`, on long waits only),
+the store whether the census is open (``LogChannel.ask_census_open``, on long waits only),
 so it comes within the census's wait and is not named with the dead rank. Close: as
 ``control="store"`` (every rank adds 1 to ``pgc/<name>/bye``; rank 0 waits for n).
 * the end: :meth:`LogLife.close` (the bye protocol, then rank 0's reader stopped) and
@@ -26,8 +26,7 @@ so it comes within the census's wait and is not named with the dead rank. Close:
 Owns :class:`FaultNotice` and the log's set-up, failure path and end; no state of its own: it
 uses the channel's members (``self``: store, writer, prefix, timeout, ...). Threads: the
 training thread (:meth:`LogLife.create`, in the agent's construction; ``stop`` when the agent is
-cut off), the agent thread (the census, :meth:`LogLife.notify_fault`,
-:meth:`LogLife.ask_census_open` in the outcome's broadcast, ``close``, ``stop``).
+cut off), the agent thread (the census, :meth:`LogLife.notify_fault`, ``close``, ``stop``).
 May import: numpy, the standard library, ``runtime.errors``, ``runtime.rows``,
 ``runtime.control_store`` (the store's set-up and bye).
 """
@@ -47,6 +46,11 @@ log = logging.getLogger("pgc_hvd.runtime")
 
 STOP = -1.0           # the rank word of the entry that stops rank 0's reader thread
 FAULT = -3.0          # the rank word of a follower's notice: a collective failed, census
+
+
+def fault_key(prefix: str, rank: int) -> str:
+    """The store key under which ``rank`` says it is in the census."""
+    return f"{prefix}/fault/{rank}"
 
 
 class FaultNotice(AgentError):
@@ -87,35 +91,6 @@ class LogLife:
         notice[0], notice[1] = FAULT, float(self.rank)
         self._push(notice.tobytes())
 
-    def ask_census_open(self) -> bool:
-        """Rank > 0, between the slices of its wait in the outcome's broadcast: whether rank 0
-        is in the census (``fault/0``: its collective failed, so it left the broadcast this
-        rank waits in, which would otherwise hold it up to ``2 timeout`` s, past the census's
-        ``timeout`` + 1 s). Asked once the wait has lasted ``timeout / 2`` s, then every
-        ``timeout / 4`` s (:meth:`wait_from` sets the clock), so a step's usual wait asks
-        nothing; one store operation each; a store that does not answer says no (the
-        broadcast fails or times out as before). Once yes, always yes (the caller asks
-        again to word its error)."""
-        now = time.monotonic()
-        if self._ask_at is None:
-            return True
-        if self.rank == 0 or now < self._ask_at:
-            return False
-        self._ask_at = now + self.timeout / 4
-        self._count(1)
-        try:
-            opened = bool(self.store.check([f"{self.prefix}/fault/0"]))
-        except Exception:     # noqa: BLE001 -- rank 0 gone: the broadcast says so
-            return False
-        if opened:
-            self._ask_at = None
-        return opened
-
-    def wait_from(self, now: float) -> None:
-        """A wait in the outcome's broadcast begins (:meth:`ask_census_open`'s clock)."""
-        if self._ask_at is not None:
-            self._ask_at = now + self.timeout / 2
-
     def census(self, step: int, err: AgentError) -> AgentError:
         """Who is missing, after the data collective of ``step`` failed or timed out (a dead or
         frozen rank is in it too, so it fails before the decider misses a row): every rank
@@ -125,7 +100,7 @@ class LogLife:
         the survivors reach the census from different places (the data phase, the log's fault
         notice, the s = 0 round) whose step counters may differ by one, and a world holds one
         census at most (the agent stops after it; elastic mode takes none)."""
-        key = lambda w: f"{self.prefix}/fault/{w}"   # noqa: E731
+        key = lambda w: fault_key(self.prefix, w)   # noqa: E731
         read = f"{self.prefix}/fault/read"
         # an alive rank's data collective fails at most `timeout` after the first one's
         wait = self.timeout + 1.0
@@ -212,4 +187,5 @@ def timeout_message(decider, ctl, last_seen: list, timeout: float) -> str:
             f"stopping instead of hanging")
 
 
-__all__ = ["FAULT", "FaultNotice", "LogLife", "STOP", "census_or_notice", "timeout_message"]
+__all__ = ["FAULT", "FaultNotice", "LogLife", "STOP", "census_or_notice", "fault_key",
+           "timeout_message"]
