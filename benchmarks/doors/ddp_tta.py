@@ -94,10 +94,9 @@ def rank_main(args) -> None:
                                     torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
                                     torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
         sgd = dict(lr=0.05, momentum=0.9)
-    model = emulated(model, args.compute, parse_delay(args.delay), rank)
+    model = emu = emulated(model, args.compute, parse_delay(args.delay), rank)
     if args.door.startswith("lightning:"):
         return lightning_main(args, model, train, val, sgd, rank, n)
-    emu = model
     if args.door == "ddp":
         sampler = DistributedSampler(train, seed=args.seed)
         model = DDP(model)
@@ -112,13 +111,6 @@ def rank_main(args) -> None:
         opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), **sgd))
     loader = DataLoader(train, batch_size=32, sampler=sampler)
     val_loader = DataLoader(val, batch_size=128, sampler=DistributedSampler(val, shuffle=False))
-
-    def slowest(took: float) -> float:
-        """The interval's training time: its slowest rank's (a rank ahead waits for the others
-        in the evaluation's ``all_reduce``, which is not timed)."""
-        t = torch.tensor([took], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t)
 
     def evaluate() -> float:
         model.eval()
@@ -159,6 +151,17 @@ def rank_main(args) -> None:
             "steps_to_target": hit[0] if hit else None,
             "seconds_to_target": hit[1] if hit else None, "final_acc": acc})
     dist.barrier()
+
+
+def slowest(took: float) -> float:
+    """An evaluation interval's training time: its slowest rank's ``took`` (a rank ahead
+    waits for the others in the evaluation's collective, which is not timed; every rank
+    calls it at the same step)."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([took], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
 
 
 def emulated(net, compute: float, delays, rank: int):
@@ -245,9 +248,7 @@ def lightning_main(args, net, train, val, sgd, rank: int, n: int) -> None:
             step = clock["step"] = trainer.global_step
             if step % args.eval_every and step < args.max_steps:
                 return
-            took = torch.tensor([time.monotonic() - clock["t0"]], dtype=torch.float64)
-            torch.distributed.all_reduce(took, op=torch.distributed.ReduceOp.MAX)
-            clock["trained"] += float(took)
+            clock["trained"] += slowest(time.monotonic() - clock["t0"])
             module.eval()
             with torch.no_grad():
                 clock["acc"] = float((module(Xv).argmax(1) == yv).float().mean())
