@@ -17,7 +17,8 @@ checkpoints, early stopping):
   (``model.distributed_optimizer``); its LR schedulers keep working (the wrapper shares the
   param groups); one optimizer (manual optimization with several is refused);
 * ``process_dataloader``: the training loader gets a :class:`pgc_hvd.CodedSampler` (batch size
-  kept) in place of the ``DistributedSampler`` Lightning put in; validation and test loaders
+  kept, the seed Lightning gives its ``DistributedSampler``: the same deal each epoch) in place
+  of the ``DistributedSampler`` Lightning put in; validation and test loaders
   keep Lightning's.
 
 * ``setup``: Lightning's per-batch broadcast of rank 0's SIGTERM flag (a collective every
@@ -40,6 +41,7 @@ May import: lightning, torch, ``runtime.ddp``, ``data.coded_sampler``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
@@ -148,7 +150,10 @@ class PGCStrategy(DDPStrategy):
             if dataloader.batch_size is None:
                 raise ValueError("PGCStrategy: the training DataLoader has no batch_size (a "
                                  "batch_sampler of its own); give it batch_size=B")
-            sampler = CodedSampler(dataloader.dataset, batch_size=dataloader.batch_size)
+            # Lightning's DistributedSampler seed (seed_everything's): the same deal as
+            # strategy="ddp" gives each epoch
+            sampler = CodedSampler(dataloader.dataset, batch_size=dataloader.batch_size,
+                                   seed=int(os.getenv("PL_GLOBAL_SEED", 0)))
             sampler.bind(self.model)
             dataloader = _update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)
         return dataloader

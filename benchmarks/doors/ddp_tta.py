@@ -38,7 +38,11 @@ spends it too, so with one slow rank the door measured DDP's time when the slow 
 0 and hid the slow rank's lag in the evaluation's wait otherwise). A run stops at the first
 evaluation at or above ``--target`` (or at ``--max-steps``). Door ``pgc-cr`` (or any scheme
 name, ``pgc-cr@1`` for s = 1, ``pgc-cr@auto`` for ``stragglers="auto"``, ``+overlap`` /
-``+serial`` for overlap=True / False) is ``pgc_hvd.DistributedDataParallel``;
+``+serial`` for overlap=True / False) is ``pgc_hvd.DistributedDataParallel``; ``ddp+buckets``
+is torch's DDP with 0.05 MB buckets: the same batches and update as ``ddp``, summed in
+another order, so its ratio to ``ddp`` is what float rounding alone does to the time to
+target (the door at s = 0 is DDP's update too, with its batches: ``CodedSampler`` deals them
+as ``DistributedSampler``);
 ``lightning:ddp`` and ``lightning:pgc-cr`` run the same model as a LightningModule under
 ``Trainer(strategy="ddp")`` and ``PGCStrategy(scheme="pgc-cr")`` (a callback evaluates with
 the clock stopped, timed as above). Prints per (pattern, door)
@@ -97,9 +101,11 @@ def rank_main(args) -> None:
     model = emu = emulated(model, args.compute, parse_delay(args.delay), rank)
     if args.door.startswith("lightning:"):
         return lightning_main(args, model, train, val, sgd, rank, n)
-    if args.door == "ddp":
+    if args.door in ("ddp", "ddp+buckets"):
         sampler = DistributedSampler(train, seed=args.seed)
-        model = DDP(model)
+        # ddp+buckets: the same run but for the sums' rounding (five buckets at LeNet-5's
+        # size: another order of the ring's additions), the floor of what a ratio can resolve
+        model = DDP(model, bucket_cap_mb=0.05 if args.door == "ddp+buckets" else 25)
         opt = torch.optim.SGD(model.parameters(), **sgd)
     else:
         door, _, how = args.door.partition("+")     # pgc-cr+overlap / pgc-cr+serial
@@ -142,6 +148,8 @@ def rank_main(args) -> None:
                 if hit is not None or step >= args.max_steps:
                     break
         epoch += 1
+    auto = getattr(opt, "auto_stragglers", None)    # stragglers="auto": where it ran, why
+    auto = auto.summary() if auto is not None else None
     if hasattr(opt, "close"):
         opt.close()
     if rank == 0:
@@ -149,7 +157,8 @@ def rank_main(args) -> None:
             "door": args.door, "delay": args.delay, "seed": args.seed, "n": n,
             "steps": step, "seconds": trained, "s_per_step": trained / step,
             "steps_to_target": hit[0] if hit else None,
-            "seconds_to_target": hit[1] if hit else None, "final_acc": acc})
+            "seconds_to_target": hit[1] if hit else None, "final_acc": acc,
+            **({"auto": auto} if auto else {})})
     dist.barrier()
 
 

@@ -12,16 +12,25 @@
 
 The batches
 -----------
-The dataset's N indices are split into n partitions D_0..D_{n-1} (n = the world size) by
-:func:`pgc_hvd.data.partition`, as :class:`~pgc_hvd.data.coded_loader.CodedLoader` does. Each
+The dataset's N indices are dealt into n partitions D_0..D_{n-1} (n = the world size) anew every
+epoch e, as ``DistributedSampler(shuffle=True, seed=seed)`` deals them to n ranks
+(:class:`DealRule`: ``torch.randperm(N)`` seeded ``seed + e``, padded to a multiple of n with its
+own head, every n-th index from k): D_k of epoch e is the list DistributedSampler gives rank k.
+A split asked for (``partitions=``, ``labels=`` / ``iid=False``, ``sizes=``) is fixed for the
+run instead, by :func:`pgc_hvd.data.partition`, as
+:class:`~pgc_hvd.data.coded_loader.CodedLoader` does. Each
 ``DataLoader`` batch is one step t of this rank: the partitions the scheme wants at t,
 ``source.loop_partitions(t) = ((k_1, w_1), ..., (k_m, w_m))`` (one for pipelined schemes and
 dgd, c = s + 1 for GC, the rank's load for BCGC), share its B samples: b = floor(B / K) samples
 of each, K = ``source.loop_width`` the most partitions any rank's step holds (the same b on every
 rank, so the replicas of a partition evaluate the same samples and every rank has the same
-number of steps an epoch), by the loaders' one batch rule with batch size b
-(:class:`~pgc_hvd.data.coded_loader.BatchRule`: the batch of (k, t) is a function of (seed, k,
-t)), then B - m b filler samples (repeats, weight 0). :func:`batch_layout` gives the
+number of steps an epoch): the batch of (k, t) is a function of (seed, k, t), the j-th run of
+b samples of D_k in its epoch (:class:`DealRule`; a fixed split: the loaders' one batch rule,
+:class:`~pgc_hvd.data.coded_loader.BatchRule`), then B - m b filler samples (repeats, weight
+0). So at one partition a step (dgd, PGC) rank k's batch of step t is the batch
+``DataLoader(dataset, batch_size=B, sampler=DistributedSampler(dataset, seed=seed))`` gives
+rank k at that step (its full batches: a last, partial one is dropped), and at s = 0 the DDP
+door trains DDP's model batch for batch. :func:`batch_layout` gives the
 rows of each partition and the scale its rows' gradients get (w_j B / b: the loss is a mean over
 the B rows), so ONE backward over the batch gives sum_j w_j g_{k_j}, the coded message (the DDP
 door weights the rows, :mod:`pgc_hvd.runtime.ddp`). The step runs in the loop as in DDP: one
@@ -30,7 +39,8 @@ prefetching are the user's own.
 
 The steps: :meth:`__iter__` starts at the source's model version when the DataLoader creates
 its iterator (the start of an epoch: every step of the previous one has been applied), and
-yields E = floor(min_k |D_k| / b) steps: one epoch, every partition's samples once.
+yields E = floor(min_k |D_k| / b) steps: one epoch, every partition's samples once
+(the deal: |D_k| = ceil(N / n)).
 ``len(sampler) = E B`` (``len(loader) = E``, for schedulers). ``set_epoch`` is recorded (the
 DDP habit); the batches follow the step, so a resumed run continues where its version is.
 
@@ -39,23 +49,26 @@ The source is the process's :class:`pgc_hvd.DistributedDataParallel` (it registe
 ``closed``, ``loop_partitions(step)``, ``loop_width`` and ``expect_batch_size(B)`` (told at
 each ``__iter__``, so the forward can refuse a DataLoader whose batch_size differs).
 
+Owns :class:`CodedSampler`, :class:`DealRule` and :func:`batch_layout`.
 May import: numpy, torch, ``data.partition``, ``data.coded_loader`` (``BatchRule``),
 ``options``.
 """
 
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import Optional, Sequence
 
 import numpy as np
+import torch
 from torch.utils.data import Sampler
 
 from pgc_hvd.data.coded_loader import BatchRule
 from pgc_hvd.data.partition import partition as split
 from pgc_hvd.options import is_count
 
-__all__ = ["CodedSampler", "batch_layout", "register_source"]
+__all__ = ["CodedSampler", "DealRule", "batch_layout", "register_source"]
 
 _SOURCES: list = []        # weak references to the live sources of this process, newest last
 
@@ -101,10 +114,50 @@ def batch_layout(parts: Sequence, batch_size: int, width: int) -> tuple[int, lis
     return b, rows
 
 
+class DealRule:
+    """The batches of the default split (module doc): ``indices(k, t)``, the b indices of
+    partition k's batch at step t, where partition k of epoch e is the list
+    ``DistributedSampler(N, num_replicas=n, rank=k, shuffle=True, seed=seed)`` yields in epoch
+    e, and step t is run j of b of it (e, j = divmod(t, E), E = ``steps_per_epoch`` =
+    ceil(N / n) // b). The last two epochs' deals are kept (a rank's steps go forward)."""
+
+    KEPT = 2
+
+    def __init__(self, N: int, n: int, batch_size: int, seed: int):
+        self.N, self.n, self.b, self.seed = int(N), int(n), int(batch_size), int(seed)
+        self.per_rank = -(-self.N // self.n)          # DistributedSampler's num_samples
+        if self.per_rank < self.b:
+            raise ValueError(f"a partition holds {self.per_rank} samples, fewer than the "
+                             f"{self.b} a step takes from it: use a smaller batch_size, fewer "
+                             f"ranks or more data")
+        self.steps_per_epoch = self.per_rank // self.b
+        self._deals: collections.OrderedDict = collections.OrderedDict()
+
+    def deal(self, epoch: int) -> np.ndarray:
+        """(n, ceil(N / n)): row k is what DistributedSampler gives rank k in ``epoch``."""
+        rows = self._deals.get(epoch)
+        if rows is None:
+            g = torch.Generator()
+            g.manual_seed(self.seed + int(epoch))
+            perm = torch.randperm(self.N, generator=g).numpy()
+            pad = self.per_rank * self.n - self.N
+            if pad:                     # its head again (cyclically), as DistributedSampler
+                perm = np.concatenate([perm, np.resize(perm, pad)])
+            rows = self._deals[epoch] = np.ascontiguousarray(perm.reshape(-1, self.n).T)
+            while len(self._deals) > self.KEPT:
+                self._deals.popitem(last=False)
+        return rows
+
+    def indices(self, partition: int, step: int) -> np.ndarray:
+        epoch, j = divmod(int(step), self.steps_per_epoch)
+        return self.deal(epoch)[int(partition), j * self.b:(j + 1) * self.b]
+
+
 class CodedSampler(Sampler):
     """See the module docstring. ``dataset``: a map-style dataset (or its length N);
-    ``batch_size``: B, the DataLoader's; ``iid``, ``seed``, ``sizes``, ``partitions``,
-    ``labels``: the partitioning, as :class:`~pgc_hvd.data.coded_loader.CodedLoader`'s."""
+    ``batch_size``: B, the DataLoader's; ``seed``: DistributedSampler's (the deal of each
+    epoch; a fixed split's too); ``iid``, ``sizes``, ``partitions``, ``labels``: a fixed split
+    instead of the deal, as :class:`~pgc_hvd.data.coded_loader.CodedLoader`'s."""
 
     def __init__(self, dataset, batch_size: int, *, iid: bool = True, seed: int = 0,
                  sizes: Optional[Sequence[float]] = None,
@@ -118,6 +171,8 @@ class CodedSampler(Sampler):
         self.dataset = None if isinstance(dataset, (int, np.integer)) else dataset
         self.batch_size, self.seed = int(batch_size), int(seed)
         self._split = dict(iid=iid, sizes=sizes, partitions=partitions, labels=labels)
+        #: the default split, dealt anew every epoch (DealRule), or a fixed one asked for
+        self.dealt = bool(iid) and sizes is None and partitions is None and labels is None
         self.epoch = 0
         self._source = None
         self.partitions = None
@@ -157,9 +212,11 @@ class CodedSampler(Sampler):
                                         n, iid=sp["iid"], sizes=sp["sizes"], seed=self.seed)
         return self.partitions
 
-    def _rule(self, b: int) -> BatchRule:
+    def _rule(self, b: int):
         rule = self._rules.get(b)
-        if rule is None:
+        if rule is None and self.dealt:
+            rule = self._rules[b] = DealRule(self.N, int(self.source.n), b, self.seed)
+        elif rule is None:
             parts = self._parts()
             smallest = min(len(p) for p in parts)
             if smallest < b:

@@ -8,6 +8,10 @@
   ``no_sync()``, a GradScaler with bf16 autocast, ``torch.compile(model)``, a checkpoint saved
   by rank 0 and resumed into a new model and optimizer on every rank, metrics averaged with
   ``dist.all_reduce``; ends with a cross-rank digest of the parameters;
+* ``same_as_ddp`` (with ``refusals``): at s = 0 (dgd) the door with its sampler trains torch's
+  DDP model with ``DistributedSampler``, batch for batch (the sampler deals each epoch as
+  DistributedSampler does), SGD momentum over two epochs: the same parameters to float
+  rounding;
 * ``dead`` / ``dead-first``: the last rank exits (at version 3, or before its first forward);
   every other rank raises AgentError naming it (``CLEAR-ERROR``) within the timeout.
 """
@@ -192,6 +196,42 @@ def check_sequential(rank):
     ok("auto_switch_through_the_door", rank)
 
 
+def check_same_as_ddp(rank):
+    """DDP (``DistributedSampler``, seed 0) and the door at dgd (``CodedSampler``, seed 0) from
+    the same initial model, SGD momentum 0.9, two epochs with ``set_epoch``: the parameters
+    agree to float rounding (the sums' order differs), on every rank."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DistributedSampler
+    ds = data(500)          # not a multiple of n: DistributedSampler pads, the deal too
+    out = []
+    for door in ("ddp", "dgd"):
+        if door == "ddp":
+            model, sampler = DDP(net()), DistributedSampler(ds, seed=0, drop_last=False)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        else:
+            model = pgc_hvd.DistributedDataParallel(net(), scheme="dgd", name="parity",
+                                                    timeout=30)
+            sampler = pgc_hvd.CodedSampler(ds, batch_size=16, seed=0)
+            opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1,
+                                                              momentum=0.9))
+        loader = DataLoader(ds, batch_size=16, sampler=sampler, drop_last=True)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for xb, yb in loader:
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+        if door != "ddp":
+            assert opt.version == 2 * len(loader), (opt.version, len(loader))
+            opt.close()
+        out.append(torch.cat([p.detach().flatten() for p in model.module.parameters()]))
+    init = torch.cat([p.detach().flatten() for p in net().parameters()])
+    gap, moved = float((out[0] - out[1]).abs().max()), float((out[0] - init).abs().max())
+    assert gap < 1e-5 and moved > 1e-2, (gap, moved)
+    same_on_every_rank(params_digest(model), "parameters of the door at s = 0")
+    ok("same_as_ddp", rank)
+
+
 def check_no_cycles(rank, ds):
     """A step of the door (pgc-cr, the last rank slowed) leaves no reference cycle behind:
     torch's ``tree_flatten`` made two a step, and the garbage collector ran every ~20 steps of
@@ -258,6 +298,7 @@ def main():
     if mode == "refusals":
         check_refusals(rank)
         check_sequential(rank)
+        check_same_as_ddp(rank)
     elif mode == "habits":
         check_habits(rank, sys.argv[2])
     elif mode == "sequential":

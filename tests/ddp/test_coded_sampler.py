@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pgc_hvd.data.coded_sampler import CodedSampler, batch_layout
+from pgc_hvd.data import partition
+from pgc_hvd.data.coded_sampler import CodedSampler, DealRule, batch_layout
 from pgc_hvd.runtime.capture import loop_plan
 from pgc_hvd.schemes import Ring, get_scheme
 
@@ -49,16 +50,27 @@ def test_batch_layout_weights_rows_so_one_backward_gives_the_message():
     assert b == 8 and rows == [(0, 8, 4.0), (8, 32, 0.0)]
 
 
+@pytest.mark.parametrize("split", ["deal", "fixed"])
 @pytest.mark.parametrize("name,n", [("pgc-cr", 4), ("dgd", 4), ("bcgc", 4), ("bcgc", 3),
                                     ("gc-cr", 4), ("bounded-staleness", 4)])
-def test_sampler_batches_are_the_plans_partitions_replicas_agree(name, n):
+def test_sampler_batches_are_the_plans_partitions_replicas_agree(name, n, split):
     N, B = 400, 16
     scheme = get_scheme(name, n, 1 if name != "dgd" else 0)
-    samplers = [CodedSampler(N, batch_size=B, seed=3).bind(Source(scheme, r)) for r in range(n)]
-    parts = samplers[0]._parts()
-    assert sorted(np.concatenate(parts).tolist()) == list(range(N))
+    fixed = partition(N, n, seed=3) if split == "fixed" else None
+    samplers = [CodedSampler(N, batch_size=B, seed=3, partitions=fixed).bind(Source(scheme, r))
+                for r in range(n)]
+    assert samplers[0].dealt == (split == "deal")
     k = samplers[0].source.loop_width       # b = B // k rows a partition, on every rank
-    E = (N // n) // (B // k)
+    E = -(-N // n) // (B // k)
+    if split == "deal":                     # partition q of epoch e: the deal's row q
+        deal = DealRule(N, n, B // k, 3)
+        parts_at = lambda t: deal.deal(t // E)
+    else:
+        parts_at = lambda t: fixed
+    for t in (0, E):       # every index once (the deal pads n - N % n with repeats)
+        every = np.concatenate(parts_at(t)).tolist()
+        assert set(every) == set(range(N)) and len(every) == (-(-N // n) * n if fixed is None
+                                                              else N)
     for r, smp in enumerate(samplers):
         assert len(smp) == E * B
         idx = list(smp)
@@ -69,15 +81,41 @@ def test_sampler_batches_are_the_plans_partitions_replicas_agree(name, n):
             assert 1 <= len(layout) <= k
             for j, (q, _) in enumerate(layout):
                 chunk = batch[j * (B // k):(j + 1) * (B // k)]
-                assert set(chunk) <= set(parts[q].tolist())
+                assert set(chunk) <= set(parts_at(t)[q].tolist())
     # two ranks that evaluate partition q at step t get the same samples of it
     seen = {}
     for r, smp in enumerate(samplers):
-        for t in range(3):
+        for t in (0, 1, 2, E, E + 1):
             batch = smp.indices(t)
             for j, (q, _) in enumerate(smp.source.loop_partitions(t)):
                 chunk = tuple(batch[j * (B // k):(j + 1) * (B // k)])
                 assert seen.setdefault((q, t), chunk) == chunk
+
+
+@pytest.mark.parametrize("N,n,B", [(400, 4, 16), (403, 4, 16), (10, 4, 2), (7, 3, 1)])
+def test_the_deal_is_distributed_samplers_batches_every_epoch(N, n, B):
+    """At one partition a step (dgd), rank r's batch of step t is the one DataLoader +
+    DistributedSampler(seed, set_epoch) gives rank r: padding (N not a multiple of n) and the
+    epochs' reshuffles included; its last, partial batch is dropped (E = ceil(N / n) // B)."""
+    from torch.utils.data import DistributedSampler
+    scheme = get_scheme("dgd", n, 0)
+    for r in range(n):
+        smp = CodedSampler(N, batch_size=B, seed=5).bind(Source(scheme, r))
+        E = -(-N // n) // B
+        assert len(smp) == E * B
+        ds = DistributedSampler(range(N), num_replicas=n, rank=r, shuffle=True, seed=5)
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            want = list(DataLoader(range(N), batch_size=B, sampler=ds, drop_last=True))
+            assert len(want) == E
+            for j in range(E):
+                assert smp.indices(epoch * E + j).tolist() == want[j].tolist()
+    rule = DealRule(N, n, B, 5)
+    for e in range(5):
+        rule.deal(e)
+    assert len(rule._deals) == DealRule.KEPT      # nothing grows with the run
+    with pytest.raises(ValueError, match="fewer than"):
+        DealRule(N, n, -(-N // n) + 1, 5)
 
 
 def test_pipelined_warmup_evaluates_one_slot_of_the_rotation():

@@ -62,12 +62,13 @@ def test_ddp_tutorial_diff_is_three_lines():
 @pytest.mark.multirank
 def test_ddp_door_refusals(torchrun):
     """Each refusal on every rank with its fix, the run going on after them; then two models
-    one after the other with unbound samplers (a closed door feeds no sampler)."""
+    one after the other with unbound samplers (a closed door feeds no sampler); at s = 0 the
+    door trains DDP's model with DistributedSampler's batches."""
     proc = torchrun(2, CHECKS, "refusals", timeout=180)
     assert {"syncbatchnorm_refused", "forward_before_optimizer_refused",
             "batch_size_mismatch_refused", "accumulation_refused", "trains_after_refusals",
             "complex_scheme_refused", "sequential_models", "no_reference_cycles_per_step",
-            "auto_switch_through_the_door"} <= _checks(proc, 2)
+            "auto_switch_through_the_door", "same_as_ddp"} <= _checks(proc, 2)
 
 
 @pytest.mark.multirank
