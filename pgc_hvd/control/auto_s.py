@@ -31,8 +31,9 @@ The rule (docs/control.md, "s chosen online"):
   with full windows, within ``min_gain``): a persistently slow rank is plain after one step,
   the noise of a few samples is not):
   predict every candidate s in 0..s_max with :mod:`.progress_model` (time per step from the
-  order statistics of the observed delays plus k partitions' compute; progress per step from
-  the staleness effect). A candidate other than the current s is charged its re-plan: the
+  observed delays plus k partitions' compute, with the engine's ``straggler_policy``: a
+  left-out rank that finishes its step starts the next one late, ``continue_time``; one that
+  stops at once, the order statistic; progress per step from the staleness effect). A candidate other than the current s is charged its re-plan: the
   first step of a new plan evaluates every slot of the new ring (c partitions for PGC), so
   (c_warm - k) tau is spread over ``horizon`` steps. Then:
 
@@ -66,7 +67,7 @@ from typing import Optional
 import numpy as np
 
 from .progress_model import (DEFAULT_ROUND_COST, DEFAULT_STALENESS_COST, FixedCost, Prediction,
-                             draw_delays, order_statistic_time, predict, step_partitions)
+                             draw_delays, predict, step_partitions, step_time)
 
 _SWITCHES_KEPT = 64
 
@@ -257,6 +258,10 @@ class AutoStragglers:
         #: the engine's prior for the control round when ``round_cost`` is None (the runtime's
         #: log path: DEFAULT_ROUND_COST; the simulator's master model prices none: 0)
         self.round_prior = DEFAULT_ROUND_COST
+        #: what a rank left out of a step does, in the engine (progress_model.step_time):
+        #: "continue" (it finishes the step: the runtime, whose forward and backward cannot be
+        #: interrupted, and the simulator's default), or the simulator's "cancel"
+        self.straggler_policy = "continue"
         #: the fixed cost per step calibrated at s = 0 (key 0) and at s >= 1 (key 1), None
         #: until steps at such an s were observed
         self.observed_cost: dict = {0: None, 1: None}
@@ -333,7 +338,8 @@ class AutoStragglers:
         hl = self.cfg.half_life
         D = draw_delays(delays, self.cfg.draws, self.n_switches, hl)
         if st.step_times:
-            bare = order_statistic_time(D, tau, self.partitions(self.s), self.s)
+            bare = step_time(D, tau, self.partitions(self.s), self.s,
+                             policy=self.straggler_policy)
             self.observed_cost[min(1, self.s)] = max(0.0, float(np.mean(st.step_times)) - bare)
         fc = self.fixed_cost = FixedCost.calibrated(self.observed_cost[0], self.observed_cost[1],
                                                     self.round_cost)
@@ -344,7 +350,8 @@ class AutoStragglers:
                 replan = 0.0 if s == self.s else \
                     max(0, self.warmup_partitions(s) - k) * tau / self.cfg.horizon
                 preds.append(predict(scheme, s, delays, tau, fc.at(s) + replan,
-                                     self.cfg.staleness_cost, k=k, drawn=D))
+                                     self.cfg.staleness_cost, k=k, drawn=D,
+                                     policy=self.straggler_policy))
             except ValueError:     # no code for (n, s)
                 continue
         preds.sort(key=lambda p: (-p.rate, p.s))

@@ -1,7 +1,8 @@
 """Expected progress per second of a (scheme, s): the one model behind ``pgc-hvd advise`` and
 the online rule ``stragglers="auto"`` (:mod:`.auto_s`).
 
-Owns :func:`time_per_step` (:func:`draw_delays`, :func:`order_statistic_time`),
+Owns :func:`time_per_step` (:func:`draw_delays`, :func:`order_statistic_time`,
+:func:`continue_time`),
 :func:`progress_per_step`, :func:`predict` / :func:`rank` and :func:`step_partitions`; reads only per-rank delay samples (seconds a rank's step took beyond
 its k partitions' compute), the compute time of one partition tau and a fixed cost per step.
 
@@ -17,7 +18,16 @@ The model, with the design note's symbols (n workers, budget s, c partitions per
   gradient codes that evaluate every partition of their support each step (GC-CR, BCGC). The
   expectation is a Monte Carlo over ``draws`` joint draws, each rank's D_r drawn from its own
   observed samples (independent across ranks, a rank's persistent slowness kept). With s = 0
-  this is the slowest rank's time: Horovod's step.
+  this is the slowest rank's time: Horovod's step. That is the time when a rank left out of
+  a step stops at once and starts the next one with the others (``straggler_policy="cancel"``
+  in the simulator). Where it finishes its step first (``"continue"``: the simulator's
+  default, and the runtime, whose forward and backward cannot be interrupted), it starts the
+  next step late, so the fastest n - s of a step are not the fastest of fresh draws:
+  :func:`continue_time` runs the draws as successive steps (rank r starts step t when step
+  t - 1 has fired or when it finishes its own step, whichever is later; the step fires at the
+  (n - s)-th finish) and takes the mean time between fires. Exponential delays of mean tau at
+  n = 4, s = 1: 0.77x the s = 0 step with ``continue`` against 0.68x with ``cancel``, the
+  simulator's figures (docs/benchmarks.md, "The doors on the issue's LeNet-5 workload").
 * **Fixed cost per step** o (:class:`FixedCost`): o_0 at s = 0, o_1 at s >= 1. The runtime's
   s = 0 step runs no control round (the rows ride in the data allreduce,
   ``runtime/sum_rows.py``; the simulator's collective model prices it so too), every s >= 1
@@ -183,6 +193,36 @@ def order_statistic_time(D: np.ndarray, tau: float, k: int, s: int,
     return float(kth.mean()) + float(overhead)
 
 
+#: straggler_policy values: what a rank left out of a step does (module doc)
+POLICIES = ("continue", "cancel")
+
+
+def continue_time(D: np.ndarray, tau: float, k: int, s: int, overhead: float = 0.0) -> float:
+    """The mean time between fires when a rank left out of a step finishes it first (module
+    doc), the rows of ``D`` (:func:`draw_delays`) taken as successive steps: rank r starts
+    step t at max(F_{t-1}, its finish), takes k tau + D[t, r], step t fires at the (n - s)-th
+    finish plus ``overhead`` (F_t); a rank that finishes after F_t starts the step open then
+    (its missed steps are caught up without compute). The first eighth of the rows warm the
+    chain up. Equal to :func:`order_statistic_time` at s = 0."""
+    rows, n = D.shape
+    if not 0 <= s < n:
+        raise ValueError(f"s = {s} must lie in [0, n - 1] for n = {n} ranks")
+    if s == 0 or rows < 2:
+        return order_statistic_time(D, tau, k, s, overhead)
+    work, o, kth = k * float(tau), float(overhead), n - s - 1
+    free = [0.0] * n                 # when each rank finishes its step in flight
+    fired, warm = 0.0, max(1, rows // 8)
+    t0 = 0.0
+    for t, d in enumerate(D.tolist()):
+        fin = [(f if f > fired else fired) + work + x for f, x in zip(free, d)]
+        at = sorted(fin)[kth]
+        free = [x if f < at else f for f, x in zip(free, fin)]
+        fired = at + o
+        if t + 1 == warm:
+            t0 = fired
+    return (fired - t0) / (rows - warm)
+
+
 def time_per_step(delays: Sequence[Sequence[float]], tau: float, k: int, s: int,
                   overhead: float = 0.0, draws: int = 256, seed: int = 0,
                   half_life: Optional[float] = None) -> float:
@@ -198,19 +238,32 @@ def predict(scheme: str, s: int, delays: Sequence[Sequence[float]], tau: float,
             overhead=0.0, staleness_cost: float = DEFAULT_STALENESS_COST,
             k: Optional[int] = None, draws: int = 256, seed: int = 0,
             progress: Optional[float] = None, half_life: Optional[float] = None,
-            drawn: Optional[np.ndarray] = None) -> Prediction:
+            drawn: Optional[np.ndarray] = None, policy: str = "cancel") -> Prediction:
     """One candidate's :class:`Prediction`; ``k`` (partitions per step) from the scheme when
     None; ``progress`` (gamma) measured elsewhere (advise's simulations) instead of the
     staleness model when given; ``drawn``: :func:`draw_delays` made once for every candidate
     (else drawn here with ``draws``, ``seed``, ``half_life``); ``overhead``: seconds, or a
-    :class:`FixedCost` (o_0 at s = 0, o_1 above)."""
+    :class:`FixedCost` (o_0 at s = 0, o_1 above); ``policy``: what a rank left out of a step
+    does (:func:`step_time`)."""
     n = len(delays)
     if k is None:
         k = step_partitions(scheme, n, s)
     g = progress_per_step(scheme, s, staleness_cost) if progress is None else float(progress)
     D = drawn if drawn is not None else draw_delays(delays, draws, seed, half_life)
     o = FixedCost.of(overhead).at(int(s))
-    return Prediction(scheme, int(s), int(k), order_statistic_time(D, tau, k, s, o), g)
+    return Prediction(scheme, int(s), int(k), step_time(D, tau, k, s, o, policy), g)
+
+
+def step_time(D: np.ndarray, tau: float, k: int, s: int, overhead: float = 0.0,
+              policy: str = "cancel") -> float:
+    """T(s) over the draws ``D``: :func:`order_statistic_time` where a rank left out of a step
+    stops at once (``"cancel"``), :func:`continue_time` where it finishes its step first
+    (``"continue"``)."""
+    if policy == "cancel":
+        return order_statistic_time(D, tau, k, s, overhead)
+    if policy == "continue":
+        return continue_time(D, tau, k, s, overhead)
+    raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
 
 def rank(candidates, delays: Sequence[Sequence[float]], tau: float, overhead=0.0,

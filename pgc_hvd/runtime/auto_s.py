@@ -2,8 +2,10 @@
 
 The rule and its model are the simulator's, reused as they are: :class:`pgc_hvd.control.auto_s.
 AutoStragglers` (observe, decide with hysteresis) over :mod:`pgc_hvd.control.progress_model`
-(time per step from the order statistics of the observed delays, progress per step from the
-staleness effect). This module is the runtime's adaptor, :class:`RuntimeAutoS`:
+(time per step from the observed delays, a left-out rank finishing its step first: the
+rule's default ``straggler_policy``, "continue", since a forward and backward cannot be
+interrupted; progress per step from the staleness effect). This module is the runtime's
+adaptor, :class:`RuntimeAutoS`:
 
 * **Where the statistics live.** On every rank, fed on the agent thread by
   :meth:`RuntimeAutoS.on_decided` (the agent's ``on_decided`` hook, called in

@@ -258,6 +258,8 @@ class Simulator(WorkerSteps):
             # the master model's decoder runs no control round at any s: s = 0 and s >= 1
             # steps pay the same fixed cost (the rule's prior for the round: none)
             config.auto.round_prior = 0.0
+            # a rank left out stops at once under "cancel", finishes its step under "continue"
+            config.auto.straggler_policy = config.straggler_policy
         self.element_size = int(element_size)
         self.model_bytes = self.d * self.element_size
         self.kappa = (None if config.compression is None else config.compression.kappa(self.d))

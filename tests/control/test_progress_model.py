@@ -5,9 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from pgc_hvd.control.progress_model import (fit_staleness_cost, measured_staleness_cost, predict,
-                                            progress_per_step, rank, step_partitions,
-                                            time_per_step)
+from pgc_hvd.control.progress_model import (continue_time, fit_staleness_cost,
+                                            measured_staleness_cost, order_statistic_time,
+                                            predict, progress_per_step, rank, step_partitions,
+                                            step_time, time_per_step)
 
 
 def test_partitions_per_step_from_the_scheme():
@@ -50,6 +51,41 @@ def test_order_statistic_matches_exponential_closed_form():
         pytest.approx(2 + H - 1 + 0.5, rel=0.04)
     with pytest.raises(ValueError, match=r"\[0, n - 1\]"):
         time_per_step(delays, 1.0, 1, 8)
+
+
+def test_continue_time_a_left_out_rank_finishes_its_step_and_starts_the_next_late():
+    """Hand-checked chain (tau = 1, k = 1, n = 3, s = 1): step 0 finishes at 1, 2, 5 and fires
+    at 2 (rank 2 busy until 5); step 1: ranks 0, 1 start at 2 and finish at 3, 7; rank 2
+    starts at 5 and finishes at 6: fires at 6; step 2 (rank 1 busy until 7): 7, 8, 7 -> 7
+    (``cancel`` would fire at 2, 4, 8). The mean time between fires after the warm-up row."""
+    D = np.array([[0.0, 1.0, 4.0], [0.0, 4.0, 0.0], [0.0, 1.0, 0.0]])
+    assert continue_time(D, 1.0, 1, 1) == pytest.approx((7 - 2) / 2)
+    assert continue_time(D, 1.0, 1, 1, overhead=0.5) == pytest.approx((8.0 - 2.5) / 2)
+    # s = 0: every rank in every step, the order statistic
+    assert continue_time(D, 1.0, 1, 0) == order_statistic_time(D, 1.0, 1, 0)
+    with pytest.raises(ValueError, match=r"\[0, n - 1\]"):
+        continue_time(D, 1.0, 1, 3)
+    with pytest.raises(ValueError, match="policy"):
+        step_time(D, 1.0, 1, 1, policy="abandon")
+
+
+def test_continue_costs_what_the_simulator_measured_under_exponential_delays():
+    """n = 4, delays Exp(mean tau): s = 1 steps at 0.77x the s = 0 step when a left-out rank
+    finishes its step (the simulator: 0.120 against 0.155 s, docs/benchmarks.md) and 0.68x
+    when it stops at once (0.106 s); s = 2 at 0.64x and 0.52x (docs/control.md); slower than
+    ``cancel`` at every s >= 1."""
+    rng = np.random.default_rng(0)
+    D = rng.exponential(0.05, size=(4096, 4))
+    full = step_time(D, 0.05, 1, 0, policy="continue")
+    assert step_time(D, 0.05, 1, 1, policy="continue") / full == pytest.approx(0.77, abs=0.02)
+    assert step_time(D, 0.05, 1, 1, policy="cancel") / full == pytest.approx(0.68, abs=0.02)
+    assert step_time(D, 0.05, 1, 2, policy="continue") / full == pytest.approx(0.64, abs=0.02)
+    assert step_time(D, 0.05, 1, 2, policy="cancel") / full == pytest.approx(0.52, abs=0.02)
+    gaps = [step_time(D, 0.05, 1, s, policy="continue") - step_time(D, 0.05, 1, s)
+            for s in (1, 2, 3)]
+    assert min(gaps) > 0.01, gaps
+    p = predict("pgc-cr", 2, D.T.tolist(), 0.05, drawn=D, policy="continue")
+    assert p.time_per_step == step_time(D, 0.05, 1, 2, policy="continue")
 
 
 def test_deterministic_for_a_seed():
