@@ -160,6 +160,9 @@ def rank_main(args) -> None:
             "seconds_to_target": hit[1] if hit else None, "final_acc": acc,
             **({"auto": auto} if auto else {})})
     dist.barrier()
+    # a process that exits with the group alive can die in gloo's teardown ("terminate called
+    # without an active exception", seen once with ddp+buckets after its RESULT)
+    dist.destroy_process_group()
 
 
 def slowest(took: float) -> float:

@@ -33,8 +33,9 @@ The rule (docs/control.md, "s chosen online"):
   predict every candidate s in 0..s_max with :mod:`.progress_model` (time per step from the
   observed delays plus k partitions' compute, with the engine's ``straggler_policy``: a
   left-out rank that finishes its step starts the next one late, ``continue_time``; one that
-  stops at once, the order statistic; progress per step from the staleness effect). A candidate other than the current s is charged its re-plan: the
-  first step of a new plan evaluates every slot of the new ring (c partitions for PGC), so
+  stops at once, the order statistic; progress per step from the staleness effect). A
+  candidate other than the current s is charged its re-plan: the first step of a new plan
+  evaluates every slot of the new ring (c partitions for PGC), so
   (c_warm - k) tau is spread over ``horizon`` steps. Then:
 
   - **more redundancy** (best s > current) only if its expected progress per second beats

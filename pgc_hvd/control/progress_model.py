@@ -193,7 +193,8 @@ def order_statistic_time(D: np.ndarray, tau: float, k: int, s: int,
     return float(kth.mean()) + float(overhead)
 
 
-#: straggler_policy values: what a rank left out of a step does (module doc)
+#: ``straggler_policy`` values, what a rank left out of a step does (module doc): the
+#: runtime's and the simulator's option of that name, and the rule's model
 POLICIES = ("continue", "cancel")
 
 

@@ -33,12 +33,11 @@ import torch
 
 from pgc_hvd.compress import WIRE_DTYPES, TopK
 from pgc_hvd.options import is_count
+from pgc_hvd.control.progress_model import POLICIES  # straggler_policy's values
 from pgc_hvd.schemes import default_stragglers, get_scheme, scheme_class
 
 log = logging.getLogger("pgc_hvd.runtime")
 
-#: ``straggler_policy`` values (the simulator's option of the same name)
-POLICIES = ("continue", "cancel")
 #: ``control`` values (how control rows move: :mod:`pgc_hvd.runtime.channel`)
 CONTROLS = ("allgather", "store", "log")
 #: the default control plane: the ordered log, which does not poll, so pgc_hvd issues the same

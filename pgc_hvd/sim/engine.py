@@ -87,6 +87,7 @@ from pgc_hvd.compress.codecs import decode_real, dense_payload
 from pgc_hvd.compress.encoder import MessageEncoder
 from pgc_hvd.compress.topk import TopK, parse_compression
 from pgc_hvd.control.momentum import applies_to, compensated
+from pgc_hvd.control.progress_model import POLICIES
 from pgc_hvd.delays import DelayModel, as_delay_model, check_trace_covers, check_workers
 from pgc_hvd.metrics.records import StepRecord
 from pgc_hvd.options import is_count
@@ -169,7 +170,7 @@ class SimConfig:
                 "the top-kappa fraction kappa/d must lie in (0, 1], e.g. 0.05; None sends dense")
         if self.batch_size is not None and not is_count(self.batch_size):
             bad(f"batch_size = {self.batch_size!r}", "use an int >= 1, or None for full partitions")
-        if self.straggler_policy not in ("continue", "cancel"):
+        if self.straggler_policy not in POLICIES:
             bad(f"straggler_policy = {self.straggler_policy!r}", "use 'continue' or 'cancel'")
         if self.eval_every < 0 or self.diag_every < 1:
             bad(f"eval_every = {self.eval_every}, diag_every = {self.diag_every}",
