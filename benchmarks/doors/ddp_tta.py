@@ -71,9 +71,8 @@ def rank_main(args) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from sklearn.datasets import load_digits
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
     import pgc_hvd
@@ -82,18 +81,11 @@ def rank_main(args) -> None:
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    X, y = load_digits(return_X_y=True)
-    X = torch.tensor(X / 16, dtype=torch.float32).view(-1, 1, 8, 8)
-    y = torch.tensor(y)
-    g = torch.Generator().manual_seed(1234)
-    order = torch.randperm(len(y), generator=g)
-    X, y = X[order], y[order]
+    train, val = workload_data(args.workload)
     if args.workload == "lenet28":
         from step_cost import lenet
-        train, val = digits28(X[:1440], y[:1440], 9600, g), digits28(X[1440:], y[1440:], None, g)
         model, sgd = lenet(), dict(lr=0.03, momentum=0.9)
     else:
-        train, val = TensorDataset(X[:1440], y[:1440]), TensorDataset(X[1440:], y[1440:])
         model = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
                                     torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
                                     torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
@@ -196,6 +188,24 @@ def emulated(net, compute: float, delays, rank: int):
             return self.net(x)
 
     return Emulated()
+
+
+def workload_data(workload: str) -> tuple:
+    """(train, val) of ``--workload``: scikit-learn's digits in a fixed order, the first 1440
+    for training and the 357 others for validation, as 8x8 images (``digits``) or
+    :func:`digits28`'s 28x28 ones (``lenet28``)."""
+    import torch
+    from sklearn.datasets import load_digits
+    from torch.utils.data import TensorDataset
+    X, y = load_digits(return_X_y=True)
+    X = torch.tensor(X / 16, dtype=torch.float32).view(-1, 1, 8, 8)
+    y = torch.tensor(y)
+    g = torch.Generator().manual_seed(1234)
+    order = torch.randperm(len(y), generator=g)
+    X, y = X[order], y[order]
+    if workload == "lenet28":
+        return digits28(X[:1440], y[:1440], 9600, g), digits28(X[1440:], y[1440:], None, g)
+    return TensorDataset(X[:1440], y[:1440]), TensorDataset(X[1440:], y[1440:])
 
 
 def digits28(X, y, count, g):

@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pgc_hvd  # noqa: E402
-from ddp_tta import digits28  # noqa: E402
+from ddp_tta import workload_data  # noqa: E402
 from step_cost import lenet  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def train(door: str, data, steps: int, every: int, seed: int) -> list:
             opt.step()
             step += 1
             if step % every == 0:
-                snaps.append(torch.cat([p.detach().flatten().clone() for p in net.parameters()]))
+                snaps.append(parameters_to_vector(net.parameters()).detach())
             if step >= steps:
                 break
         epoch += 1
@@ -62,15 +63,8 @@ def main() -> None:
     p.add_argument("--every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    from sklearn.datasets import load_digits
     dist.init_process_group("gloo")
-    X, y = load_digits(return_X_y=True)
-    X = torch.tensor(X / 16, dtype=torch.float32).view(-1, 1, 8, 8)
-    y = torch.tensor(y)
-    g = torch.Generator().manual_seed(1234)       # ddp_tta.py's data, its order and offsets
-    order = torch.randperm(len(y), generator=g)
-    X, y = X[order], y[order]
-    data = digits28(X[:1440], y[:1440], 9600, g)
+    data, _ = workload_data("lenet28")            # ddp_tta.py's data, its order and offsets
     a = train("ddp", data, args.steps, args.every, args.seed)
     b = train("dgd", data, args.steps, args.every, args.seed)
     if dist.get_rank() == 0:

@@ -114,6 +114,14 @@ def batch_layout(parts: Sequence, batch_size: int, width: int) -> tuple[int, lis
     return b, rows
 
 
+def _check_holds(smallest: int, b: int) -> None:
+    """ValueError with the fix when the smallest partition holds fewer than the b samples a
+    step takes from it."""
+    if smallest < b:
+        raise ValueError(f"a partition holds {smallest} samples, fewer than the {b} a step "
+                         f"takes from it: use a smaller batch_size, fewer ranks or more data")
+
+
 class DealRule:
     """The batches of the default split (module doc): ``indices(k, t)``, the b indices of
     partition k's batch at step t, where partition k of epoch e is the list
@@ -126,12 +134,14 @@ class DealRule:
     def __init__(self, N: int, n: int, batch_size: int, seed: int):
         self.N, self.n, self.b, self.seed = int(N), int(n), int(batch_size), int(seed)
         self.per_rank = -(-self.N // self.n)          # DistributedSampler's num_samples
-        if self.per_rank < self.b:
-            raise ValueError(f"a partition holds {self.per_rank} samples, fewer than the "
-                             f"{self.b} a step takes from it: use a smaller batch_size, fewer "
-                             f"ranks or more data")
+        _check_holds(self.per_rank, self.b)
         self.steps_per_epoch = self.per_rank // self.b
         self._deals: collections.OrderedDict = collections.OrderedDict()
+
+    @property
+    def cached_deals(self) -> int:
+        """Epochs' deals held now (at most ``KEPT``)."""
+        return len(self._deals)
 
     def deal(self, epoch: int) -> np.ndarray:
         """(n, ceil(N / n)): row k is what DistributedSampler gives rank k in ``epoch``."""
@@ -218,11 +228,7 @@ class CodedSampler(Sampler):
             rule = self._rules[b] = DealRule(self.N, int(self.source.n), b, self.seed)
         elif rule is None:
             parts = self._parts()
-            smallest = min(len(p) for p in parts)
-            if smallest < b:
-                raise ValueError(f"a partition holds {smallest} samples, fewer than the {b} a "
-                                 f"step takes from it: use a smaller batch_size, fewer ranks "
-                                 f"or more data")
+            _check_holds(min(len(p) for p in parts), b)
             rule = self._rules[b] = BatchRule(parts, b, self.seed)
         return rule
 

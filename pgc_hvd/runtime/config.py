@@ -32,8 +32,8 @@ from typing import Any, Optional
 import torch
 
 from pgc_hvd.compress import WIRE_DTYPES, TopK
-from pgc_hvd.options import is_count
 from pgc_hvd.control.progress_model import POLICIES  # straggler_policy's values
+from pgc_hvd.options import is_count
 from pgc_hvd.schemes import default_stragglers, get_scheme, scheme_class
 
 log = logging.getLogger("pgc_hvd.runtime")

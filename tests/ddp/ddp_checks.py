@@ -201,6 +201,7 @@ def check_same_as_ddp(rank):
     the same initial model, SGD momentum 0.9, two epochs with ``set_epoch``: the parameters
     agree to float rounding (the sums' order differs), on every rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.utils import parameters_to_vector
     from torch.utils.data import DistributedSampler
     ds = data(500)          # not a multiple of n: DistributedSampler pads, the deal too
     out = []
@@ -224,8 +225,8 @@ def check_same_as_ddp(rank):
         if door != "ddp":
             assert opt.version == 2 * len(loader), (opt.version, len(loader))
             opt.close()
-        out.append(torch.cat([p.detach().flatten() for p in model.module.parameters()]))
-    init = torch.cat([p.detach().flatten() for p in net().parameters()])
+        out.append(parameters_to_vector(model.module.parameters()).detach())
+    init = parameters_to_vector(net().parameters()).detach()
     gap, moved = float((out[0] - out[1]).abs().max()), float((out[0] - init).abs().max())
     assert gap < 1e-5 and moved > 1e-2, (gap, moved)
     same_on_every_rank(params_digest(model), "parameters of the door at s = 0")

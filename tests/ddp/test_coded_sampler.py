@@ -113,7 +113,7 @@ def test_the_deal_is_distributed_samplers_batches_every_epoch(N, n, B):
     rule = DealRule(N, n, B, 5)
     for e in range(5):
         rule.deal(e)
-    assert len(rule._deals) == DealRule.KEPT      # nothing grows with the run
+    assert rule.cached_deals == DealRule.KEPT     # nothing grows with the run
     with pytest.raises(ValueError, match="fewer than"):
         DealRule(N, n, -(-N // n) + 1, 5)
 

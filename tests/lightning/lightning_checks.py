@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from sklearn.datasets import load_digits
+from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -114,12 +115,12 @@ def main(out_dir):
     for strategy in ("ddp", pgc_hvd.lightning.PGCStrategy(scheme="dgd", timeout=60)):
         torch.manual_seed(1)
         m = Digits()
-        init = torch.cat([p.detach().flatten().clone() for p in m.parameters()])
+        init = parameters_to_vector(m.parameters()).detach()
         L.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=2,
                   limit_train_batches=21, num_sanity_val_steps=0, limit_val_batches=0,
                   logger=False, enable_progress_bar=False, enable_model_summary=False,
                   enable_checkpointing=False).fit(m, train)
-        out.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
+        out.append(parameters_to_vector(m.parameters()).detach())
     gap, moved = float((out[0] - out[1]).abs().max()), float((out[0] - init).abs().max())
     assert gap < 1e-5 and moved > 1e-2, (gap, moved)
     ok("same_as_ddp", rank)
