@@ -152,9 +152,13 @@ def rank_main(args) -> None:
             "seconds_to_target": hit[1] if hit else None, "final_acc": acc,
             **({"auto": auto} if auto else {})})
     dist.barrier()
-    # a process that exits with the group alive can die in gloo's teardown ("terminate called
-    # without an active exception", seen once with ddp+buckets after its RESULT)
-    dist.destroy_process_group()
+    # gloo's teardown can abort a rank after its RESULT ("terminate called without an active
+    # exception": with ddp+buckets, and with plain DDP after destroy_process_group, 2026-12-07),
+    # which failed a whole launch of many seeds; the result is out and every rank is past the
+    # barrier, so the process ends without tearing down
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def slowest(took: float) -> float:
