@@ -31,7 +31,8 @@ a second collective follows: one ``all_gather_single`` when every rank has the s
 rows, otherwise one ``all_to_all_single`` with the exact splits (each rank sends its own rows
 to every rank), so no large tensor is padded to the longest: its bytes are its own.
 
-May import: the standard library and torch; nothing of the package.
+May import: the standard library, torch and :mod:`pgc_hvd.torchdist.halving` (the agents'
+sums of CPU tensors, ``sum_timeout``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
+
+from pgc_hvd.torchdist import halving
 
 
 class CollectiveError(RuntimeError):
@@ -200,8 +203,13 @@ class GroupOps:
     Sum, Average, Min, Max, Product, Adasum = Sum, Average, Min, Max, Product, Adasum
 
     def __init__(self, group, label: str, rank: int, size: int,
-                 explain: Callable[[], str] = lambda: "", gpu_host: Optional[int] = None):
+                 explain: Callable[[], str] = lambda: "", gpu_host: Optional[int] = None,
+                 sum_timeout: Optional[float] = None):
         self.group, self.label = group, label
+        #: seconds: sums of CPU tensors go by :mod:`~pgc_hvd.torchdist.halving` (an agent's data
+        #: group, whose allreduces one thread waits with this deadline); None: gloo's
+        self.sum_timeout = None if sum_timeout is None else float(sum_timeout)
+        self._scratch: dict = {}          # dtype -> the halving's receive buffer, recycled
         self._rank, self._size = int(rank), int(size)
         self.explain = explain
         self.calls = 0
@@ -369,9 +377,22 @@ class GroupOps:
                 tensor.mul_(prescale_factor)
             if self._size == 1:
                 return finish()
+            if (self.sum_timeout is not None and op in (Sum, Average)
+                    and halving.applies(tensor, self._size)):
+                return halving.allreduce_sum(tensor, self.group, self._rank, self._size,
+                                             self.sum_timeout, lambda k: self.scratch(
+                                                 k, tensor.dtype), finish, Stage)
             return Stage(dist.all_reduce(tensor, op=op.torch_op, group=self.group,
                                          async_op=True), finish)
         return self._start(name, issue, tensor.device)
+
+    def scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A recycled CPU buffer of at least ``numel`` elements of ``dtype`` (the halving's
+        received halves: a fresh one of tens of MB is page-faulted at its first write)."""
+        buf = self._scratch.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = self._scratch[dtype] = torch.empty(numel, dtype=dtype)
+        return buf
 
     def allreduce_async(self, tensor: torch.Tensor, average=None, name: Optional[str] = None,
                         op=None, **scale) -> Handle:

@@ -4,6 +4,8 @@
                                         # allreduce, broadcasts, optimizer state, threads
     python torchdist_checks.py order    # PGC_HVD_TORCH_CHECK_ORDER=1: a rank that issues a
                                         # different collective is named
+    python torchdist_checks.py halving  # an agent's data sums by halving and doubling (np 2, 4)
+    python torchdist_checks.py halving-dead | halving-hung   # np 4: rank 3 gone / frozen
 
 Each check prints "CHECK <name> ok rank=<r>"; a failure raises (non-zero exit).
 """
@@ -155,6 +157,85 @@ def check_threads_on_their_own_groups():
     ok("threads_on_their_own_groups")
 
 
+def check_halving():
+    """An agent's data group sums CPU tensors by recursive halving and doubling
+    (pgc_hvd.torchdist.halving) at a power of two ranks: the sum of every rank's tensor to float
+    rounding, the same bits on every rank, for odd sizes and every float dtype; a tensor of
+    fewer elements than ranks or of more than 1 MiB, an integer one and a Max keep gloo's
+    allreduce (the same checks)."""
+    from pgc_hvd.torchdist import halving
+    r, n = hvd.rank(), hvd.size()
+    data = torchdist.agent_ops("halving", timeout=30).data
+    assert data.sum_timeout == 30.0
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for numel in (n, 5, 1000, 61_706, 300_001):
+            x = torch.randn(numel, generator=torch.Generator().manual_seed(7 * r + numel))
+            x = x.to(dtype)
+            fits = x.numel() * x.element_size() <= halving.MAX_BYTES
+            assert halving.applies(x, n) == (fits and n & (n - 1) == 0), (dtype, numel)
+            got = data.synchronize(data.allreduce_async_(x.clone(), op=data.Sum))
+            every = hvd.allgather(x.double().view(1, -1), name="halving.inputs")
+            want = every.sum(0)
+            tol = {torch.float16: 2e-2, torch.bfloat16: 1e-1}.get(dtype, 1e-5)
+            assert torch.allclose(got.double(), want, rtol=tol, atol=tol), (dtype, numel)
+            rows = hvd.allgather(got.view(1, -1).double(), name="halving.bits")
+            assert all(torch.equal(rows[0], rows[w]) for w in range(n)), (dtype, numel)
+            avg = data.synchronize(data.allreduce_async_(x.clone(), op=data.Average))
+            assert torch.allclose(avg.double(), want / n, rtol=tol, atol=tol)
+    # gloo's allreduce where halving does not apply
+    small = torch.full((n - 1,), float(r + 1))
+    assert not halving.applies(small, n)
+    got = data.synchronize(data.allreduce_async_(small, op=data.Sum))
+    assert got.tolist() == [n * (n + 1) / 2] * (n - 1)
+    ints = data.synchronize(data.allreduce_async_(torch.tensor([r, 1]), op=data.Sum))
+    assert ints.tolist() == [n * (n - 1) // 2, n]
+    top = data.synchronize(data.allreduce_async_(torch.tensor([float(r)] * 8), op=data.Max))
+    assert top.tolist() == [float(n - 1)] * 8
+    ok("halving_sums")
+
+
+def check_halving_fault(how: str):
+    """np 4, rank 3 gone (``dead``: its process exits) or frozen (``hung``) before a halving
+    sum: the others' sum fails at once naming a collective failure (dead), or stays not
+    completed until the allreduce's deadline, without an error and without the pair closed
+    before it (hung), as gloo's collective does for ``communicator.wait_for_handle``."""
+    from pgc_hvd.runtime.communicator import wait_for_handle
+    r = hvd.rank()
+    data = torchdist.agent_ops("halving", timeout=3).data
+    x = torch.ones(10_000)
+    data.synchronize(data.allreduce_async_(x, op=data.Sum))      # every pair connected
+    hvd.allreduce(torch.zeros(1), name="halving.ready")
+    if r == 3:
+        if how == "dead":
+            os._exit(0)
+        time.sleep(12)
+        os._exit(0)
+    t0 = time.monotonic()
+    h = data.allreduce_async_(torch.ones(10_000), op=data.Sum)
+    if how == "dead":
+        try:
+            data.synchronize(h)
+        except torchdist.CollectiveError as err:
+            took = time.monotonic() - t0
+            assert took < 2.5, took
+            print(f"CHECK-NOTE dead partner failed after {took:.2f}s: {err}", flush=True)
+        else:
+            raise AssertionError("a sum with a dead rank completed")
+    else:
+        # a wait of 1 s blocks until the allreduce's 3 s deadline (gloo's point-to-point
+        # waits cannot be cut in slices), then reports "not completed", and so does every
+        # later wait, at once, without an error
+        assert not wait_for_handle(data, h, 1.0), "completed without rank 3"
+        took = time.monotonic() - t0
+        assert 2.9 < took < 5.0, took
+        t1 = time.monotonic()
+        assert not any(data.wait_for(h, 0.5) for _ in range(5))
+        assert time.monotonic() - t1 < 0.5, time.monotonic() - t1
+    ok(f"halving_{how}")
+    sys.stdout.flush()
+    os._exit(0)      # the group is broken: no shutdown
+
+
 def check_order():
     """PGC_HVD_TORCH_CHECK_ORDER=1: every collective first compares its name across ranks."""
     assert torchdist.ops.CHECK_ORDER
@@ -180,10 +261,15 @@ def main():
         check_threads_on_their_own_groups()
     elif mode == "order":
         check_order()
+    elif mode == "halving":
+        check_halving()
+    elif mode.startswith("halving-"):
+        check_halving_fault(mode.partition("-")[2])
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(f"ALL OK rank={hvd.rank()}", flush=True)
-    hvd.shutdown()
+    if mode != "halving":      # an entry of a shared launch (tests/torchdist): others follow
+        hvd.shutdown()
 
 
 if __name__ == "__main__":
