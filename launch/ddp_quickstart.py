@@ -11,7 +11,8 @@ dataset = TensorDataset(torch.tensor(X / 16, dtype=torch.float32), torch.tensor(
 sampler = pgc_hvd.CodedSampler(dataset, batch_size=32)               # was DistributedSampler
 loader = DataLoader(dataset, batch_size=32, sampler=sampler)
 model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-model = pgc_hvd.DistributedDataParallel(model, scheme="pgc-cr", stragglers=1)   # was DDP(model)
+model = pgc_hvd.DistributedDataParallel(model, scheme="pgc-cr",           # was DDP(model)
+                                        stragglers="auto")   # s chosen online; or an int
 optimizer = model.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 for epoch in range(5):
     sampler.set_epoch(epoch)

@@ -36,7 +36,15 @@ rank ahead waits for the others in the evaluation's collective; before 2026-12-0
 benchmark counted rank 0's time and slept the compute in the loop, where a catching-up rank
 spends it too, so with one slow rank the door measured DDP's time when the slow rank was rank
 0 and hid the slow rank's lag in the evaluation's wait otherwise). A run stops at the first
-evaluation at or above ``--target`` (or at ``--max-steps``). Door ``pgc-cr`` (or any scheme
+evaluation at or above ``--target`` (or at ``--max-steps``). That pause drains every rank's
+step in flight every ``--eval-every`` steps, which a run that validates once an epoch does not
+pay, and which costs a scheme that leaves ranks out a late rank's whole step at each pause
+(``benchmarks/doors/step_timeline.py`` under exponential delays: the door's period at s = 2 is
+0.67x DDP's, its s/step here 0.76x). ``--eval snapshots`` measures without it: every rank runs
+``--max-steps`` steps without a pause, rank 0 keeps the parameters every ``--eval-every``
+steps, every rank notes when each update reached it, and afterwards rank 0 evaluates the
+copies; the target's time is when its update first existed on any rank (the parameters are the
+same on every rank), from the common start (:func:`snapshots_run`). Door ``pgc-cr`` (or any scheme
 name, ``pgc-cr@1`` for s = 1, ``pgc-cr@auto`` for ``stragglers="auto"``, ``+overlap`` /
 ``+serial`` for overlap=True / False) is ``pgc_hvd.DistributedDataParallel``; ``ddp+buckets``
 is torch's DDP with 0.05 MB buckets: the same batches and update as ``ddp``, summed in
@@ -120,6 +128,88 @@ def rank_main(args) -> None:
         model.train()
         return float(tot[0] / tot[1])
 
+    if args.eval == "snapshots":
+        step, trained, hit, acc = snapshots_run(args, model, emu, opt, loader, sampler, val,
+                                                rank, n)
+    else:
+        step, trained, hit, acc = synced_run(args, model, emu, opt, loader, sampler, evaluate)
+    auto = getattr(opt, "auto_stragglers", None)    # stragglers="auto": where it ran, why
+    auto = auto.summary() if auto is not None else None
+    if hasattr(opt, "close"):
+        opt.close()
+    if rank == 0:
+        print_result({
+            "door": args.door, "delay": args.delay, "seed": args.seed, "n": n,
+            "eval": args.eval, "steps": step, "seconds": trained, "s_per_step": trained / step,
+            "steps_to_target": hit[0] if hit else None,
+            "seconds_to_target": hit[1] if hit else None, "final_acc": acc,
+            **({"auto": auto} if auto else {})})
+    dist.barrier()
+    # gloo's teardown can abort a rank after its RESULT ("terminate called without an active
+    # exception": with ddp+buckets, and with plain DDP after destroy_process_group, 2026-12-07),
+    # which failed a whole launch of many seeds; the result is out and every rank is past the
+    # barrier, so the process ends without tearing down
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def snapshots_run(args, model, emu, opt, loader, sampler, val, rank: int, n: int):
+    """``--eval snapshots``: ``--max-steps`` steps without a pause; every ``--eval-every``
+    steps rank 0 keeps a copy of the parameters, and every rank notes when each update reached
+    it; afterwards rank 0 evaluates the copies (the whole validation set) and the target's
+    time is the first rank's arrival of the first update at or above it, from the start.
+    Nothing synchronises the ranks between steps, as in a run that validates once an epoch
+    (``synced_run``'s pauses drain every rank's step in flight every ``--eval-every`` steps)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    net = emu.net
+    copies, arrived, step, epoch = [], [], 0, 0
+    dist.barrier()
+    start = time.time()
+    while step < args.max_steps:
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            emu.step = step
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            step += 1
+            arrived.append(time.time() - start)
+            if rank == 0 and step % args.eval_every == 0:
+                copies.append((step, parameters_to_vector(net.parameters()).detach().clone()))
+            if step >= args.max_steps:
+                break
+        epoch += 1
+    every = [None] * n
+    dist.all_gather_object(every, arrived)
+    first = [min(col) for col in zip(*every)]       # when update k + 1 first existed
+    hit, acc = None, 0.0
+    if rank == 0:
+        final = parameters_to_vector(net.parameters()).detach().clone()
+        net.eval()
+        X, y = val.tensors
+        with torch.no_grad():
+            for k, vec in copies:
+                vector_to_parameters(vec, net.parameters())
+                acc = float((net(X).argmax(1) == y).float().mean())
+                if acc >= args.target:
+                    hit = (k, first[k - 1])
+                    break
+            # the model as trained again: the door's close compares it across ranks
+            vector_to_parameters(final, net.parameters())
+        net.train()
+    return step, first[-1], hit, acc
+
+
+def synced_run(args, model, emu, opt, loader, sampler, evaluate):
+    """``--eval synced``: every ``--eval-every`` steps the clock stops and every rank evaluates
+    (module doc); stops at the target."""
+    import torch.nn.functional as F
+
     step, trained, hit, acc = 0, 0.0, None, 0.0
     epoch = 0
     t0 = time.monotonic()
@@ -140,25 +230,7 @@ def rank_main(args) -> None:
                 if hit is not None or step >= args.max_steps:
                     break
         epoch += 1
-    auto = getattr(opt, "auto_stragglers", None)    # stragglers="auto": where it ran, why
-    auto = auto.summary() if auto is not None else None
-    if hasattr(opt, "close"):
-        opt.close()
-    if rank == 0:
-        print_result({
-            "door": args.door, "delay": args.delay, "seed": args.seed, "n": n,
-            "steps": step, "seconds": trained, "s_per_step": trained / step,
-            "steps_to_target": hit[0] if hit else None,
-            "seconds_to_target": hit[1] if hit else None, "final_acc": acc,
-            **({"auto": auto} if auto else {})})
-    dist.barrier()
-    # gloo's teardown can abort a rank after its RESULT ("terminate called without an active
-    # exception": with ddp+buckets, and with plain DDP after destroy_process_group, 2026-12-07),
-    # which failed a whole launch of many seeds; the result is out and every rank is past the
-    # barrier, so the process ends without tearing down
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return step, trained, hit, acc
 
 
 def slowest(took: float) -> float:
@@ -316,7 +388,8 @@ def launch(args, door: str, pattern: str, seed: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(args.np), __file__, "--rank-main", "--door", door, "--delay", spec,
            "--seed", str(seed), "--compute", str(args.compute), "--target", str(args.target),
-           "--eval-every", str(args.eval_every), "--max-steps", str(args.max_steps),
+           "--eval-every", str(args.eval_every), "--eval", args.eval,
+           "--max-steps", str(args.max_steps),
            "--workload", args.workload]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=ROOT)
@@ -341,6 +414,7 @@ def main(argv=None) -> int:
     p.add_argument("--compute", type=float, default=0.05)
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--eval", choices=("synced", "snapshots"), default="synced")
     p.add_argument("--max-steps", type=int, default=400)
     p.add_argument("--workload", choices=("digits", "lenet28"), default="digits")
     p.add_argument("--json", default=None)
@@ -348,6 +422,9 @@ def main(argv=None) -> int:
     if args.rank_main:
         rank_main(args)
         return 0
+    if args.eval == "snapshots" and any(d.startswith("lightning:") for d in args.doors.split(",")):
+        p.error("--eval snapshots runs the plain loop's doors; the Lightning doors evaluate "
+                "in a callback (--eval synced)")
     for pattern in args.patterns.split(","):        # refuse an unknown pattern at once
         try:
             pattern_spec(pattern, args.np, args.compute, args.max_steps)

@@ -116,7 +116,9 @@ def load_state_dict(opt, state_dict: dict) -> None:
     """``opt.load_state_dict(state_dict)`` (see its docstring), through ``opt``'s public
     members: the torch part, then this rank's own ``"pgc"`` part in full
     (``opt.load_pgc_state_dict``), or only the version (``opt.start_at``) for a state of
-    another rank of the same run; another world size or scheme is refused."""
+    another rank of the same run, or of another s under ``stragglers="auto"`` (the rule starts
+    again from its first s, with an empty ring, as at the first steps); another world size or
+    scheme, or another s with a fixed one, is refused."""
     from pgc_hvd.runtime.checkpoint import CheckpointError, check_same_run
 
     sd = dict(state_dict)
@@ -131,9 +133,11 @@ def load_state_dict(opt, state_dict: dict) -> None:
         if not isinstance(extra, dict):
             raise CheckpointError(f"the state dict's 'pgc' entry is {type(extra).__name__}, "
                                   f"not the dict state_dict() writes")
+        auto = opt.auto_stragglers is not None     # s was the rule's at the save
         check_same_run(extra, {"scheme": opt.scheme.name, "n": opt.n, "s": opt.scheme.s},
-                       "the optimizer state", keys=("scheme", "n", "s"))
-    if extra is not None and extra.get("rank") == opt.rank:
+                       "the optimizer state",
+                       keys=("scheme", "n") if auto else ("scheme", "n", "s"))
+    if extra is not None and extra.get("rank") == opt.rank and extra.get("s") == opt.scheme.s:
         opt.load_pgc_state_dict({"optimizer": sd, **extra}, "the state dict")
         return
     opt.load_torch_state_dict(sd)

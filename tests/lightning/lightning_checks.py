@@ -3,7 +3,9 @@ validation and a checkpoint, then a second Trainer (``strategy="pgc"``) resumed 
 phase ends with a cross-rank digest of the parameters. The last rank is slowed during the fit.
 Then ``same_as_ddp``: ``strategy="ddp"`` and ``PGCStrategy(scheme="dgd")`` from the same initial
 model, two epochs: the same parameters to float rounding (the strategy's sampler deals each
-epoch as Lightning's DistributedSampler, with its seed). Prints ``CHECK <name> ok rank=<r>``."""
+epoch as Lightning's DistributedSampler, with its seed). Then ``auto``: ``stragglers="auto"``
+with the last rank slowed, fit and checkpoint, resumed by a second Trainer. Prints
+``CHECK <name> ok rank=<r>``."""
 
 import sys
 import time
@@ -124,6 +126,24 @@ def main(out_dir):
     gap, moved = float((out[0] - out[1]).abs().max()), float((out[0] - init).abs().max())
     assert gap < 1e-5 and moved > 1e-2, (gap, moved)
     ok("same_as_ddp", rank)
+
+    # stragglers="auto" (the README's quick start): the last rank slowed, one epoch and a
+    # checkpoint, then a second Trainer resumed from it for another
+    for epochs, resume in ((1, None), (2, f"{out_dir}/auto/last.ckpt")):
+        m = Digits()
+        t = L.Trainer(strategy=pgc_hvd.lightning.PGCStrategy(scheme="pgc-cr", stragglers="auto",
+                                                             timeout=60),
+                      accelerator="cpu", devices=2, max_epochs=epochs, logger=False,
+                      callbacks=[ModelCheckpoint(dirpath=f"{out_dir}/auto", save_last=True),
+                                 SlowRank()],
+                      enable_progress_bar=False, enable_model_summary=False)
+        t.fit(m, train, val, ckpt_path=resume)
+        opt = t.strategy.optimizers[0]
+        assert opt.version == t.global_step == epochs * steps, (opt.version, t.global_step)
+        assert opt.auto_stragglers is not None
+        print(f"AUTO version={opt.version} s={opt.auto_stragglers.s} PARAMS "
+              f"{same_on_every_rank(params_digest(m), 'parameters under auto')}", flush=True)
+    ok("auto", rank)
 
 
 if __name__ == "__main__":

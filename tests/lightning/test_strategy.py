@@ -1,7 +1,7 @@
 """The Lightning door: a LightningModule trained unchanged by ``PGCStrategy`` at np 2 on the
 CPU under torchrun (fit, validation, a checkpoint saved and resumed with ``strategy="pgc"``,
-identical parameters; at s = 0 the same model as ``strategy="ddp"``), and the strategy's
-refusals."""
+identical parameters; at s = 0 the same model as ``strategy="ddp"``; ``stragglers="auto"``
+fit and resumed), and the strategy's refusals."""
 
 from pathlib import Path
 
@@ -15,7 +15,8 @@ HERE = Path(__file__).resolve().parent
 def test_lightning_fit_validate_checkpoint_resume(torchrun, tmp_path):
     proc = torchrun(2, HERE / "lightning_checks.py", tmp_path / "ckpt", timeout=300)
     out = proc.stdout.splitlines()
-    assert {"fit", "resume", "same_as_ddp"} <= passed_everywhere(proc.stdout, 2), proc.stdout
+    assert {"fit", "resume", "same_as_ddp", "auto"} <= passed_everywhere(proc.stdout, 2), \
+        proc.stdout
     for tag in ("FIT", "RESUMED"):
         digests = {l.split("PARAMS ")[1] for l in out if f"{tag} version=" in l}
         assert len(digests) == 1, proc.stdout
