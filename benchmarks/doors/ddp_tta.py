@@ -78,12 +78,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def rank_main(args) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
-    import pgc_hvd
     from pgc_hvd.delays import parse_delay
 
     dist.init_process_group("gloo")
@@ -101,20 +98,7 @@ def rank_main(args) -> None:
     model = emu = emulated(model, args.compute, parse_delay(args.delay), rank)
     if args.door.startswith("lightning:"):
         return lightning_main(args, model, train, val, sgd, rank, n)
-    if args.door in ("ddp", "ddp+buckets"):
-        sampler = DistributedSampler(train, seed=args.seed)
-        # ddp+buckets: the same run but for the sums' rounding (five buckets at LeNet-5's
-        # size: another order of the ring's additions), the floor of what a ratio can resolve
-        model = DDP(model, bucket_cap_mb=0.05 if args.door == "ddp+buckets" else 25)
-        opt = torch.optim.SGD(model.parameters(), **sgd)
-    else:
-        door, _, how = args.door.partition("+")     # pgc-cr+overlap / pgc-cr+serial
-        scheme, _, s = door.partition("@")
-        sampler = pgc_hvd.CodedSampler(train, batch_size=32, seed=args.seed)
-        model = pgc_hvd.DistributedDataParallel(model, scheme=scheme,
-                                                stragglers=stragglers(s), timeout=120,
-                                                overlap={"overlap": True, "serial": False}.get(how))
-        opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), **sgd))
+    model, opt, sampler = make_door(args.door, model, train, sgd, args.seed)
     loader = DataLoader(train, batch_size=32, sampler=sampler)
     val_loader = DataLoader(val, batch_size=128, sampler=DistributedSampler(val, shuffle=False))
 
@@ -154,6 +138,49 @@ def rank_main(args) -> None:
     os._exit(0)
 
 
+def make_door(door: str, model, train, sgd: dict, seed: int) -> tuple:
+    """``(model, optimizer, sampler)`` of a plain-loop door (module doc) around ``model``:
+    ``ddp`` / ``ddp+buckets`` torch's DDP with ``DistributedSampler``, else the DDP door
+    ``SCHEME[@s][+overlap|+serial]`` with ``CodedSampler``; SGD with ``sgd``."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data.distributed import DistributedSampler
+
+    import pgc_hvd
+
+    if door in ("ddp", "ddp+buckets"):
+        # ddp+buckets: the same run but for the sums' rounding (five buckets at LeNet-5's
+        # size: another order of the ring's additions), the floor of what a ratio can resolve
+        model = DDP(model, bucket_cap_mb=0.05 if door == "ddp+buckets" else 25)
+        return (model, torch.optim.SGD(model.parameters(), **sgd),
+                DistributedSampler(train, seed=seed))
+    door, _, how = door.partition("+")     # pgc-cr+overlap / pgc-cr+serial
+    scheme, _, s = door.partition("@")
+    model = pgc_hvd.DistributedDataParallel(model, scheme=scheme, stragglers=stragglers(s),
+                                            timeout=120,
+                                            overlap={"overlap": True, "serial": False}.get(how))
+    return (model, model.distributed_optimizer(torch.optim.SGD(model.parameters(), **sgd)),
+            pgc_hvd.CodedSampler(train, batch_size=32, seed=seed))
+
+
+def train_steps(model, emu, opt, loader, sampler):
+    """The DDP tutorial's loop, epoch after epoch (``sampler.set_epoch``): one training step
+    per item, yielding the steps done so far; ``emu.step`` set before each batch."""
+    import torch.nn.functional as F
+
+    step, epoch = 0, 0
+    while True:
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            emu.step = step
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            step += 1
+            yield step
+        epoch += 1
+
+
 def snapshots_run(args, model, emu, opt, loader, sampler, val, rank: int, n: int):
     """``--eval snapshots``: ``--max-steps`` steps without a pause; every ``--eval-every``
     steps rank 0 keeps a copy of the parameters, and every rank notes when each update reached
@@ -163,27 +190,18 @@ def snapshots_run(args, model, emu, opt, loader, sampler, val, rank: int, n: int
     (``synced_run``'s pauses drain every rank's step in flight every ``--eval-every`` steps)."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     net = emu.net
-    copies, arrived, step, epoch = [], [], 0, 0
+    copies, arrived = [], []
     dist.barrier()
     start = time.time()
-    while step < args.max_steps:
-        sampler.set_epoch(epoch)
-        for xb, yb in loader:
-            emu.step = step
-            opt.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            opt.step()
-            step += 1
-            arrived.append(time.time() - start)
-            if rank == 0 and step % args.eval_every == 0:
-                copies.append((step, parameters_to_vector(net.parameters()).detach().clone()))
-            if step >= args.max_steps:
-                break
-        epoch += 1
+    for step in train_steps(model, emu, opt, loader, sampler):
+        arrived.append(time.time() - start)
+        if rank == 0 and step % args.eval_every == 0:
+            copies.append((step, parameters_to_vector(net.parameters()).detach().clone()))
+        if step >= args.max_steps:
+            break
     every = [None] * n
     dist.all_gather_object(every, arrived)
     first = [min(col) for col in zip(*every)]       # when update k + 1 first existed
@@ -208,28 +226,18 @@ def snapshots_run(args, model, emu, opt, loader, sampler, val, rank: int, n: int
 def synced_run(args, model, emu, opt, loader, sampler, evaluate):
     """``--eval synced``: every ``--eval-every`` steps the clock stops and every rank evaluates
     (module doc); stops at the target."""
-    import torch.nn.functional as F
-
-    step, trained, hit, acc = 0, 0.0, None, 0.0
-    epoch = 0
+    trained, hit, acc = 0.0, None, 0.0
     t0 = time.monotonic()
-    while hit is None and step < args.max_steps:
-        sampler.set_epoch(epoch)
-        for xb, yb in loader:
-            emu.step = step
-            opt.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            opt.step()
-            step += 1
-            if step % args.eval_every == 0 or step >= args.max_steps:
-                trained += slowest(time.monotonic() - t0)
-                acc = evaluate()
-                if acc >= args.target and hit is None:
-                    hit = (step, trained)
-                t0 = time.monotonic()
-                if hit is not None or step >= args.max_steps:
-                    break
-        epoch += 1
+    for step in train_steps(model, emu, opt, loader, sampler):
+        if step % args.eval_every == 0 or step >= args.max_steps:
+            trained += slowest(time.monotonic() - t0)
+            acc = evaluate()
+            if acc >= args.target:
+                hit = (step, trained)
+                break
+            if step >= args.max_steps:
+                break
+            t0 = time.monotonic()
     return step, trained, hit, acc
 
 

@@ -39,12 +39,9 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader
-    from torch.utils.data.distributed import DistributedSampler
 
-    import pgc_hvd
-    from ddp_tta import emulated, stragglers, workload_data
+    from ddp_tta import emulated, make_door, workload_data
     from pgc_hvd.delays import parse_delay
     from step_cost import lenet
 
@@ -53,16 +50,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     train, _ = workload_data("lenet28")
     model = emu = emulated(lenet(), args.compute, parse_delay(args.delay), rank)
-    sgd = dict(lr=0.03, momentum=0.9)
-    scheme, _, s = args.door.partition("@")
-    if scheme == "ddp":
-        sampler, model = DistributedSampler(train, seed=0), DDP(model)
-        opt = torch.optim.SGD(model.parameters(), **sgd)
-    else:
-        sampler = pgc_hvd.CodedSampler(train, batch_size=32, seed=0)
-        model = pgc_hvd.DistributedDataParallel(model, scheme=scheme, stragglers=stragglers(s),
-                                                timeout=120)
-        opt = model.distributed_optimizer(torch.optim.SGD(model.parameters(), **sgd))
+    model, opt, sampler = make_door(args.door, model, train, dict(lr=0.03, momentum=0.9), 0)
+    s = args.door.partition("@")[2].partition("+")[0]
     s = int(s) if s and s != "auto" else 0
     loader = DataLoader(train, batch_size=32, sampler=sampler)
     rows, step, epoch = [], 0, 0

@@ -195,12 +195,12 @@ def agent_ops(name: str, timeout: float, device=None) -> "AgentOps":
             t = max(W.timeout, 2.0 * float(timeout) + 10.0)
             ctl = GroupOps(_new_group(t, "gloo"), f"{name}.ctl", train.rank(), train.size(),
                            explain)
-            # its sums of CPU tensors by recursive halving and doubling, waited up to the
-            # agent's deadline (pgc_hvd.torchdist.halving)
             data = GroupOps(_new_group(t), f"{name}.data", train.rank(), train.size(),
-                            explain, gpu_host=_gpu_host(W.backend), sum_timeout=timeout)
+                            explain, gpu_host=_gpu_host(W.backend))
             ops = W.agents[name] = AgentOps(ctl, data)
-    ops.data.sum_timeout = float(timeout)   # this agent's deadline (a later one may differ)
+    # the data group's sums of CPU tensors by recursive halving and doubling, waited up to
+    # this agent's deadline (pgc_hvd.torchdist.halving; a later agent of the name may differ)
+    ops.data.sum_timeout = float(timeout)
     if device is not None:
         ops.data.check_gpu(torch.device(device))   # the same point on every rank (kind agrees)
     return ops
