@@ -271,11 +271,14 @@ def check_same_run(state: dict, current: dict, source: str = "the state dict",
                                   f"and world size it was saved with{hint}")
 
 
-def check_pgc_state(state, current: dict, source: str = "the state dict") -> None:
+def check_pgc_state(state, current: dict, source: str = "the state dict", *,
+                    other_s: bool = False) -> None:
     """CheckpointError unless ``state`` (a saved ``pgc_state_dict()``) can be restored into the
     optimizer whose own ``pgc_state_dict()`` is ``current``: the required keys, the same scheme,
     n, s and rank, a step >= 0, ring buffers and residual of the same number and shapes, and the
-    same parameter groups. Nothing is changed; ``load_pgc_state_dict`` calls it first."""
+    same parameter groups. ``other_s`` (``stragglers="auto"``, a state of another s: only its
+    torch state and step are restored): the same scheme, n and rank and a step >= 0 only.
+    Nothing is changed; ``load_pgc_state_dict`` calls it first."""
     if not isinstance(state, dict):
         raise CheckpointError(f"{source}: its optimizer state is {_describe(state)}, not the "
                               f"dict of pgc_state_dict()")
@@ -283,10 +286,20 @@ def check_pgc_state(state, current: dict, source: str = "the state dict") -> Non
     if missing:
         raise CheckpointError(f"{source}: its optimizer state lacks {missing}; it was not written "
                               f"by pgc_state_dict() / save_checkpoint")
-    check_same_run(state, current, source)
+    check_same_run(state, current, source,
+                   keys=("scheme", "n", "rank") if other_s else ("scheme", "n", "s", "rank"))
     v = state["version"]
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise CheckpointError(f"{source}: its step (version) is {v!r}, not an int >= 0")
+    groups, want_groups = state["optimizer"], current["optimizer"]["param_groups"]
+    saved_groups = groups.get("param_groups") if isinstance(groups, dict) else None
+    if (not isinstance(saved_groups, list) or "state" not in groups or
+            [len(g.get("params", ())) for g in saved_groups] != [len(g["params"]) for g in want_groups]):
+        raise CheckpointError(f"{source}: its optimizer state does not fit this optimizer (saved "
+                              f"parameter groups {_group_sizes(saved_groups)}, this optimizer "
+                              f"{_group_sizes(want_groups)})")
+    if other_s:    # only the torch state and the step are restored
+        return
     ring, want = state["ring"], current["ring"]
     if not isinstance(ring, (list, tuple)) or [_shape(b) for b in ring] != [_shape(b) for b in want]:
         got = [_shape(b) for b in ring] if isinstance(ring, (list, tuple)) else _describe(ring)
@@ -301,13 +314,6 @@ def check_pgc_state(state, current: dict, source: str = "the state dict") -> Non
         raise CheckpointError(f"{source}: error-feedback residual {_shape(res)}, this run "
                               f"{_shape(want_res)} (None = no error-feedback compression); restore "
                               f"with the compression it was saved with")
-    groups, want_groups = state["optimizer"], current["optimizer"]["param_groups"]
-    saved_groups = groups.get("param_groups") if isinstance(groups, dict) else None
-    if (not isinstance(saved_groups, list) or "state" not in groups or
-            [len(g.get("params", ())) for g in saved_groups] != [len(g["params"]) for g in want_groups]):
-        raise CheckpointError(f"{source}: its optimizer state does not fit this optimizer (saved "
-                              f"parameter groups {_group_sizes(saved_groups)}, this optimizer "
-                              f"{_group_sizes(want_groups)})")
     rng = state["rng"]
     if not isinstance(rng, dict) or any(k not in rng for k in RNG_KEYS) or \
             not isinstance(rng["torch"], torch.Tensor) or \
@@ -340,17 +346,22 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer) -> dict:
     Every rank must call it (it is a collective, with the optimizer's ``timeout``), before the
     first ``step()``. Raises :class:`CheckpointError` on every rank, with one message and with
     no model or optimizer changed, when any rank's file is missing, damaged or does not fit the
-    run, or when the ranks' files hold different steps.
+    run, or when the ranks' files hold different steps. Under ``stragglers="auto"`` a file saved
+    at another s (the rule had moved it) restores the model, torch's optimizer state and the
+    step, with an empty ring (``optimizer.start_at``), as ``load_state_dict`` does: the rule
+    starts again from its first s.
     """
     file = _path(path, optimizer.rank)
-    state, error = None, None
+    state, error, other_s = None, None, False
     try:
         if getattr(optimizer, "started", False):
             raise CheckpointError("load_checkpoint must be called before the first step()")
         state = read_checkpoint(file)
         check_model_state(state["model"], model, file)
         before_pgc = optimizer.pgc_state_dict()
-        check_pgc_state(state["pgc"], before_pgc, file)
+        other_s = (optimizer.auto_stragglers is not None and isinstance(state["pgc"], dict)
+                   and state["pgc"].get("s") != before_pgc["s"])
+        check_pgc_state(state["pgc"], before_pgc, file, other_s=other_s)
     except Exception as err:        # any failure is reported to every rank, never half-way
         error = str(err) if isinstance(err, CheckpointError) else f"{type(err).__name__}: {err}"
     step = None if error else state["pgc"]["version"]
@@ -358,7 +369,11 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer) -> dict:
     before_model = {k: v.clone() for k, v in model.state_dict().items()}
     try:
         model.load_state_dict(state["model"])
-        optimizer.load_pgc_state_dict(state["pgc"], source=file)
+        if other_s:
+            optimizer.load_torch_state_dict(state["pgc"]["optimizer"])
+            optimizer.start_at(step)
+        else:
+            optimizer.load_pgc_state_dict(state["pgc"], source=file)
     except BaseException:           # unreachable after the checks, but never leave a mix
         model.load_state_dict(before_model)
         optimizer.load_pgc_state_dict(before_pgc)

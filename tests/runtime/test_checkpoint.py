@@ -43,3 +43,29 @@ def test_save_fsyncs_and_removes_its_temporary_file(hvd2):
     (KeyboardInterrupt) leaves no .tmp and the previous checkpoint intact; an object that is
     not a tensor or plain type in ``extra`` is refused before anything is written."""
     _ran(hvd2.ran("save"), "save_fsyncs_and_cleans_up")
+
+
+def _state(s: int, ring: int, n: int = 4, scheme: str = "pgc-cr", rank: int = 1, groups=(2,)):
+    """A ``pgc_state_dict()``'s shape: torch's state, the run's keys, a ring of ``ring`` slots."""
+    import torch
+    return {"optimizer": {"state": {}, "param_groups": [{"params": list(range(k))} for k in groups]},
+            "version": 7, "scheme": scheme, "n": n, "s": s, "rank": rank,
+            "ring": [torch.zeros(3)] * ring, "slot_versions": [0] * ring, "residual": None,
+            "rng": {}}
+
+
+def test_a_state_of_another_s_under_auto_needs_the_same_run_and_groups_only():
+    """``load_checkpoint`` under ``stragglers="auto"`` checks a file of another s with
+    ``other_s``: another s and ring pass (only torch's state and the step are restored); another
+    world size, rank, scheme or parameter groups are still refused, and a fixed s refuses
+    another s."""
+    from pgc_hvd.runtime.checkpoint import CheckpointError, check_pgc_state
+    current, saved = _state(0, 0), _state(1, 1)
+    check_pgc_state(saved, current, "f", other_s=True)
+    with pytest.raises(CheckpointError, match="saved with s=1, this run has s=0"):
+        check_pgc_state(saved, current, "f")
+    for bad, words in ((_state(1, 1, n=3), "n=3"), (_state(1, 1, rank=2), "rank=2"),
+                       (_state(1, 1, scheme="bcgc"), "scheme='bcgc'"),
+                       (_state(1, 1, groups=(3,)), "parameter groups")):
+        with pytest.raises(CheckpointError, match=words):
+            check_pgc_state(bad, current, "f", other_s=True)

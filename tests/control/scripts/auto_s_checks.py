@@ -10,7 +10,10 @@
    raises s at an early boundary (step 2 or 3, before ``first`` = 4: the runtime's default
    ``early_gain``) on every rank at the same version, the optimizer
    re-plans (code, ring, agent) and trains on; every rank saw the same switches, every loop
-   ends at the same version with identical parameters (cross-rank hash);
+   ends at the same version with identical parameters (cross-rank hash); then every rank
+   saves a checkpoint (``save_checkpoint``, at s = 1) and a new run under auto, starting at
+   s = 0, restores it (``load_checkpoint``: a file of another s gives the model, torch's state
+   and the step, with an empty ring) and trains on, identical parameters again;
 3. and back: pgc-cr from s = 1 on the control plane, no straggler at first and a heavy
    staleness cost: s goes to 0 at step 4, whose steps run no control round (the rows ride in
    the data allreduce, runtime/sum_rows.py; records' control_ops 0), then a rank turns slow
@@ -94,7 +97,39 @@ def switch(n: int, steps: int) -> None:
         assert records[at - 1].s == 0 and records[at].s == 1, [r.s for r in records[:6]]
         why = records[at - 1].extra["auto_s"][0]["reason"]
         assert "predicted progress/s" in why and "early boundary" in why, why
+    resume_at_another_s(m, opt, steps, n)
     ok("auto_switch_identical_parameters")
+
+
+def resume_at_another_s(m, opt, steps: int, n: int) -> None:
+    """``load_checkpoint`` under auto of a file saved at another s (module doc, 2)."""
+    import tempfile
+    from pgc_hvd.runtime import load_checkpoint, save_checkpoint
+    pid = hvd.allgather(torch.tensor([os.getpid()], dtype=torch.int64), name="audit.auto.pid")
+    path = os.path.join(tempfile.gettempdir(), f"pgc-auto-resume-{int(pid[0])}")
+    try:
+        save_checkpoint(path, m, opt)
+        m2 = model()
+        opt2 = pgc_hvd.DistributedOptimizer(
+            torch.optim.SGD(m2.parameters(), lr=0.05, momentum=0.9),
+            named_parameters=m2.named_parameters(), scheme="pgc-cr", stragglers="auto",
+            auto={"s_start": 0, "s_max": 1}, timeout=60, name="autoresume")
+        load_checkpoint(path, m2, opt2)
+    finally:
+        hvd.allgather(torch.zeros(1), name="audit.auto.loaded")   # every rank read its file
+        if os.path.exists(f"{path}.rank{hvd.rank()}"):
+            os.remove(f"{path}.rank{hvd.rank()}")
+    assert opt2.version == steps and opt2.scheme.s == 0, (opt2.version, opt2.scheme.s)
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters()))
+    assert opt2.state_dict()["state"][0]["momentum_buffer"].equal(
+        opt.state_dict()["state"][0]["momentum_buffer"])
+    loader = data(n)
+    while opt2.version < steps + 2:
+        for xb, yb in opt2.batches(loader):
+            F.cross_entropy(m2(xb), yb).backward()
+        opt2.step()
+    opt2.close()
+    same_on_all_ranks(m2, "autoresume")
 
 
 def switch_back(n: int, steps: int = 16) -> None:
