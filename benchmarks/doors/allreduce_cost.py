@@ -5,9 +5,10 @@ time of one in-place sum of d float32 words over the ranks, each size interleave
         benchmarks/doors/allreduce_cost.py [--sizes 16,61706,1048576,11689512] [--calls 60]
 
 ``gloo``: torch's ``dist.all_reduce`` (what DDP's reducer calls; pgc_hvd's ``train`` group);
-``halving``: an agent's data group (:mod:`pgc_hvd.torchdist.halving`, recursive halving and
-doubling by point-to-point exchanges). Prints rank 0's median ms per call of each, the ratio,
-and the words each rank sends per call (both 2 (n - 1)/n d: the ring's).
+``direct``: an agent's data group (:mod:`pgc_hvd.torchdist.direct_sum`, a reduce-scatter and
+an allgather by direct point-to-point exchanges; gloo's allreduce where it does not apply).
+Prints rank 0's median ms per call of each, the ratio, and the words each rank sends per call
+(both 2 (n - 1)/n d: the ring's).
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ def main(argv=None) -> int:
     data = torchdist.agent_ops("allreduce_cost", timeout=120).data
     if r == 0:
         print(f"{n} ranks; median ms per in-place sum of d float32 words, calls interleaved\n")
-        print("| d | gloo all_reduce ms | halving ms | halving / gloo | words sent per rank |")
+        print("| d | gloo all_reduce ms | direct ms | direct / gloo | words sent per rank |")
         print("|---|---|---|---|---|")
     for d in (int(x) for x in args.sizes.split(",")):
         calls = args.calls if d < 2_000_000 else max(6, args.calls // 6)
         x = torch.ones(d)
-        times = {"gloo": [], "halving": []}
+        times = {"gloo": [], "direct": []}
         for i in range(calls + 2):
             for how in times:
                 t = time.perf_counter()
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
                     times[how].append(time.perf_counter() - t)
                 x.fill_(1.0)
         if r == 0:
-            g, h = (1000 * statistics.median(times[k]) for k in ("gloo", "halving"))
+            g, h = (1000 * statistics.median(times[k]) for k in ("gloo", "direct"))
             print(f"| {d:,} | {g:.2f} | {h:.2f} | {h / g:.2f} | {2 * (n - 1) * d // n:,} |",
                   flush=True)
     hvd.shutdown()

@@ -5,9 +5,10 @@
         [--model lenet|resnet18] [--compute 0.0] [--steps 60] [--warmup 10] [--doors ddp,dgd,pgc-cr]
         [--control log] [--profile] [--rounds 1] [--interleave]
 
-A door ``ddp+halving`` is torch's DDP with a comm hook that sums each bucket as the door's
-agents do (:mod:`pgc_hvd.torchdist.halving`: below 1 MiB, recursive halving and doubling in
-place of gloo's allreduce), to tell the door's own fixed cost from its collective's. A door
+A door ``ddp+direct`` is torch's DDP with a comm hook that sums each bucket as the door's
+agents do (:mod:`pgc_hvd.torchdist.direct_sum`: below 1 MiB, a reduce-scatter and an
+allgather by direct exchanges in place of gloo's allreduce), to tell the door's own fixed cost
+from its collective's. A door
 ``SCHEME+overlap`` runs the door with ``overlap=True`` (the default on the CPU is off),
 ``SCHEME+serial`` with ``overlap=False`` (the message formed and sent at
 ``step()``, the data collective after it), for the overlap's before/after in one launch; the
@@ -37,16 +38,16 @@ import statistics
 import time
 
 
-def halving_hook(n: int):
-    """DDP's comm hook for the door ``ddp+halving``: each bucket averaged by the sum the DDP
-    door's agents use (``pgc_hvd.torchdist.halving``: recursive halving and doubling up to 1 MiB,
+def direct_hook(n: int):
+    """DDP's comm hook for the door ``ddp+direct``: each bucket averaged by the sum the DDP
+    door's agents use (``pgc_hvd.torchdist.direct_sum``: direct exchanges up to 1 MiB,
     gloo's allreduce above), on a group of its own: DDP given the door's collective, to tell
     the door's fixed cost from the collective's."""
     import torch
     import torch.distributed as dist
     from pgc_hvd.torchdist.ops import GroupOps
 
-    ops = GroupOps(dist.new_group(), "ddp+halving", dist.get_rank(), n, sum_timeout=120)
+    ops = GroupOps(dist.new_group(), "ddp+direct", dist.get_rank(), n, sum_timeout=120)
 
     def hook(state, bucket):
         buf = bucket.buffer()
@@ -104,11 +105,11 @@ def main() -> None:
         """One door's model, optimizer and batches (a fresh model, the same seed)."""
         torch.manual_seed(0)
         model = build()
-        if door in ("ddp", "ddp+halving"):
+        if door in ("ddp", "ddp+direct"):
             sampler = DistributedSampler(ds)
             model = DDP(model)
-            if door == "ddp+halving":
-                model.register_comm_hook(None, halving_hook(n))
+            if door == "ddp+direct":
+                model.register_comm_hook(None, direct_hook(n))
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         else:
             sampler = pgc_hvd.CodedSampler(ds, batch_size=batch)

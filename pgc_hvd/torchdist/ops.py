@@ -31,7 +31,7 @@ a second collective follows: one ``all_gather_single`` when every rank has the s
 rows, otherwise one ``all_to_all_single`` with the exact splits (each rank sends its own rows
 to every rank), so no large tensor is padded to the longest: its bytes are its own.
 
-May import: the standard library, torch and :mod:`pgc_hvd.torchdist.halving` (the agents'
+May import: the standard library, torch and :mod:`pgc_hvd.torchdist.direct_sum` (the agents'
 sums of CPU tensors, ``sum_timeout``).
 """
 
@@ -46,7 +46,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from pgc_hvd.torchdist import halving
+from pgc_hvd.torchdist import direct_sum
 
 
 class CollectiveError(RuntimeError):
@@ -206,10 +206,10 @@ class GroupOps:
                  explain: Callable[[], str] = lambda: "", gpu_host: Optional[int] = None,
                  sum_timeout: Optional[float] = None):
         self.group, self.label = group, label
-        #: seconds: sums of CPU tensors go by :mod:`~pgc_hvd.torchdist.halving` (an agent's data
+        #: seconds: sums of CPU tensors go by :mod:`~pgc_hvd.torchdist.direct_sum` (an agent's data
         #: group, whose allreduces one thread waits with this deadline); None: gloo's
         self.sum_timeout = None if sum_timeout is None else float(sum_timeout)
-        self._scratch: dict = {}          # dtype -> the halving's receive buffer, recycled
+        self._scratch: dict = {}          # dtype -> direct_sum's receive buffer, recycled
         self._rank, self._size = int(rank), int(size)
         self.explain = explain
         self.calls = 0
@@ -378,8 +378,8 @@ class GroupOps:
             if self._size == 1:
                 return finish()
             if (self.sum_timeout is not None and op in (Sum, Average)
-                    and halving.applies(tensor, self._size)):
-                return halving.allreduce_sum(tensor, self.group, self._rank, self._size,
+                    and direct_sum.applies(tensor, self._size)):
+                return direct_sum.allreduce_sum(tensor, self.group, self._rank, self._size,
                                              self.sum_timeout, lambda k: self.scratch(
                                                  k, tensor.dtype), finish, Stage)
             return Stage(dist.all_reduce(tensor, op=op.torch_op, group=self.group,
@@ -387,8 +387,8 @@ class GroupOps:
         return self._start(name, issue, tensor.device)
 
     def scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A recycled CPU buffer of at least ``numel`` elements of ``dtype`` (the halving's
-        received halves: a fresh one of tens of MB is page-faulted at its first write)."""
+        """A recycled CPU buffer of at least ``numel`` elements of ``dtype`` (direct_sum's
+        received spans: a fresh one of tens of MB is page-faulted at its first write)."""
         buf = self._scratch.get(dtype)
         if buf is None or buf.numel() < numel:
             buf = self._scratch[dtype] = torch.empty(numel, dtype=dtype)

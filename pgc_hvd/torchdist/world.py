@@ -198,8 +198,8 @@ def agent_ops(name: str, timeout: float, device=None) -> "AgentOps":
             data = GroupOps(_new_group(t), f"{name}.data", train.rank(), train.size(),
                             explain, gpu_host=_gpu_host(W.backend))
             ops = W.agents[name] = AgentOps(ctl, data)
-    # the data group's sums of CPU tensors by recursive halving and doubling, waited up to
-    # this agent's deadline (pgc_hvd.torchdist.halving; a later agent of the name may differ)
+    # the data group's sums of CPU tensors by direct exchanges, waited up to this agent's
+    # deadline (pgc_hvd.torchdist.direct_sum; a later agent of the name may differ)
     ops.data.sum_timeout = float(timeout)
     if device is not None:
         ops.data.check_gpu(torch.device(device))   # the same point on every rank (kind agrees)

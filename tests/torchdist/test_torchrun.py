@@ -31,13 +31,15 @@ NP4 = [("quickstart", "test_quickstart_under_torchrun_np4_without_horovod",
        ("core", "test_core_np4", SCRIPT, ["core"]),
        ("twin", "test_runtime_replaying_simulated_arrivals_matches_simulator",
         RANKS / "twin_checks.py", ["twin"]),
-       ("halving", "test_agent_sums_by_halving", HERE / "scripts" / "torchdist_checks.py",
-        ["halving"])]
+       ("direct-sum", "test_agent_sums_by_direct_exchanges",
+        HERE / "scripts" / "torchdist_checks.py", ["direct-sum"])]
 HABITS = RANKS / "horovod_habits_checks.py"
 # "ops" ends with hvd.shutdown(): last
 NP3 = [("small", "test_small_np3_config_errors_exact_checkpoint", SCRIPT, ["small"]),
        ("metrics", "test_metrics_read_from_the_control_rows", HABITS, ["metrics"]),
        ("broadcast", "test_broadcast_optimizer_state_and_rank0_resume", HABITS, ["broadcast"]),
+       ("direct-sum", "test_agent_sums_by_direct_exchanges",
+        HERE / "scripts" / "torchdist_checks.py", ["direct-sum"]),
        ("ops", "test_torch_engine_collectives", HERE / "scripts" / "torchdist_checks.py", ["ops"])]
 
 
@@ -50,19 +52,17 @@ def _train_cli(cwd):
 
 
 NP2 = [("surface", "test_horovod_keywords_fp16_and_refusals", HABITS, ["surface"]),
-       ("halving", "test_agent_sums_by_halving", HERE / "scripts" / "torchdist_checks.py",
-        ["halving"]),
        ("train-cli", "test_train_cli_under_torchrun_without_horovod", "-m pgc_hvd", _train_cli)]
 LAUNCH_GROUPS = [("torchrun", 4, NP4), ("torchrun", 3, NP3), ("torchrun", 2, NP2)]
-#: a dead rank and a frozen one: a launch each, side by side with the other faults (conftest)
+#: a dead rank and a frozen one: a launch each, side by side with the other faults (conftest);
+#: at np 3 the agents' sums go by direct exchanges (torchdist.direct_sum), as at any n in 3-8
 FAULT_LAUNCHES = [("torchrun", 3, m, t, SCRIPT, [m]) for m, t in (
     ("dead", "test_dead_rank_stops_others_with_clear_error"),
     ("hung-sum", "test_hung_rank_under_dgd_is_named_by_the_census"))] + [
-    # np 4: the agents' sums go by recursive halving and doubling (torchdist.halving)
-    ("torchrun", 4, f"{m}-np4", "test_dead_or_hung_rank_named_where_sums_go_by_halving", SCRIPT,
-     [m]) for m in ("dead-sum", "hung-sum", "dead-log")] + [
-    ("torchrun", 4, m, "test_halving_sum_with_a_dead_or_frozen_partner",
-     HERE / "scripts" / "torchdist_checks.py", [m]) for m in ("halving-dead", "halving-hung")]
+    ("torchrun", 3, m, "test_dead_rank_named_on_the_s0_path_and_the_control_log", SCRIPT, [m])
+    for m in ("dead-sum", "dead-log")] + [
+    ("torchrun", 3, m, "test_direct_sum_with_a_dead_or_frozen_partner",
+     HERE / "scripts" / "torchdist_checks.py", [m]) for m in ("direct-sum-dead", "direct-sum-hung")]
 
 
 def _checks(proc):
@@ -161,38 +161,37 @@ def test_hung_rank_under_dgd_is_named_by_the_census(fault):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("np_", [4, 2])
-def test_agent_sums_by_halving(np_, request):
-    """An agent's data group sums CPU tensors by recursive halving and doubling: the sum to
-    float rounding with the same bits on every rank, odd sizes, every float dtype; what it does
-    not take (fewer elements than ranks, integers, Max) keeps gloo's allreduce."""
-    proc = request.getfixturevalue(f"torch{np_}").ran("halving")
+@pytest.mark.parametrize("np_", [4, 3])
+def test_agent_sums_by_direct_exchanges(np_, request):
+    """An agent's data group sums CPU tensors by direct exchanges (a reduce-scatter and an
+    allgather): the sum to float rounding with the same bits on every rank, odd sizes, every
+    float dtype; what it does not take (fewer elements than ranks, integers, Max) keeps gloo's
+    allreduce."""
+    proc = request.getfixturevalue(f"torch{np_}").ran("direct-sum")
     checks, all_ok = _checks(proc)
-    assert all_ok == np_ and "halving_sums" in checks, proc.stdout + proc.stderr
+    assert all_ok == np_ and "direct_sums" in checks, proc.stdout + proc.stderr
 
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("how", ["dead", "hung"])
-def test_halving_sum_with_a_dead_or_frozen_partner(how, fault):
-    """np 4, rank 3 gone or frozen before a halving sum: with a dead partner the sum fails at
+def test_direct_sum_with_a_dead_or_frozen_partner(how, fault):
+    """np 3, rank 2 gone or frozen before a direct sum: with a dead partner the sum fails at
     once; with a frozen one it stays not completed until the allreduce's deadline, as a gloo
     collective does for the agent's wait (no error from gloo's point-to-point timeout)."""
-    proc = fault(f"halving-{how}")
-    assert passed(proc.stdout).get(f"halving_{how}") == [0, 1, 2], proc.stdout + proc.stderr
+    proc = fault(f"direct-sum-{how}")
+    assert passed(proc.stdout).get(f"direct_sum_{how}") == [0, 1], proc.stdout + proc.stderr
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("mode", ["dead-sum", "hung-sum", "dead-log"])
-def test_dead_or_hung_rank_named_where_sums_go_by_halving(mode, fault):
-    """np 4 (the data sums by halving): dgd on the s = 0 path with rank 2 dead or frozen, and
-    pgc-cr on the control log with rank 2 dead: every other rank stops naming rank 2."""
-    proc = fault(f"{mode}-np4")
+@pytest.mark.parametrize("mode", ["dead-sum", "dead-log"])
+def test_dead_rank_named_on_the_s0_path_and_the_control_log(mode, fault):
+    """np 3 (the data sums by direct exchanges): dgd on the s = 0 path and pgc-cr on the
+    control log with rank 2 dead: every other rank stops naming rank 2 (a frozen rank under
+    dgd: ``test_hung_rank_under_dgd_is_named_by_the_census``)."""
+    proc = fault(mode)
     clear = [l for l in proc.stdout.splitlines() if "CLEAR-ERROR" in l]
-    assert len(clear) == 3, proc.stdout + proc.stderr
-    if mode == "hung-sum":
-        assert all("rank(s) [2]" in l and "died or hung" in l for l in clear), clear
-    else:
-        assert all("died" in l and "2" in l for l in clear), clear
+    assert len(clear) == 2, proc.stdout + proc.stderr
+    assert all("died" in l and "2" in l for l in clear), clear
     assert "NO-ERROR" not in proc.stdout
 
 

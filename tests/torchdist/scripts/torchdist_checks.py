@@ -4,8 +4,8 @@
                                         # allreduce, broadcasts, optimizer state, threads
     python torchdist_checks.py order    # PGC_HVD_TORCH_CHECK_ORDER=1: a rank that issues a
                                         # different collective is named
-    python torchdist_checks.py halving  # an agent's data sums by halving and doubling (np 2, 4)
-    python torchdist_checks.py halving-dead | halving-hung   # np 4: rank 3 gone / frozen
+    python torchdist_checks.py direct-sum  # an agent's data sums by direct exchanges (np 3, 4)
+    python torchdist_checks.py direct-sum-dead | direct-sum-hung   # the last rank gone / frozen
 
 Each check prints "CHECK <name> ok rank=<r>"; a failure raises (non-zero exit).
 """
@@ -157,55 +157,54 @@ def check_threads_on_their_own_groups():
     ok("threads_on_their_own_groups")
 
 
-def check_halving():
-    """An agent's data group sums CPU tensors by recursive halving and doubling
-    (pgc_hvd.torchdist.halving) at a power of two ranks: the sum of every rank's tensor to float
-    rounding, the same bits on every rank, for odd sizes and every float dtype; a tensor of
-    fewer elements than ranks or of more than 1 MiB, an integer one and a Max keep gloo's
-    allreduce (the same checks)."""
-    from pgc_hvd.torchdist import halving
+def check_direct_sum():
+    """An agent's data group sums CPU tensors by direct exchanges (pgc_hvd.torchdist.direct_sum)
+    at 3 to 8 ranks: the sum of every rank's tensor to float rounding, the same bits on every
+    rank, for odd sizes and every float dtype; a tensor of fewer elements than ranks or of more
+    than 1 MiB, an integer one and a Max keep gloo's allreduce (the same checks)."""
+    from pgc_hvd.torchdist import direct_sum
     r, n = hvd.rank(), hvd.size()
-    data = torchdist.agent_ops("halving", timeout=30).data
+    data = torchdist.agent_ops("direct-sum", timeout=30).data
     assert data.sum_timeout == 30.0
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         for numel in (n, 5, 1000, 61_706, 300_001):
             x = torch.randn(numel, generator=torch.Generator().manual_seed(7 * r + numel))
             x = x.to(dtype)
-            fits = x.numel() * x.element_size() <= halving.MAX_BYTES
-            assert halving.applies(x, n) == (fits and n & (n - 1) == 0), (dtype, numel)
+            fits = x.numel() * x.element_size() <= direct_sum.MAX_BYTES
+            assert direct_sum.applies(x, n) == (fits and n >= 3), (dtype, numel)
             got = data.synchronize(data.allreduce_async_(x.clone(), op=data.Sum))
-            every = hvd.allgather(x.double().view(1, -1), name="halving.inputs")
+            every = hvd.allgather(x.double().view(1, -1), name="direct-sum.inputs")
             want = every.sum(0)
             tol = {torch.float16: 2e-2, torch.bfloat16: 1e-1}.get(dtype, 1e-5)
             assert torch.allclose(got.double(), want, rtol=tol, atol=tol), (dtype, numel)
-            rows = hvd.allgather(got.view(1, -1).double(), name="halving.bits")
+            rows = hvd.allgather(got.view(1, -1).double(), name="direct-sum.bits")
             assert all(torch.equal(rows[0], rows[w]) for w in range(n)), (dtype, numel)
             avg = data.synchronize(data.allreduce_async_(x.clone(), op=data.Average))
             assert torch.allclose(avg.double(), want / n, rtol=tol, atol=tol)
-    # gloo's allreduce where halving does not apply
+    # gloo's allreduce where direct_sum does not apply
     small = torch.full((n - 1,), float(r + 1))
-    assert not halving.applies(small, n)
+    assert not direct_sum.applies(small, n)
     got = data.synchronize(data.allreduce_async_(small, op=data.Sum))
     assert got.tolist() == [n * (n + 1) / 2] * (n - 1)
     ints = data.synchronize(data.allreduce_async_(torch.tensor([r, 1]), op=data.Sum))
     assert ints.tolist() == [n * (n - 1) // 2, n]
     top = data.synchronize(data.allreduce_async_(torch.tensor([float(r)] * 8), op=data.Max))
     assert top.tolist() == [float(n - 1)] * 8
-    ok("halving_sums")
+    ok("direct_sums")
 
 
-def check_halving_fault(how: str):
-    """np 4, rank 3 gone (``dead``: its process exits) or frozen (``hung``) before a halving
+def check_direct_sum_fault(how: str):
+    """The last rank gone (``dead``: its process exits) or frozen (``hung``) before a direct
     sum: the others' sum fails at once naming a collective failure (dead), or stays not
     completed until the allreduce's deadline, without an error and without the pair closed
     before it (hung), as gloo's collective does for ``communicator.wait_for_handle``."""
     from pgc_hvd.runtime.communicator import wait_for_handle
-    r = hvd.rank()
-    data = torchdist.agent_ops("halving", timeout=3).data
+    r, n = hvd.rank(), hvd.size()
+    data = torchdist.agent_ops("direct-sum", timeout=3).data
     x = torch.ones(10_000)
     data.synchronize(data.allreduce_async_(x, op=data.Sum))      # every pair connected
-    hvd.allreduce(torch.zeros(1), name="halving.ready")
-    if r == 3:
+    hvd.allreduce(torch.zeros(1), name="direct-sum.ready")
+    if r == n - 1:
         if how == "dead":
             os._exit(0)
         time.sleep(12)
@@ -225,13 +224,13 @@ def check_halving_fault(how: str):
         # a wait of 1 s blocks until the allreduce's 3 s deadline (gloo's point-to-point
         # waits cannot be cut in slices), then reports "not completed", and so does every
         # later wait, at once, without an error
-        assert not wait_for_handle(data, h, 1.0), "completed without rank 3"
+        assert not wait_for_handle(data, h, 1.0), f"completed without rank {n - 1}"
         took = time.monotonic() - t0
         assert 2.9 < took < 5.0, took
         t1 = time.monotonic()
         assert not any(data.wait_for(h, 0.5) for _ in range(5))
         assert time.monotonic() - t1 < 0.5, time.monotonic() - t1
-    ok(f"halving_{how}")
+    ok(f"direct_sum_{how}")
     sys.stdout.flush()
     os._exit(0)      # the group is broken: no shutdown
 
@@ -261,14 +260,14 @@ def main():
         check_threads_on_their_own_groups()
     elif mode == "order":
         check_order()
-    elif mode == "halving":
-        check_halving()
-    elif mode.startswith("halving-"):
-        check_halving_fault(mode.partition("-")[2])
+    elif mode == "direct-sum":
+        check_direct_sum()
+    elif mode.startswith("direct-sum-"):
+        check_direct_sum_fault(mode.rpartition("-")[2])
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(f"ALL OK rank={hvd.rank()}", flush=True)
-    if mode != "halving":      # an entry of a shared launch (tests/torchdist): others follow
+    if mode != "direct-sum":      # an entry of a shared launch (tests/torchdist): others follow
         hvd.shutdown()
 
 
