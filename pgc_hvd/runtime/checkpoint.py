@@ -277,7 +277,8 @@ def check_pgc_state(state, current: dict, source: str = "the state dict", *,
     optimizer whose own ``pgc_state_dict()`` is ``current``: the required keys, the same scheme,
     n, s and rank, a step >= 0, ring buffers and residual of the same number and shapes, and the
     same parameter groups. ``other_s`` (``stragglers="auto"``, a state of another s: only its
-    torch state and step are restored): the same scheme, n and rank and a step >= 0 only.
+    torch state and step are restored): the same scheme, n, rank and parameter groups and a step
+    >= 0 only.
     Nothing is changed; ``load_pgc_state_dict`` calls it first."""
     if not isinstance(state, dict):
         raise CheckpointError(f"{source}: its optimizer state is {_describe(state)}, not the "
