@@ -271,6 +271,15 @@ def check_same_run(state: dict, current: dict, source: str = "the state dict",
                                   f"and world size it was saved with{hint}")
 
 
+def another_s_under_auto(optimizer, saved) -> bool:
+    """Whether ``saved`` (a ``"pgc"`` part of a state or checkpoint) was saved at another s
+    than ``optimizer``'s and ``optimizer`` runs ``stragglers="auto"`` (the rule had moved s):
+    then only its torch state and step are restored, the ring starts empty
+    (``load_checkpoint``, ``load_state_dict``); with a fixed s another s is refused."""
+    return (optimizer.auto_stragglers is not None and isinstance(saved, dict)
+            and saved.get("s") != optimizer.scheme.s)
+
+
 def check_pgc_state(state, current: dict, source: str = "the state dict", *,
                     other_s: bool = False) -> None:
     """CheckpointError unless ``state`` (a saved ``pgc_state_dict()``) can be restored into the
@@ -360,8 +369,7 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer) -> dict:
         state = read_checkpoint(file)
         check_model_state(state["model"], model, file)
         before_pgc = optimizer.pgc_state_dict()
-        other_s = (optimizer.auto_stragglers is not None and isinstance(state["pgc"], dict)
-                   and state["pgc"].get("s") != before_pgc["s"])
+        other_s = another_s_under_auto(optimizer, state["pgc"])
         check_pgc_state(state["pgc"], before_pgc, file, other_s=other_s)
     except Exception as err:        # any failure is reported to every rank, never half-way
         error = str(err) if isinstance(err, CheckpointError) else f"{type(err).__name__}: {err}"

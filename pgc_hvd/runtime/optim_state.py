@@ -119,7 +119,7 @@ def load_state_dict(opt, state_dict: dict) -> None:
     another rank of the same run, or of another s under ``stragglers="auto"`` (the rule starts
     again from its first s, with an empty ring, as at the first steps); another world size or
     scheme, or another s with a fixed one, is refused."""
-    from pgc_hvd.runtime.checkpoint import CheckpointError, check_same_run
+    from pgc_hvd.runtime.checkpoint import CheckpointError, another_s_under_auto, check_same_run
 
     sd = dict(state_dict)
     groups = [dict(g) for g in sd.get("param_groups", [])]
@@ -129,15 +129,15 @@ def load_state_dict(opt, state_dict: dict) -> None:
     if (extra is not None or version is not None) and opt.started:
         raise RuntimeError("pgc_hvd: load_state_dict() of a pgc_hvd state must come before "
                            "the first step()")
+    other_s = another_s_under_auto(opt, extra)     # False without a "pgc" dict
     if extra is not None:
         if not isinstance(extra, dict):
             raise CheckpointError(f"the state dict's 'pgc' entry is {type(extra).__name__}, "
                                   f"not the dict state_dict() writes")
-        auto = opt.auto_stragglers is not None     # s was the rule's at the save
         check_same_run(extra, {"scheme": opt.scheme.name, "n": opt.n, "s": opt.scheme.s},
                        "the optimizer state",
-                       keys=("scheme", "n") if auto else ("scheme", "n", "s"))
-    if extra is not None and extra.get("rank") == opt.rank and extra.get("s") == opt.scheme.s:
+                       keys=("scheme", "n") if other_s else ("scheme", "n", "s"))
+    if extra is not None and extra.get("rank") == opt.rank and not other_s:
         opt.load_pgc_state_dict({"optimizer": sd, **extra}, "the state dict")
         return
     opt.load_torch_state_dict(sd)

@@ -56,7 +56,7 @@ MAX_BYTES = 1 << 20
 #: the fewest ranks taken: at 2 gloo's own exchange is faster (module doc)
 MIN_RANKS = 3
 #: the most ranks taken: each round sends n - 1 messages, a latency that grows with n (measured
-#: at 2 to 4 ranks; gloo's ring above)
+#: at 3 and 4 ranks; gloo's ring above)
 MAX_RANKS = 8
 
 
